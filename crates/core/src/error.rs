@@ -1,0 +1,99 @@
+//! The errors of the domain and of every state-store operation.
+
+use crate::id::{InstanceId, OrderId};
+use crate::state::{Epoch, ProcessState};
+
+/// A convenient alias: every fallible operation of the domain and its ports.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Input that does not make a valid order (or id); the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct ValidationError {
+    /// The field at fault, as a path such as `lines[2].quantity`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ValidationError {
+    /// A validation error for `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What went wrong in a state-store operation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The order does not exist.
+    #[error("order {0} not found")]
+    OrderNotFound(OrderId),
+
+    /// The caller no longer owns the order: another owner or a newer epoch holds it.
+    /// The row was left untouched.
+    #[error(
+        "order {order_id} is fenced: caller {caller} at epoch {caller_epoch} \
+         but the row is held by {holder:?} at epoch {row_epoch} ({state})"
+    )]
+    Fenced {
+        /// The order concerned.
+        order_id: OrderId,
+        /// The instance that attempted the write.
+        caller: InstanceId,
+        /// The epoch the caller presented.
+        caller_epoch: Epoch,
+        /// Who holds the row now, if anyone.
+        holder: Option<InstanceId>,
+        /// The epoch stored in the row.
+        row_epoch: Epoch,
+        /// The row's current state.
+        state: ProcessState,
+    },
+
+    /// The owner's deadline (CompleteBy) has passed: only the supervisor may act now.
+    #[error("order {order_id}: deadline {complete_by} has passed")]
+    DeadlinePassed {
+        /// The order concerned.
+        order_id: OrderId,
+        /// The deadline that passed.
+        complete_by: chrono::DateTime<chrono::Utc>,
+    },
+
+    /// The state machine does not allow this transition.
+    #[error("order {order_id}: illegal transition {from} -> {to}")]
+    IllegalTransition {
+        /// The order concerned.
+        order_id: OrderId,
+        /// Its current state.
+        from: ProcessState,
+        /// The state asked for.
+        to: ProcessState,
+    },
+
+    /// An order with this id exists with different details.
+    #[error("order {0} already exists with different details")]
+    OrderIdConflict(OrderId),
+
+    /// The request itself is invalid.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+
+    /// The store could not be reached or failed; the operation may be retried.
+    #[error("state store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// The store holds data this version cannot read (corruption or a newer schema).
+    #[error("state store holds unreadable data: {0}")]
+    Corrupt(String),
+}
+
+impl Error {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}

@@ -1,0 +1,389 @@
+//! The state-store ports: one small trait per role that uses the store.
+//!
+//! Every operation is atomic: the state row, the step records and the history entry it
+//! writes commit together or not at all. Every write by a scheduler is fenced by
+//! `(order, owner, epoch)`: a deposed owner gets [`Error::Fenced`] and changes nothing.
+//!
+//! [`Error::Fenced`]: crate::Error::Fenced
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, ValidationError};
+use crate::history::HistoryEvent;
+use crate::id::{Actor, InstanceId, OrderId};
+use crate::order::OrderDetails;
+use crate::state::{Epoch, Fence, ProcessState, StateRow};
+use crate::step::{StepRecord, StepStatus};
+
+/// Longest reply-queue name accepted.
+pub const MAX_REPLY_TO_LEN: usize = 260;
+/// Longest free text (error, reason, step detail) stored; longer text is cut.
+pub const MAX_TEXT_LEN: usize = 4_000;
+/// Most orders one claim, sweep or page may return.
+pub const MAX_BATCH: u32 = 10_000;
+
+/// An order accepted from the orders queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewOrder {
+    /// The client's id for it.
+    pub order_id: OrderId,
+    /// What was ordered.
+    pub details: OrderDetails,
+    /// Where to send status notifications, if anywhere.
+    pub reply_to: Option<String>,
+}
+
+impl NewOrder {
+    /// Checks what `OrderDetails` cannot: the reply queue's name.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(q) = &self.reply_to
+            && (q.is_empty() || q.len() > MAX_REPLY_TO_LEN || q.chars().any(char::is_control))
+        {
+            return Err(ValidationError::new(
+                "reply_to",
+                format!("must be 1 to {MAX_REPLY_TO_LEN} printable characters"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What `submit` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// The order is new and now Pending.
+    Accepted,
+    /// The same order (same id, same details) was already there; nothing changed.
+    Duplicate,
+}
+
+/// A scheduler's request for work.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The claiming scheduler; becomes `locked_by`.
+    pub owner: InstanceId,
+    /// Most orders to claim at once (1 to [`MAX_BATCH`]).
+    pub limit: u32,
+    /// Processing timeout: `complete_by = now + timeout`.
+    pub timeout: Duration,
+}
+
+/// An order a scheduler now owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedOrder {
+    /// The ownership proof to present with every write.
+    pub fence: Fence,
+    /// The deadline.
+    pub complete_by: DateTime<Utc>,
+    /// The step to run next (steps before it are done).
+    pub current_step: i32,
+    /// Earlier timeouts and failures.
+    pub failure_count: i32,
+    /// What was ordered.
+    pub details: OrderDetails,
+    /// Where to send status notifications.
+    pub reply_to: Option<String>,
+}
+
+/// A step result to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepUpdate {
+    /// Position in the workflow, from 0.
+    pub index: i32,
+    /// The step's name.
+    pub name: String,
+    /// The new status.
+    pub status: StepStatus,
+    /// The agent's answer or the error text.
+    pub detail: Option<String>,
+}
+
+/// The outcome of completing a batch: each fence either completed or refused.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Orders now Processed.
+    pub completed: Vec<OrderId>,
+    /// Orders left untouched, with why (fenced, deadline passed, not found).
+    pub refused: Vec<(OrderId, crate::Error)>,
+}
+
+/// How the supervisor treats expired orders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryPolicy {
+    /// At this failure count the order goes to Error instead of back to Pending.
+    pub max_failures: i32,
+    /// Back-off after the first failure; doubles with each further failure.
+    pub backoff_base: Duration,
+    /// Back-off never exceeds this.
+    pub backoff_max: Duration,
+}
+
+impl Default for RecoveryPolicy {
+    fn default() -> Self {
+        Self {
+            max_failures: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RecoveryPolicy {
+    /// The wait before attempt number `failure_count + 1`: base * 2^(failure_count - 1),
+    /// capped at the maximum.
+    pub fn backoff(&self, failure_count: i32) -> Duration {
+        let doublings = failure_count.saturating_sub(1).clamp(0, 30) as u32;
+        self.backoff_base
+            .saturating_mul(1 << doublings)
+            .min(self.backoff_max)
+    }
+
+    /// Refuses a policy that would never give up or never wait.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.max_failures < 1 {
+            return Err(ValidationError::new("max_failures", "must be at least 1"));
+        }
+        if self.backoff_base > Duration::from_secs(3600) {
+            return Err(ValidationError::new(
+                "backoff_base",
+                "must be at most 1 hour",
+            ));
+        }
+        if self.backoff_max > Duration::from_secs(7 * 24 * 3600) {
+            return Err(ValidationError::new(
+                "backoff_max",
+                "must be at most 7 days",
+            ));
+        }
+        if self.backoff_base > self.backoff_max {
+            return Err(ValidationError::new(
+                "backoff_base",
+                "must not exceed backoff_max",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An order whose owner's deadline has passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredOrder {
+    /// The order.
+    pub order_id: OrderId,
+    /// The owner that let it expire.
+    pub locked_by: Option<InstanceId>,
+    /// The owner's epoch.
+    pub lock_epoch: Epoch,
+    /// The deadline that passed.
+    pub complete_by: DateTime<Utc>,
+    /// Failures before this one.
+    pub failure_count: i32,
+}
+
+/// What the supervisor did with one expired order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovered {
+    /// Back to Pending; claimable again from `next_attempt_at`.
+    Retried {
+        /// The order.
+        order_id: OrderId,
+        /// The failure count now.
+        failure_count: i32,
+        /// When it may be claimed again.
+        next_attempt_at: DateTime<Utc>,
+    },
+    /// The threshold was reached: the order is in Error.
+    GaveUp {
+        /// The order.
+        order_id: OrderId,
+        /// The failure count now (the threshold).
+        failure_count: i32,
+    },
+}
+
+impl Recovered {
+    /// The order concerned.
+    pub fn order_id(&self) -> &OrderId {
+        match self {
+            Recovered::Retried { order_id, .. } | Recovered::GaveUp { order_id, .. } => order_id,
+        }
+    }
+}
+
+/// Where a page of orders starts: after this order (in creation order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The last order's creation time.
+    pub created_at: DateTime<Utc>,
+    /// The last order's id.
+    pub order_id: OrderId,
+}
+
+/// Which orders to list, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct OrderFilter {
+    /// Only orders in this state.
+    pub state: Option<ProcessState>,
+    /// Only orders whose last error contains this text (case-insensitive).
+    pub error_contains: Option<String>,
+    /// Only orders whose current step is this one.
+    pub current_step: Option<i32>,
+    /// Only orders created before this time.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Page size (1 to [`MAX_BATCH`]; 0 means 50).
+    pub limit: u32,
+    /// Continue after this cursor.
+    pub after: Option<Cursor>,
+}
+
+/// One page of orders.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The orders, oldest first.
+    pub orders: Vec<StateRow>,
+    /// Where the next page starts, if there may be one.
+    pub next: Option<Cursor>,
+}
+
+/// Everything known about one order.
+#[derive(Debug, Clone)]
+pub struct OrderView {
+    /// The state row.
+    pub state: StateRow,
+    /// What was ordered.
+    pub details: OrderDetails,
+    /// Its steps, by position.
+    pub steps: Vec<StepRecord>,
+    /// Its history, oldest first.
+    pub history: Vec<HistoryEvent>,
+}
+
+/// Accepting orders (the submitter).
+#[async_trait]
+pub trait IntakeStore: Send + Sync {
+    /// Inserts the order details, its Pending state row and its first history entry in
+    /// one transaction. The same order again is a `Duplicate` no-op; the same id with
+    /// other details is [`crate::Error::OrderIdConflict`].
+    async fn submit(&self, order: &NewOrder) -> Result<SubmitOutcome>;
+}
+
+/// Owning and advancing orders (the scheduler). Every write is fenced.
+#[async_trait]
+pub trait SchedulerStore: Send + Sync {
+    /// Claims up to `limit` Pending, unlocked orders whose next attempt is due, oldest
+    /// first: each becomes Processing, locked by the caller until now + timeout, with
+    /// its epoch raised by one. No order is ever given to two claimers.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>>;
+
+    /// Records a step's progress (and moves `current_step` past it on success).
+    async fn record_step(&self, fence: &Fence, step: &StepUpdate) -> Result<StepRecord>;
+
+    /// Pushes the deadline to now + `by` (a heartbeat). Returns the new deadline.
+    async fn extend(&self, fence: &Fence, by: Duration) -> Result<DateTime<Utc>>;
+
+    /// Marks orders Processed and unlocks them, in one transaction. Fences that no
+    /// longer hold are refused one by one; the others complete.
+    async fn complete_many(&self, fences: &[Fence]) -> Result<BatchOutcome>;
+
+    /// Marks one order Processed and unlocks it.
+    async fn complete(&self, fence: &Fence) -> Result<()> {
+        let mut outcome = self.complete_many(std::slice::from_ref(fence)).await?;
+        match outcome.refused.pop() {
+            Some((_, error)) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives up on an order: Error, with the reason kept as its last error.
+    async fn fail(&self, fence: &Fence, error: &str) -> Result<()>;
+
+    /// Hands an order back unfinished (Pending, unlocked, not counted as a failure),
+    /// e.g. when the scheduler shuts down.
+    async fn release(&self, fence: &Fence, reason: &str) -> Result<()>;
+}
+
+/// Finding and recovering timed-out work (the supervisor).
+#[async_trait]
+pub trait SupervisorStore: Send + Sync {
+    /// Processing orders whose deadline has passed, most overdue first.
+    async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>>;
+
+    /// Recovers up to `limit` expired orders: failure count + 1 and back to Pending
+    /// after a back-off, or Error at the threshold. An expiry is counted once however
+    /// many supervisors race on it.
+    async fn recover_expired(
+        &self,
+        actor: &InstanceId,
+        policy: &RecoveryPolicy,
+        limit: u32,
+    ) -> Result<Vec<Recovered>>;
+}
+
+/// Looking at and repairing orders (operators).
+#[async_trait]
+pub trait OperatorStore: Send + Sync {
+    /// Lists orders matching `filter`, oldest first, one page at a time.
+    async fn list(&self, filter: &OrderFilter) -> Result<Page>;
+
+    /// One order with its details, steps and history.
+    async fn get(&self, order_id: &OrderId) -> Result<OrderView>;
+
+    /// Counts orders by state.
+    async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
+
+    /// Sends an Error order round again: Pending, failure count reset, failed steps
+    /// reset, due at once. Steps already done stay done.
+    async fn resubmit(&self, order_id: &OrderId, actor: &Actor, reason: &str) -> Result<StateRow>;
+
+    /// Cancels a Pending, Processing or Error order. A scheduler still working on it is
+    /// fenced out from this moment.
+    async fn cancel(&self, order_id: &OrderId, actor: &Actor, reason: &str) -> Result<StateRow>;
+}
+
+/// The whole state store.
+pub trait StateStore: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore {}
+
+impl<T: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore> StateStore for T {}
+
+/// Cuts free text to [`MAX_TEXT_LEN`] bytes on a character boundary.
+pub fn bounded_text(text: &str) -> &str {
+    if text.len() <= MAX_TEXT_LEN {
+        return text;
+    }
+    let mut end = MAX_TEXT_LEN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_and_stops_at_the_cap() {
+        let p = RecoveryPolicy {
+            max_failures: 10,
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(60),
+        };
+        assert_eq!(p.backoff(1), Duration::from_secs(2));
+        assert_eq!(p.backoff(2), Duration::from_secs(4));
+        assert_eq!(p.backoff(5), Duration::from_secs(32));
+        assert_eq!(p.backoff(6), Duration::from_secs(60));
+        assert_eq!(p.backoff(i32::MAX), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn bounded_text_cuts_on_a_character_boundary() {
+        let long = "é".repeat(MAX_TEXT_LEN);
+        let cut = bounded_text(&long);
+        assert!(cut.len() <= MAX_TEXT_LEN);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}
