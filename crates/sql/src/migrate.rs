@@ -1,0 +1,127 @@
+//! The embedded migrations of `migrations/<dialect>/` and the runner that applies them
+//! on start-up (and from `orderly migrate`). Each migration runs in the same
+//! transaction as its bookkeeping row, under a lock, so concurrent start-ups apply it
+//! once. A migration edited after it was applied, or a database migrated by a newer
+//! orderly, stops start-up with a message saying so.
+
+use orderly_core::{Error, Result};
+
+/// One migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Its number; the same number means the same change in both dialects.
+    pub version: i64,
+    /// Its name (the file name without number and extension).
+    pub name: &'static str,
+    /// The SQL it runs.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// A checksum of its SQL (64-bit FNV-1a, hex), stored when applied.
+    pub fn checksum(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.sql.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+}
+
+/// The SQLite migrations, in order.
+pub const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    name: "state_store",
+    sql: include_str!("../../../migrations/sqlite/0001_state_store.sql"),
+}];
+
+/// The PostgreSQL migrations, in order.
+pub const POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    name: "state_store",
+    sql: include_str!("../../../migrations/postgres/0001_state_store.sql"),
+}];
+
+/// The bookkeeping table (same text in both dialects).
+pub(crate) const CREATE_BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS orderly_migrations (\
+    version BIGINT PRIMARY KEY NOT NULL, name TEXT NOT NULL, checksum TEXT NOT NULL, \
+    applied_at TEXT NOT NULL)";
+
+/// Which of `known` still need applying, given what the database records as applied.
+pub(crate) fn pending<'m>(
+    applied: &[(i64, String)],
+    known: &'m [Migration],
+) -> Result<Vec<&'m Migration>> {
+    for (version, checksum) in applied {
+        match known.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(Error::Corrupt(format!(
+                    "the database has migration {version}, which this orderly does not know: \
+                     it was migrated by a newer version"
+                )));
+            }
+            Some(m) if m.checksum() != *checksum => {
+                return Err(Error::Corrupt(format!(
+                    "migration {version} ({}) was changed after it was applied",
+                    m.name
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(known
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dialect: &str) -> Vec<String> {
+        let dir = format!("{}/../../migrations/{dialect}", env!("CARGO_MANIFEST_DIR"));
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn both_dialects_have_the_same_numbered_migrations_and_all_are_embedded() {
+        let sqlite = files("sqlite");
+        assert_eq!(sqlite, files("postgres"));
+        let listed = |ms: &[Migration]| -> Vec<String> {
+            ms.iter()
+                .map(|m| format!("{:04}_{}.sql", m.version, m.name))
+                .collect()
+        };
+        assert_eq!(listed(SQLITE), sqlite);
+        assert_eq!(listed(POSTGRES), sqlite);
+    }
+
+    #[test]
+    fn an_edited_or_unknown_migration_stops_start_up() {
+        let applied = vec![(1, "0000".to_owned())];
+        assert!(
+            pending(&applied, SQLITE)
+                .unwrap_err()
+                .to_string()
+                .contains("changed")
+        );
+        let applied = vec![(99, "x".to_owned())];
+        assert!(
+            pending(&applied, SQLITE)
+                .unwrap_err()
+                .to_string()
+                .contains("newer")
+        );
+        let applied = vec![(1, SQLITE[0].checksum())];
+        assert!(pending(&applied, SQLITE).unwrap().is_empty());
+        assert_eq!(pending(&[], SQLITE).unwrap().len(), 1);
+    }
+}

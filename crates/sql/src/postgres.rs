@@ -1,0 +1,299 @@
+//! The PostgreSQL state store: production and scale.
+//!
+//! Claims take rows with `FOR UPDATE SKIP LOCKED`, so concurrent schedulers never wait
+//! for one another and never get the same row. The hot paths (claim, batched
+//! completion, the supervisor's sweep) are one statement each, one round trip for a
+//! whole batch, history included. Deadlines are compared on the server's clock
+//! (`now()`, the transaction's start), unless a test injects its own.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use orderly_core::TimeSource;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
+
+use crate::migrate;
+
+mod sql {
+    pub(super) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
+        VALUES ($1, $2::jsonb, $3) ON CONFLICT (order_id) DO NOTHING";
+
+    pub(super) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
+
+    pub(super) const NOW: &str = "SELECT coalesce($1::timestamptz, now())";
+
+    /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds.
+    pub(super) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+        candidates AS ( \
+            SELECT s.order_id FROM order_state s, clock \
+            WHERE s.process_state = 'Pending' AND s.locked_by IS NULL AND s.next_attempt_at <= clock.now \
+            ORDER BY s.next_attempt_at LIMIT $2 FOR UPDATE OF s SKIP LOCKED), \
+        claimed AS ( \
+            UPDATE order_state s SET process_state = 'Processing', locked_by = $3, \
+                complete_by = clock.now + $4::bigint * interval '1 microsecond', \
+                lock_epoch = s.lock_epoch + 1, updated_at = clock.now \
+            FROM candidates c, clock WHERE s.order_id = c.order_id \
+            RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
+                s.reply_to, clock.now AS at), \
+        history AS ( \
+            INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
+            SELECT order_id, at, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM claimed) \
+        SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
+            o.details::text AS details \
+        FROM claimed c JOIN orders o ON o.order_id = c.order_id";
+
+    /// `$1` injected now or NULL, `$2` order ids, `$3` owners, `$4` epochs.
+    pub(super) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+        fences AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch)), \
+        done AS ( \
+            UPDATE order_state s SET process_state = 'Processed', locked_by = NULL, complete_by = NULL, \
+                updated_at = clock.now \
+            FROM fences f, clock \
+            WHERE s.order_id = f.order_id AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
+                AND s.process_state = 'Processing' AND s.complete_by > clock.now \
+            RETURNING s.order_id, s.lock_epoch, f.owner, clock.now AS at), \
+        history AS ( \
+            INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
+            SELECT order_id, at, owner, 'Completed', 'Processing', 'Processed', lock_epoch FROM done) \
+        SELECT order_id FROM done";
+
+    pub(super) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
+        failure_count FROM order_state \
+        WHERE process_state = 'Processing' AND complete_by < coalesce($1::timestamptz, now()) \
+        ORDER BY complete_by LIMIT $2";
+
+    /// `$1` injected now or NULL, `$2` limit, `$3` max failures, `$4` back-off base and
+    /// `$5` cap in microseconds, `$6` actor. The back-off is base * 2^(failures - 1),
+    /// capped, as `RecoveryPolicy::backoff` computes it.
+    pub(super) const RECOVER: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+        expired AS ( \
+            SELECT s.order_id FROM order_state s, clock \
+            WHERE s.process_state = 'Processing' AND s.complete_by < clock.now \
+            ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED), \
+        recovered AS ( \
+            UPDATE order_state s SET failure_count = s.failure_count + 1, \
+                process_state = CASE WHEN s.failure_count + 1 >= $3::int THEN 'Error' ELSE 'Pending' END, \
+                next_attempt_at = CASE WHEN s.failure_count + 1 >= $3::int THEN s.next_attempt_at \
+                    ELSE clock.now + least($4::bigint << least(s.failure_count, 30), $5::bigint) \
+                        * interval '1 microsecond' END, \
+                last_error = 'deadline passed in step ' || s.current_step || ' while held by ' \
+                    || s.locked_by || ' (failure ' || (s.failure_count + 1) || ' of ' || $3::int || ')', \
+                locked_by = NULL, complete_by = NULL, updated_at = clock.now \
+            FROM expired e, clock WHERE s.order_id = e.order_id \
+            RETURNING s.order_id, s.process_state, s.failure_count, s.next_attempt_at, s.lock_epoch, \
+                s.last_error, clock.now AS at), \
+        history AS ( \
+            INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch, reason) \
+            SELECT order_id, at, $6, CASE WHEN process_state = 'Error' THEN 'GaveUp' ELSE 'Recovered' END, \
+                'Processing', process_state, lock_epoch, last_error FROM recovered) \
+        SELECT order_id, process_state, failure_count, next_attempt_at FROM recovered";
+}
+
+/// Connections per store unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// The PostgreSQL state store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    time: TimeSource,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
+    pub async fn open(url: &str, time: TimeSource) -> orderly_core::Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+        Self::connect(options, DEFAULT_MAX_CONNECTIONS, time).await
+    }
+
+    /// Connects with explicit options (e.g. a `search_path` for an isolated schema) and
+    /// applies pending migrations.
+    pub async fn connect(
+        options: PgConnectOptions,
+        max_connections: u32,
+        time: TimeSource,
+    ) -> orderly_core::Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(15))
+            .connect_with(options.application_name("orderly"))
+            .await
+            .map_err(crate::error::db)?;
+        let store = Self { pool, time };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Applies pending migrations under an advisory lock; returns the versions applied.
+    pub async fn migrate(&self) -> orderly_core::Result<Vec<i64>> {
+        use crate::error::db;
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.orderly_migrations'))",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        sqlx::query(migrate::CREATE_BOOKKEEPING)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        let applied: Vec<(i64, String)> =
+            sqlx::query_as("SELECT version, checksum FROM orderly_migrations")
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db)?;
+        let mut done = Vec::new();
+        for m in migrate::pending(&applied, migrate::POSTGRES)? {
+            sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(db)?;
+            sqlx::query(
+                "INSERT INTO orderly_migrations (version, name, checksum, applied_at) VALUES ($1, $2, $3, now()::text)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(m.checksum())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+            tracing::info!(
+                version = m.version,
+                name = m.name,
+                "applied PostgreSQL migration"
+            );
+            done.push(m.version);
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(done)
+    }
+
+    /// The connection pool (for tests and tools).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn begin_write(&self) -> orderly_core::Result<Transaction<'static, Postgres>> {
+        self.pool.begin().await.map_err(crate::error::db)
+    }
+
+    async fn tx_now(&self, conn: &mut sqlx::PgConnection) -> orderly_core::Result<DateTime<Utc>> {
+        let now: Ts = sqlx::query_scalar(sql::NOW)
+            .bind(self.now_param())
+            .fetch_one(conn)
+            .await
+            .map_err(db)?;
+        Ok(now.0)
+    }
+
+    fn now_param(&self) -> Option<Ts> {
+        self.time.injected_now().map(Ts)
+    }
+
+    async fn claim_batch(
+        &self,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let rows = sqlx::query(sql::CLAIM)
+            .bind(self.now_param())
+            .bind(i64::from(request.limit))
+            .bind(request.owner.as_str())
+            .bind(timeout_micros)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok(ClaimedOrder {
+                    fence: Fence {
+                        order_id: c.order_id("order_id")?,
+                        owner: request.owner.clone(),
+                        epoch: orderly_core::Epoch(c.get("lock_epoch")?),
+                    },
+                    complete_by: c.ts("complete_by")?,
+                    current_step: c.get("current_step")?,
+                    failure_count: c.get("failure_count")?,
+                    details: OrderDetails::from_json(&c.get::<String>("details")?)
+                        .map_err(|e| corrupt("orders.details", e))?,
+                    reply_to: c.get("reply_to")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn complete_batch(&self, fences: &[Fence]) -> Result<BatchOutcome> {
+        let ids: Vec<&str> = fences.iter().map(|f| f.order_id.as_str()).collect();
+        let owners: Vec<&str> = fences.iter().map(|f| f.owner.as_str()).collect();
+        let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
+        let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+            .bind(self.now_param())
+            .bind(&ids)
+            .bind(&owners)
+            .bind(&epochs)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        let done: std::collections::HashSet<String> = done.into_iter().collect();
+        let mut outcome = BatchOutcome::default();
+        let refused: Vec<&Fence> = fences
+            .iter()
+            .filter(|f| !done.contains(f.order_id.as_str()))
+            .collect();
+        outcome.completed = fences
+            .iter()
+            .filter(|f| done.contains(f.order_id.as_str()))
+            .map(|f| f.order_id.clone())
+            .collect();
+        if !refused.is_empty() {
+            let mut conn = self.pool.acquire().await.map_err(db)?;
+            let now = self.tx_now(&mut conn).await?;
+            for fence in refused {
+                let why = Self::explain(&mut conn, fence, now, ProcessState::Processed).await;
+                outcome.refused.push((fence.order_id.clone(), why));
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn recover_batch(
+        &self,
+        actor: &InstanceId,
+        policy: &RecoveryPolicy,
+        limit: u32,
+    ) -> Result<Vec<Recovered>> {
+        let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let rows = sqlx::query(sql::RECOVER)
+            .bind(self.now_param())
+            .bind(i64::from(limit))
+            .bind(policy.max_failures)
+            .bind(micros(policy.backoff_base))
+            .bind(micros(policy.backoff_max))
+            .bind(actor.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                let order_id = c.order_id("order_id")?;
+                let failure_count = c.get("failure_count")?;
+                Ok(match c.state("process_state")? {
+                    ProcessState::Error => Recovered::GaveUp {
+                        order_id,
+                        failure_count,
+                    },
+                    _ => Recovered::Retried {
+                        order_id,
+                        failure_count,
+                        next_attempt_at: c.ts("next_attempt_at")?,
+                    },
+                })
+            })
+            .collect()
+    }
+}
+
+crate::shared::store_ops!(PgStore, Postgres);

@@ -1,0 +1,129 @@
+//! Decoding rows into domain types, once for both dialects.
+
+use orderly_core::history::{HistoryEvent, HistoryKind};
+use orderly_core::step::{StepRecord, StepStatus};
+use orderly_core::{Actor, Epoch, InstanceId, OrderId, ProcessState, Result, StateRow};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use crate::error::{corrupt, db};
+use crate::time::Ts;
+
+/// The columns [`Cols::state_row`] reads (a literal, for `concat!`).
+macro_rules! state_columns {
+    () => {
+        "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
+         current_step, next_attempt_at, last_error, reply_to, created_at, updated_at"
+    };
+}
+pub(crate) use state_columns;
+
+/// The columns [`Cols::step_record`] reads.
+macro_rules! step_columns {
+    () => {
+        "order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at"
+    };
+}
+pub(crate) use step_columns;
+
+/// The columns [`Cols::history_event`] reads.
+macro_rules! history_columns {
+    () => {
+        "seq, order_id, at, actor, kind, from_state, to_state, epoch, step, reason"
+    };
+}
+pub(crate) use history_columns;
+
+/// A row to decode; the bounds below hold for both SQLite and PostgreSQL rows.
+pub(crate) struct Cols<'r, R>(pub &'r R);
+
+impl<'r, R> Cols<'r, R>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i32: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Ts: Decode<'r, R::Database> + Type<R::Database>,
+{
+    pub fn get<T: Decode<'r, R::Database> + Type<R::Database>>(&self, col: &'r str) -> Result<T> {
+        self.0.try_get(col).map_err(db)
+    }
+
+    pub fn ts(&self, col: &'r str) -> Result<chrono::DateTime<chrono::Utc>> {
+        Ok(self.get::<Ts>(col)?.0)
+    }
+
+    pub fn opt_ts(&self, col: &'r str) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+        Ok(self.get::<Option<Ts>>(col)?.map(|t| t.0))
+    }
+
+    pub fn order_id(&self, col: &'r str) -> Result<OrderId> {
+        OrderId::parse(self.get::<String>(col)?).map_err(|e| corrupt(col, e))
+    }
+
+    pub fn state(&self, col: &'r str) -> Result<ProcessState> {
+        self.get::<String>(col)?
+            .parse()
+            .map_err(|e| corrupt(col, e))
+    }
+
+    pub fn state_row(&self) -> Result<StateRow> {
+        Ok(StateRow {
+            order_id: self.order_id("order_id")?,
+            locked_by: self
+                .get::<Option<String>>("locked_by")?
+                .map(InstanceId::parse)
+                .transpose()
+                .map_err(|e| corrupt("locked_by", e))?,
+            complete_by: self.opt_ts("complete_by")?,
+            process_state: self.state("process_state")?,
+            failure_count: self.get("failure_count")?,
+            lock_epoch: Epoch(self.get("lock_epoch")?),
+            current_step: self.get("current_step")?,
+            next_attempt_at: self.ts("next_attempt_at")?,
+            last_error: self.get("last_error")?,
+            reply_to: self.get("reply_to")?,
+            created_at: self.ts("created_at")?,
+            updated_at: self.ts("updated_at")?,
+        })
+    }
+
+    pub fn step_record(&self) -> Result<StepRecord> {
+        Ok(StepRecord {
+            order_id: self.order_id("order_id")?,
+            index: self.get("step_index")?,
+            name: self.get("name")?,
+            status: self
+                .get::<String>("status")?
+                .parse::<StepStatus>()
+                .map_err(|e| corrupt("status", e))?,
+            idempotency_key: self.get("idempotency_key")?,
+            attempts: self.get("attempts")?,
+            detail: self.get("detail")?,
+            epoch: Epoch(self.get("epoch")?),
+            updated_at: self.ts("updated_at")?,
+        })
+    }
+
+    pub fn history_event(&self) -> Result<HistoryEvent> {
+        Ok(HistoryEvent {
+            seq: self.get("seq")?,
+            order_id: self.order_id("order_id")?,
+            at: self.ts("at")?,
+            actor: Actor::from_stored(self.get("actor")?),
+            kind: self
+                .get::<String>("kind")?
+                .parse::<HistoryKind>()
+                .map_err(|e| corrupt("kind", e))?,
+            from_state: self
+                .get::<Option<String>>("from_state")?
+                .map(|s| s.parse::<ProcessState>())
+                .transpose()
+                .map_err(|e| corrupt("from_state", e))?,
+            to_state: self.state("to_state")?,
+            epoch: Epoch(self.get("epoch")?),
+            step: self.get("step")?,
+            reason: self.get("reason")?,
+        })
+    }
+}

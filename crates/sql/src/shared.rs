@@ -1,0 +1,577 @@
+//! The store operations whose SQL is the same in both dialects, written once and
+//! stamped onto `SqliteStore` and `PgStore` by [`store_ops!`]. (A macro over the two
+//! concrete types rather than code generic over `sqlx::Database`: the bounds such
+//! code needs would outweigh the code.)
+//!
+//! Each dialect module provides, on its store type:
+//! - `begin_write(&self)`: a transaction that serializes with every other writer where
+//!   needed (SQLite: `BEGIN IMMEDIATE`);
+//! - `tx_now(&self, conn)`: the store's "now" inside that transaction (PostgreSQL:
+//!   the server's clock; SQLite: the host's; either overridden by an injected clock);
+//! - `claim_batch`, `complete_batch`, `find_expired_rows`, `recover_batch`: the hot
+//!   paths, written per dialect;
+//! - `sql::INSERT_ORDER` and `sql::SELECT_DETAILS`.
+
+use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
+use orderly_core::{OrderId, ProcessState};
+
+/// A history entry to append.
+pub(crate) struct Event<'a> {
+    pub order_id: &'a OrderId,
+    pub at: DateTime<Utc>,
+    pub actor: &'a str,
+    pub kind: HistoryKind,
+    pub from: Option<ProcessState>,
+    pub to: ProcessState,
+    pub epoch: i64,
+    pub step: Option<i32>,
+    pub reason: Option<&'a str>,
+}
+
+/// How often an operator's read-then-move is retried when the order keeps changing.
+pub(crate) const OPERATOR_ATTEMPTS: usize = 5;
+
+macro_rules! store_ops {
+    ($Store:ty, $DB:ty) => {
+        use ::async_trait::async_trait;
+        use ::orderly_core::history::HistoryKind;
+        use ::orderly_core::step::{StepRecord, idempotency_key};
+        use ::orderly_core::store::{
+            BatchOutcome, ClaimRequest, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
+            OperatorStore, OrderFilter, OrderView, Page, Recovered, RecoveryPolicy, SchedulerStore,
+            StepUpdate, SubmitOutcome, SupervisorStore, bounded_text,
+        };
+        use ::orderly_core::{
+            Actor, Error, Fence, InstanceId, OrderDetails, OrderId, ProcessState, Result, StateRow,
+        };
+
+        use $crate::error::{corrupt, db};
+        use $crate::fence::refusal;
+        use $crate::rows::Cols;
+        use $crate::shared::{Event, OPERATOR_ATTEMPTS};
+        use $crate::statements as st;
+        use $crate::time::Ts;
+
+        type Conn = <$DB as ::sqlx::Database>::Connection;
+
+        impl $Store {
+            async fn fetch_state(conn: &mut Conn, order_id: &OrderId) -> Result<Option<StateRow>> {
+                let row = ::sqlx::query(st::SELECT_STATE)
+                    .bind(order_id.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                row.as_ref().map(|r| Cols(r).state_row()).transpose()
+            }
+
+            async fn append(conn: &mut Conn, ev: Event<'_>) -> Result<()> {
+                ::sqlx::query(st::INSERT_HISTORY)
+                    .bind(ev.order_id.as_str())
+                    .bind(Ts(ev.at))
+                    .bind(ev.actor)
+                    .bind(ev.kind.as_str())
+                    .bind(ev.from.map(ProcessState::as_str))
+                    .bind(ev.to.as_str())
+                    .bind(ev.epoch)
+                    .bind(ev.step)
+                    .bind(ev.reason.map(bounded_text))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                Ok(())
+            }
+
+            /// Why a fenced write matched no row.
+            async fn explain(
+                conn: &mut Conn,
+                fence: &Fence,
+                now: ::chrono::DateTime<::chrono::Utc>,
+                target: ProcessState,
+            ) -> Error {
+                match Self::fetch_state(conn, &fence.order_id).await {
+                    Ok(row) => refusal(fence, row, now, target),
+                    Err(e) => e,
+                }
+            }
+
+            /// A fenced write that ends the owner's hold (`FAIL`, `RELEASE`): `$4` is
+            /// `arg`, `$5` now. Appends `kind` to the history on success.
+            async fn finish_owned(
+                &self,
+                sql: &'static str,
+                fence: &Fence,
+                arg: Option<String>,
+                target: ProcessState,
+                kind: HistoryKind,
+                reason: &str,
+            ) -> Result<()> {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let mut q = ::sqlx::query(sql)
+                    .bind(fence.order_id.as_str())
+                    .bind(fence.owner.as_str())
+                    .bind(fence.epoch.0);
+                q = match arg {
+                    Some(text) => q.bind(text),
+                    None => q.bind(Ts(now)),
+                };
+                let n = q
+                    .bind(Ts(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                if n == 0 {
+                    return Err(Self::explain(&mut tx, fence, now, target).await);
+                }
+                Self::append(
+                    &mut tx,
+                    Event {
+                        order_id: &fence.order_id,
+                        at: now,
+                        actor: fence.owner.as_str(),
+                        kind,
+                        from: Some(ProcessState::Processing),
+                        to: target,
+                        epoch: fence.epoch.0,
+                        step: None,
+                        reason: Some(reason),
+                    },
+                )
+                .await?;
+                tx.commit().await.map_err(db)
+            }
+
+            /// An operator's move of `order_id` to `target`, allowed only from `from`:
+            /// read, check, then a conditional update on (state, epoch), retried if the
+            /// order changed in between.
+            async fn operator_move(
+                &self,
+                order_id: &OrderId,
+                from: &[ProcessState],
+                target: ProcessState,
+                kind: HistoryKind,
+                actor: &Actor,
+                reason: &str,
+            ) -> Result<StateRow> {
+                for _ in 0..OPERATOR_ATTEMPTS {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let Some(row) = Self::fetch_state(&mut tx, order_id).await? else {
+                        return Err(Error::OrderNotFound(order_id.clone()));
+                    };
+                    if !from.contains(&row.process_state) || !row.process_state.can_become(target) {
+                        return Err(Error::IllegalTransition {
+                            order_id: order_id.clone(),
+                            from: row.process_state,
+                            to: target,
+                        });
+                    }
+                    let moved = ::sqlx::query(st::OPERATOR_MOVE)
+                        .bind(order_id.as_str())
+                        .bind(row.process_state.as_str())
+                        .bind(Ts(now))
+                        .bind(row.lock_epoch.0)
+                        .bind(target.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let Some(moved) = moved else { continue };
+                    let moved = Cols(&moved).state_row()?;
+                    Self::append(
+                        &mut tx,
+                        Event {
+                            order_id,
+                            at: now,
+                            actor: actor.as_str(),
+                            kind,
+                            from: Some(row.process_state),
+                            to: target,
+                            epoch: moved.lock_epoch.0,
+                            step: None,
+                            reason: Some(reason),
+                        },
+                    )
+                    .await?;
+                    tx.commit().await.map_err(db)?;
+                    return Ok(moved);
+                }
+                Err(Error::Unavailable(
+                    format!("order {order_id} kept changing; {kind} not applied, retry").into(),
+                ))
+            }
+        }
+
+        #[async_trait]
+        impl IntakeStore for $Store {
+            async fn submit(&self, order: &NewOrder) -> Result<SubmitOutcome> {
+                order.validate()?;
+                let details = order.details.to_json();
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let inserted = ::sqlx::query(sql::INSERT_ORDER)
+                    .bind(order.order_id.as_str())
+                    .bind(&details)
+                    .bind(Ts(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                if inserted == 0 {
+                    let stored: String = ::sqlx::query_scalar(sql::SELECT_DETAILS)
+                        .bind(order.order_id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let stored = OrderDetails::from_json(&stored)
+                        .map_err(|e| corrupt("orders.details", e))?;
+                    return if stored == order.details {
+                        Ok(SubmitOutcome::Duplicate)
+                    } else {
+                        Err(Error::OrderIdConflict(order.order_id.clone()))
+                    };
+                }
+                ::sqlx::query(st::INSERT_STATE)
+                    .bind(order.order_id.as_str())
+                    .bind(Ts(now))
+                    .bind(order.reply_to.as_deref())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                Self::append(
+                    &mut tx,
+                    Event {
+                        order_id: &order.order_id,
+                        at: now,
+                        actor: "submitter",
+                        kind: HistoryKind::Submitted,
+                        from: None,
+                        to: ProcessState::Pending,
+                        epoch: 0,
+                        step: None,
+                        reason: None,
+                    },
+                )
+                .await?;
+                tx.commit().await.map_err(db)?;
+                Ok(SubmitOutcome::Accepted)
+            }
+        }
+
+        #[async_trait]
+        impl SchedulerStore for $Store {
+            async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
+                if request.limit == 0 || request.limit > ::orderly_core::store::MAX_BATCH {
+                    return Err(::orderly_core::ValidationError::new(
+                        "limit",
+                        format!("must be 1 to {}", ::orderly_core::store::MAX_BATCH),
+                    )
+                    .into());
+                }
+                let timeout = $crate::shared::timeout_micros(request.timeout)?;
+                self.claim_batch(request, timeout).await
+            }
+
+            async fn record_step(&self, fence: &Fence, step: &StepUpdate) -> Result<StepRecord> {
+                if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {
+                    return Err(::orderly_core::ValidationError::new(
+                        "step",
+                        "index must be >= 0 and name 1 to 100 characters",
+                    )
+                    .into());
+                }
+                let detail = step.detail.as_deref().map(bounded_text);
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let n = ::sqlx::query(st::TOUCH_FOR_STEP)
+                    .bind(fence.order_id.as_str())
+                    .bind(fence.owner.as_str())
+                    .bind(fence.epoch.0)
+                    .bind(step.status.as_str())
+                    .bind(Ts(now))
+                    .bind(step.index)
+                    .bind(detail)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                if n == 0 {
+                    return Err(Self::explain(&mut tx, fence, now, ProcessState::Processing).await);
+                }
+                let row = ::sqlx::query(st::UPSERT_STEP)
+                    .bind(fence.order_id.as_str())
+                    .bind(step.index)
+                    .bind(&step.name)
+                    .bind(step.status.as_str())
+                    .bind(idempotency_key(&fence.order_id, step.index, &step.name))
+                    .bind(detail)
+                    .bind(fence.epoch.0)
+                    .bind(Ts(now))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let record = Cols(&row).step_record()?;
+                let kind = match step.status {
+                    ::orderly_core::StepStatus::Started => HistoryKind::StepStarted,
+                    ::orderly_core::StepStatus::Succeeded => HistoryKind::StepSucceeded,
+                    ::orderly_core::StepStatus::Failed => HistoryKind::StepFailed,
+                    ::orderly_core::StepStatus::Compensated => HistoryKind::StepCompensated,
+                };
+                Self::append(
+                    &mut tx,
+                    Event {
+                        order_id: &fence.order_id,
+                        at: now,
+                        actor: fence.owner.as_str(),
+                        kind,
+                        from: Some(ProcessState::Processing),
+                        to: ProcessState::Processing,
+                        epoch: fence.epoch.0,
+                        step: Some(step.index),
+                        reason: detail,
+                    },
+                )
+                .await?;
+                tx.commit().await.map_err(db)?;
+                Ok(record)
+            }
+
+            async fn extend(
+                &self,
+                fence: &Fence,
+                by: ::std::time::Duration,
+            ) -> Result<::chrono::DateTime<::chrono::Utc>> {
+                let by = ::chrono::Duration::microseconds($crate::shared::timeout_micros(by)?);
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let deadline = ::sqlx::query_scalar::<_, Ts>(st::EXTEND)
+                    .bind(fence.order_id.as_str())
+                    .bind(fence.owner.as_str())
+                    .bind(fence.epoch.0)
+                    .bind(Ts(now + by))
+                    .bind(Ts(now))
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                match deadline {
+                    Some(deadline) => {
+                        tx.commit().await.map_err(db)?;
+                        Ok(deadline.0)
+                    }
+                    None => Err(Self::explain(&mut tx, fence, now, ProcessState::Processing).await),
+                }
+            }
+
+            async fn complete_many(&self, fences: &[Fence]) -> Result<BatchOutcome> {
+                if fences.is_empty() {
+                    return Ok(BatchOutcome::default());
+                }
+                self.complete_batch(fences).await
+            }
+
+            async fn fail(&self, fence: &Fence, error: &str) -> Result<()> {
+                let error = bounded_text(error);
+                self.finish_owned(
+                    st::FAIL,
+                    fence,
+                    Some(error.to_owned()),
+                    ProcessState::Error,
+                    HistoryKind::Failed,
+                    error,
+                )
+                .await
+            }
+
+            async fn release(&self, fence: &Fence, reason: &str) -> Result<()> {
+                self.finish_owned(
+                    st::RELEASE,
+                    fence,
+                    None,
+                    ProcessState::Pending,
+                    HistoryKind::Released,
+                    reason,
+                )
+                .await
+            }
+        }
+
+        #[async_trait]
+        impl SupervisorStore for $Store {
+            async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>> {
+                let rows = ::sqlx::query(sql::FIND_EXPIRED)
+                    .bind(self.now_param())
+                    .bind(i64::from(limit.min(::orderly_core::store::MAX_BATCH)))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+                rows.iter()
+                    .map(|r| {
+                        let c = Cols(r);
+                        Ok(ExpiredOrder {
+                            order_id: c.order_id("order_id")?,
+                            locked_by: c
+                                .get::<Option<String>>("locked_by")?
+                                .map(InstanceId::parse)
+                                .transpose()
+                                .map_err(|e| corrupt("locked_by", e))?,
+                            lock_epoch: ::orderly_core::Epoch(c.get("lock_epoch")?),
+                            complete_by: c.ts("complete_by")?,
+                            failure_count: c.get("failure_count")?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn recover_expired(
+                &self,
+                actor: &InstanceId,
+                policy: &RecoveryPolicy,
+                limit: u32,
+            ) -> Result<Vec<Recovered>> {
+                policy.validate()?;
+                if limit == 0 {
+                    return Ok(Vec::new());
+                }
+                self.recover_batch(actor, policy, limit.min(::orderly_core::store::MAX_BATCH))
+                    .await
+            }
+        }
+
+        #[async_trait]
+        impl OperatorStore for $Store {
+            async fn list(&self, filter: &OrderFilter) -> Result<Page> {
+                let (text, args, limit) = st::list_query(filter);
+                let mut q = ::sqlx::query(::sqlx::AssertSqlSafe(text));
+                for arg in args {
+                    q = match arg {
+                        st::Arg::Text(s) => q.bind(s),
+                        st::Arg::Int(i) => q.bind(i),
+                        st::Arg::Time(t) => q.bind(t),
+                    };
+                }
+                let rows = q.fetch_all(&self.pool).await.map_err(db)?;
+                let mut orders = rows
+                    .iter()
+                    .map(|r| Cols(r).state_row())
+                    .collect::<Result<Vec<_>>>()?;
+                let next = if orders.len() > limit as usize {
+                    orders.truncate(limit as usize);
+                    orders.last().map(|o| Cursor {
+                        created_at: o.created_at,
+                        order_id: o.order_id.clone(),
+                    })
+                } else {
+                    None
+                };
+                Ok(Page { orders, next })
+            }
+
+            async fn get(&self, order_id: &OrderId) -> Result<OrderView> {
+                let mut conn = self.pool.acquire().await.map_err(db)?;
+                let state = Self::fetch_state(&mut conn, order_id)
+                    .await?
+                    .ok_or_else(|| Error::OrderNotFound(order_id.clone()))?;
+                let details: String = ::sqlx::query_scalar(sql::SELECT_DETAILS)
+                    .bind(order_id.as_str())
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                let details =
+                    OrderDetails::from_json(&details).map_err(|e| corrupt("orders.details", e))?;
+                let steps = ::sqlx::query(st::SELECT_STEPS)
+                    .bind(order_id.as_str())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).step_record())
+                    .collect::<Result<Vec<_>>>()?;
+                let history = ::sqlx::query(st::SELECT_HISTORY)
+                    .bind(order_id.as_str())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).history_event())
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(OrderView {
+                    state,
+                    details,
+                    steps,
+                    history,
+                })
+            }
+
+            async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
+                let rows = ::sqlx::query(st::COUNT_BY_STATE)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+                let mut counts: Vec<(ProcessState, i64)> =
+                    ProcessState::ALL.iter().map(|s| (*s, 0)).collect();
+                for r in &rows {
+                    let c = Cols(r);
+                    let state = c.state("process_state")?;
+                    let n: i64 = c.get("n")?;
+                    if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+                        slot.1 = n;
+                    }
+                }
+                Ok(counts)
+            }
+
+            async fn resubmit(
+                &self,
+                order_id: &OrderId,
+                actor: &Actor,
+                reason: &str,
+            ) -> Result<StateRow> {
+                self.operator_move(
+                    order_id,
+                    &[ProcessState::Error],
+                    ProcessState::Pending,
+                    HistoryKind::Resubmitted,
+                    actor,
+                    reason,
+                )
+                .await
+            }
+
+            async fn cancel(
+                &self,
+                order_id: &OrderId,
+                actor: &Actor,
+                reason: &str,
+            ) -> Result<StateRow> {
+                self.operator_move(
+                    order_id,
+                    &[
+                        ProcessState::Pending,
+                        ProcessState::Processing,
+                        ProcessState::Error,
+                    ],
+                    ProcessState::Cancelled,
+                    HistoryKind::Cancelled,
+                    actor,
+                    reason,
+                )
+                .await
+            }
+        }
+    };
+}
+pub(crate) use store_ops;
+
+/// A processing timeout or extension in microseconds: more than zero, at most 7 days.
+pub(crate) fn timeout_micros(d: std::time::Duration) -> orderly_core::Result<i64> {
+    const MAX: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+    if d.is_zero() || d > MAX {
+        return Err(orderly_core::ValidationError::new(
+            "timeout",
+            "must be more than 0 and at most 7 days",
+        )
+        .into());
+    }
+    Ok(d.as_micros() as i64)
+}

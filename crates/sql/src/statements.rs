@@ -1,0 +1,184 @@
+//! SQL that reads the same in both dialects: `$n` parameters, no casts, no dialect
+//! functions. Times are bound as [`Ts`](crate::time::Ts), which each dialect encodes
+//! its own way. Statements that differ live in `sqlite.rs` and `postgres.rs`.
+
+use orderly_core::store::{MAX_BATCH, OrderFilter};
+
+use crate::rows::{history_columns, state_columns, step_columns};
+use crate::time::Ts;
+
+/// The state row of one order.
+pub(crate) const SELECT_STATE: &str = concat!(
+    "SELECT ",
+    state_columns!(),
+    " FROM order_state WHERE order_id = $1"
+);
+
+/// A new order's state row: Pending, unlocked, due now.
+pub(crate) const INSERT_STATE: &str = "INSERT INTO order_state \
+    (order_id, process_state, next_attempt_at, reply_to, created_at, updated_at) \
+    VALUES ($1, 'Pending', $2, $3, $2, $2)";
+
+/// One history entry.
+pub(crate) const INSERT_HISTORY: &str = "INSERT INTO order_history \
+    (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The fence every scheduler write carries: `$1` order, `$2` owner, `$3` epoch, and the
+/// deadline not yet passed at `$5`.
+macro_rules! fenced {
+    () => {
+        " WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
+          AND process_state = 'Processing' AND complete_by > $5"
+    };
+}
+
+/// Step progress on the state row: `$4` status, `$6` step index, `$7` detail.
+pub(crate) const TOUCH_FOR_STEP: &str = concat!(
+    "UPDATE order_state SET \
+     current_step = CASE WHEN $4 = 'Succeeded' AND current_step <= $6 THEN $6 + 1 ELSE current_step END, \
+     last_error = CASE WHEN $4 = 'Failed' THEN $7 ELSE last_error END, \
+     updated_at = $5",
+    fenced!()
+);
+
+/// Insert or update one step: `$1` order, `$2` index, `$3` name, `$4` status, `$5` key,
+/// `$6` detail, `$7` epoch, `$8` time. Each start counts as an attempt.
+pub(crate) const UPSERT_STEP: &str = concat!(
+    "INSERT INTO order_steps \
+     (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 'Started' THEN 1 ELSE 0 END, $6, $7, $8) \
+     ON CONFLICT (order_id, step_index) DO UPDATE SET \
+     name = excluded.name, status = excluded.status, \
+     attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
+     epoch = excluded.epoch, updated_at = excluded.updated_at \
+     RETURNING ",
+    step_columns!()
+);
+
+/// A heartbeat: the deadline moves to `$4` (never backwards).
+pub(crate) const EXTEND: &str = concat!(
+    "UPDATE order_state SET \
+     complete_by = CASE WHEN complete_by < $4 THEN $4 ELSE complete_by END, updated_at = $5",
+    fenced!(),
+    " RETURNING complete_by"
+);
+
+/// The owner gives up: Error, with `$4` as the last error.
+pub(crate) const FAIL: &str = concat!(
+    "UPDATE order_state SET process_state = 'Error', locked_by = NULL, complete_by = NULL, \
+     last_error = $4, updated_at = $5",
+    fenced!()
+);
+
+/// The owner hands the order back: Pending, due again at `$4`.
+pub(crate) const RELEASE: &str = concat!(
+    "UPDATE order_state SET process_state = 'Pending', locked_by = NULL, complete_by = NULL, \
+     next_attempt_at = $4, updated_at = $5",
+    fenced!()
+);
+
+/// An operator moves an order whose state (`$2`) and epoch (`$4`) were just read:
+/// to `$5`, at `$3`. Zero rows means it changed meanwhile.
+pub(crate) const OPERATOR_MOVE: &str = concat!(
+    "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
+     failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
+     next_attempt_at = CASE WHEN $5 = 'Pending' THEN $3 ELSE next_attempt_at END, \
+     updated_at = $3 \
+     WHERE order_id = $1 AND process_state = $2 AND lock_epoch = $4 RETURNING ",
+    state_columns!()
+);
+
+/// The steps of one order.
+pub(crate) const SELECT_STEPS: &str = concat!(
+    "SELECT ",
+    step_columns!(),
+    " FROM order_steps WHERE order_id = $1 ORDER BY step_index"
+);
+
+/// The history of one order.
+pub(crate) const SELECT_HISTORY: &str = concat!(
+    "SELECT ",
+    history_columns!(),
+    " FROM order_history WHERE order_id = $1 ORDER BY seq"
+);
+
+/// Orders by state.
+pub(crate) const COUNT_BY_STATE: &str =
+    "SELECT process_state, count(*) AS n FROM order_state GROUP BY process_state";
+
+/// A bound value of a query built at run time.
+pub(crate) enum Arg {
+    Text(String),
+    Int(i32),
+    Time(Ts),
+}
+
+/// Default page size.
+pub(crate) const DEFAULT_PAGE: u32 = 50;
+
+/// The list query for `filter`, fetching one row more than the page to tell whether a
+/// next page exists. Returns the SQL, its arguments and the page size.
+pub(crate) fn list_query(filter: &OrderFilter) -> (String, Vec<Arg>, u32) {
+    let mut sql = String::from(concat!(
+        "SELECT ",
+        state_columns!(),
+        " FROM order_state WHERE 1 = 1"
+    ));
+    let mut args = Vec::new();
+    let mut next = |sql: &mut String, clause: &str, arg: Arg| {
+        args.push(arg);
+        sql.push_str(&clause.replace('?', &format!("${}", args.len())));
+    };
+    if let Some(state) = filter.state {
+        next(
+            &mut sql,
+            " AND process_state = ?",
+            Arg::Text(state.as_str().to_owned()),
+        );
+    }
+    if let Some(text) = &filter.error_contains {
+        let escaped = text
+            .to_lowercase()
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        next(
+            &mut sql,
+            " AND lower(last_error) LIKE ? ESCAPE '\\'",
+            Arg::Text(format!("%{escaped}%")),
+        );
+    }
+    if let Some(step) = filter.current_step {
+        next(&mut sql, " AND current_step = ?", Arg::Int(step));
+    }
+    if let Some(before) = filter.created_before {
+        next(&mut sql, " AND created_at < ?", Arg::Time(Ts(before)));
+    }
+    if let Some(after) = &filter.after {
+        next(
+            &mut sql,
+            " AND (created_at > ?",
+            Arg::Time(Ts(after.created_at)),
+        );
+        next(
+            &mut sql,
+            " OR (created_at = ?",
+            Arg::Time(Ts(after.created_at)),
+        );
+        next(
+            &mut sql,
+            " AND order_id > ?))",
+            Arg::Text(after.order_id.as_str().to_owned()),
+        );
+    }
+    let limit = match filter.limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_BATCH),
+    };
+    sql.push_str(&format!(
+        " ORDER BY created_at, order_id LIMIT {}",
+        limit + 1
+    ));
+    (sql, args, limit)
+}

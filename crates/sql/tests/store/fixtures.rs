@@ -1,0 +1,122 @@
+//! Fresh databases for tests: a new SQLite file, or a new PostgreSQL schema, per test.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use orderly_core::store::StateStore;
+use orderly_core::{ManualClock, TimeSource};
+use orderly_sql::{PgStore, SqliteStore};
+use orderly_testkit::store::{Ctx, StoreFactory};
+use sqlx::postgres::PgConnectOptions;
+
+/// Where the PostgreSQL tests connect (`ORDERLY_TEST_POSTGRES_URL`).
+pub fn postgres_url() -> String {
+    std::env::var("ORDERLY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub struct SqliteFactory {
+    pub path: PathBuf,
+    pub time: TimeSource,
+}
+
+impl SqliteFactory {
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+}
+
+#[async_trait]
+impl StoreFactory for SqliteFactory {
+    async fn open(&self) -> Arc<dyn StateStore> {
+        Arc::new(
+            SqliteStore::open(&self.url(), self.time.clone())
+                .await
+                .expect("open SQLite store"),
+        )
+    }
+
+    async fn cleanup(&self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+pub fn sqlite_factory(time: TimeSource) -> SqliteFactory {
+    let path =
+        std::env::temp_dir().join(format!("orderly-test-{}.db", uuid::Uuid::new_v4().simple()));
+    SqliteFactory { path, time }
+}
+
+pub async fn sqlite() -> Ctx {
+    let clock = ManualClock::starting_now();
+    Ctx {
+        factory: Box::new(sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())))),
+        clock,
+    }
+}
+
+pub struct PgFactory {
+    pub schema: String,
+    pub time: TimeSource,
+}
+
+impl PgFactory {
+    pub fn options(&self) -> PgConnectOptions {
+        PgConnectOptions::from_str(&postgres_url())
+            .expect("ORDERLY_TEST_POSTGRES_URL is a valid URL")
+            .options([("search_path", self.schema.as_str())])
+    }
+
+    pub async fn store(&self) -> PgStore {
+        PgStore::connect(self.options(), 4, self.time.clone())
+            .await
+            .expect("connect to PostgreSQL")
+    }
+}
+
+#[async_trait]
+impl StoreFactory for PgFactory {
+    async fn open(&self) -> Arc<dyn StateStore> {
+        Arc::new(self.store().await)
+    }
+
+    async fn cleanup(&self) {
+        if let Ok(pool) = sqlx::PgPool::connect(&postgres_url()).await {
+            let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&pool).await;
+        }
+    }
+}
+
+/// A fresh schema in the test database. PostgreSQL is required: a test that cannot
+/// reach it fails, so a green run always includes the PostgreSQL suite.
+pub async fn pg_factory(time: TimeSource) -> PgFactory {
+    let url = postgres_url();
+    let pool = match sqlx::PgPool::connect(&url).await {
+        Ok(pool) => pool,
+        Err(e) => panic!(
+            "PostgreSQL is required by the state-store tests and is not reachable at {}: {e}. \
+             Start it (see README.md, or run .ci/run) or point ORDERLY_TEST_POSTGRES_URL at one.",
+            url.split('@').next_back().unwrap_or("?")
+        ),
+    };
+    let schema = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&pool)
+        .await
+        .expect("create test schema");
+    pool.close().await;
+    PgFactory { schema, time }
+}
+
+pub async fn postgres() -> Ctx {
+    let clock = ManualClock::starting_now();
+    Ctx {
+        factory: Box::new(pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await),
+        clock,
+    }
+}

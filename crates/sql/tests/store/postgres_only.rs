@@ -1,0 +1,80 @@
+//! PostgreSQL-specific behaviour.
+
+use std::time::Duration;
+
+use orderly_core::store::{ClaimRequest, IntakeStore, SchedulerStore};
+use orderly_core::{InstanceId, TimeSource};
+use orderly_testkit::builders;
+use orderly_testkit::store::StoreFactory;
+
+use crate::fixtures::pg_factory;
+
+/// Deadlines come from the server's clock, not the worker's: the stored deadline is the
+/// server's `now()` at claim time plus the timeout.
+#[tokio::test]
+async fn postgres_deadlines_are_computed_on_the_database_clock() {
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    store.submit(&builders::order(1)).await.unwrap();
+    let server_before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(&ClaimRequest {
+            owner: InstanceId::parse("s").unwrap(),
+            limit: 1,
+            timeout: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    let server_after: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let started = claimed[0].complete_by - chrono::Duration::seconds(30);
+    assert!(
+        server_before <= started && started <= server_after,
+        "{server_before} <= {started} <= {server_after}"
+    );
+    f.cleanup().await;
+}
+
+/// The claim and sweep use partial indexes, so finished rows do not slow them down.
+#[tokio::test]
+async fn postgres_claim_and_sweep_use_their_partial_indexes() {
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    sqlx::query("SET enable_seqscan = off")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for (query, index) in [
+        (
+            "EXPLAIN SELECT order_id FROM order_state WHERE process_state = 'Pending' AND locked_by IS NULL \
+             AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT 10",
+            "order_state_claimable",
+        ),
+        (
+            "EXPLAIN SELECT order_id FROM order_state WHERE process_state = 'Processing' AND complete_by < now() \
+             ORDER BY complete_by LIMIT 10",
+            "order_state_deadlines",
+        ),
+    ] {
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query("SET enable_seqscan = off")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(query)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        assert!(
+            plan.join("\n").contains(index),
+            "{index} not used:\n{}",
+            plan.join("\n")
+        );
+    }
+    f.cleanup().await;
+}

@@ -1,0 +1,130 @@
+//! Behaviour that needs SQL access, checked in both dialects.
+
+use orderly_core::store::{ClaimRequest, IntakeStore, OperatorStore, SchedulerStore};
+use orderly_core::{InstanceId, TimeSource};
+use orderly_sql::{PgStore, SqliteStore};
+use orderly_testkit::builders;
+use orderly_testkit::store::StoreFactory;
+
+use crate::fixtures::{pg_factory, sqlite_factory};
+
+#[tokio::test]
+async fn sqlite_history_is_append_only() {
+    let f = sqlite_factory(TimeSource::Database);
+    let store = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    let order = builders::order(1);
+    store.submit(&order).await.unwrap();
+    for attempt in [
+        "UPDATE order_history SET reason = 'rewritten'",
+        "DELETE FROM order_history",
+    ] {
+        let err = sqlx::query(attempt)
+            .execute(store.pool())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{attempt}: {err}");
+    }
+    assert_eq!(store.get(&order.order_id).await.unwrap().history.len(), 1);
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_history_is_append_only() {
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let order = builders::order(1);
+    store.submit(&order).await.unwrap();
+    for attempt in [
+        "UPDATE order_history SET reason = 'rewritten'",
+        "DELETE FROM order_history",
+    ] {
+        let err = sqlx::query(attempt)
+            .execute(store.pool())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{attempt}: {err}");
+    }
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn sqlite_migrations_run_once_and_reopening_keeps_the_data() {
+    let f = sqlite_factory(TimeSource::Database);
+    let store = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    assert!(
+        store.migrate().await.unwrap().is_empty(),
+        "already applied on open"
+    );
+    let order = builders::order(3);
+    store.submit(&order).await.unwrap();
+    drop(store);
+    let reopened = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    assert_eq!(
+        reopened.get(&order.order_id).await.unwrap().details,
+        order.details
+    );
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_concurrent_start_ups_apply_each_migration_once() {
+    let f = pg_factory(TimeSource::Database).await;
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let options = f.options();
+            tokio::spawn(async move {
+                PgStore::connect(options, 2, TimeSource::Database)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for s in starts {
+        stores.push(s.await.unwrap());
+    }
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM orderly_migrations")
+        .fetch_one(stores[0].pool())
+        .await
+        .unwrap();
+    assert_eq!(applied as usize, orderly_sql::migrate::POSTGRES.len());
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn sqlite_refuses_an_unknown_url_scheme_naming_the_setting() {
+    let err = orderly_sql::open("mysql://root@localhost/db", TimeSource::Database)
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("database_url"), "{err}");
+}
+
+#[tokio::test]
+async fn sqlite_claims_with_the_host_clock_by_default() {
+    let f = sqlite_factory(TimeSource::Database);
+    let store = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    store.submit(&builders::order(1)).await.unwrap();
+    let before = chrono::Utc::now();
+    let claimed = store
+        .claim(&ClaimRequest {
+            owner: InstanceId::parse("s").unwrap(),
+            limit: 1,
+            timeout: std::time::Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    let after = chrono::Utc::now();
+    let deadline = claimed[0].complete_by;
+    assert!(deadline >= before + chrono::Duration::seconds(30) - chrono::Duration::milliseconds(1));
+    assert!(deadline <= after + chrono::Duration::seconds(30));
+    f.cleanup().await;
+}

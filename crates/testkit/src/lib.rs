@@ -1,0 +1,11 @@
+//! Test support for orderly: builders for orders, and conformance suites that every
+//! implementation of a port must pass. The same suite runs against every dialect, so
+//! "both dialects behave the same" is checked, not hoped.
+//!
+//! Depends on `orderly-core` only; adapters depend on this crate in their tests.
+
+// A conformance suite is test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
+
+pub mod builders;
+pub mod store;
