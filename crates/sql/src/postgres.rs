@@ -18,40 +18,46 @@ use crate::migrate;
 
 mod sql {
     pub(super) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
-        VALUES ($1, $2::jsonb, $3) ON CONFLICT (order_id) DO NOTHING";
+        VALUES ($1, $2::json, $3) ON CONFLICT (order_id) DO NOTHING";
 
     pub(super) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
 
     pub(super) const NOW: &str = "SELECT coalesce($1::timestamptz, now())";
 
+    // The hot statements below select their rows with `= ANY(ARRAY(...))` (or an
+    // id array) so every row of a batch is one primary-key probe: joined as a CTE
+    // instead, the planner hash-joins the batch against a scan of the whole table.
+
     /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds.
     pub(super) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
-        candidates AS ( \
-            SELECT s.order_id FROM order_state s, clock \
-            WHERE s.process_state = 'Pending' AND s.locked_by IS NULL AND s.next_attempt_at <= clock.now \
-            ORDER BY s.next_attempt_at LIMIT $2 FOR UPDATE OF s SKIP LOCKED), \
         claimed AS ( \
             UPDATE order_state s SET process_state = 'Processing', locked_by = $3, \
                 complete_by = clock.now + $4::bigint * interval '1 microsecond', \
                 lock_epoch = s.lock_epoch + 1, updated_at = clock.now \
-            FROM candidates c, clock WHERE s.order_id = c.order_id \
+            FROM clock \
+            WHERE s.order_id = ANY(ARRAY( \
+                    SELECT c.order_id FROM order_state c \
+                    WHERE c.process_state = 'Pending' AND c.locked_by IS NULL \
+                        AND c.next_attempt_at <= (SELECT now FROM clock) \
+                    ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+                AND s.process_state = 'Pending' \
             RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
                 s.reply_to, clock.now AS at), \
         history AS ( \
             INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
             SELECT order_id, at, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM claimed) \
         SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
-            o.details::text AS details \
-        FROM claimed c JOIN orders o ON o.order_id = c.order_id";
+            (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
+        FROM claimed c";
 
     /// `$1` injected now or NULL, `$2` order ids, `$3` owners, `$4` epochs.
     pub(super) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
-        fences AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch)), \
         done AS ( \
             UPDATE order_state s SET process_state = 'Processed', locked_by = NULL, complete_by = NULL, \
                 updated_at = clock.now \
-            FROM fences f, clock \
-            WHERE s.order_id = f.order_id AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
+            FROM clock, unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch) \
+            WHERE s.order_id = ANY($2::text[]) AND s.order_id = f.order_id \
+                AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
                 AND s.process_state = 'Processing' AND s.complete_by > clock.now \
             RETURNING s.order_id, s.lock_epoch, f.owner, clock.now AS at), \
         history AS ( \
@@ -68,10 +74,6 @@ mod sql {
     /// `$5` cap in microseconds, `$6` actor. The back-off is base * 2^(failures - 1),
     /// capped, as `RecoveryPolicy::backoff` computes it.
     pub(super) const RECOVER: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
-        expired AS ( \
-            SELECT s.order_id FROM order_state s, clock \
-            WHERE s.process_state = 'Processing' AND s.complete_by < clock.now \
-            ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED), \
         recovered AS ( \
             UPDATE order_state s SET failure_count = s.failure_count + 1, \
                 process_state = CASE WHEN s.failure_count + 1 >= $3::int THEN 'Error' ELSE 'Pending' END, \
@@ -81,7 +83,12 @@ mod sql {
                 last_error = 'deadline passed in step ' || s.current_step || ' while held by ' \
                     || s.locked_by || ' (failure ' || (s.failure_count + 1) || ' of ' || $3::int || ')', \
                 locked_by = NULL, complete_by = NULL, updated_at = clock.now \
-            FROM expired e, clock WHERE s.order_id = e.order_id \
+            FROM clock \
+            WHERE s.order_id = ANY(ARRAY( \
+                    SELECT e.order_id FROM order_state e \
+                    WHERE e.process_state = 'Processing' AND e.complete_by < (SELECT now FROM clock) \
+                    ORDER BY e.complete_by LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+                AND s.process_state = 'Processing' \
             RETURNING s.order_id, s.process_state, s.failure_count, s.next_attempt_at, s.lock_epoch, \
                 s.last_error, clock.now AS at), \
         history AS ( \
@@ -228,7 +235,10 @@ impl PgStore {
         let ids: Vec<&str> = fences.iter().map(|f| f.order_id.as_str()).collect();
         let owners: Vec<&str> = fences.iter().map(|f| f.owner.as_str()).collect();
         let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
+        // Unnamed (not cached) so the server plans it for this batch's actual arrays; a
+        // cached generic plan cannot see their size and picks a far slower join.
         let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+            .persistent(false)
             .bind(self.now_param())
             .bind(&ids)
             .bind(&owners)
@@ -266,6 +276,7 @@ impl PgStore {
     ) -> Result<Vec<Recovered>> {
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let rows = sqlx::query(sql::RECOVER)
+            .persistent(false)
             .bind(self.now_param())
             .bind(i64::from(limit))
             .bind(policy.max_failures)

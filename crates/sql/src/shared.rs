@@ -367,7 +367,18 @@ macro_rules! store_ops {
                 if fences.is_empty() {
                     return Ok(BatchOutcome::default());
                 }
-                self.complete_batch(fences).await
+                // The same order twice in one batch completes (and is reported) once.
+                let mut seen = ::std::collections::HashSet::with_capacity(fences.len());
+                if fences.iter().all(|f| seen.insert(&f.order_id)) {
+                    return self.complete_batch(fences).await;
+                }
+                let mut seen = ::std::collections::HashSet::with_capacity(fences.len());
+                let unique: Vec<Fence> = fences
+                    .iter()
+                    .filter(|f| seen.insert(&f.order_id))
+                    .cloned()
+                    .collect();
+                self.complete_batch(&unique).await
             }
 
             async fn fail(&self, fence: &Fence, error: &str) -> Result<()> {

@@ -10,7 +10,10 @@
 //! A SQLite file is shared by processes of one host only, so "now" is that host's
 //! clock (or the injected one).
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,18 +36,37 @@ mod sql {
 
     pub(super) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processing', \
         locked_by = $1, complete_by = $2, lock_epoch = lock_epoch + 1, updated_at = $3 \
-        WHERE order_id IN (SELECT order_id FROM order_state \
+        WHERE order_id IN (SELECT order_id FROM order_state INDEXED BY order_state_claimable \
             WHERE process_state = 'Pending' AND locked_by IS NULL AND next_attempt_at <= $3 \
             ORDER BY next_attempt_at LIMIT $4) \
         RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to";
 
+    /// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner.
+    pub(super) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
+        (order_id, at, actor, kind, from_state, to_state, epoch) \
+        SELECT order_id, $2, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM order_state \
+        WHERE order_id IN (SELECT value FROM json_each($1))";
+
+    /// `$1` JSON array of `[order_id, owner, epoch]` fences, `$2` now. The `+` keeps
+    /// the planner off the process_state index: the batch drives, each fence one
+    /// primary-key probe, however many orders are Processing.
     pub(super) const COMPLETE: &str = "UPDATE order_state SET process_state = 'Processed', \
-        locked_by = NULL, complete_by = NULL, updated_at = $4 \
-        WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
-        AND process_state = 'Processing' AND complete_by > $4";
+        locked_by = NULL, complete_by = NULL, updated_at = $2 \
+        FROM (SELECT value ->> 0 AS order_id, value ->> 1 AS owner, value ->> 2 AS epoch \
+              FROM json_each($1)) AS f \
+        WHERE order_state.order_id = f.order_id AND order_state.locked_by = f.owner \
+        AND order_state.lock_epoch = f.epoch \
+        AND +order_state.process_state = 'Processing' AND order_state.complete_by > $2 \
+        RETURNING order_state.order_id";
+
+    /// History for a completed batch: `$1` JSON array of fences, `$2` now.
+    pub(super) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
+        (order_id, at, actor, kind, from_state, to_state, epoch) \
+        SELECT value ->> 0, $2, value ->> 1, 'Completed', 'Processing', 'Processed', value ->> 2 \
+        FROM json_each($1)";
 
     pub(super) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
-        failure_count, current_step FROM order_state \
+        failure_count, current_step FROM order_state INDEXED BY order_state_deadlines \
         WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT $2";
 
     pub(super) const RECOVER: &str = "UPDATE order_state SET failure_count = $2, \
@@ -61,6 +83,50 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct SqliteStore {
     pool: SqlitePool,
     time: TimeSource,
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The turn of in-process writers to one database file. Writers in this process wait
+/// here in order instead of in SQLite's busy handler, which polls with sleeps of up to
+/// 100 ms; writers in other processes still meet at SQLite's lock (busy timeout).
+fn writer_turn(file: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static TURNS: LazyLock<std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
+        LazyLock::new(Default::default);
+    let mut turns = TURNS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    turns.retain(|_, turn| turn.strong_count() > 0);
+    if let Some(turn) = turns.get(file).and_then(Weak::upgrade) {
+        return turn;
+    }
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    turns.insert(file.to_owned(), Arc::downgrade(&turn));
+    turn
+}
+
+/// A write transaction holding this process's turn to write.
+pub(crate) struct WriteTx {
+    tx: Transaction<'static, Sqlite>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl WriteTx {
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
 }
 
 impl SqliteStore {
@@ -83,10 +149,20 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(max)
             .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(crate::error::db)?;
-        let store = Self { pool, time };
+        let file = options.get_filename();
+        let writer = if max == 1 {
+            Arc::new(tokio::sync::Mutex::new(()))
+        } else {
+            writer_turn(
+                &std::fs::canonicalize(file)
+                    .unwrap_or_else(|_| file.to_owned())
+                    .to_string_lossy(),
+            )
+        };
+        let store = Self { pool, time, writer };
         store.migrate().await?;
         Ok(store)
     }
@@ -131,11 +207,14 @@ impl SqliteStore {
         &self.pool
     }
 
-    async fn begin_write(&self) -> orderly_core::Result<Transaction<'static, Sqlite>> {
-        self.pool
+    async fn begin_write(&self) -> orderly_core::Result<WriteTx> {
+        let turn = self.writer.clone().lock_owned().await;
+        let tx = self
+            .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(crate::error::db)
+            .map_err(crate::error::db)?;
+        Ok(WriteTx { tx, _turn: turn })
     }
 
     async fn tx_now(
@@ -173,26 +252,10 @@ impl SqliteStore {
         for r in &rows {
             let c = Cols(r);
             let order_id = c.order_id("order_id")?;
-            let epoch: i64 = c.get("lock_epoch")?;
-            Self::append(
-                &mut tx,
-                Event {
-                    order_id: &order_id,
-                    at: now,
-                    actor: request.owner.as_str(),
-                    kind: HistoryKind::Claimed,
-                    from: Some(ProcessState::Pending),
-                    to: ProcessState::Processing,
-                    epoch,
-                    step: None,
-                    reason: None,
-                },
-            )
-            .await?;
             ids.push(order_id.as_str().to_owned());
             claimed.push((
                 order_id,
-                epoch,
+                c.get::<i64>("lock_epoch")?,
                 c.ts("complete_by")?,
                 c.get("current_step")?,
                 c.get("failure_count")?,
@@ -200,6 +263,13 @@ impl SqliteStore {
             ));
         }
         let ids = serde_json::to_string(&ids).map_err(|e| corrupt("claimed ids", e))?;
+        sqlx::query(sql::CLAIMED_HISTORY)
+            .bind(&ids)
+            .bind(Ts(now))
+            .bind(request.owner.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         let mut details = std::collections::HashMap::with_capacity(claimed.len());
         for r in sqlx::query(sql::DETAILS_OF)
             .bind(ids)
@@ -241,40 +311,40 @@ impl SqliteStore {
     }
 
     async fn complete_batch(&self, fences: &[Fence]) -> Result<BatchOutcome> {
+        let json = |fences: &[&Fence]| {
+            let triples: Vec<_> = fences
+                .iter()
+                .map(|f| serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0]))
+                .collect();
+            serde_json::Value::Array(triples).to_string()
+        };
         let mut tx = self.begin_write().await?;
         let now = self.tx_now(&mut tx).await?;
-        let mut outcome = BatchOutcome::default();
-        for fence in fences {
-            let n = sqlx::query(sql::COMPLETE)
-                .bind(fence.order_id.as_str())
-                .bind(fence.owner.as_str())
-                .bind(fence.epoch.0)
+        let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+            .bind(json(&fences.iter().collect::<Vec<_>>()))
+            .bind(Ts(now))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?;
+        let done: std::collections::HashSet<String> = done.into_iter().collect();
+        let (completed, refused): (Vec<&Fence>, Vec<&Fence>) = fences
+            .iter()
+            .partition(|f| done.contains(f.order_id.as_str()));
+        if !completed.is_empty() {
+            sqlx::query(sql::COMPLETED_HISTORY)
+                .bind(json(&completed))
                 .bind(Ts(now))
                 .execute(&mut *tx)
                 .await
-                .map_err(db)?
-                .rows_affected();
-            if n == 0 {
-                let why = Self::explain(&mut tx, fence, now, ProcessState::Processed).await;
-                outcome.refused.push((fence.order_id.clone(), why));
-                continue;
-            }
-            Self::append(
-                &mut tx,
-                Event {
-                    order_id: &fence.order_id,
-                    at: now,
-                    actor: fence.owner.as_str(),
-                    kind: HistoryKind::Completed,
-                    from: Some(ProcessState::Processing),
-                    to: ProcessState::Processed,
-                    epoch: fence.epoch.0,
-                    step: None,
-                    reason: None,
-                },
-            )
-            .await?;
-            outcome.completed.push(fence.order_id.clone());
+                .map_err(db)?;
+        }
+        let mut outcome = BatchOutcome {
+            completed: completed.iter().map(|f| f.order_id.clone()).collect(),
+            refused: Vec::with_capacity(refused.len()),
+        };
+        for fence in refused {
+            let why = Self::explain(&mut tx, fence, now, ProcessState::Processed).await;
+            outcome.refused.push((fence.order_id.clone(), why));
         }
         tx.commit().await.map_err(db)?;
         Ok(outcome)
