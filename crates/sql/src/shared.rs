@@ -205,6 +205,7 @@ macro_rules! store_ops {
 
         #[async_trait]
         impl IntakeStore for $Store {
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order.order_id))]
             async fn submit(&self, order: &NewOrder) -> Result<SubmitOutcome> {
                 order.validate()?;
                 let details = order.details.to_json();
@@ -261,6 +262,7 @@ macro_rules! store_ops {
 
         #[async_trait]
         impl SchedulerStore for $Store {
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %request.owner, limit = request.limit))]
             async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
                 if request.limit == 0 || request.limit > ::orderly_core::store::MAX_BATCH {
                     return Err(::orderly_core::ValidationError::new(
@@ -273,6 +275,7 @@ macro_rules! store_ops {
                 self.claim_batch(request, timeout).await
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch, step = step.index, status = %step.status))]
             async fn record_step(&self, fence: &Fence, step: &StepUpdate) -> Result<StepRecord> {
                 if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {
                     return Err(::orderly_core::ValidationError::new(
@@ -337,6 +340,7 @@ macro_rules! store_ops {
                 Ok(record)
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
             async fn extend(
                 &self,
                 fence: &Fence,
@@ -363,6 +367,7 @@ macro_rules! store_ops {
                 }
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, batch = fences.len()))]
             async fn complete_many(&self, fences: &[Fence]) -> Result<BatchOutcome> {
                 if fences.is_empty() {
                     return Ok(BatchOutcome::default());
@@ -381,6 +386,7 @@ macro_rules! store_ops {
                 self.complete_batch(&unique).await
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
             async fn fail(&self, fence: &Fence, error: &str) -> Result<()> {
                 let error = bounded_text(error);
                 self.finish_owned(
@@ -394,6 +400,7 @@ macro_rules! store_ops {
                 .await
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
             async fn release(&self, fence: &Fence, reason: &str) -> Result<()> {
                 self.finish_owned(
                     st::RELEASE,
@@ -434,6 +441,7 @@ macro_rules! store_ops {
                     .collect()
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %actor, limit))]
             async fn recover_expired(
                 &self,
                 actor: &InstanceId,
@@ -532,6 +540,7 @@ macro_rules! store_ops {
                 Ok(counts)
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
             async fn resubmit(
                 &self,
                 order_id: &OrderId,
@@ -549,6 +558,7 @@ macro_rules! store_ops {
                 .await
             }
 
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
             async fn cancel(
                 &self,
                 order_id: &OrderId,

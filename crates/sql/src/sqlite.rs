@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use orderly_core::TimeSource;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
 
 use crate::migrate;
@@ -78,6 +76,35 @@ mod sql {
 /// How long a writer waits for the write lock before reporting the store busy.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Puts the database file in WAL mode, once. WAL is a property of the file, so pool
+/// connections do not set it: switching modes takes a lock that SQLite's busy timeout
+/// cannot wait for, and a connection opened mid-run would fail with "database is
+/// locked" while another one writes. Here the switch is retried instead.
+async fn ensure_wal(options: &SqliteConnectOptions) -> orderly_core::Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect_with(options)
+        .await
+        .map_err(crate::error::db)?;
+    let mut last = String::new();
+    for _ in 0..50 {
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .fetch_one(&mut conn)
+            .await
+        {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => {
+                conn.close().await.map_err(crate::error::db)?;
+                return Ok(());
+            }
+            Ok(mode) => last = format!("journal mode stayed {mode}"),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(orderly_core::Error::Unavailable(
+        format!("cannot put the SQLite file in WAL mode: {last}").into(),
+    ))
+}
+
 /// The SQLite state store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -129,31 +156,50 @@ impl DerefMut for WriteTx {
     }
 }
 
+/// How writers of this process share a database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriterQueue {
+    /// Writers in this process take turns in order before asking SQLite for the write
+    /// lock (the default: no busy-handler sleeps between them).
+    #[default]
+    Process,
+    /// Every handle asks SQLite for the lock directly, as separate processes do
+    /// (used by tests to exercise SQLite's own locking).
+    None,
+}
+
 impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite://file.db`,
     /// `sqlite::memory:`) and applies pending migrations.
     pub async fn open(url: &str, time: TimeSource) -> orderly_core::Result<Self> {
+        Self::open_with(url, time, WriterQueue::Process).await
+    }
+
+    /// [`SqliteStore::open`] with an explicit [`WriterQueue`].
+    pub async fn open_with(
+        url: &str,
+        time: TimeSource,
+        queue: WriterQueue,
+    ) -> orderly_core::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
         // An in-memory database lives in one connection; a file can serve several readers.
-        let max = if url.contains(":memory:") || url.contains("mode=memory") {
-            1
-        } else {
-            4
-        };
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !in_memory {
+            ensure_wal(&options).await?;
+        }
         let pool = SqlitePoolOptions::new()
-            .max_connections(max)
+            .max_connections(if in_memory { 1 } else { 4 })
             .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
             .connect_with(options.clone())
             .await
             .map_err(crate::error::db)?;
         let file = options.get_filename();
-        let writer = if max == 1 {
+        let writer = if in_memory || queue == WriterQueue::None {
             Arc::new(tokio::sync::Mutex::new(()))
         } else {
             writer_turn(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use orderly_core::store::StateStore;
 use orderly_core::{ManualClock, TimeSource};
+use orderly_sql::sqlite::WriterQueue;
 use orderly_sql::{PgStore, SqliteStore};
 use orderly_testkit::store::{Ctx, StoreFactory};
 use sqlx::postgres::PgConnectOptions;
@@ -20,6 +21,7 @@ pub fn postgres_url() -> String {
 pub struct SqliteFactory {
     pub path: PathBuf,
     pub time: TimeSource,
+    pub queue: WriterQueue,
 }
 
 impl SqliteFactory {
@@ -32,7 +34,7 @@ impl SqliteFactory {
 impl StoreFactory for SqliteFactory {
     async fn open(&self) -> Arc<dyn StateStore> {
         Arc::new(
-            SqliteStore::open(&self.url(), self.time.clone())
+            SqliteStore::open_with(&self.url(), self.time.clone(), self.queue)
                 .await
                 .expect("open SQLite store"),
         )
@@ -48,13 +50,28 @@ impl StoreFactory for SqliteFactory {
 pub fn sqlite_factory(time: TimeSource) -> SqliteFactory {
     let path =
         std::env::temp_dir().join(format!("orderly-test-{}.db", uuid::Uuid::new_v4().simple()));
-    SqliteFactory { path, time }
+    SqliteFactory {
+        path,
+        time,
+        queue: WriterQueue::Process,
+    }
 }
 
 pub async fn sqlite() -> Ctx {
     let clock = ManualClock::starting_now();
     Ctx {
         factory: Box::new(sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())))),
+        clock,
+    }
+}
+
+/// Handles that meet only at SQLite's own write lock, as separate processes do.
+pub async fn sqlite_unqueued() -> Ctx {
+    let clock = ManualClock::starting_now();
+    let mut factory = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
+    factory.queue = WriterQueue::None;
+    Ctx {
+        factory: Box::new(factory),
         clock,
     }
 }

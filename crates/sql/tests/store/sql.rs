@@ -128,3 +128,21 @@ async fn sqlite_claims_with_the_host_clock_by_default() {
     assert!(deadline <= after + chrono::Duration::seconds(30));
     f.cleanup().await;
 }
+
+/// The conformance suite's handles share one in-process writer queue; these runs take
+/// it away so every handle meets the others only at SQLite's own lock, as the worker
+/// processes of one host do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_claimers_meeting_only_at_the_file_lock_claim_each_order_once() {
+    let ctx = crate::fixtures::sqlite_unqueued().await;
+    orderly_testkit::store::eight_concurrent_claimers_claim_each_of_1000_orders_exactly_once(&ctx)
+        .await;
+    ctx.factory.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_recoverers_meeting_only_at_the_file_lock_count_each_expiry_once() {
+    let ctx = crate::fixtures::sqlite_unqueued().await;
+    orderly_testkit::store::three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_threshold(&ctx).await;
+    ctx.factory.cleanup().await;
+}
