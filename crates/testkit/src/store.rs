@@ -325,7 +325,12 @@ pub async fn eight_concurrent_claimers_claim_each_of_1000_orders_exactly_once(ct
     }
     assert_eq!(by_order.len(), 1000, "every order claimed");
     let twice: Vec<_> = by_order.iter().filter(|(_, f)| f.len() > 1).collect();
-    assert!(twice.is_empty(), "orders claimed more than once: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "{} orders claimed more than once, e.g. {:?}",
+        twice.len(),
+        twice.iter().take(2).collect::<Vec<_>>()
+    );
     assert_eq!(by_order.keys().cloned().collect::<HashSet<_>>(), submitted);
     // The store agrees with what each claimer believes, and history shows one claim each.
     for (id, fences) in by_order.iter().take(50) {
@@ -361,54 +366,63 @@ pub async fn stale_owner_cannot_complete_fail_extend_release_or_record_a_step(ct
     let second = claim_one(&*store, &b, MINUTE).await;
     assert_eq!(second.fence.epoch, Epoch(2));
 
-    let before = store.get(&id).await.unwrap();
-    let stale = &first.fence;
-    let fenced = |r: Result<(), Error>| match r {
+    // Another owner holds the order now.
+    every_write_is_fenced(&*store, &first.fence, &b, Epoch(2)).await;
+
+    // The same instance with an older epoch is just as stale.
+    store.release(&second.fence, "handing back").await.unwrap();
+    let third = claim_one(&*store, &b, MINUTE).await;
+    assert_eq!(third.fence.epoch, Epoch(3));
+    every_write_is_fenced(&*store, &second.fence, &b, Epoch(3)).await;
+    store.complete(&third.fence).await.unwrap();
+    assert_eq!(
+        row(&*store, &id).await.process_state,
+        ProcessState::Processed
+    );
+}
+
+/// Tries every owner write with `stale` and checks each is refused as Fenced (the row
+/// held by `holder` at `row_epoch`) and that nothing about the order changed.
+async fn every_write_is_fenced(
+    store: &dyn StateStore,
+    stale: &Fence,
+    holder: &InstanceId,
+    row_epoch: Epoch,
+) {
+    let before = store.get(&stale.order_id).await.unwrap();
+    let fenced = |what: &str, r: Result<(), Error>| match r {
         Err(Error::Fenced {
-            row_epoch, holder, ..
+            row_epoch: e,
+            holder: h,
+            ..
         }) => {
-            assert_eq!(row_epoch, Epoch(2));
-            assert_eq!(holder.as_ref(), Some(&b));
+            assert_eq!((e, h.as_ref()), (row_epoch, Some(holder)), "{what}");
         }
-        other => panic!("expected Fenced, got {other:?}"),
+        other => panic!("{what}: expected Fenced, got {other:?}"),
     };
-    fenced(store.complete(stale).await);
-    fenced(store.fail(stale, "late failure").await);
-    fenced(store.extend(stale, MINUTE).await.map(|_| ()));
-    fenced(store.release(stale, "late release").await);
+    fenced("complete", store.complete(stale).await);
+    fenced("fail", store.fail(stale, "late failure").await);
+    fenced("extend", store.extend(stale, MINUTE).await.map(|_| ()));
+    fenced("release", store.release(stale, "late release").await);
     let step = StepUpdate {
         index: 0,
         name: "reserve-inventory".into(),
         status: StepStatus::Succeeded,
         detail: None,
     };
-    fenced(store.record_step(stale, &step).await.map(|_| ()));
+    fenced(
+        "record_step",
+        store.record_step(stale, &step).await.map(|_| ()),
+    );
     let outcome = store
         .complete_many(std::slice::from_ref(stale))
         .await
         .unwrap();
     assert!(outcome.completed.is_empty());
-    let after = store.get(&id).await.unwrap();
+    let after = store.get(&stale.order_id).await.unwrap();
     assert_eq!(after.state, before.state, "row untouched");
     assert_eq!(after.steps, before.steps);
     assert_eq!(after.history, before.history, "nothing recorded");
-
-    // The same instance with an older epoch is just as stale.
-    store.release(&second.fence, "handing back").await.unwrap();
-    let third = claim_one(&*store, &b, MINUTE).await;
-    assert_eq!(third.fence.epoch, Epoch(3));
-    assert!(matches!(
-        store.complete(&second.fence).await,
-        Err(Error::Fenced {
-            row_epoch: Epoch(3),
-            ..
-        })
-    ));
-    store.complete(&third.fence).await.unwrap();
-    assert_eq!(
-        row(&*store, &id).await.process_state,
-        ProcessState::Processed
-    );
 }
 
 /// Once CompleteBy passes only the supervisor may act on the order.
