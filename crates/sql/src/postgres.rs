@@ -134,48 +134,6 @@ impl PgStore {
         Ok(store)
     }
 
-    /// Applies pending migrations under an advisory lock; returns the versions applied.
-    pub async fn migrate(&self) -> orderly_core::Result<Vec<i64>> {
-        use crate::error::db;
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.orderly_migrations'))",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        sqlx::query(migrate::CREATE_BOOKKEEPING)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        let applied: Vec<(i64, String)> =
-            sqlx::query_as("SELECT version, checksum FROM orderly_migrations")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db)?;
-        let mut done = Vec::new();
-        for m in migrate::pending(&applied, migrate::POSTGRES)? {
-            sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(db)?;
-            sqlx::query(
-                "INSERT INTO orderly_migrations (version, name, checksum, applied_at) VALUES ($1, $2, $3, now()::text)",
-            )
-            .bind(m.version)
-            .bind(m.name)
-            .bind(m.checksum())
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-            tracing::info!(
-                version = m.version,
-                name = m.name,
-                "applied PostgreSQL migration"
-            );
-            done.push(m.version);
-        }
-        tx.commit().await.map_err(db)?;
-        Ok(done)
-    }
-
     /// The connection pool (for tests and tools).
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -183,6 +141,19 @@ impl PgStore {
 
     async fn begin_write(&self) -> orderly_core::Result<Transaction<'static, Postgres>> {
         self.pool.begin().await.map_err(crate::error::db)
+    }
+
+    const MIGRATIONS: &'static [migrate::Migration] = migrate::POSTGRES;
+
+    /// Start-ups of several instances at once migrate one after the other.
+    async fn lock_migrations(&self, conn: &mut sqlx::PgConnection) -> orderly_core::Result<()> {
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.orderly_migrations'))",
+        )
+        .execute(conn)
+        .await
+        .map_err(crate::error::db)?;
+        Ok(())
     }
 
     async fn tx_now(&self, conn: &mut sqlx::PgConnection) -> orderly_core::Result<DateTime<Utc>> {

@@ -14,7 +14,7 @@
 
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
-use orderly_core::{OrderId, ProcessState};
+use orderly_core::{Fence, OrderId, ProcessState};
 
 /// A history entry to append.
 pub(crate) struct Event<'a> {
@@ -27,6 +27,28 @@ pub(crate) struct Event<'a> {
     pub epoch: i64,
     pub step: Option<i32>,
     pub reason: Option<&'a str>,
+}
+
+impl<'a> Event<'a> {
+    /// The owner of a Processing order records `kind`, moving it to `to`.
+    pub fn by_owner(
+        fence: &'a Fence,
+        at: DateTime<Utc>,
+        kind: HistoryKind,
+        to: ProcessState,
+    ) -> Self {
+        Self {
+            order_id: &fence.order_id,
+            at,
+            actor: fence.owner.as_str(),
+            kind,
+            from: Some(ProcessState::Processing),
+            to,
+            epoch: fence.epoch.0,
+            step: None,
+            reason: None,
+        }
+    }
 }
 
 /// How often an operator's read-then-move is retried when the order keeps changing.
@@ -56,6 +78,45 @@ macro_rules! store_ops {
         type Conn = <$DB as ::sqlx::Database>::Connection;
 
         impl $Store {
+            /// Applies pending migrations, each in the same transaction as its
+            /// bookkeeping row and under the dialect's migration lock; returns the
+            /// versions applied.
+            pub async fn migrate(&self) -> Result<Vec<i64>> {
+                let mut tx = self.begin_write().await?;
+                self.lock_migrations(&mut tx).await?;
+                ::sqlx::query($crate::migrate::CREATE_BOOKKEEPING).execute(&mut *tx).await.map_err(db)?;
+                let applied: Vec<(i64, String)> =
+                    ::sqlx::query_as("SELECT version, checksum FROM orderly_migrations")
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                let now = self.tx_now(&mut tx).await?;
+                let mut done = Vec::new();
+                for m in $crate::migrate::pending(&applied, Self::MIGRATIONS)? {
+                    ::sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(db)?;
+                    ::sqlx::query(
+                        "INSERT INTO orderly_migrations (version, name, checksum, applied_at) \
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(m.version)
+                    .bind(m.name)
+                    .bind(m.checksum())
+                    .bind(Ts(now).to_text())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                    ::tracing::info!(
+                        dialect = <$DB as ::sqlx::Database>::NAME,
+                        version = m.version,
+                        name = m.name,
+                        "applied migration"
+                    );
+                    done.push(m.version);
+                }
+                tx.commit().await.map_err(db)?;
+                Ok(done)
+            }
+
             async fn fetch_state(conn: &mut Conn, order_id: &OrderId) -> Result<Option<StateRow>> {
                 let row = ::sqlx::query(st::SELECT_STATE)
                     .bind(order_id.as_str())
@@ -125,20 +186,7 @@ macro_rules! store_ops {
                 if n == 0 {
                     return Err(Self::explain(&mut tx, fence, now, target).await);
                 }
-                Self::append(
-                    &mut tx,
-                    Event {
-                        order_id: &fence.order_id,
-                        at: now,
-                        actor: fence.owner.as_str(),
-                        kind,
-                        from: Some(ProcessState::Processing),
-                        to: target,
-                        epoch: fence.epoch.0,
-                        step: None,
-                        reason: Some(reason),
-                    },
-                )
+                Self::append(&mut tx, Event { reason: Some(reason), ..Event::by_owner(fence, now, kind, target) })
                 .await?;
                 tx.commit().await.map_err(db)
             }
@@ -321,20 +369,7 @@ macro_rules! store_ops {
                     ::orderly_core::StepStatus::Failed => HistoryKind::StepFailed,
                     ::orderly_core::StepStatus::Compensated => HistoryKind::StepCompensated,
                 };
-                Self::append(
-                    &mut tx,
-                    Event {
-                        order_id: &fence.order_id,
-                        at: now,
-                        actor: fence.owner.as_str(),
-                        kind,
-                        from: Some(ProcessState::Processing),
-                        to: ProcessState::Processing,
-                        epoch: fence.epoch.0,
-                        step: Some(step.index),
-                        reason: detail,
-                    },
-                )
+                Self::append(&mut tx, Event { step: Some(step.index), reason: detail, ..Event::by_owner(fence, now, kind, ProcessState::Processing) })
                 .await?;
                 tx.commit().await.map_err(db)?;
                 Ok(record)

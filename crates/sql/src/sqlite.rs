@@ -213,41 +213,6 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// Applies pending migrations; returns the versions applied.
-    pub async fn migrate(&self) -> orderly_core::Result<Vec<i64>> {
-        use crate::error::db;
-        let mut tx = self.begin_write().await?;
-        sqlx::query(migrate::CREATE_BOOKKEEPING)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        let applied: Vec<(i64, String)> =
-            sqlx::query_as("SELECT version, checksum FROM orderly_migrations")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db)?;
-        let mut done = Vec::new();
-        for m in migrate::pending(&applied, migrate::SQLITE)? {
-            sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(db)?;
-            sqlx::query("INSERT INTO orderly_migrations (version, name, checksum, applied_at) VALUES ($1, $2, $3, $4)")
-                .bind(m.version)
-                .bind(m.name)
-                .bind(m.checksum())
-                .bind(crate::time::Ts(self.time.now_or_host()).to_text())
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-            tracing::info!(
-                version = m.version,
-                name = m.name,
-                "applied SQLite migration"
-            );
-            done.push(m.version);
-        }
-        tx.commit().await.map_err(db)?;
-        Ok(done)
-    }
-
     /// The connection pool (for tests and tools).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -261,6 +226,16 @@ impl SqliteStore {
             .await
             .map_err(crate::error::db)?;
         Ok(WriteTx { tx, _turn: turn })
+    }
+
+    const MIGRATIONS: &'static [migrate::Migration] = migrate::SQLITE;
+
+    /// `BEGIN IMMEDIATE` already excludes every other writer.
+    async fn lock_migrations(
+        &self,
+        _conn: &mut sqlx::SqliteConnection,
+    ) -> orderly_core::Result<()> {
+        Ok(())
     }
 
     async fn tx_now(
