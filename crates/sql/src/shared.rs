@@ -186,7 +186,8 @@ macro_rules! store_ops {
                 if n == 0 {
                     return Err(Self::explain(&mut tx, fence, now, target).await);
                 }
-                Self::append(&mut tx, Event { reason: Some(reason), ..Event::by_owner(fence, now, kind, target) })
+                let event = Event { reason: Some(reason), ..Event::by_owner(fence, now, kind, target) };
+                Self::append(&mut tx, event)
                 .await?;
                 tx.commit().await.map_err(db)
             }
@@ -369,7 +370,12 @@ macro_rules! store_ops {
                     ::orderly_core::StepStatus::Failed => HistoryKind::StepFailed,
                     ::orderly_core::StepStatus::Compensated => HistoryKind::StepCompensated,
                 };
-                Self::append(&mut tx, Event { step: Some(step.index), reason: detail, ..Event::by_owner(fence, now, kind, ProcessState::Processing) })
+                let event = Event {
+                    step: Some(step.index),
+                    reason: detail,
+                    ..Event::by_owner(fence, now, kind, ProcessState::Processing)
+                };
+                Self::append(&mut tx, event)
                 .await?;
                 tx.commit().await.map_err(db)?;
                 Ok(record)
