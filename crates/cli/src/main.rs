@@ -40,6 +40,9 @@ enum Command {
         /// Submit N generated sample orders instead.
         #[arg(long, conflicts_with = "file")]
         sample: Option<u64>,
+        /// Who is submitting (recorded in each order's history).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
     },
     /// List orders, oldest first.
     List {
@@ -116,7 +119,12 @@ async fn run() -> anyhow::Result<()> {
 
     match cli.command {
         Command::Migrate => println!("migrations applied; the store is up to date"),
-        Command::Submit { file, sample } => {
+        Command::Submit {
+            file,
+            sample,
+            operator,
+        } => {
+            let submitter = Actor::operator(&operator);
             let orders = match (file, sample) {
                 (_, Some(n)) => (0..n).map(sample::order).collect(),
                 (Some(path), None) => read_orders(&path)?,
@@ -125,7 +133,7 @@ async fn run() -> anyhow::Result<()> {
             let (mut accepted, mut duplicates) = (0, 0);
             for order in &orders {
                 match store
-                    .submit(order)
+                    .submit(order, &submitter)
                     .await
                     .with_context(|| format!("order {}", order.order_id))?
                 {

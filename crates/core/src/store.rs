@@ -265,10 +265,11 @@ pub struct OrderView {
 /// Accepting orders (the submitter).
 #[async_trait]
 pub trait IntakeStore: Send + Sync {
-    /// Inserts the order details, its Pending state row and its first history entry in
-    /// one transaction. The same order again is a `Duplicate` no-op; the same id with
-    /// other details is [`crate::Error::OrderIdConflict`].
-    async fn submit(&self, order: &NewOrder) -> Result<SubmitOutcome>;
+    /// Inserts the order details, its Pending state row and its first history entry
+    /// (naming `actor`, e.g. the submitter instance) in one transaction. The same order
+    /// again is a `Duplicate` no-op; the same id with other details is
+    /// [`crate::Error::OrderIdConflict`].
+    async fn submit(&self, order: &NewOrder, actor: &Actor) -> Result<SubmitOutcome>;
 }
 
 /// Owning and advancing orders (the scheduler). Every write is fenced.

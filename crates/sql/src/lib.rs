@@ -34,7 +34,7 @@ pub async fn open(url: &str, time: TimeSource) -> Result<Arc<dyn StateStore>> {
     } else {
         Err(Error::Invalid(ValidationError::new(
             "database_url",
-            "must start with sqlite: or postgres:// (the secret part is not shown)",
+            "must start with sqlite: or postgres:// (the URL is not echoed: it may hold a password)",
         )))
     }
 }

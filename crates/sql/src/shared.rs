@@ -254,8 +254,8 @@ macro_rules! store_ops {
 
         #[async_trait]
         impl IntakeStore for $Store {
-            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order.order_id))]
-            async fn submit(&self, order: &NewOrder) -> Result<SubmitOutcome> {
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order.order_id, actor = %actor))]
+            async fn submit(&self, order: &NewOrder, actor: &Actor) -> Result<SubmitOutcome> {
                 order.validate()?;
                 let details = order.details.to_json();
                 let mut tx = self.begin_write().await?;
@@ -294,7 +294,7 @@ macro_rules! store_ops {
                     Event {
                         order_id: &order.order_id,
                         at: now,
-                        actor: "submitter",
+                        actor: actor.as_str(),
                         kind: HistoryKind::Submitted,
                         from: None,
                         to: ProcessState::Pending,

@@ -64,10 +64,11 @@ pub(crate) const EXTEND: &str = concat!(
     " RETURNING complete_by"
 );
 
-/// The owner gives up: Error, with `$4` as the last error.
+/// The owner gives up: Error, with `$4` as the last error. A permanent failure is a
+/// real failure, so it counts in FailureCount like a timeout does.
 pub(crate) const FAIL: &str = concat!(
     "UPDATE order_state SET process_state = 'Error', locked_by = NULL, complete_by = NULL, \
-     last_error = $4, updated_at = $5",
+     failure_count = failure_count + 1, last_error = $4, updated_at = $5",
     fenced!()
 );
 

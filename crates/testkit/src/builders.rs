@@ -37,3 +37,10 @@ pub fn order_with_id(id: &str, n: u64) -> NewOrder {
         reply_to: None,
     }
 }
+
+/// The actor tests submit orders as.
+pub fn submitter() -> orderly_core::Actor {
+    orderly_core::Actor::instance(
+        &orderly_core::InstanceId::parse("submitter@test").expect("valid id"),
+    )
+}

@@ -103,7 +103,10 @@ async fn submit_n(store: &dyn StateStore, n: u64) -> Vec<OrderId> {
     for i in 0..n {
         let order = builders::order(i);
         assert_eq!(
-            store.submit(&order).await.expect("submit"),
+            store
+                .submit(&order, &builders::submitter())
+                .await
+                .expect("submit"),
             SubmitOutcome::Accepted
         );
         ids.push(order.order_id);
@@ -141,7 +144,10 @@ pub async fn submit_creates_a_pending_unlocked_row_with_its_first_history_event(
     let store = ctx.store().await;
     let mut order = builders::order(1);
     order.reply_to = Some("client-42-replies".into());
-    assert_eq!(store.submit(&order).await.unwrap(), SubmitOutcome::Accepted);
+    assert_eq!(
+        store.submit(&order, &builders::submitter()).await.unwrap(),
+        SubmitOutcome::Accepted
+    );
     let view = store.get(&order.order_id).await.unwrap();
     let s = &view.state;
     assert_eq!(s.process_state, ProcessState::Pending);
@@ -154,6 +160,7 @@ pub async fn submit_creates_a_pending_unlocked_row_with_its_first_history_event(
     assert_eq!(view.details, order.details);
     assert_eq!(view.history.len(), 1);
     assert_eq!(view.history[0].kind, HistoryKind::Submitted);
+    assert_eq!(view.history[0].actor, builders::submitter());
     assert_eq!(view.history[0].from_state, None);
     assert_eq!(view.history[0].to_state, ProcessState::Pending);
 }
@@ -162,11 +169,14 @@ pub async fn submit_creates_a_pending_unlocked_row_with_its_first_history_event(
 pub async fn duplicate_submit_changes_nothing_and_says_so(ctx: &Ctx) {
     let store = ctx.store().await;
     let order = builders::order(7);
-    assert_eq!(store.submit(&order).await.unwrap(), SubmitOutcome::Accepted);
+    assert_eq!(
+        store.submit(&order, &builders::submitter()).await.unwrap(),
+        SubmitOutcome::Accepted
+    );
     let before = store.get(&order.order_id).await.unwrap();
     ctx.clock.advance(MINUTE);
     assert_eq!(
-        store.submit(&order).await.unwrap(),
+        store.submit(&order, &builders::submitter()).await.unwrap(),
         SubmitOutcome::Duplicate
     );
     let after = store.get(&order.order_id).await.unwrap();
@@ -178,11 +188,11 @@ pub async fn duplicate_submit_changes_nothing_and_says_so(ctx: &Ctx) {
 pub async fn same_id_with_other_details_is_a_conflict_and_changes_nothing(ctx: &Ctx) {
     let store = ctx.store().await;
     let first = builders::order_with_id("SO-1", 1);
-    store.submit(&first).await.unwrap();
+    store.submit(&first, &builders::submitter()).await.unwrap();
     let other = builders::order_with_id("SO-1", 2);
     assert_ne!(first.details, other.details);
     assert!(
-        matches!(store.submit(&other).await, Err(Error::OrderIdConflict(id)) if id.as_str() == "SO-1")
+        matches!(store.submit(&other, &builders::submitter()).await, Err(Error::OrderIdConflict(id)) if id.as_str() == "SO-1")
     );
     assert_eq!(
         store.get(&first.order_id).await.unwrap().details,
@@ -195,7 +205,9 @@ pub async fn invalid_requests_are_refused_naming_the_field(ctx: &Ctx) {
     let store = ctx.store().await;
     let mut order = builders::order(1);
     order.reply_to = Some(String::new());
-    assert!(matches!(store.submit(&order).await, Err(Error::Invalid(e)) if e.field == "reply_to"));
+    assert!(
+        matches!(store.submit(&order, &builders::submitter()).await, Err(Error::Invalid(e)) if e.field == "reply_to")
+    );
     let who = owner("a");
     assert!(
         matches!(store.claim(&claim_req(&who, 0, MINUTE)).await, Err(Error::Invalid(e)) if e.field == "limit")
@@ -231,7 +243,7 @@ pub async fn claim_takes_due_orders_oldest_first_and_raises_the_epoch(ctx: &Ctx)
     for i in 0..3 {
         let mut order = builders::order(i);
         order.reply_to = Some(format!("replies-{i}"));
-        store.submit(&order).await.unwrap();
+        store.submit(&order, &builders::submitter()).await.unwrap();
         ids.push(order.order_id);
         ctx.clock.advance(Duration::from_secs(1));
     }
@@ -286,7 +298,7 @@ pub async fn eight_concurrent_claimers_claim_each_of_1000_orders_exactly_once(ct
             let mut ids = Vec::new();
             for i in 0..250 {
                 let order = builders::order(s * 1000 + i);
-                handle.submit(&order).await.unwrap();
+                handle.submit(&order, &builders::submitter()).await.unwrap();
                 ids.push(order.order_id);
             }
             ids
@@ -915,6 +927,10 @@ pub async fn resubmit_sends_an_error_order_round_again_with_a_fresh_failure_budg
     let failed = row(&*store, &id).await;
     assert_eq!(failed.process_state, ProcessState::Error);
     assert_eq!(
+        failed.failure_count, 2,
+        "one timeout, then one permanent failure"
+    );
+    assert_eq!(
         failed.last_error.as_deref(),
         Some("payment service: card permanently declined")
     );
@@ -987,7 +1003,7 @@ pub async fn list_filters_by_state_and_error_text_and_pages_without_gaps(ctx: &C
     let mut all = Vec::new();
     for i in 0..25u64 {
         let order = builders::order(i);
-        store.submit(&order).await.unwrap();
+        store.submit(&order, &builders::submitter()).await.unwrap();
         all.push(order.order_id);
         if i % 4 == 0 {
             ctx.clock.advance(Duration::from_secs(1)); // several orders share a created_at

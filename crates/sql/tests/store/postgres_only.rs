@@ -15,7 +15,10 @@ use crate::fixtures::pg_factory;
 async fn postgres_deadlines_are_computed_on_the_database_clock() {
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
-    store.submit(&builders::order(1)).await.unwrap();
+    store
+        .submit(&builders::order(1), &builders::submitter())
+        .await
+        .unwrap();
     let server_before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(store.pool())
         .await

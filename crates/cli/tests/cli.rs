@@ -1,0 +1,138 @@
+//! The `orderly` binary as a newcomer runs it: the README's commands on a fresh
+//! SQLite file, and the errors an operator sees.
+
+use std::process::{Command, Output};
+
+struct Db(std::path::PathBuf);
+
+impl Db {
+    fn new() -> Self {
+        Db(std::env::temp_dir().join(format!("orderly-cli-{}.db", uuid::Uuid::new_v4().simple())))
+    }
+
+    fn orderly(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_orderly"))
+            .args(args)
+            .env(
+                "ORDERLY_DATABASE_URL",
+                format!("sqlite://{}", self.0.display()),
+            )
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .expect("run orderly")
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn submitted_samples_are_listed_shown_and_triaged() {
+    let db = Db::new();
+    let out = db.orderly(&["submit", "--sample", "3", "--operator", "erin"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("3 accepted"));
+
+    let out = db.orderly(&["list", "--json"]);
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r["process_state"] == "Pending"));
+    let id = rows[0]["order_id"].as_str().expect("order id").to_owned();
+
+    let out = db.orderly(&[
+        "cancel",
+        &id,
+        "--reason",
+        "customer called",
+        "--operator",
+        "erin",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = db.orderly(&["show", &id, "--json"]);
+    let view: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(view["state"]["process_state"], "Cancelled");
+    let history = view["history"].as_array().expect("history");
+    assert_eq!(history[0]["actor"], "operator:erin");
+    assert_eq!(history[1]["reason"], "customer called");
+
+    let out = db.orderly(&["counts"]);
+    assert!(
+        stdout(&out).contains("Pending     2") && stdout(&out).contains("Cancelled   1"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn an_illegal_transition_fails_with_a_message_and_no_backtrace() {
+    let db = Db::new();
+    db.orderly(&["submit", "--sample", "1"]);
+    let id = stdout(&db.orderly(&["list", "--json"]))
+        .lines()
+        .next()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("JSON")["order_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        });
+    let out = db.orderly(&["resubmit", &id.expect("one order"), "--reason", "retry"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("illegal transition Pending -> Pending"),
+        "{err}"
+    );
+    assert!(!err.contains("backtrace"), "{err}");
+}
+
+#[test]
+fn an_invalid_order_file_is_refused_naming_the_field() {
+    let db = Db::new();
+    let file = std::env::temp_dir().join(format!(
+        "orderly-cli-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &file,
+        r#"[{"order_id":"SO-1","details":{"customer_id":"c","currency":"EUR","lines":[{"sku":"a","quantity":0,"unit_price_minor":5}]}}]"#,
+    )
+    .expect("write order file");
+    let out = db.orderly(&["submit", file.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&file);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lines[0].quantity"), "{err}");
+    assert_eq!(
+        stdout(&db.orderly(&["list", "--json"])).lines().count(),
+        0,
+        "nothing was stored"
+    );
+}
+
+#[test]
+fn an_unknown_database_url_names_the_setting() {
+    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+        .args(["--database-url", "mysql://root:hunter2-pw@db/orders", "counts"])
+        .output()
+        .expect("run orderly");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("database_url"), "{err}");
+    assert!(
+        !err.contains("hunter2-pw"),
+        "the password must not be printed: {err}"
+    );
+}
