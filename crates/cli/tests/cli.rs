@@ -125,7 +125,11 @@ fn an_invalid_order_file_is_refused_naming_the_field() {
 #[test]
 fn an_unknown_database_url_names_the_setting() {
     let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
-        .args(["--database-url", "mysql://root:hunter2-pw@db/orders", "counts"])
+        .args([
+            "--database-url",
+            "mysql://root:hunter2-pw@db/orders",
+            "counts",
+        ])
         .output()
         .expect("run orderly");
     assert!(!out.status.success());

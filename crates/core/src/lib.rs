@@ -13,6 +13,7 @@ pub mod order;
 pub mod state;
 pub mod step;
 pub mod store;
+pub mod transport;
 
 pub use clock::{Clock, ManualClock, SystemClock, TimeSource};
 pub use error::{Error, Result, ValidationError};

@@ -9,6 +9,7 @@ mod error;
 mod fence;
 pub mod migrate;
 pub mod postgres;
+mod queue;
 mod rows;
 mod shared;
 pub mod sqlite;

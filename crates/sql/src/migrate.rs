@@ -30,18 +30,32 @@ impl Migration {
 }
 
 /// The SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "state_store",
-    sql: include_str!("../../../migrations/sqlite/0001_state_store.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "state_store",
+        sql: include_str!("../../../migrations/sqlite/0001_state_store.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "queues",
+        sql: include_str!("../../../migrations/sqlite/0002_queues.sql"),
+    },
+];
 
 /// The PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "state_store",
-    sql: include_str!("../../../migrations/postgres/0001_state_store.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "state_store",
+        sql: include_str!("../../../migrations/postgres/0001_state_store.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "queues",
+        sql: include_str!("../../../migrations/postgres/0002_queues.sql"),
+    },
+];
 
 /// The bookkeeping table (same text in both dialects).
 pub(crate) const CREATE_BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS orderly_migrations (\
@@ -121,7 +135,14 @@ mod tests {
                 .contains("newer")
         );
         let applied = vec![(1, SQLITE[0].checksum())];
-        assert!(pending(&applied, SQLITE).unwrap().is_empty());
-        assert_eq!(pending(&[], SQLITE).unwrap().len(), 1);
+        let versions = |ms: Vec<&Migration>| ms.iter().map(|m| m.version).collect::<Vec<_>>();
+        assert_eq!(
+            versions(pending(&applied, SQLITE).unwrap()),
+            [2],
+            "only the newer one"
+        );
+        assert_eq!(versions(pending(&[], SQLITE).unwrap()), [1, 2]);
+        let all: Vec<_> = SQLITE.iter().map(|m| (m.version, m.checksum())).collect();
+        assert!(pending(&all, SQLITE).unwrap().is_empty());
     }
 }

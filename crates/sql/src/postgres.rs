@@ -17,6 +17,32 @@ use sqlx::{Postgres, Transaction};
 use crate::migrate;
 
 mod sql {
+    use crate::rows::{dead_letter_columns, message_columns};
+
+    pub(super) const Q_ANY_READY: &str = "SELECT seq FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= coalesce($2::timestamptz, now()) ORDER BY visible_at, seq LIMIT 1";
+
+    pub(super) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
+
+    /// `$1` seqs, `$2` lock token, `$3` locked until.
+    pub(super) const Q_LOCK: &str = concat!(
+        "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
+         locked_until = $3, visible_at = $3 WHERE seq = ANY($1::bigint[]) RETURNING ",
+        message_columns!()
+    );
+
+    pub(super) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
+        "INSERT INTO queue_dead_letters (",
+        dead_letter_columns!(),
+        ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+         'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
+         FROM queue_messages WHERE seq = ANY($1::bigint[])"
+    );
+
+    pub(super) const Q_DELETE_MANY: &str =
+        "DELETE FROM queue_messages WHERE seq = ANY($1::bigint[])";
+
     pub(super) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
         VALUES ($1, $2::json, $3) ON CONFLICT (order_id) DO NOTHING";
 
@@ -106,7 +132,11 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 pub struct PgStore {
     pool: PgPool,
     time: TimeSource,
+    wakeups: std::sync::Arc<crate::queue::Wakeups>,
 }
+
+/// The fallback poll interval of idle receivers (notifications are the fast path).
+const POLL: Duration = Duration::from_secs(1);
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
@@ -129,7 +159,11 @@ impl PgStore {
             .connect_with(options.application_name("orderly"))
             .await
             .map_err(crate::error::db)?;
-        let store = Self { pool, time };
+        let store = Self {
+            pool,
+            time,
+            wakeups: std::sync::Arc::new(crate::queue::Wakeups::new(POLL)),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -167,6 +201,68 @@ impl PgStore {
 
     fn now_param(&self) -> Option<Ts> {
         self.time.injected_now().map(Ts)
+    }
+
+    fn seqs_param(seqs: &[i64]) -> Vec<i64> {
+        seqs.to_vec()
+    }
+
+    /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.
+    async fn notify_sent(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: &orderly_core::transport::QueueName,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(crate::queue::CHANNEL)
+            .bind(queue.as_str())
+            .execute(conn)
+            .await
+            .map_err(|e| orderly_core::transport::TransportError::Unavailable(Box::new(e)))?;
+        Ok(())
+    }
+
+    /// Starts, once, a task that `LISTEN`s for sends from any process and wakes this
+    /// store's receivers. It holds one connection of the pool. If the listener cannot
+    /// connect (e.g. behind a transaction-pooling proxy) receivers still poll.
+    fn start_listening(&self) {
+        use std::sync::atomic::Ordering;
+        if self.wakeups.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = self.pool.clone();
+        let wakeups = std::sync::Arc::downgrade(&self.wakeups);
+        tokio::spawn(async move {
+            loop {
+                match sqlx::postgres::PgListener::connect_with(&pool).await {
+                    Ok(mut listener) => match listener.listen(crate::queue::CHANNEL).await {
+                        Ok(()) => loop {
+                            match listener.recv().await {
+                                Ok(n) => match wakeups.upgrade() {
+                                    Some(w) => w.wake(n.payload()),
+                                    None => return,
+                                },
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "queue listener lost its connection; polling until it is back");
+                                    break;
+                                }
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot LISTEN for queue sends; polling instead")
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot connect the queue listener; polling instead")
+                    }
+                }
+                match wakeups.upgrade() {
+                    Some(w) => w.wake_all(),
+                    None => return,
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        });
     }
 
     async fn claim_batch(
@@ -279,3 +375,4 @@ impl PgStore {
 }
 
 crate::shared::store_ops!(PgStore, Postgres);
+crate::queue::queue_ops!(PgStore, Postgres);

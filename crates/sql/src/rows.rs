@@ -2,6 +2,7 @@
 
 use orderly_core::history::{HistoryEvent, HistoryKind};
 use orderly_core::step::{StepRecord, StepStatus};
+use orderly_core::transport::{DeadLetter, LockToken, QueueName, ReceivedMessage};
 use orderly_core::{Actor, Epoch, InstanceId, OrderId, ProcessState, Result, StateRow};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
@@ -33,6 +34,23 @@ macro_rules! history_columns {
 }
 pub(crate) use history_columns;
 
+/// The columns [`Cols::message`] reads.
+macro_rules! message_columns {
+    () => {
+        "seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, locked_until"
+    };
+}
+pub(crate) use message_columns;
+
+/// The columns [`Cols::dead_letter`] reads.
+macro_rules! dead_letter_columns {
+    () => {
+        "seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+         reason, description, dead_lettered_at"
+    };
+}
+pub(crate) use dead_letter_columns;
+
 /// A row to decode; the bounds below hold for both SQLite and PostgreSQL rows.
 pub(crate) struct Cols<'r, R>(pub &'r R);
 
@@ -44,6 +62,7 @@ where
     i32: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
     Ts: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
     pub fn get<T: Decode<'r, R::Database> + Type<R::Database>>(&self, col: &'r str) -> Result<T> {
         self.0.try_get(col).map_err(db)
@@ -124,6 +143,49 @@ where
             epoch: Epoch(self.get("epoch")?),
             step: self.get("step")?,
             reason: self.get("reason")?,
+        })
+    }
+
+    /// A message row (columns [`message_columns!`]) as delivered under `lock_token`.
+    pub fn message(&self, lock_token: &str) -> Result<ReceivedMessage> {
+        let properties: String = self.get("properties")?;
+        Ok(ReceivedMessage {
+            queue: QueueName::parse(self.get::<String>("queue")?)
+                .map_err(|e| corrupt("queue", e))?,
+            message_id: self.get("message_id")?,
+            correlation_id: self.get("correlation_id")?,
+            properties: serde_json::from_str(&properties).map_err(|e| corrupt("properties", e))?,
+            body: self.get("body")?,
+            delivery_count: u32::try_from(self.get::<i32>("delivery_count")?).unwrap_or(0),
+            enqueued_at: self.ts("enqueued_at")?,
+            locked_until: self.opt_ts("locked_until")?.unwrap_or_default(),
+            lock_token: LockToken(lock_token.to_owned()),
+            sequence_number: self.get("seq")?,
+        })
+    }
+
+    /// A dead-letter row (columns [`dead_letter_columns!`]).
+    pub fn dead_letter(&self) -> Result<DeadLetter> {
+        let properties: String = self.get("properties")?;
+        let dead_lettered_at = self.ts("dead_lettered_at")?;
+        Ok(DeadLetter {
+            message: ReceivedMessage {
+                queue: QueueName::parse(self.get::<String>("queue")?)
+                    .map_err(|e| corrupt("queue", e))?,
+                message_id: self.get("message_id")?,
+                correlation_id: self.get("correlation_id")?,
+                properties: serde_json::from_str(&properties)
+                    .map_err(|e| corrupt("properties", e))?,
+                body: self.get("body")?,
+                delivery_count: u32::try_from(self.get::<i32>("delivery_count")?).unwrap_or(0),
+                enqueued_at: self.ts("enqueued_at")?,
+                locked_until: dead_lettered_at,
+                lock_token: LockToken(String::new()),
+                sequence_number: self.get("seq")?,
+            },
+            reason: self.get("reason")?,
+            description: self.get("description")?,
+            dead_lettered_at,
         })
     }
 }

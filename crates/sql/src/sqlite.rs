@@ -24,6 +24,32 @@ use sqlx::{Sqlite, Transaction};
 use crate::migrate;
 
 mod sql {
+    use crate::rows::{dead_letter_columns, message_columns};
+
+    pub(super) const Q_ANY_READY: &str = "SELECT seq FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT 1";
+
+    pub(super) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3";
+
+    /// `$1` JSON array of seqs, `$2` lock token, `$3` locked until.
+    pub(super) const Q_LOCK: &str = concat!(
+        "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
+         locked_until = $3, visible_at = $3 WHERE seq IN (SELECT value FROM json_each($1)) RETURNING ",
+        message_columns!()
+    );
+
+    pub(super) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
+        "INSERT INTO queue_dead_letters (",
+        dead_letter_columns!(),
+        ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+         'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
+         FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))"
+    );
+
+    pub(super) const Q_DELETE_MANY: &str =
+        "DELETE FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))";
+
     pub(super) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
         VALUES ($1, $2, $3) ON CONFLICT (order_id) DO NOTHING";
 
@@ -111,24 +137,40 @@ pub struct SqliteStore {
     pool: SqlitePool,
     time: TimeSource,
     writer: Arc<tokio::sync::Mutex<()>>,
+    wakeups: Arc<crate::queue::Wakeups>,
 }
 
 /// The turn of in-process writers to one database file. Writers in this process wait
 /// here in order instead of in SQLite's busy handler, which polls with sleeps of up to
 /// 100 ms; writers in other processes still meet at SQLite's lock (busy timeout).
 fn writer_turn(file: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static TURNS: LazyLock<std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
-        LazyLock::new(Default::default);
-    let mut turns = TURNS
+    static TURNS: Registry<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
+    per_file(&TURNS, file, || tokio::sync::Mutex::new(()))
+}
+
+/// The queue wake-ups of one database file, shared by every handle in this process:
+/// a send through one handle wakes receivers waiting on another.
+fn file_wakeups(file: &str) -> Arc<crate::queue::Wakeups> {
+    static WAKEUPS: Registry<crate::queue::Wakeups> = LazyLock::new(Default::default);
+    per_file(&WAKEUPS, file, || crate::queue::Wakeups::new(POLL))
+}
+
+/// Other processes' sends are seen by polling this often.
+const POLL: Duration = Duration::from_millis(200);
+
+type Registry<T> = LazyLock<std::sync::Mutex<HashMap<String, Weak<T>>>>;
+
+fn per_file<T>(registry: &Registry<T>, file: &str, make: impl FnOnce() -> T) -> Arc<T> {
+    let mut entries = registry
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    turns.retain(|_, turn| turn.strong_count() > 0);
-    if let Some(turn) = turns.get(file).and_then(Weak::upgrade) {
-        return turn;
+    entries.retain(|_, entry| entry.strong_count() > 0);
+    if let Some(entry) = entries.get(file).and_then(Weak::upgrade) {
+        return entry;
     }
-    let turn = Arc::new(tokio::sync::Mutex::new(()));
-    turns.insert(file.to_owned(), Arc::downgrade(&turn));
-    turn
+    let entry = Arc::new(make());
+    entries.insert(file.to_owned(), Arc::downgrade(&entry));
+    entry
 }
 
 /// A write transaction holding this process's turn to write.
@@ -199,16 +241,26 @@ impl SqliteStore {
             .await
             .map_err(crate::error::db)?;
         let file = options.get_filename();
+        let key = std::fs::canonicalize(file)
+            .unwrap_or_else(|_| file.to_owned())
+            .to_string_lossy()
+            .into_owned();
         let writer = if in_memory || queue == WriterQueue::None {
             Arc::new(tokio::sync::Mutex::new(()))
         } else {
-            writer_turn(
-                &std::fs::canonicalize(file)
-                    .unwrap_or_else(|_| file.to_owned())
-                    .to_string_lossy(),
-            )
+            writer_turn(&key)
         };
-        let store = Self { pool, time, writer };
+        let wakeups = if in_memory {
+            Arc::new(crate::queue::Wakeups::new(POLL))
+        } else {
+            file_wakeups(&key)
+        };
+        let store = Self {
+            pool,
+            time,
+            writer,
+            wakeups,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -248,6 +300,21 @@ impl SqliteStore {
     fn now_param(&self) -> crate::time::Ts {
         crate::time::Ts(self.time.now_or_host())
     }
+
+    fn seqs_param(seqs: &[i64]) -> String {
+        serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// Receivers in this process are woken after the commit; other processes poll.
+    async fn notify_sent(
+        &self,
+        _conn: &mut sqlx::SqliteConnection,
+        _queue: &orderly_core::transport::QueueName,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        Ok(())
+    }
+
+    fn start_listening(&self) {}
 
     async fn claim_batch(
         &self,
@@ -463,3 +530,4 @@ impl SqliteStore {
 }
 
 crate::shared::store_ops!(SqliteStore, Sqlite);
+crate::queue::queue_ops!(SqliteStore, Sqlite);

@@ -9,3 +9,4 @@
 
 pub mod builders;
 pub mod store;
+pub mod transport;

@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use orderly_core::store::StateStore;
+use orderly_core::transport::Transport;
 use orderly_core::{ManualClock, TimeSource};
 use orderly_sql::sqlite::WriterQueue;
 use orderly_sql::{PgStore, SqliteStore};
 use orderly_testkit::store::{Ctx, StoreFactory};
+use orderly_testkit::transport::{TransportCtx, TransportFactory};
 use sqlx::postgres::PgConnectOptions;
 
 /// Where the PostgreSQL tests connect (`ORDERLY_TEST_POSTGRES_URL`).
@@ -133,6 +135,48 @@ pub async fn pg_factory(time: TimeSource) -> PgFactory {
 pub async fn postgres() -> Ctx {
     let clock = ManualClock::starting_now();
     Ctx {
+        factory: Box::new(pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await),
+        clock,
+    }
+}
+
+#[async_trait]
+impl TransportFactory for SqliteFactory {
+    async fn open(&self) -> Arc<dyn Transport> {
+        Arc::new(
+            SqliteStore::open_with(&self.url(), self.time.clone(), self.queue)
+                .await
+                .expect("open SQLite store"),
+        )
+    }
+
+    async fn cleanup(&self) {
+        StoreFactory::cleanup(self).await
+    }
+}
+
+#[async_trait]
+impl TransportFactory for PgFactory {
+    async fn open(&self) -> Arc<dyn Transport> {
+        Arc::new(self.store().await)
+    }
+
+    async fn cleanup(&self) {
+        StoreFactory::cleanup(self).await
+    }
+}
+
+pub async fn sqlite_transport() -> TransportCtx {
+    let clock = ManualClock::starting_now();
+    TransportCtx {
+        factory: Box::new(sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())))),
+        clock,
+    }
+}
+
+pub async fn postgres_transport() -> TransportCtx {
+    let clock = ManualClock::starting_now();
+    TransportCtx {
         factory: Box::new(pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await),
         clock,
     }

@@ -1,5 +1,6 @@
-//! The state store's tests: the shared conformance suite once per dialect, and the
-//! tests that need SQL access (migrations, append-only history, the database clock).
+//! The state store's and the SQL queue's tests: the shared conformance suites once per
+//! dialect, and the tests that need SQL access (migrations, append-only history, the
+//! database clock).
 
 mod fixtures;
 mod postgres_only;
@@ -11,4 +12,12 @@ mod sqlite_conformance {
 
 mod postgres_conformance {
     orderly_testkit::store_conformance!(crate::fixtures::postgres);
+}
+
+mod sqlite_transport {
+    orderly_testkit::transport_conformance!(crate::fixtures::sqlite_transport);
+}
+
+mod postgres_transport {
+    orderly_testkit::transport_conformance!(crate::fixtures::postgres_transport);
 }

@@ -1,0 +1,434 @@
+//! The embedded SQL queue: the transport port on the state store's own database, so
+//! it needs nothing extra, and a state change and the message it causes can later
+//! commit in one transaction. Written once for both dialects by [`queue_ops!`]; each
+//! dialect provides the receive lock (`sql::Q_CANDIDATES`, `sql::Q_LOCK`,
+//! `sql::Q_DEAD_LETTER_EXHAUSTED`, `seqs_param`), `notify_sent` (inside the sending
+//! transaction) and `start_listening` (wake-ups from other processes).
+//!
+//! Receivers do not busy-poll: they wait on a per-queue in-process signal, raised by
+//! sends in this process and (PostgreSQL) by `LISTEN`/`NOTIFY` from others, and poll
+//! at a slow interval as a fallback that works behind any proxy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::rows::dead_letter_columns;
+
+/// Per-queue signals that a message may be waiting.
+#[derive(Debug)]
+pub(crate) struct Wakeups {
+    queues: Mutex<HashMap<String, Arc<Notify>>>,
+    /// The fallback poll interval.
+    pub poll: Duration,
+    /// Whether the cross-process listener was started.
+    pub listening: std::sync::atomic::AtomicBool,
+}
+
+impl Wakeups {
+    pub fn new(poll: Duration) -> Self {
+        Self {
+            queues: Mutex::default(),
+            poll,
+            listening: false.into(),
+        }
+    }
+
+    /// The signal of `queue`.
+    pub fn of(&self, queue: &str) -> Arc<Notify> {
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.entry(queue.to_owned()).or_default().clone()
+    }
+
+    /// Wakes every receiver waiting on `queue`.
+    pub fn wake(&self, queue: &str) {
+        self.of(queue).notify_waiters();
+    }
+
+    /// Wakes every waiting receiver (after a lost listener connection, say).
+    pub fn wake_all(&self) {
+        let queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.values().for_each(|n| n.notify_waiters());
+    }
+}
+
+/// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue).
+pub(crate) const CHANNEL: &str = "orderly_queue_sends";
+
+pub(crate) const Q_SETTINGS: &str =
+    "SELECT lock_duration_ms, max_delivery_count, dedup_window_ms FROM queues WHERE name = $1";
+
+pub(crate) const Q_DECLARE: &str = "INSERT INTO queues \
+    (name, lock_duration_ms, max_delivery_count, dedup_window_ms, created_at) VALUES ($1, $2, $3, $4, $5) \
+    ON CONFLICT (name) DO UPDATE SET lock_duration_ms = excluded.lock_duration_ms, \
+    max_delivery_count = excluded.max_delivery_count, dedup_window_ms = excluded.dedup_window_ms";
+
+/// Records `$2` as seen in queue `$1` until `$3`, unless it was seen and that has not
+/// expired at `$4`: no row back means a duplicate.
+pub(crate) const Q_DEDUP: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
+    VALUES ($1, $2, $3) ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+    WHERE queue_dedup.expires_at <= $4 RETURNING message_id";
+
+pub(crate) const Q_DEDUP_SWEEP: &str = "DELETE FROM queue_dedup WHERE (queue, message_id) IN \
+    (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 LIMIT 100)";
+
+pub(crate) const Q_INSERT: &str = "INSERT INTO queue_messages \
+    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// Settling checks the delivery's hold: `$1` seq, `$2` lock token, still locked at `$3`.
+macro_rules! held {
+    () => {
+        " WHERE seq = $1 AND lock_token = $2 AND locked_until > $3"
+    };
+}
+
+pub(crate) const Q_COMPLETE: &str = concat!("DELETE FROM queue_messages", held!());
+
+pub(crate) const Q_ABANDON: &str = concat!(
+    "UPDATE queue_messages SET lock_token = NULL, locked_until = NULL, visible_at = $3",
+    held!()
+);
+
+pub(crate) const Q_RENEW: &str = concat!(
+    "UPDATE queue_messages SET locked_until = $4, visible_at = $4",
+    held!(),
+    " RETURNING locked_until"
+);
+
+/// Copies a held message to the dead letters with reason `$4`, description `$5`.
+pub(crate) const Q_DEAD_LETTER: &str = concat!(
+    "INSERT INTO queue_dead_letters (",
+    dead_letter_columns!(),
+    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+     $4, $5, $3 FROM queue_messages",
+    held!()
+);
+
+pub(crate) const Q_DELETE: &str = "DELETE FROM queue_messages WHERE seq = $1";
+
+pub(crate) const Q_DEAD_LETTERS: &str = concat!(
+    "SELECT ",
+    dead_letter_columns!(),
+    " FROM queue_dead_letters WHERE queue = $1 ORDER BY dead_lettered_at, seq LIMIT $2"
+);
+
+macro_rules! queue_ops {
+    ($Store:ident, $DB:ident) => {
+        mod queue_impl {
+            use std::time::Duration;
+
+            use super::{$DB, $Store};
+
+            use ::async_trait::async_trait;
+            use ::orderly_core::transport::{
+                DeadLetter, OutgoingMessage, QueueName, QueueSettings, ReceivedMessage, SendOutcome,
+                Transport, TransportError, MAX_MESSAGES,
+            };
+            use ::orderly_core::ValidationError;
+
+            use super::sql;
+            use $crate::queue as q;
+            use $crate::rows::Cols;
+            use $crate::time::Ts;
+
+            type Result<T> = std::result::Result<T, TransportError>;
+
+            fn db(e: ::sqlx::Error) -> TransportError {
+                TransportError::Unavailable(Box::new(e))
+            }
+
+            fn millis(ms: i64) -> ::chrono::Duration {
+                ::chrono::Duration::milliseconds(ms)
+            }
+
+            struct Settings {
+                lock_ms: i64,
+                max_deliveries: i32,
+                dedup_ms: i64,
+            }
+
+            impl $Store {
+                async fn queue_settings(
+                    conn: &mut <$DB as ::sqlx::Database>::Connection,
+                    queue: &QueueName,
+                ) -> Result<Settings> {
+                    let row: Option<(i64, i32, i64)> = ::sqlx::query_as(q::Q_SETTINGS)
+                        .bind(queue.as_str())
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                    let (lock_ms, max_deliveries, dedup_ms) =
+                        row.ok_or_else(|| TransportError::QueueNotFound(queue.clone()))?;
+                    Ok(Settings { lock_ms, max_deliveries, dedup_ms })
+                }
+
+                /// One attempt: lock up to `max` visible messages for a new delivery.
+                async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
+                    // A cheap read first: an idle receiver takes no write lock.
+                    let ready: Option<i64> = ::sqlx::query_scalar(sql::Q_ANY_READY)
+                        .bind(queue.as_str())
+                        .bind(self.now_param())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(db)?;
+                    if ready.is_none() {
+                        // Nothing visible; still refuse an unknown queue.
+                        let mut conn = self.pool.acquire().await.map_err(db)?;
+                        Self::queue_settings(&mut conn, queue).await?;
+                        return Ok(Vec::new());
+                    }
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let settings = Self::queue_settings(&mut tx, queue).await?;
+                    let candidates: Vec<(i64, i32)> = ::sqlx::query_as(sql::Q_CANDIDATES)
+                        .bind(queue.as_str())
+                        .bind(Ts(now))
+                        .bind(i64::from(max))
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let (exhausted, deliver): (Vec<_>, Vec<_>) =
+                        candidates.into_iter().partition(|(_, count)| *count >= settings.max_deliveries);
+                    if !exhausted.is_empty() {
+                        let seqs: Vec<i64> = exhausted.iter().map(|(seq, _)| *seq).collect();
+                        ::sqlx::query(sql::Q_DEAD_LETTER_EXHAUSTED)
+                            .bind(Self::seqs_param(&seqs))
+                            .bind(Ts(now))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                        ::sqlx::query(sql::Q_DELETE_MANY)
+                            .bind(Self::seqs_param(&seqs))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                        ::tracing::warn!(
+                            queue = %queue,
+                            count = seqs.len(),
+                            max_delivery_count = settings.max_deliveries,
+                            "messages dead-lettered: delivered too often without being completed"
+                        );
+                    }
+                    if deliver.is_empty() {
+                        tx.commit().await.map_err(db)?;
+                        return Ok(Vec::new());
+                    }
+                    let token = ::uuid::Uuid::new_v4().to_string();
+                    let seqs: Vec<i64> = deliver.iter().map(|(seq, _)| *seq).collect();
+                    let rows = ::sqlx::query(sql::Q_LOCK)
+                        .bind(Self::seqs_param(&seqs))
+                        .bind(&token)
+                        .bind(Ts(now + millis(settings.lock_ms)))
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    tx.commit().await.map_err(db)?;
+                    let mut messages = rows
+                        .iter()
+                        .map(|r| Cols(r).message(&token))
+                        .collect::<::orderly_core::Result<Vec<_>>>()?;
+                    messages.sort_by_key(|m| m.sequence_number);
+                    Ok(messages)
+                }
+
+                /// Runs `sql` on a message this receiver holds; `LockLost` when it
+                /// matches nothing. `$4`, `$5` are the optional extra arguments.
+                async fn settle(
+                    &self,
+                    sql: &'static str,
+                    message: &ReceivedMessage,
+                    extra: Option<(&str, &str)>,
+                ) -> Result<()> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let mut query = ::sqlx::query(sql)
+                        .bind(message.sequence_number)
+                        .bind(&message.lock_token.0)
+                        .bind(Ts(now));
+                    if let Some((a, b)) = extra {
+                        query = query.bind(a).bind(b);
+                    }
+                    let n = query.execute(&mut *tx).await.map_err(db)?.rows_affected();
+                    if n == 0 {
+                        return Err(TransportError::LockLost {
+                            queue: message.queue.clone(),
+                            message_id: message.message_id.clone(),
+                        });
+                    }
+                    if extra.is_some() {
+                        ::sqlx::query(q::Q_DELETE)
+                            .bind(message.sequence_number)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                    }
+                    tx.commit().await.map_err(db)?;
+                    if sql == q::Q_ABANDON {
+                        self.wakeups.wake(message.queue.as_str());
+                    }
+                    Ok(())
+                }
+            }
+
+            #[async_trait]
+            impl Transport for $Store {
+                async fn declare_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<()> {
+                    settings.validate()?;
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    ::sqlx::query(q::Q_DECLARE)
+                        .bind(queue.as_str())
+                        .bind(settings.lock_duration.as_millis() as i64)
+                        .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
+                        .bind(settings.duplicate_detection_window.as_millis() as i64)
+                        .bind(Ts(now))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    tx.commit().await.map_err(db)
+                }
+
+                #[::tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]
+                async fn send(&self, queue: &QueueName, messages: &[OutgoingMessage]) -> Result<SendOutcome> {
+                    if messages.len() > MAX_MESSAGES as usize {
+                        return Err(ValidationError::new("messages", format!("at most {MAX_MESSAGES} per send")).into());
+                    }
+                    for m in messages {
+                        m.validate()?;
+                    }
+                    let mut outcome = SendOutcome::default();
+                    if messages.is_empty() {
+                        return Ok(outcome);
+                    }
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let settings = Self::queue_settings(&mut tx, queue).await?;
+                    if settings.dedup_ms > 0 {
+                        ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *tx).await.map_err(db)?;
+                    }
+                    for m in messages {
+                        if settings.dedup_ms > 0 {
+                            let fresh: Option<String> = ::sqlx::query_scalar(q::Q_DEDUP)
+                                .bind(queue.as_str())
+                                .bind(&m.message_id)
+                                .bind(Ts(now + millis(settings.dedup_ms)))
+                                .bind(Ts(now))
+                                .fetch_optional(&mut *tx)
+                                .await
+                                .map_err(db)?;
+                            if fresh.is_none() {
+                                outcome.duplicates += 1;
+                                continue;
+                            }
+                        }
+                        let properties = ::serde_json::to_string(&m.properties)
+                            .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
+                        let visible = m.scheduled_enqueue_time.map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now))).unwrap_or(Ts(now));
+                        ::sqlx::query(q::Q_INSERT)
+                            .bind(queue.as_str())
+                            .bind(&m.message_id)
+                            .bind(m.correlation_id.as_deref())
+                            .bind(properties)
+                            .bind(&m.body)
+                            .bind(Ts(now))
+                            .bind(visible)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                        outcome.accepted += 1;
+                    }
+                    if outcome.accepted > 0 {
+                        self.notify_sent(&mut tx, queue).await?;
+                    }
+                    tx.commit().await.map_err(db)?;
+                    if outcome.accepted > 0 {
+                        self.wakeups.wake(queue.as_str());
+                    }
+                    Ok(outcome)
+                }
+
+                async fn receive(&self, queue: &QueueName, max: u32, wait: Duration) -> Result<Vec<ReceivedMessage>> {
+                    if max == 0 || max > MAX_MESSAGES {
+                        return Err(ValidationError::new("max", format!("must be 1 to {MAX_MESSAGES}")).into());
+                    }
+                    let deadline = ::tokio::time::Instant::now() + wait;
+                    let signal = self.wakeups.of(queue.as_str());
+                    loop {
+                        // Register for a wake-up before looking, so none is missed.
+                        let woken = signal.notified();
+                        ::tokio::pin!(woken);
+                        woken.as_mut().enable();
+                        let messages = self.receive_now(queue, max).await?;
+                        if !messages.is_empty() {
+                            return Ok(messages);
+                        }
+                        let now = ::tokio::time::Instant::now();
+                        if now >= deadline {
+                            return Ok(Vec::new());
+                        }
+                        self.start_listening();
+                        let nap = (deadline - now).min(self.wakeups.poll);
+                        let _ = ::tokio::time::timeout(nap, woken).await;
+                    }
+                }
+
+                async fn complete(&self, message: &ReceivedMessage) -> Result<()> {
+                    self.settle(q::Q_COMPLETE, message, None).await
+                }
+
+                async fn abandon(&self, message: &ReceivedMessage) -> Result<()> {
+                    self.settle(q::Q_ABANDON, message, None).await
+                }
+
+                async fn dead_letter(&self, message: &ReceivedMessage, reason: &str, description: &str) -> Result<()> {
+                    if reason.is_empty() {
+                        return Err(ValidationError::new("reason", "a dead letter needs a reason").into());
+                    }
+                    let reason = ::orderly_core::store::bounded_text(reason);
+                    let description = ::orderly_core::store::bounded_text(description);
+                    self.settle(q::Q_DEAD_LETTER, message, Some((reason, description))).await
+                }
+
+                async fn renew_lock(&self, message: &ReceivedMessage) -> Result<::chrono::DateTime<::chrono::Utc>> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let settings = Self::queue_settings(&mut tx, &message.queue).await?;
+                    let until: Option<Ts> = ::sqlx::query_scalar(q::Q_RENEW)
+                        .bind(message.sequence_number)
+                        .bind(&message.lock_token.0)
+                        .bind(Ts(now))
+                        .bind(Ts(now + millis(settings.lock_ms)))
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let until = until.ok_or_else(|| TransportError::LockLost {
+                        queue: message.queue.clone(),
+                        message_id: message.message_id.clone(),
+                    })?;
+                    tx.commit().await.map_err(db)?;
+                    Ok(until.0)
+                }
+
+                async fn dead_letters(&self, queue: &QueueName, limit: u32) -> Result<Vec<DeadLetter>> {
+                    let rows = ::sqlx::query(q::Q_DEAD_LETTERS)
+                        .bind(queue.as_str())
+                        .bind(i64::from(limit.min(MAX_MESSAGES)))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db)?;
+                    Ok(rows.iter().map(|r| Cols(r).dead_letter()).collect::<::orderly_core::Result<Vec<_>>>()?)
+                }
+            }
+        }
+    };
+}
+pub(crate) use queue_ops;

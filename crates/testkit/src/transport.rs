@@ -1,0 +1,403 @@
+//! The transport conformance suite: peek-lock semantics every transport must show.
+//! [`transport_conformance!`] stamps each case out as a test for one implementation.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orderly_core::transport::{
+    MAX_BODY_BYTES, OutgoingMessage, QueueName, QueueSettings, ReceivedMessage, Transport,
+    TransportError,
+};
+use orderly_core::{Clock, ManualClock};
+
+/// Opens handles on one transport under test.
+#[async_trait]
+pub trait TransportFactory: Send + Sync {
+    /// A new independent handle (its own connections) on the same transport.
+    async fn open(&self) -> Arc<dyn Transport>;
+    /// Removes what the case created (called when it passed).
+    async fn cleanup(&self) {}
+}
+
+/// What a transport case gets.
+pub struct TransportCtx {
+    /// The clock the transport reads for locks, schedules and duplicate windows.
+    pub clock: ManualClock,
+    /// Opens handles.
+    pub factory: Box<dyn TransportFactory>,
+}
+
+/// Stamps out every transport case as a `#[tokio::test]`; `$fixture` is an async fn
+/// returning a fresh [`TransportCtx`].
+#[macro_export]
+macro_rules! transport_conformance {
+    ($fixture:path) => {
+        $crate::transport_conformance!(@cases $fixture;
+            sent_messages_are_received_with_id_correlation_properties_and_body,
+            a_waiting_receiver_is_woken_by_a_send,
+            an_expired_lock_makes_the_message_visible_again_with_a_higher_delivery_count,
+            abandon_makes_the_message_visible_at_once,
+            a_message_past_its_maximum_delivery_count_is_dead_lettered_with_the_reason,
+            dead_letter_on_request_keeps_the_reason,
+            concurrent_consumers_receive_disjoint_messages,
+            settling_after_the_lock_was_lost_is_an_error,
+            renewing_the_lock_keeps_the_message_held,
+            duplicate_message_ids_are_dropped_within_the_window,
+            scheduled_messages_stay_invisible_until_their_time,
+            bad_requests_are_refused_with_typed_errors_and_send_nothing,
+        );
+    };
+    (@cases $fixture:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let ctx = $fixture().await;
+                $crate::transport::$case(&ctx).await;
+                ctx.factory.cleanup().await;
+            }
+        )*
+    };
+}
+
+const NO_WAIT: Duration = Duration::ZERO;
+
+fn queue(name: &str) -> QueueName {
+    QueueName::parse(name).unwrap()
+}
+
+async fn declared(
+    ctx: &TransportCtx,
+    name: &str,
+    settings: QueueSettings,
+) -> (Arc<dyn Transport>, QueueName) {
+    let t = ctx.factory.open().await;
+    let q = queue(name);
+    t.declare_queue(&q, &settings).await.unwrap();
+    (t, q)
+}
+
+fn settings(lock_secs: u64, max_deliveries: u32) -> QueueSettings {
+    QueueSettings {
+        lock_duration: Duration::from_secs(lock_secs),
+        max_delivery_count: max_deliveries,
+        duplicate_detection_window: Duration::from_secs(600),
+    }
+}
+
+fn msg(id: &str, body: &str) -> OutgoingMessage {
+    OutgoingMessage::new(id, body.as_bytes().to_vec())
+}
+
+async fn receive_one(t: &dyn Transport, q: &QueueName) -> ReceivedMessage {
+    let mut got = t.receive(q, 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(got.len(), 1, "expected one message");
+    got.remove(0)
+}
+
+/// At-least-once delivery with everything the sender set.
+pub async fn sent_messages_are_received_with_id_correlation_properties_and_body(
+    ctx: &TransportCtx,
+) {
+    let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
+    let mut m = msg("m-1", "{\"order\":1}");
+    m.correlation_id = Some("c-1".into());
+    m.properties = BTreeMap::from([("kind".to_owned(), "order-submitted".to_owned())]);
+    let outcome = t.send(&q, &[m.clone(), msg("m-2", "two")]).await.unwrap();
+    assert_eq!((outcome.accepted, outcome.duplicates), (2, 0));
+    let got = t.receive(&q, 10, NO_WAIT).await.unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|m| m.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["m-1", "m-2"],
+        "in send order"
+    );
+    let first = &got[0];
+    assert_eq!(first.body, m.body);
+    assert_eq!(first.correlation_id.as_deref(), Some("c-1"));
+    assert_eq!(first.properties, m.properties);
+    assert_eq!(first.delivery_count, 1);
+    assert_eq!(first.queue, q);
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "locked messages are not delivered twice"
+    );
+    for m in &got {
+        t.complete(m).await.unwrap();
+    }
+    ctx.clock.advance(Duration::from_secs(3600));
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "completed messages are gone"
+    );
+}
+
+/// An idle receiver does not miss a send, and is woken by it rather than by its timeout.
+pub async fn a_waiting_receiver_is_woken_by_a_send(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "replies", QueueSettings::default()).await;
+    let receiver = ctx.factory.open().await;
+    let rq = q.clone();
+    let waiting = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let got = receiver
+            .receive(&rq, 1, Duration::from_secs(30))
+            .await
+            .unwrap();
+        (got, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.send(&q, &[msg("wake", "up")]).await.unwrap();
+    let (got, waited) = waiting.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message_id, "wake");
+    assert!(
+        waited < Duration::from_secs(25),
+        "woken by the send, not by the 30 s timeout"
+    );
+    assert!(
+        t.receive(&q, 1, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_empty(),
+        "an empty wait ends empty"
+    );
+}
+
+/// Lock expiry: the message comes back with its delivery counted.
+pub async fn an_expired_lock_makes_the_message_visible_again_with_a_higher_delivery_count(
+    ctx: &TransportCtx,
+) {
+    let (t, q) = declared(ctx, "steps", settings(30, 10)).await;
+    t.send(&q, &[msg("m", "x")]).await.unwrap();
+    let first = receive_one(&*t, &q).await;
+    ctx.clock.advance(Duration::from_secs(29));
+    assert!(
+        t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty(),
+        "still locked"
+    );
+    ctx.clock.advance(Duration::from_secs(2));
+    let second = receive_one(&*t, &q).await;
+    assert_eq!(second.message_id, "m");
+    assert_eq!((first.delivery_count, second.delivery_count), (1, 2));
+    assert_ne!(first.lock_token, second.lock_token);
+    t.complete(&second).await.unwrap();
+}
+
+/// Abandon gives the message back without waiting for the lock to expire.
+pub async fn abandon_makes_the_message_visible_at_once(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "steps", settings(60, 10)).await;
+    t.send(&q, &[msg("m", "x")]).await.unwrap();
+    let first = receive_one(&*t, &q).await;
+    t.abandon(&first).await.unwrap();
+    let again = receive_one(&*t, &q).await;
+    assert_eq!(again.delivery_count, 2);
+    t.complete(&again).await.unwrap();
+}
+
+/// Poison protection: too many deliveries and the message is kept aside with why.
+pub async fn a_message_past_its_maximum_delivery_count_is_dead_lettered_with_the_reason(
+    ctx: &TransportCtx,
+) {
+    let (t, q) = declared(ctx, "agent", settings(10, 3)).await;
+    t.send(&q, &[msg("poison", "x"), msg("fine", "y")])
+        .await
+        .unwrap();
+    for delivery in 1..=3 {
+        let got = t.receive(&q, 10, NO_WAIT).await.unwrap();
+        let poison = got
+            .iter()
+            .find(|m| m.message_id == "poison")
+            .expect("poison delivered");
+        assert_eq!(poison.delivery_count, delivery);
+        t.abandon(poison).await.unwrap();
+        if let Some(fine) = got.iter().find(|m| m.message_id == "fine") {
+            t.complete(fine).await.unwrap();
+        }
+    }
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "not delivered a 4th time"
+    );
+    let dead = t.dead_letters(&q, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.message_id, "poison");
+    assert_eq!(dead[0].message.body, b"x");
+    assert_eq!(dead[0].message.delivery_count, 3);
+    assert_eq!(dead[0].reason, "MaxDeliveryCountExceeded");
+    assert!(dead[0].description.contains('3'), "{}", dead[0].description);
+}
+
+/// Explicit dead-lettering keeps the message, the reason and the description.
+pub async fn dead_letter_on_request_keeps_the_reason(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
+    t.send(&q, &[msg("bad", "not json")]).await.unwrap();
+    let m = receive_one(&*t, &q).await;
+    t.dead_letter(
+        &m,
+        "BodyUndecodable",
+        "expected an order-submitted JSON object at line 1 column 1",
+    )
+    .await
+    .unwrap();
+    assert!(t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty());
+    let dead = t.dead_letters(&q, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, "BodyUndecodable");
+    assert!(dead[0].description.contains("line 1 column 1"));
+    assert_eq!(dead[0].message.body, b"not json");
+    assert!(
+        matches!(t.complete(&m).await, Err(TransportError::LockLost { .. })),
+        "gone from the queue"
+    );
+}
+
+/// Competing consumers: every message to exactly one of them.
+pub async fn concurrent_consumers_receive_disjoint_messages(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "work", settings(60, 10)).await;
+    let sent: Vec<OutgoingMessage> = (0..300).map(|i| msg(&format!("m-{i}"), "x")).collect();
+    for chunk in sent.chunks(50) {
+        t.send(&q, chunk).await.unwrap();
+    }
+    let mut consumers = Vec::new();
+    for _ in 0..4 {
+        let handle = ctx.factory.open().await;
+        let q = q.clone();
+        consumers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = handle.receive(&q, 7, NO_WAIT).await.unwrap();
+                if got.is_empty() {
+                    break mine;
+                }
+                for m in got {
+                    handle.complete(&m).await.unwrap();
+                    mine.push(m.message_id);
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for c in consumers {
+        all.extend(c.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a message went to two consumers");
+    assert_eq!(all.len(), 300, "every message consumed");
+}
+
+/// Settling with a lost lock fails loudly instead of pretending.
+pub async fn settling_after_the_lock_was_lost_is_an_error(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "steps", settings(30, 10)).await;
+    t.send(&q, &[msg("m", "x")]).await.unwrap();
+    let stale = receive_one(&*t, &q).await;
+    ctx.clock.advance(Duration::from_secs(31));
+    let lost = |r: Result<(), TransportError>| {
+        assert!(matches!(r, Err(TransportError::LockLost { .. })), "{r:?}")
+    };
+    lost(t.complete(&stale).await);
+    lost(t.abandon(&stale).await);
+    lost(t.renew_lock(&stale).await.map(|_| ()));
+    lost(t.dead_letter(&stale, "Late", "too late").await);
+    let current = receive_one(&*t, &q).await;
+    assert_eq!(
+        current.delivery_count, 2,
+        "the message was not settled by the stale holder"
+    );
+    lost(t.complete(&stale).await);
+    t.complete(&current).await.unwrap();
+    lost(t.complete(&current).await);
+}
+
+/// Long work renews its lock and keeps the message.
+pub async fn renewing_the_lock_keeps_the_message_held(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "steps", settings(30, 10)).await;
+    t.send(&q, &[msg("m", "x")]).await.unwrap();
+    let m = receive_one(&*t, &q).await;
+    ctx.clock.advance(Duration::from_secs(20));
+    let until = t.renew_lock(&m).await.unwrap();
+    assert_eq!(until, ctx.clock.now() + chrono::Duration::seconds(30));
+    ctx.clock.advance(Duration::from_secs(20));
+    assert!(
+        t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty(),
+        "still held after 40 s thanks to the renewal"
+    );
+    t.complete(&m).await.unwrap();
+}
+
+/// Service Bus-style duplicate detection on message id.
+pub async fn duplicate_message_ids_are_dropped_within_the_window(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
+    let first = t
+        .send(&q, &[msg("same", "1"), msg("same", "2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.accepted, first.duplicates),
+        (1, 1),
+        "a duplicate within one batch"
+    );
+    let again = t.send(&q, &[msg("same", "3")]).await.unwrap();
+    assert_eq!((again.accepted, again.duplicates), (0, 1));
+    let m = receive_one(&*t, &q).await;
+    assert_eq!(m.body, b"1");
+    t.complete(&m).await.unwrap();
+    let later = t.send(&q, &[msg("same", "4")]).await.unwrap();
+    assert_eq!(later.duplicates, 1, "completion does not end the window");
+    ctx.clock.advance(Duration::from_secs(601));
+    let after = t.send(&q, &[msg("same", "5")]).await.unwrap();
+    assert_eq!(
+        after.accepted, 1,
+        "accepted again once the window has passed"
+    );
+}
+
+/// A scheduled message waits for its time.
+pub async fn scheduled_messages_stay_invisible_until_their_time(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "retries", QueueSettings::default()).await;
+    let mut later = msg("later", "x");
+    later.scheduled_enqueue_time = Some(ctx.clock.now() + chrono::Duration::seconds(60));
+    t.send(&q, &[later]).await.unwrap();
+    assert!(t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty());
+    ctx.clock.advance(Duration::from_secs(59));
+    assert!(t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty());
+    ctx.clock.advance(Duration::from_secs(1));
+    assert_eq!(receive_one(&*t, &q).await.message_id, "later");
+}
+
+/// Unknown queues, oversized payloads and bad arguments are typed errors; a batch with
+/// one bad message sends nothing.
+pub async fn bad_requests_are_refused_with_typed_errors_and_send_nothing(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
+    let nowhere = queue("no-such-queue");
+    assert!(
+        matches!(t.send(&nowhere, &[msg("m", "x")]).await, Err(TransportError::QueueNotFound(n)) if n == nowhere)
+    );
+    assert!(matches!(
+        t.receive(&nowhere, 1, NO_WAIT).await,
+        Err(TransportError::QueueNotFound(_))
+    ));
+    let big = OutgoingMessage::new("big", vec![0u8; MAX_BODY_BYTES + 1]);
+    match t.send(&q, &[msg("ok", "x"), big]).await {
+        Err(TransportError::PayloadTooLarge { size, limit }) => assert!(size > limit),
+        other => panic!("expected PayloadTooLarge, got {other:?}"),
+    }
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "nothing of the refused batch was sent"
+    );
+    assert!(
+        matches!(t.send(&q, &[msg("", "x")]).await, Err(TransportError::Invalid(e)) if e.field == "message_id")
+    );
+    assert!(
+        matches!(t.receive(&q, 0, NO_WAIT).await, Err(TransportError::Invalid(e)) if e.field == "max")
+    );
+    let bad = QueueSettings {
+        max_delivery_count: 0,
+        ..QueueSettings::default()
+    };
+    assert!(
+        matches!(t.declare_queue(&q, &bad).await, Err(TransportError::Invalid(e)) if e.field == "max_delivery_count")
+    );
+}
