@@ -133,7 +133,7 @@ async fn run() -> anyhow::Result<()> {
             let (mut accepted, mut duplicates) = (0, 0);
             for order in &orders {
                 match store
-                    .submit(order, &submitter)
+                    .submit(order, &submitter, &[])
                     .await
                     .with_context(|| format!("order {}", order.order_id))?
                 {
@@ -184,6 +184,7 @@ async fn run() -> anyhow::Result<()> {
                     &OrderId::parse(order_id)?,
                     &Actor::operator(&operator),
                     &reason,
+                    &[],
                 )
                 .await?;
             println!("order {} is {} again", row.order_id, row.process_state);
@@ -198,6 +199,7 @@ async fn run() -> anyhow::Result<()> {
                     &OrderId::parse(order_id)?,
                     &Actor::operator(&operator),
                     &reason,
+                    &[],
                 )
                 .await?;
             println!("order {} is {}", row.order_id, row.process_state);

@@ -86,6 +86,10 @@ pub enum Error {
     #[error("state store unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 
+    /// A message this change causes could not be enqueued; nothing was committed.
+    #[error("a message this change causes cannot be enqueued, so nothing was committed: {0}")]
+    Send(#[source] Box<crate::transport::TransportError>),
+
     /// The store holds data this version cannot read (corruption or a newer schema).
     #[error("state store holds unreadable data: {0}")]
     Corrupt(String),
@@ -94,6 +98,10 @@ pub enum Error {
 impl Error {
     /// Whether retrying the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable(_))
+        match self {
+            Error::Unavailable(_) => true,
+            Error::Send(inner) => inner.is_retryable(),
+            _ => false,
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! The state-store ports: one small trait per role that uses the store.
 //!
 //! Every operation is atomic: the state row, the step records and the history entry it
-//! writes commit together or not at all. Every write by a scheduler is fenced by
+//! writes commit together or not at all, and so do the messages it causes (`sends`):
+//! they are enqueued in the same transaction, so a state change is never committed
+//! without the messages it implies, nor a message sent for a change that did not happen. Every write by a scheduler is fenced by
 //! `(order, owner, epoch)`: a deposed owner gets [`Error::Fenced`] and changes nothing.
 //!
 //! [`Error::Fenced`]: crate::Error::Fenced
@@ -18,6 +20,7 @@ use crate::id::{Actor, InstanceId, OrderId};
 use crate::order::OrderDetails;
 use crate::state::{Epoch, Fence, ProcessState, StateRow};
 use crate::step::{StepRecord, StepStatus};
+use crate::transport::Envelope;
 
 /// Longest reply-queue name accepted.
 pub const MAX_REPLY_TO_LEN: usize = 260;
@@ -100,6 +103,24 @@ pub struct StepUpdate {
     pub status: StepStatus,
     /// The agent's answer or the error text.
     pub detail: Option<String>,
+}
+
+/// One order to complete, with the messages its completion causes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The owner's proof.
+    pub fence: Fence,
+    /// Sent if, and only if, the order completes.
+    pub sends: Vec<Envelope>,
+}
+
+impl From<Fence> for Completion {
+    fn from(fence: Fence) -> Self {
+        Self {
+            fence,
+            sends: Vec::new(),
+        }
+    }
 }
 
 /// The outcome of completing a batch: each fence either completed or refused.
@@ -269,7 +290,13 @@ pub trait IntakeStore: Send + Sync {
     /// (naming `actor`, e.g. the submitter instance) in one transaction. The same order
     /// again is a `Duplicate` no-op; the same id with other details is
     /// [`crate::Error::OrderIdConflict`].
-    async fn submit(&self, order: &NewOrder, actor: &Actor) -> Result<SubmitOutcome>;
+    /// `sends` are enqueued with it (and not for a duplicate).
+    async fn submit(
+        &self,
+        order: &NewOrder,
+        actor: &Actor,
+        sends: &[Envelope],
+    ) -> Result<SubmitOutcome>;
 }
 
 /// Owning and advancing orders (the scheduler). Every write is fenced.
@@ -280,27 +307,41 @@ pub trait SchedulerStore: Send + Sync {
     /// its epoch raised by one. No order is ever given to two claimers.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>>;
 
-    /// Records a step's progress (and moves `current_step` past it on success).
-    async fn record_step(&self, fence: &Fence, step: &StepUpdate) -> Result<StepRecord>;
+    /// Records a step's progress (and moves `current_step` past it on success), with
+    /// the messages it causes (the step request, the next one, a status notification).
+    async fn record_step(
+        &self,
+        fence: &Fence,
+        step: &StepUpdate,
+        sends: &[Envelope],
+    ) -> Result<StepRecord>;
 
     /// Pushes the deadline to now + `by` (a heartbeat). Returns the new deadline.
     async fn extend(&self, fence: &Fence, by: Duration) -> Result<DateTime<Utc>>;
 
-    /// Marks orders Processed and unlocks them, in one transaction. Fences that no
-    /// longer hold are refused one by one; the others complete.
-    async fn complete_many(&self, fences: &[Fence]) -> Result<BatchOutcome>;
+    /// Marks orders Processed and unlocks them, in one transaction, each with its
+    /// messages. Fences that no longer hold are refused one by one (their messages are
+    /// not sent); the others complete.
+    async fn complete_many(&self, completions: &[Completion]) -> Result<BatchOutcome>;
 
-    /// Marks one order Processed and unlocks it.
-    async fn complete(&self, fence: &Fence) -> Result<()> {
-        let mut outcome = self.complete_many(std::slice::from_ref(fence)).await?;
+    /// Marks one order Processed and unlocks it, sending `sends`.
+    async fn complete(&self, fence: &Fence, sends: &[Envelope]) -> Result<()> {
+        let completion = Completion {
+            fence: fence.clone(),
+            sends: sends.to_vec(),
+        };
+        let mut outcome = self
+            .complete_many(std::slice::from_ref(&completion))
+            .await?;
         match outcome.refused.pop() {
             Some((_, error)) => Err(error),
             None => Ok(()),
         }
     }
 
-    /// Gives up on an order: Error, with the reason kept as its last error.
-    async fn fail(&self, fence: &Fence, error: &str) -> Result<()>;
+    /// Gives up on an order: Error, with the reason kept as its last error, sending
+    /// `sends` (the failure notification, the operator alert).
+    async fn fail(&self, fence: &Fence, error: &str, sends: &[Envelope]) -> Result<()>;
 
     /// Hands an order back unfinished (Pending, unlocked, not counted as a failure),
     /// e.g. when the scheduler shuts down.
@@ -336,13 +377,25 @@ pub trait OperatorStore: Send + Sync {
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 
-    /// Sends an Error order round again: Pending, failure count reset, failed steps
-    /// reset, due at once. Steps already done stay done.
-    async fn resubmit(&self, order_id: &OrderId, actor: &Actor, reason: &str) -> Result<StateRow>;
+    /// Sends an Error order round again: Pending, failure count reset, due at once.
+    /// Steps already done stay done.
+    async fn resubmit(
+        &self,
+        order_id: &OrderId,
+        actor: &Actor,
+        reason: &str,
+        sends: &[Envelope],
+    ) -> Result<StateRow>;
 
     /// Cancels a Pending, Processing or Error order. A scheduler still working on it is
     /// fenced out from this moment.
-    async fn cancel(&self, order_id: &OrderId, actor: &Actor, reason: &str) -> Result<StateRow>;
+    async fn cancel(
+        &self,
+        order_id: &OrderId,
+        actor: &Actor,
+        reason: &str,
+        sends: &[Envelope],
+    ) -> Result<StateRow>;
 }
 
 /// The whole state store.

@@ -166,6 +166,15 @@ impl OutgoingMessage {
     }
 }
 
+/// A message and the queue it goes to: what a state change causes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Where it goes.
+    pub queue: QueueName,
+    /// What it is.
+    pub message: OutgoingMessage,
+}
+
 /// Proof of a receiver's hold on one delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LockToken(pub String);
@@ -252,6 +261,7 @@ impl From<crate::Error> for TransportError {
         match e {
             crate::Error::Invalid(v) => TransportError::Invalid(v),
             crate::Error::Unavailable(source) => TransportError::Unavailable(source),
+            crate::Error::Send(inner) => *inner,
             other => TransportError::Unavailable(Box::new(other)),
         }
     }

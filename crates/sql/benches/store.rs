@@ -12,8 +12,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orderly_core::store::{ClaimRequest, StateStore};
-use orderly_core::{Fence, InstanceId, TimeSource};
+use orderly_core::store::{ClaimRequest, Completion, StateStore};
+use orderly_core::{InstanceId, TimeSource};
 use orderly_sql::{PgStore, SqliteStore};
 use sqlx::postgres::PgConnectOptions;
 
@@ -283,8 +283,11 @@ async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
                 if claimed.is_empty() {
                     break done;
                 }
-                let fences: Vec<Fence> = claimed.into_iter().map(|c| c.fence).collect();
-                let outcome = store.complete_many(&fences).await.expect("complete");
+                let completions: Vec<Completion> = claimed
+                    .into_iter()
+                    .map(|c| Completion::from(c.fence))
+                    .collect();
+                let outcome = store.complete_many(&completions).await.expect("complete");
                 assert!(outcome.refused.is_empty(), "refused: {:?}", outcome.refused);
                 done += outcome.completed.len();
             }

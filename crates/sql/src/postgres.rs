@@ -298,32 +298,53 @@ impl PgStore {
             .collect()
     }
 
-    async fn complete_batch(&self, fences: &[Fence]) -> Result<BatchOutcome> {
+    async fn complete_batch(&self, completions: &[Completion]) -> Result<BatchOutcome> {
+        let fences: Vec<&Fence> = completions.iter().map(|c| &c.fence).collect();
         let ids: Vec<&str> = fences.iter().map(|f| f.order_id.as_str()).collect();
         let owners: Vec<&str> = fences.iter().map(|f| f.owner.as_str()).collect();
         let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
         // Unnamed (not cached) so the server plans it for this batch's actual arrays; a
         // cached generic plan cannot see their size and picks a far slower join.
-        let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+        let query = sqlx::query_scalar(sql::COMPLETE)
             .persistent(false)
             .bind(self.now_param())
             .bind(&ids)
             .bind(&owners)
-            .bind(&epochs)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        let done: std::collections::HashSet<String> = done.into_iter().collect();
-        let mut outcome = BatchOutcome::default();
-        let refused: Vec<&Fence> = fences
+            .bind(&epochs);
+        let done: std::collections::HashSet<String> =
+            if completions.iter().all(|c| c.sends.is_empty()) {
+                // One statement, one round trip: nothing else to commit with it.
+                query
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?
+                    .into_iter()
+                    .collect()
+            } else {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let done: std::collections::HashSet<String> = query
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .into_iter()
+                    .collect();
+                // Only completed orders' messages are sent.
+                let sends: Vec<Envelope> = completions
+                    .iter()
+                    .filter(|c| done.contains(c.fence.order_id.as_str()))
+                    .flat_map(|c| c.sends.iter().cloned())
+                    .collect();
+                self.commit_with(tx, now, &sends).await?;
+                done
+            };
+        let (completed, refused): (Vec<&Fence>, Vec<&Fence>) = fences
             .iter()
-            .filter(|f| !done.contains(f.order_id.as_str()))
-            .collect();
-        outcome.completed = fences
-            .iter()
-            .filter(|f| done.contains(f.order_id.as_str()))
-            .map(|f| f.order_id.clone())
-            .collect();
+            .partition(|f| done.contains(f.order_id.as_str()));
+        let mut outcome = BatchOutcome {
+            completed: completed.iter().map(|f| f.order_id.clone()).collect(),
+            refused: Vec::with_capacity(refused.len()),
+        };
         if !refused.is_empty() {
             let mut conn = self.pool.acquire().await.map_err(db)?;
             let now = self.tx_now(&mut conn).await?;
@@ -373,6 +394,9 @@ impl PgStore {
             .collect()
     }
 }
+
+/// The write transaction of this dialect, for the shared operations.
+type WriteTxn = Transaction<'static, Postgres>;
 
 crate::shared::store_ops!(PgStore, Postgres);
 crate::queue::queue_ops!(PgStore, Postgres);

@@ -171,6 +171,90 @@ macro_rules! queue_ops {
                     Ok(Settings { lock_ms, max_deliveries, dedup_ms })
                 }
 
+                /// Enqueues validated `messages` inside the caller's transaction: duplicate
+                /// detection, insert, and (PostgreSQL) the notification sent at commit.
+                async fn enqueue(
+                    &self,
+                    conn: &mut <$DB as ::sqlx::Database>::Connection,
+                    now: ::chrono::DateTime<::chrono::Utc>,
+                    queue: &QueueName,
+                    messages: &[OutgoingMessage],
+                ) -> Result<SendOutcome> {
+                    let mut outcome = SendOutcome::default();
+                    let settings = Self::queue_settings(&mut *conn, queue).await?;
+                    if settings.dedup_ms > 0 {
+                        ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *conn).await.map_err(db)?;
+                    }
+                    for m in messages {
+                        if settings.dedup_ms > 0 {
+                            let fresh: Option<String> = ::sqlx::query_scalar(q::Q_DEDUP)
+                                .bind(queue.as_str())
+                                .bind(&m.message_id)
+                                .bind(Ts(now + millis(settings.dedup_ms)))
+                                .bind(Ts(now))
+                                .fetch_optional(&mut *conn)
+                                .await
+                                .map_err(db)?;
+                            if fresh.is_none() {
+                                outcome.duplicates += 1;
+                                continue;
+                            }
+                        }
+                        let properties = ::serde_json::to_string(&m.properties)
+                            .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
+                        let visible = m
+                            .scheduled_enqueue_time
+                            .map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now)))
+                            .unwrap_or(Ts(now));
+                        ::sqlx::query(q::Q_INSERT)
+                            .bind(queue.as_str())
+                            .bind(&m.message_id)
+                            .bind(m.correlation_id.as_deref())
+                            .bind(properties)
+                            .bind(&m.body)
+                            .bind(Ts(now))
+                            .bind(visible)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(db)?;
+                        outcome.accepted += 1;
+                    }
+                    if outcome.accepted > 0 {
+                        self.notify_sent(&mut *conn, queue).await?;
+                    }
+                    Ok(outcome)
+                }
+
+                /// Enqueues the messages a state change causes, inside its transaction.
+                /// Returns the queues to wake once the transaction has committed.
+                pub(super) async fn enqueue_all(
+                    &self,
+                    conn: &mut <$DB as ::sqlx::Database>::Connection,
+                    now: ::chrono::DateTime<::chrono::Utc>,
+                    sends: &[::orderly_core::transport::Envelope],
+                ) -> Result<Vec<QueueName>> {
+                    let mut by_queue: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
+                    for envelope in sends {
+                        envelope.message.validate()?;
+                        match by_queue.iter_mut().find(|(q, _)| *q == &envelope.queue) {
+                            Some((_, messages)) => messages.push(envelope.message.clone()),
+                            None => by_queue.push((&envelope.queue, vec![envelope.message.clone()])),
+                        }
+                    }
+                    let mut woken = Vec::new();
+                    for (queue, messages) in by_queue {
+                        if self.enqueue(&mut *conn, now, queue, &messages).await?.accepted > 0 {
+                            woken.push(queue.clone());
+                        }
+                    }
+                    Ok(woken)
+                }
+
+                /// Wakes receivers of `queues` (after the commit that filled them).
+                pub(super) fn wake_queues(&self, queues: &[QueueName]) {
+                    queues.iter().for_each(|q| self.wakeups.wake(q.as_str()));
+                }
+
                 /// One attempt: lock up to `max` visible messages for a new delivery.
                 async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
                     // A cheap read first: an idle receiver takes no write lock.
@@ -305,50 +389,12 @@ macro_rules! queue_ops {
                     for m in messages {
                         m.validate()?;
                     }
-                    let mut outcome = SendOutcome::default();
                     if messages.is_empty() {
-                        return Ok(outcome);
+                        return Ok(SendOutcome::default());
                     }
                     let mut tx = self.begin_write().await?;
                     let now = self.tx_now(&mut tx).await?;
-                    let settings = Self::queue_settings(&mut tx, queue).await?;
-                    if settings.dedup_ms > 0 {
-                        ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *tx).await.map_err(db)?;
-                    }
-                    for m in messages {
-                        if settings.dedup_ms > 0 {
-                            let fresh: Option<String> = ::sqlx::query_scalar(q::Q_DEDUP)
-                                .bind(queue.as_str())
-                                .bind(&m.message_id)
-                                .bind(Ts(now + millis(settings.dedup_ms)))
-                                .bind(Ts(now))
-                                .fetch_optional(&mut *tx)
-                                .await
-                                .map_err(db)?;
-                            if fresh.is_none() {
-                                outcome.duplicates += 1;
-                                continue;
-                            }
-                        }
-                        let properties = ::serde_json::to_string(&m.properties)
-                            .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
-                        let visible = m.scheduled_enqueue_time.map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now))).unwrap_or(Ts(now));
-                        ::sqlx::query(q::Q_INSERT)
-                            .bind(queue.as_str())
-                            .bind(&m.message_id)
-                            .bind(m.correlation_id.as_deref())
-                            .bind(properties)
-                            .bind(&m.body)
-                            .bind(Ts(now))
-                            .bind(visible)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db)?;
-                        outcome.accepted += 1;
-                    }
-                    if outcome.accepted > 0 {
-                        self.notify_sent(&mut tx, queue).await?;
-                    }
+                    let outcome = self.enqueue(&mut tx, now, queue, messages).await?;
                     tx.commit().await.map_err(db)?;
                     if outcome.accepted > 0 {
                         self.wakeups.wake(queue.as_str());

@@ -59,8 +59,9 @@ macro_rules! store_ops {
         use ::async_trait::async_trait;
         use ::orderly_core::history::HistoryKind;
         use ::orderly_core::step::{StepRecord, idempotency_key};
+        use ::orderly_core::transport::Envelope;
         use ::orderly_core::store::{
-            BatchOutcome, ClaimRequest, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
+            BatchOutcome, ClaimRequest, Completion, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
             OperatorStore, OrderFilter, OrderView, Page, Recovered, RecoveryPolicy, SchedulerStore,
             StepUpdate, SubmitOutcome, SupervisorStore, bounded_text,
         };
@@ -117,6 +118,20 @@ macro_rules! store_ops {
                 Ok(done)
             }
 
+            /// Enqueues `sends` in the transaction, commits, then wakes their receivers:
+            /// the state change and the messages it causes commit together or not at all.
+            async fn commit_with(
+                &self,
+                mut tx: WriteTxn,
+                now: ::chrono::DateTime<::chrono::Utc>,
+                sends: &[Envelope],
+            ) -> Result<()> {
+                let woken = self.enqueue_all(&mut tx, now, sends).await.map_err(|e| Error::Send(Box::new(e)))?;
+                tx.commit().await.map_err(db)?;
+                self.wake_queues(&woken);
+                Ok(())
+            }
+
             async fn fetch_state(conn: &mut Conn, order_id: &OrderId) -> Result<Option<StateRow>> {
                 let row = ::sqlx::query(st::SELECT_STATE)
                     .bind(order_id.as_str())
@@ -166,6 +181,7 @@ macro_rules! store_ops {
                 target: ProcessState,
                 kind: HistoryKind,
                 reason: &str,
+                sends: &[Envelope],
             ) -> Result<()> {
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
@@ -189,7 +205,7 @@ macro_rules! store_ops {
                 let event = Event { reason: Some(reason), ..Event::by_owner(fence, now, kind, target) };
                 Self::append(&mut tx, event)
                 .await?;
-                tx.commit().await.map_err(db)
+                self.commit_with(tx, now, sends).await
             }
 
             /// An operator's move of `order_id` to `target`, allowed only from `from`:
@@ -203,6 +219,7 @@ macro_rules! store_ops {
                 kind: HistoryKind,
                 actor: &Actor,
                 reason: &str,
+                sends: &[Envelope],
             ) -> Result<StateRow> {
                 for _ in 0..OPERATOR_ATTEMPTS {
                     let mut tx = self.begin_write().await?;
@@ -243,7 +260,7 @@ macro_rules! store_ops {
                         },
                     )
                     .await?;
-                    tx.commit().await.map_err(db)?;
+                    self.commit_with(tx, now, sends).await?;
                     return Ok(moved);
                 }
                 Err(Error::Unavailable(
@@ -255,7 +272,7 @@ macro_rules! store_ops {
         #[async_trait]
         impl IntakeStore for $Store {
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order.order_id, actor = %actor))]
-            async fn submit(&self, order: &NewOrder, actor: &Actor) -> Result<SubmitOutcome> {
+            async fn submit(&self, order: &NewOrder, actor: &Actor, sends: &[Envelope]) -> Result<SubmitOutcome> {
                 order.validate()?;
                 let details = order.details.to_json();
                 let mut tx = self.begin_write().await?;
@@ -304,7 +321,7 @@ macro_rules! store_ops {
                     },
                 )
                 .await?;
-                tx.commit().await.map_err(db)?;
+                self.commit_with(tx, now, sends).await?;
                 Ok(SubmitOutcome::Accepted)
             }
         }
@@ -325,7 +342,7 @@ macro_rules! store_ops {
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch, step = step.index, status = %step.status))]
-            async fn record_step(&self, fence: &Fence, step: &StepUpdate) -> Result<StepRecord> {
+            async fn record_step(&self, fence: &Fence, step: &StepUpdate, sends: &[Envelope]) -> Result<StepRecord> {
                 if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {
                     return Err(::orderly_core::ValidationError::new(
                         "step",
@@ -377,7 +394,7 @@ macro_rules! store_ops {
                 };
                 Self::append(&mut tx, event)
                 .await?;
-                tx.commit().await.map_err(db)?;
+                self.commit_with(tx, now, sends).await?;
                 Ok(record)
             }
 
@@ -408,27 +425,24 @@ macro_rules! store_ops {
                 }
             }
 
-            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, batch = fences.len()))]
-            async fn complete_many(&self, fences: &[Fence]) -> Result<BatchOutcome> {
-                if fences.is_empty() {
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, batch = completions.len()))]
+            async fn complete_many(&self, completions: &[Completion]) -> Result<BatchOutcome> {
+                if completions.is_empty() {
                     return Ok(BatchOutcome::default());
                 }
                 // The same order twice in one batch completes (and is reported) once.
-                let mut seen = ::std::collections::HashSet::with_capacity(fences.len());
-                if fences.iter().all(|f| seen.insert(&f.order_id)) {
-                    return self.complete_batch(fences).await;
+                let mut seen = ::std::collections::HashSet::with_capacity(completions.len());
+                if completions.iter().all(|c| seen.insert(&c.fence.order_id)) {
+                    return self.complete_batch(completions).await;
                 }
-                let mut seen = ::std::collections::HashSet::with_capacity(fences.len());
-                let unique: Vec<Fence> = fences
-                    .iter()
-                    .filter(|f| seen.insert(&f.order_id))
-                    .cloned()
-                    .collect();
+                let mut seen = ::std::collections::HashSet::with_capacity(completions.len());
+                let unique: Vec<Completion> =
+                    completions.iter().filter(|c| seen.insert(&c.fence.order_id)).cloned().collect();
                 self.complete_batch(&unique).await
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
-            async fn fail(&self, fence: &Fence, error: &str) -> Result<()> {
+            async fn fail(&self, fence: &Fence, error: &str, sends: &[Envelope]) -> Result<()> {
                 let error = bounded_text(error);
                 self.finish_owned(
                     st::FAIL,
@@ -437,6 +451,7 @@ macro_rules! store_ops {
                     ProcessState::Error,
                     HistoryKind::Failed,
                     error,
+                    sends,
                 )
                 .await
             }
@@ -450,6 +465,7 @@ macro_rules! store_ops {
                     ProcessState::Pending,
                     HistoryKind::Released,
                     reason,
+                    &[],
                 )
                 .await
             }
@@ -587,6 +603,7 @@ macro_rules! store_ops {
                 order_id: &OrderId,
                 actor: &Actor,
                 reason: &str,
+                sends: &[Envelope],
             ) -> Result<StateRow> {
                 self.operator_move(
                     order_id,
@@ -595,6 +612,7 @@ macro_rules! store_ops {
                     HistoryKind::Resubmitted,
                     actor,
                     reason,
+                    sends,
                 )
                 .await
             }
@@ -605,18 +623,16 @@ macro_rules! store_ops {
                 order_id: &OrderId,
                 actor: &Actor,
                 reason: &str,
+                sends: &[Envelope],
             ) -> Result<StateRow> {
                 self.operator_move(
                     order_id,
-                    &[
-                        ProcessState::Pending,
-                        ProcessState::Processing,
-                        ProcessState::Error,
-                    ],
+                    &[ProcessState::Pending, ProcessState::Processing, ProcessState::Error],
                     ProcessState::Cancelled,
                     HistoryKind::Cancelled,
                     actor,
                     reason,
+                    sends,
                 )
                 .await
             }

@@ -398,7 +398,8 @@ impl SqliteStore {
             .collect()
     }
 
-    async fn complete_batch(&self, fences: &[Fence]) -> Result<BatchOutcome> {
+    async fn complete_batch(&self, completions: &[Completion]) -> Result<BatchOutcome> {
+        let fences: Vec<&Fence> = completions.iter().map(|c| &c.fence).collect();
         let json = |fences: &[&Fence]| {
             let triples: Vec<_> = fences
                 .iter()
@@ -409,7 +410,7 @@ impl SqliteStore {
         let mut tx = self.begin_write().await?;
         let now = self.tx_now(&mut tx).await?;
         let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
-            .bind(json(&fences.iter().collect::<Vec<_>>()))
+            .bind(json(&fences))
             .bind(Ts(now))
             .fetch_all(&mut *tx)
             .await
@@ -434,7 +435,13 @@ impl SqliteStore {
             let why = Self::explain(&mut tx, fence, now, ProcessState::Processed).await;
             outcome.refused.push((fence.order_id.clone(), why));
         }
-        tx.commit().await.map_err(db)?;
+        // Only completed orders' messages are sent.
+        let sends: Vec<Envelope> = completions
+            .iter()
+            .filter(|c| done.contains(c.fence.order_id.as_str()))
+            .flat_map(|c| c.sends.iter().cloned())
+            .collect();
+        self.commit_with(tx, now, &sends).await?;
         Ok(outcome)
     }
 
@@ -528,6 +535,9 @@ impl SqliteStore {
         Ok(recovered)
     }
 }
+
+/// The write transaction of this dialect, for the shared operations.
+type WriteTxn = WriteTx;
 
 crate::shared::store_ops!(SqliteStore, Sqlite);
 crate::queue::queue_ops!(SqliteStore, Sqlite);

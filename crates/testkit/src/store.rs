@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use orderly_core::history::HistoryKind;
 use orderly_core::step::{StepStatus, idempotency_key};
 use orderly_core::store::{
-    ClaimRequest, ClaimedOrder, OrderFilter, Recovered, RecoveryPolicy, StateStore, StepUpdate,
-    SubmitOutcome,
+    ClaimRequest, ClaimedOrder, Completion, OrderFilter, Recovered, RecoveryPolicy, StateStore,
+    StepUpdate, SubmitOutcome,
 };
 use orderly_core::{
     Actor, Clock, Epoch, Error, Fence, InstanceId, ManualClock, OrderId, ProcessState, StateRow,
@@ -104,7 +104,7 @@ async fn submit_n(store: &dyn StateStore, n: u64) -> Vec<OrderId> {
         let order = builders::order(i);
         assert_eq!(
             store
-                .submit(&order, &builders::submitter())
+                .submit(&order, &builders::submitter(), &[])
                 .await
                 .expect("submit"),
             SubmitOutcome::Accepted
@@ -145,7 +145,10 @@ pub async fn submit_creates_a_pending_unlocked_row_with_its_first_history_event(
     let mut order = builders::order(1);
     order.reply_to = Some("client-42-replies".into());
     assert_eq!(
-        store.submit(&order, &builders::submitter()).await.unwrap(),
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap(),
         SubmitOutcome::Accepted
     );
     let view = store.get(&order.order_id).await.unwrap();
@@ -170,13 +173,19 @@ pub async fn duplicate_submit_changes_nothing_and_says_so(ctx: &Ctx) {
     let store = ctx.store().await;
     let order = builders::order(7);
     assert_eq!(
-        store.submit(&order, &builders::submitter()).await.unwrap(),
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap(),
         SubmitOutcome::Accepted
     );
     let before = store.get(&order.order_id).await.unwrap();
     ctx.clock.advance(MINUTE);
     assert_eq!(
-        store.submit(&order, &builders::submitter()).await.unwrap(),
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap(),
         SubmitOutcome::Duplicate
     );
     let after = store.get(&order.order_id).await.unwrap();
@@ -188,11 +197,14 @@ pub async fn duplicate_submit_changes_nothing_and_says_so(ctx: &Ctx) {
 pub async fn same_id_with_other_details_is_a_conflict_and_changes_nothing(ctx: &Ctx) {
     let store = ctx.store().await;
     let first = builders::order_with_id("SO-1", 1);
-    store.submit(&first, &builders::submitter()).await.unwrap();
+    store
+        .submit(&first, &builders::submitter(), &[])
+        .await
+        .unwrap();
     let other = builders::order_with_id("SO-1", 2);
     assert_ne!(first.details, other.details);
     assert!(
-        matches!(store.submit(&other, &builders::submitter()).await, Err(Error::OrderIdConflict(id)) if id.as_str() == "SO-1")
+        matches!(store.submit(&other, &builders::submitter(), &[]).await, Err(Error::OrderIdConflict(id)) if id.as_str() == "SO-1")
     );
     assert_eq!(
         store.get(&first.order_id).await.unwrap().details,
@@ -206,7 +218,7 @@ pub async fn invalid_requests_are_refused_naming_the_field(ctx: &Ctx) {
     let mut order = builders::order(1);
     order.reply_to = Some(String::new());
     assert!(
-        matches!(store.submit(&order, &builders::submitter()).await, Err(Error::Invalid(e)) if e.field == "reply_to")
+        matches!(store.submit(&order, &builders::submitter(), &[]).await, Err(Error::Invalid(e)) if e.field == "reply_to")
     );
     let who = owner("a");
     assert!(
@@ -243,7 +255,10 @@ pub async fn claim_takes_due_orders_oldest_first_and_raises_the_epoch(ctx: &Ctx)
     for i in 0..3 {
         let mut order = builders::order(i);
         order.reply_to = Some(format!("replies-{i}"));
-        store.submit(&order, &builders::submitter()).await.unwrap();
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap();
         ids.push(order.order_id);
         ctx.clock.advance(Duration::from_secs(1));
     }
@@ -298,7 +313,10 @@ pub async fn eight_concurrent_claimers_claim_each_of_1000_orders_exactly_once(ct
             let mut ids = Vec::new();
             for i in 0..250 {
                 let order = builders::order(s * 1000 + i);
-                handle.submit(&order, &builders::submitter()).await.unwrap();
+                handle
+                    .submit(&order, &builders::submitter(), &[])
+                    .await
+                    .unwrap();
                 ids.push(order.order_id);
             }
             ids
@@ -386,7 +404,7 @@ pub async fn stale_owner_cannot_complete_fail_extend_release_or_record_a_step(ct
     let third = claim_one(&*store, &b, MINUTE).await;
     assert_eq!(third.fence.epoch, Epoch(3));
     every_write_is_fenced(&*store, &second.fence, &b, Epoch(3)).await;
-    store.complete(&third.fence).await.unwrap();
+    store.complete(&third.fence, &[]).await.unwrap();
     assert_eq!(
         row(&*store, &id).await.process_state,
         ProcessState::Processed
@@ -412,8 +430,8 @@ async fn every_write_is_fenced(
         }
         other => panic!("{what}: expected Fenced, got {other:?}"),
     };
-    fenced("complete", store.complete(stale).await);
-    fenced("fail", store.fail(stale, "late failure").await);
+    fenced("complete", store.complete(stale, &[]).await);
+    fenced("fail", store.fail(stale, "late failure", &[]).await);
     fenced("extend", store.extend(stale, MINUTE).await.map(|_| ()));
     fenced("release", store.release(stale, "late release").await);
     let step = StepUpdate {
@@ -424,10 +442,10 @@ async fn every_write_is_fenced(
     };
     fenced(
         "record_step",
-        store.record_step(stale, &step).await.map(|_| ()),
+        store.record_step(stale, &step, &[]).await.map(|_| ()),
     );
     let outcome = store
-        .complete_many(std::slice::from_ref(stale))
+        .complete_many(&[Completion::from(stale.clone())])
         .await
         .unwrap();
     assert!(outcome.completed.is_empty());
@@ -445,8 +463,8 @@ pub async fn owner_past_its_deadline_is_refused_and_the_row_untouched(ctx: &Ctx)
     ctx.clock.advance(MINUTE);
     let before = row(&*store, &id).await;
     for result in [
-        store.complete(&claimed.fence).await,
-        store.fail(&claimed.fence, "too late").await,
+        store.complete(&claimed.fence, &[]).await,
+        store.fail(&claimed.fence, "too late", &[]).await,
         store.extend(&claimed.fence, MINUTE).await.map(|_| ()),
     ] {
         match result {
@@ -475,7 +493,8 @@ pub async fn complete_many_completes_what_it_owns_and_refuses_the_rest(ctx: &Ctx
         epoch: Epoch(1),
     });
     fences.push(fences[0].clone()); // the same fence twice counts once
-    let outcome = store.complete_many(&fences).await.unwrap();
+    let completions: Vec<Completion> = fences.iter().cloned().map(Completion::from).collect();
+    let outcome = store.complete_many(&completions).await.unwrap();
     assert_eq!(outcome.completed.len(), 4);
     assert_eq!(outcome.refused.len(), 2);
     assert!(
@@ -522,6 +541,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         .record_step(
             &first.fence,
             &step(0, "reserve-inventory", StepStatus::Started, None),
+            &[],
         )
         .await
         .unwrap();
@@ -535,6 +555,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
                 StepStatus::Succeeded,
                 Some("{\"hold\":\"h-1\"}"),
             ),
+            &[],
         )
         .await
         .unwrap();
@@ -543,6 +564,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         .record_step(
             &first.fence,
             &step(1, "charge-payment", StepStatus::Started, None),
+            &[],
         )
         .await
         .unwrap();
@@ -559,6 +581,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         .record_step(
             &second.fence,
             &step(1, "charge-payment", StepStatus::Started, None),
+            &[],
         )
         .await
         .unwrap();
@@ -574,6 +597,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
                 StepStatus::Failed,
                 Some("card declined"),
             ),
+            &[],
         )
         .await
         .unwrap();
@@ -624,7 +648,7 @@ pub async fn extend_moves_the_deadline_forward_never_back(ctx: &Ctx) {
         store.find_expired(10).await.unwrap().is_empty(),
         "the original deadline has passed, the new one not"
     );
-    store.complete(&claimed.fence).await.unwrap();
+    store.complete(&claimed.fence, &[]).await.unwrap();
     assert_eq!(
         row(&*store, &id).await.process_state,
         ProcessState::Processed
@@ -853,26 +877,26 @@ pub async fn illegal_transitions_are_refused_with_a_typed_error(ctx: &Ctx) {
         other => panic!("expected IllegalTransition {from} -> {to}, got {other:?}"),
     };
     illegal(
-        store.resubmit(&ids[0], &alice, "why not").await,
+        store.resubmit(&ids[0], &alice, "why not", &[]).await,
         ProcessState::Pending,
         ProcessState::Pending,
     );
     let claimed = claim_one(&*store, &owner("a"), MINUTE).await;
-    store.complete(&claimed.fence).await.unwrap();
+    store.complete(&claimed.fence, &[]).await.unwrap();
     let done = &claimed.fence.order_id;
     let before = store.get(done).await.unwrap();
     illegal(
-        store.resubmit(done, &alice, "again").await,
+        store.resubmit(done, &alice, "again", &[]).await,
         ProcessState::Processed,
         ProcessState::Pending,
     );
     illegal(
-        store.cancel(done, &alice, "oops").await,
+        store.cancel(done, &alice, "oops", &[]).await,
         ProcessState::Processed,
         ProcessState::Cancelled,
     );
     assert!(matches!(
-        store.complete(&claimed.fence).await,
+        store.complete(&claimed.fence, &[]).await,
         Err(Error::Fenced {
             state: ProcessState::Processed,
             ..
@@ -885,14 +909,17 @@ pub async fn illegal_transitions_are_refused_with_a_typed_error(ctx: &Ctx) {
     );
 
     let other = ids.iter().find(|id| *id != done).unwrap();
-    store.cancel(other, &alice, "customer asked").await.unwrap();
+    store
+        .cancel(other, &alice, "customer asked", &[])
+        .await
+        .unwrap();
     illegal(
-        store.resubmit(other, &alice, "undo").await,
+        store.resubmit(other, &alice, "undo", &[]).await,
         ProcessState::Cancelled,
         ProcessState::Pending,
     );
     illegal(
-        store.cancel(other, &alice, "twice").await,
+        store.cancel(other, &alice, "twice", &[]).await,
         ProcessState::Cancelled,
         ProcessState::Cancelled,
     );
@@ -902,7 +929,7 @@ pub async fn illegal_transitions_are_refused_with_a_typed_error(ctx: &Ctx) {
         Err(Error::OrderNotFound(_))
     ));
     assert!(matches!(
-        store.cancel(&missing, &alice, "x").await,
+        store.cancel(&missing, &alice, "x", &[]).await,
         Err(Error::OrderNotFound(_))
     ));
 }
@@ -921,7 +948,11 @@ pub async fn resubmit_sends_an_error_order_round_again_with_a_fresh_failure_budg
     let again = claim_one(&*store, &owner("a"), MINUTE).await;
     assert_eq!(again.failure_count, 1);
     store
-        .fail(&again.fence, "payment service: card permanently declined")
+        .fail(
+            &again.fence,
+            "payment service: card permanently declined",
+            &[],
+        )
         .await
         .unwrap();
     let failed = row(&*store, &id).await;
@@ -935,12 +966,12 @@ pub async fn resubmit_sends_an_error_order_round_again_with_a_fresh_failure_budg
         Some("payment service: card permanently declined")
     );
     assert!(matches!(
-        store.complete(&claimed.fence).await,
+        store.complete(&claimed.fence, &[]).await,
         Err(Error::Fenced { .. })
     ));
 
     let resubmitted = store
-        .resubmit(&id, &Actor::operator("bob"), "card replaced")
+        .resubmit(&id, &Actor::operator("bob"), "card replaced", &[])
         .await
         .unwrap();
     assert_eq!(resubmitted.process_state, ProcessState::Pending);
@@ -969,13 +1000,13 @@ pub async fn cancel_fences_out_the_owner_and_records_who_and_why(ctx: &Ctx) {
     let id = submit_n(&*store, 1).await.remove(0);
     let claimed = claim_one(&*store, &owner("a"), MINUTE).await;
     let cancelled = store
-        .cancel(&id, &Actor::operator("carol"), "fraud suspected")
+        .cancel(&id, &Actor::operator("carol"), "fraud suspected", &[])
         .await
         .unwrap();
     assert_eq!(cancelled.process_state, ProcessState::Cancelled);
     assert_eq!((cancelled.locked_by, cancelled.complete_by), (None, None));
     assert!(matches!(
-        store.complete(&claimed.fence).await,
+        store.complete(&claimed.fence, &[]).await,
         Err(Error::Fenced { holder: None, .. })
     ));
     ctx.clock.advance(MINUTE * 2);
@@ -1003,7 +1034,10 @@ pub async fn list_filters_by_state_and_error_text_and_pages_without_gaps(ctx: &C
     let mut all = Vec::new();
     for i in 0..25u64 {
         let order = builders::order(i);
-        store.submit(&order, &builders::submitter()).await.unwrap();
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap();
         all.push(order.order_id);
         if i % 4 == 0 {
             ctx.clock.advance(Duration::from_secs(1)); // several orders share a created_at
@@ -1018,7 +1052,7 @@ pub async fn list_filters_by_state_and_error_text_and_pages_without_gaps(ctx: &C
         } else {
             "out of stock: 100%_sure"
         };
-        store.fail(&c.fence, error).await.unwrap();
+        store.fail(&c.fence, error, &[]).await.unwrap();
         if n % 2 == 0 {
             declined.insert(c.fence.order_id);
         }
@@ -1111,15 +1145,15 @@ pub async fn count_by_state_counts_every_state(ctx: &Ctx) {
     let ids = submit_n(&*store, 6).await;
     let a = owner("a");
     let c1 = claim_one(&*store, &a, MINUTE).await;
-    store.complete(&c1.fence).await.unwrap();
+    store.complete(&c1.fence, &[]).await.unwrap();
     let c2 = claim_one(&*store, &a, MINUTE).await;
-    store.fail(&c2.fence, "boom").await.unwrap();
+    store.fail(&c2.fence, "boom", &[]).await.unwrap();
     let pending = ids
         .iter()
         .find(|id| **id != c1.fence.order_id && **id != c2.fence.order_id)
         .unwrap();
     store
-        .cancel(pending, &Actor::operator("dan"), "duplicate order")
+        .cancel(pending, &Actor::operator("dan"), "duplicate order", &[])
         .await
         .unwrap();
     claim_one(&*store, &a, MINUTE).await;

@@ -2,6 +2,7 @@
 //! dialect, and the tests that need SQL access (migrations, append-only history, the
 //! database clock).
 
+mod atomic;
 mod fixtures;
 mod postgres_only;
 mod sql;

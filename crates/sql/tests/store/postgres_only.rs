@@ -16,7 +16,7 @@ async fn postgres_deadlines_are_computed_on_the_database_clock() {
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
     store
-        .submit(&builders::order(1), &builders::submitter())
+        .submit(&builders::order(1), &builders::submitter(), &[])
         .await
         .unwrap();
     let server_before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")

@@ -15,7 +15,10 @@ async fn sqlite_history_is_append_only() {
         .await
         .unwrap();
     let order = builders::order(1);
-    store.submit(&order, &builders::submitter()).await.unwrap();
+    store
+        .submit(&order, &builders::submitter(), &[])
+        .await
+        .unwrap();
     for attempt in [
         "UPDATE order_history SET reason = 'rewritten'",
         "DELETE FROM order_history",
@@ -35,7 +38,10 @@ async fn postgres_history_is_append_only() {
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
     let order = builders::order(1);
-    store.submit(&order, &builders::submitter()).await.unwrap();
+    store
+        .submit(&order, &builders::submitter(), &[])
+        .await
+        .unwrap();
     for attempt in [
         "UPDATE order_history SET reason = 'rewritten'",
         "DELETE FROM order_history",
@@ -60,7 +66,10 @@ async fn sqlite_migrations_run_once_and_reopening_keeps_the_data() {
         "already applied on open"
     );
     let order = builders::order(3);
-    store.submit(&order, &builders::submitter()).await.unwrap();
+    store
+        .submit(&order, &builders::submitter(), &[])
+        .await
+        .unwrap();
     drop(store);
     let reopened = SqliteStore::open(&f.url(), TimeSource::Database)
         .await
@@ -113,7 +122,7 @@ async fn sqlite_claims_with_the_host_clock_by_default() {
         .await
         .unwrap();
     store
-        .submit(&builders::order(1), &builders::submitter())
+        .submit(&builders::order(1), &builders::submitter(), &[])
         .await
         .unwrap();
     let before = chrono::Utc::now();
