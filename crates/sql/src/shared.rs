@@ -51,6 +51,27 @@ impl<'a> Event<'a> {
     }
 }
 
+/// A fenced write that ends the owner's hold (`FAIL`, `RELEASE`): `$4` is `arg` (or
+/// now), `$5` now; `kind` goes to the history and `sends` are enqueued with it.
+pub(crate) struct OwnerEnd<'a> {
+    pub sql: &'static str,
+    pub arg: Option<String>,
+    pub target: ProcessState,
+    pub kind: HistoryKind,
+    pub reason: &'a str,
+    pub sends: &'a [orderly_core::transport::Envelope],
+}
+
+/// An operator's move to `target`, allowed only from the states in `from`.
+pub(crate) struct OperatorMove<'a> {
+    pub from: &'a [ProcessState],
+    pub target: ProcessState,
+    pub kind: HistoryKind,
+    pub actor: &'a orderly_core::Actor,
+    pub reason: &'a str,
+    pub sends: &'a [orderly_core::transport::Envelope],
+}
+
 /// How often an operator's read-then-move is retried when the order keeps changing.
 pub(crate) const OPERATOR_ATTEMPTS: usize = 5;
 
@@ -72,7 +93,7 @@ macro_rules! store_ops {
         use $crate::error::{corrupt, db};
         use $crate::fence::refusal;
         use $crate::rows::Cols;
-        use $crate::shared::{Event, OPERATOR_ATTEMPTS};
+        use $crate::shared::{Event, OperatorMove, OwnerEnd, OPERATOR_ATTEMPTS};
         use $crate::statements as st;
         use $crate::time::Ts;
 
@@ -173,16 +194,8 @@ macro_rules! store_ops {
 
             /// A fenced write that ends the owner's hold (`FAIL`, `RELEASE`): `$4` is
             /// `arg`, `$5` now. Appends `kind` to the history on success.
-            async fn finish_owned(
-                &self,
-                sql: &'static str,
-                fence: &Fence,
-                arg: Option<String>,
-                target: ProcessState,
-                kind: HistoryKind,
-                reason: &str,
-                sends: &[Envelope],
-            ) -> Result<()> {
+            async fn finish_owned(&self, fence: &Fence, end: OwnerEnd<'_>) -> Result<()> {
+                let OwnerEnd { sql, arg, target, kind, reason, sends } = end;
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
                 let mut q = ::sqlx::query(sql)
@@ -211,16 +224,8 @@ macro_rules! store_ops {
             /// An operator's move of `order_id` to `target`, allowed only from `from`:
             /// read, check, then a conditional update on (state, epoch), retried if the
             /// order changed in between.
-            async fn operator_move(
-                &self,
-                order_id: &OrderId,
-                from: &[ProcessState],
-                target: ProcessState,
-                kind: HistoryKind,
-                actor: &Actor,
-                reason: &str,
-                sends: &[Envelope],
-            ) -> Result<StateRow> {
+            async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
+                let OperatorMove { from, target, kind, actor, reason, sends } = mv;
                 for _ in 0..OPERATOR_ATTEMPTS {
                     let mut tx = self.begin_write().await?;
                     let now = self.tx_now(&mut tx).await?;
@@ -444,29 +449,29 @@ macro_rules! store_ops {
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
             async fn fail(&self, fence: &Fence, error: &str, sends: &[Envelope]) -> Result<()> {
                 let error = bounded_text(error);
-                self.finish_owned(
-                    st::FAIL,
-                    fence,
-                    Some(error.to_owned()),
-                    ProcessState::Error,
-                    HistoryKind::Failed,
-                    error,
+                let end = OwnerEnd {
+                    sql: st::FAIL,
+                    arg: Some(error.to_owned()),
+                    target: ProcessState::Error,
+                    kind: HistoryKind::Failed,
+                    reason: error,
                     sends,
-                )
+                };
+                self.finish_owned(fence, end)
                 .await
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
             async fn release(&self, fence: &Fence, reason: &str) -> Result<()> {
-                self.finish_owned(
-                    st::RELEASE,
-                    fence,
-                    None,
-                    ProcessState::Pending,
-                    HistoryKind::Released,
+                let end = OwnerEnd {
+                    sql: st::RELEASE,
+                    arg: None,
+                    target: ProcessState::Pending,
+                    kind: HistoryKind::Released,
                     reason,
-                    &[],
-                )
+                    sends: &[],
+                };
+                self.finish_owned(fence, end)
                 .await
             }
         }
@@ -605,15 +610,15 @@ macro_rules! store_ops {
                 reason: &str,
                 sends: &[Envelope],
             ) -> Result<StateRow> {
-                self.operator_move(
-                    order_id,
-                    &[ProcessState::Error],
-                    ProcessState::Pending,
-                    HistoryKind::Resubmitted,
+                let mv = OperatorMove {
+                    from: &[ProcessState::Error],
+                    target: ProcessState::Pending,
+                    kind: HistoryKind::Resubmitted,
                     actor,
                     reason,
                     sends,
-                )
+                };
+                self.operator_move(order_id, mv)
                 .await
             }
 
@@ -625,15 +630,15 @@ macro_rules! store_ops {
                 reason: &str,
                 sends: &[Envelope],
             ) -> Result<StateRow> {
-                self.operator_move(
-                    order_id,
-                    &[ProcessState::Pending, ProcessState::Processing, ProcessState::Error],
-                    ProcessState::Cancelled,
-                    HistoryKind::Cancelled,
+                let mv = OperatorMove {
+                    from: &[ProcessState::Pending, ProcessState::Processing, ProcessState::Error],
+                    target: ProcessState::Cancelled,
+                    kind: HistoryKind::Cancelled,
                     actor,
                     reason,
                     sends,
-                )
+                };
+                self.operator_move(order_id, mv)
                 .await
             }
         }

@@ -2,6 +2,9 @@
 //! dialect, and the tests that need SQL access (migrations, append-only history, the
 //! database clock).
 
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
+
 mod atomic;
 mod fixtures;
 mod postgres_only;
