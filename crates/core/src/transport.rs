@@ -302,6 +302,19 @@ pub trait Transport: Send + Sync {
     /// Removes a received message for good. `LockLost` if its lock no longer holds.
     async fn complete(&self, message: &ReceivedMessage) -> Result<(), TransportError>;
 
+    /// Completes several received messages; each gets its own verdict (`LockLost` for
+    /// those whose lock no longer holds). Implementations may do it in one round trip.
+    async fn complete_messages(
+        &self,
+        messages: &[ReceivedMessage],
+    ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        let mut verdicts = Vec::with_capacity(messages.len());
+        for m in messages {
+            verdicts.push(self.complete(m).await);
+        }
+        Ok(verdicts)
+    }
+
     /// Gives a received message back: visible again at once.
     async fn abandon(&self, message: &ReceivedMessage) -> Result<(), TransportError>;
 

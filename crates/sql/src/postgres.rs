@@ -43,6 +43,24 @@ mod sql {
     pub(super) const Q_DELETE_MANY: &str =
         "DELETE FROM queue_messages WHERE seq = ANY($1::bigint[])";
 
+    /// `$1` seqs and `$2` their lock tokens, pairwise; `$3` now.
+    pub(super) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
+        USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
+        WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
+
+    /// Records each id of `$2` as seen in queue `$1` until `$3` unless seen and not
+    /// expired at `$4`; returns the ids that were not duplicates.
+    pub(super) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
+        SELECT $1, id, $3 FROM unnest($2::text[]) AS id \
+        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+        WHERE queue_dedup.expires_at <= $4 RETURNING message_id";
+
+    pub(super) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
+        (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
+        FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
+            AS m(id, correlation, properties, body, visible)";
+
     pub(super) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
         VALUES ($1, $2::json, $3) ON CONFLICT (order_id) DO NOTHING";
 
@@ -205,6 +223,66 @@ impl PgStore {
 
     fn seqs_param(seqs: &[i64]) -> Vec<i64> {
         seqs.to_vec()
+    }
+
+    /// Inserts `rows` into `queue` unless (with `dedup_until`) their id was seen within
+    /// the window; returns how many were inserted. Two statements for the whole batch.
+    async fn insert_batch(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        now: Ts,
+        queue: &orderly_core::transport::QueueName,
+        dedup_until: Option<Ts>,
+        rows: &[crate::queue::Row<'_>],
+    ) -> Result<usize, sqlx::Error> {
+        let mut ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
+        if let Some(until) = dedup_until {
+            let fresh: Vec<String> = sqlx::query_scalar(sql::Q_DEDUP_MANY)
+                .persistent(false)
+                .bind(queue.as_str())
+                .bind(&ids)
+                .bind(until)
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await?;
+            let fresh: std::collections::HashSet<String> = fresh.into_iter().collect();
+            ids.retain(|id| fresh.contains(*id));
+        }
+        let keep: Vec<&crate::queue::Row<'_>> = rows
+            .iter()
+            .filter(|r| ids.contains(&r.message_id))
+            .collect();
+        if keep.is_empty() {
+            return Ok(0);
+        }
+        let correlations: Vec<Option<&str>> = keep.iter().map(|r| r.correlation_id).collect();
+        let properties: Vec<&str> = keep.iter().map(|r| r.properties.as_str()).collect();
+        let bodies: Vec<&[u8]> = keep.iter().map(|r| r.body).collect();
+        let visible: Vec<chrono::DateTime<chrono::Utc>> =
+            keep.iter().map(|r| r.visible_at.0).collect();
+        let ids: Vec<&str> = keep.iter().map(|r| r.message_id).collect();
+        sqlx::query(sql::Q_INSERT_MANY)
+            .persistent(false)
+            .bind(queue.as_str())
+            .bind(&ids)
+            .bind(&correlations)
+            .bind(&properties)
+            .bind(&bodies)
+            .bind(now)
+            .bind(&visible)
+            .execute(&mut *conn)
+            .await?;
+        Ok(keep.len())
+    }
+
+    /// The holds of `messages` as two parallel arrays: seqs and lock tokens.
+    fn holds_params(
+        messages: &[orderly_core::transport::ReceivedMessage],
+    ) -> (Vec<i64>, Vec<String>) {
+        (
+            messages.iter().map(|m| m.sequence_number).collect(),
+            messages.iter().map(|m| m.lock_token.0.clone()).collect(),
+        )
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.

@@ -60,6 +60,15 @@ impl Wakeups {
     }
 }
 
+/// One message to insert.
+pub(crate) struct Row<'a> {
+    pub message_id: &'a str,
+    pub correlation_id: Option<&'a str>,
+    pub properties: String,
+    pub body: &'a [u8],
+    pub visible_at: crate::time::Ts,
+}
+
 /// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue).
 pub(crate) const CHANNEL: &str = "orderly_queue_sends";
 
@@ -185,40 +194,40 @@ macro_rules! queue_ops {
                     if settings.dedup_ms > 0 {
                         ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *conn).await.map_err(db)?;
                     }
-                    for m in messages {
-                        if settings.dedup_ms > 0 {
-                            let fresh: Option<String> = ::sqlx::query_scalar(q::Q_DEDUP)
-                                .bind(queue.as_str())
-                                .bind(&m.message_id)
-                                .bind(Ts(now + millis(settings.dedup_ms)))
-                                .bind(Ts(now))
-                                .fetch_optional(&mut *conn)
-                                .await
-                                .map_err(db)?;
-                            if fresh.is_none() {
+                    // Within one batch the first of several equal ids wins.
+                    let mut unique: Vec<&OutgoingMessage> = Vec::with_capacity(messages.len());
+                    if settings.dedup_ms > 0 {
+                        let mut ids = ::std::collections::HashSet::with_capacity(messages.len());
+                        for m in messages {
+                            if ids.insert(m.message_id.as_str()) {
+                                unique.push(m);
+                            } else {
                                 outcome.duplicates += 1;
-                                continue;
                             }
                         }
-                        let properties = ::serde_json::to_string(&m.properties)
-                            .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
-                        let visible = m
-                            .scheduled_enqueue_time
-                            .map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now)))
-                            .unwrap_or(Ts(now));
-                        ::sqlx::query(q::Q_INSERT)
-                            .bind(queue.as_str())
-                            .bind(&m.message_id)
-                            .bind(m.correlation_id.as_deref())
-                            .bind(properties)
-                            .bind(&m.body)
-                            .bind(Ts(now))
-                            .bind(visible)
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(db)?;
-                        outcome.accepted += 1;
+                    } else {
+                        unique.extend(messages);
                     }
+                    let rows = unique
+                        .iter()
+                        .map(|m| {
+                            Ok(q::Row {
+                                message_id: &m.message_id,
+                                correlation_id: m.correlation_id.as_deref(),
+                                properties: ::serde_json::to_string(&m.properties)
+                                    .map_err(|e| TransportError::Unavailable(Box::new(e)))?,
+                                body: &m.body,
+                                visible_at: m
+                                    .scheduled_enqueue_time
+                                    .map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now)))
+                                    .unwrap_or(Ts(now)),
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
+                    let accepted = self.insert_batch(&mut *conn, Ts(now), queue, dedup_until, &rows).await.map_err(db)?;
+                    outcome.duplicates += rows.len() - accepted;
+                    outcome.accepted += accepted;
                     if outcome.accepted > 0 {
                         self.notify_sent(&mut *conn, queue).await?;
                     }
@@ -429,6 +438,36 @@ macro_rules! queue_ops {
 
                 async fn complete(&self, message: &ReceivedMessage) -> Result<()> {
                     self.settle(q::Q_COMPLETE, message, None).await
+                }
+
+                async fn complete_messages(&self, messages: &[ReceivedMessage]) -> Result<Vec<Result<()>>> {
+                    if messages.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    let (first, second) = Self::holds_params(messages);
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let done: Vec<(i64, String)> = ::sqlx::query_as(sql::Q_COMPLETE_MANY)
+                        .bind(first)
+                        .bind(second)
+                        .bind(Ts(now))
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    tx.commit().await.map_err(db)?;
+                    // A verdict belongs to a hold (seq and token), not to a message: a stale
+                    // hold on a message that a fresh hold completed has still lost its lock.
+                    let done: ::std::collections::HashSet<(i64, String)> = done.into_iter().collect();
+                    Ok(messages
+                        .iter()
+                        .map(|m| {
+                            if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
+                                Ok(())
+                            } else {
+                                Err(TransportError::LockLost { queue: m.queue.clone(), message_id: m.message_id.clone() })
+                            }
+                        })
+                        .collect())
                 }
 
                 async fn abandon(&self, message: &ReceivedMessage) -> Result<()> {

@@ -47,6 +47,11 @@ mod sql {
          FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))"
     );
 
+    /// `$1` JSON array of `[seq, lock token]` holds, `$3` now (`$2` unused).
+    pub(super) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages \
+        WHERE (seq, lock_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1)) \
+        AND locked_until > $3 RETURNING seq, lock_token";
+
     pub(super) const Q_DELETE_MANY: &str =
         "DELETE FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))";
 
@@ -315,6 +320,55 @@ impl SqliteStore {
     }
 
     fn start_listening(&self) {}
+
+    /// The holds of `messages` as one JSON array of `[seq, token]` pairs.
+    fn holds_params(messages: &[orderly_core::transport::ReceivedMessage]) -> (String, String) {
+        let pairs: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!([m.sequence_number, m.lock_token.0]))
+            .collect();
+        (serde_json::Value::Array(pairs).to_string(), String::new())
+    }
+
+    /// Inserts `rows` into `queue` unless (with `dedup_until`) their id was seen within
+    /// the window; returns how many were inserted. Row by row: SQLite statements are
+    /// in-process calls, the commit is what costs.
+    async fn insert_batch(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        now: Ts,
+        queue: &orderly_core::transport::QueueName,
+        dedup_until: Option<Ts>,
+        rows: &[crate::queue::Row<'_>],
+    ) -> Result<usize, sqlx::Error> {
+        let mut accepted = 0;
+        for row in rows {
+            if let Some(until) = dedup_until {
+                let fresh: Option<String> = sqlx::query_scalar(crate::queue::Q_DEDUP)
+                    .bind(queue.as_str())
+                    .bind(row.message_id)
+                    .bind(until)
+                    .bind(now)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if fresh.is_none() {
+                    continue;
+                }
+            }
+            sqlx::query(crate::queue::Q_INSERT)
+                .bind(queue.as_str())
+                .bind(row.message_id)
+                .bind(row.correlation_id)
+                .bind(&row.properties)
+                .bind(row.body)
+                .bind(now)
+                .bind(row.visible_at)
+                .execute(&mut *conn)
+                .await?;
+            accepted += 1;
+        }
+        Ok(accepted)
+    }
 
     async fn claim_batch(
         &self,

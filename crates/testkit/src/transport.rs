@@ -47,6 +47,7 @@ macro_rules! transport_conformance {
             duplicate_message_ids_are_dropped_within_the_window,
             scheduled_messages_stay_invisible_until_their_time,
             bad_requests_are_refused_with_typed_errors_and_send_nothing,
+            complete_messages_settles_each_message_it_still_holds,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -399,5 +400,39 @@ pub async fn bad_requests_are_refused_with_typed_errors_and_send_nothing(ctx: &T
     };
     assert!(
         matches!(t.declare_queue(&q, &bad).await, Err(TransportError::Invalid(e)) if e.field == "max_delivery_count")
+    );
+}
+
+/// Batched completion: one verdict per message, matched on the delivery's own hold.
+pub async fn complete_messages_settles_each_message_it_still_holds(ctx: &TransportCtx) {
+    let (t, q) = declared(ctx, "replies", settings(30, 10)).await;
+    t.send(&q, &[msg("a", "1"), msg("b", "2"), msg("c", "3")])
+        .await
+        .unwrap();
+    let first = t.receive(&q, 1, NO_WAIT).await.unwrap().remove(0);
+    ctx.clock.advance(Duration::from_secs(31));
+    // `a` is delivered again (new hold), together with `b` and `c`.
+    let batch = t.receive(&q, 10, NO_WAIT).await.unwrap();
+    assert_eq!(batch.len(), 3);
+    let mut settle: Vec<ReceivedMessage> = batch
+        .iter()
+        .filter(|m| m.message_id != "c")
+        .cloned()
+        .collect();
+    settle.push(first.clone());
+    let verdicts = t.complete_messages(&settle).await.unwrap();
+    assert_eq!(verdicts.len(), 3);
+    assert!(verdicts[0].is_ok() && verdicts[1].is_ok(), "{verdicts:?}");
+    assert!(
+        matches!(verdicts[2], Err(TransportError::LockLost { .. })),
+        "the old hold on `a` is not honoured"
+    );
+    assert!(t.complete_messages(&[]).await.unwrap().is_empty());
+    let c = batch.iter().find(|m| m.message_id == "c").unwrap();
+    t.complete(c).await.unwrap();
+    ctx.clock.advance(Duration::from_secs(3600));
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "all three settled exactly once"
     );
 }

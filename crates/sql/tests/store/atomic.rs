@@ -145,7 +145,10 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         ])
         .await
         .unwrap();
-    assert_eq!(outcome.completed, std::slice::from_ref(&claimed.fence.order_id));
+    assert_eq!(
+        outcome.completed,
+        std::slice::from_ref(&claimed.fence.order_id)
+    );
     assert_eq!(outcome.refused.len(), 1);
     let mut replies = queued(&*s, "client-replies").await;
     replies.sort();
