@@ -336,3 +336,67 @@ pub trait Transport: Send + Sync {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, TransportError>;
 }
+
+/// Why a consumer refused a message it received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Poison {
+    /// The message.
+    pub message_id: String,
+    /// `PayloadTooLarge` or `BodyUndecodable`.
+    pub reason: &'static str,
+    /// What exactly is wrong, e.g. the field and the rule it breaks.
+    pub description: String,
+}
+
+/// Receives up to `max` messages from `queue` and decodes each body as JSON `T`. A body
+/// over `max_body` bytes, or one that does not decode (including a `T` whose
+/// deserializer validates and refuses it), is dead-lettered with a reason naming the
+/// problem and reported in the second list; the caller keeps consuming. Nothing is
+/// dropped silently: if dead-lettering itself fails, the message stays locked and comes
+/// back until the queue's maximum delivery count dead-letters it.
+pub async fn receive_json<T: serde::de::DeserializeOwned>(
+    transport: &dyn Transport,
+    queue: &QueueName,
+    max: u32,
+    wait: Duration,
+    max_body: usize,
+) -> Result<(Vec<(T, ReceivedMessage)>, Vec<Poison>), TransportError> {
+    let mut decoded = Vec::new();
+    let mut poisoned = Vec::new();
+    for message in transport.receive(queue, max, wait).await? {
+        let (reason, description) = if message.body.len() > max_body {
+            (
+                "PayloadTooLarge",
+                format!(
+                    "body of {} bytes is over the {max_body}-byte limit",
+                    message.body.len()
+                ),
+            )
+        } else {
+            match serde_json::from_slice::<T>(&message.body) {
+                Ok(value) => {
+                    decoded.push((value, message));
+                    continue;
+                }
+                Err(e) => (
+                    "BodyUndecodable",
+                    format!("not a valid {}: {e}", short_type_name::<T>()),
+                ),
+            }
+        };
+        // A failure here leaves the message to come back and, in the end, to the
+        // maximum delivery count: it is never lost.
+        let _ = transport.dead_letter(&message, reason, &description).await;
+        poisoned.push(Poison {
+            message_id: message.message_id,
+            reason,
+            description,
+        });
+    }
+    Ok((decoded, poisoned))
+}
+
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
+}

@@ -48,6 +48,7 @@ macro_rules! transport_conformance {
             scheduled_messages_stay_invisible_until_their_time,
             bad_requests_are_refused_with_typed_errors_and_send_nothing,
             complete_messages_settles_each_message_it_still_holds,
+            poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -434,5 +435,74 @@ pub async fn complete_messages_settles_each_message_it_still_holds(ctx: &Transpo
     assert!(
         t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
         "all three settled exactly once"
+    );
+}
+
+/// Poison handling: undecodable, invalid or oversized bodies are dead-lettered with a
+/// reason that names the problem; the good messages around them are delivered.
+pub async fn poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on(
+    ctx: &TransportCtx,
+) {
+    use orderly_core::transport::receive_json;
+    let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
+    let good = r#"{"customer_id":"c","currency":"EUR","lines":[{"sku":"a","quantity":1,"unit_price_minor":5}]}"#;
+    let invalid = r#"{"customer_id":"c","currency":"EUR","lines":[{"sku":"a","quantity":0,"unit_price_minor":5}]}"#;
+    let big = format!(
+        r#"{{"customer_id":"{}","currency":"EUR","lines":[]}}"#,
+        "x".repeat(2_000)
+    );
+    t.send(
+        &q,
+        &[
+            msg("good-1", good),
+            msg("garbage", "not json {"),
+            msg("invalid", invalid),
+            msg("big", &big),
+            msg("good-2", good),
+        ],
+    )
+    .await
+    .unwrap();
+    let (decoded, poisoned) =
+        receive_json::<orderly_core::OrderDetails>(&*t, &q, 10, NO_WAIT, 1_024)
+            .await
+            .unwrap();
+    assert_eq!(
+        decoded
+            .iter()
+            .map(|(_, m)| m.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["good-1", "good-2"]
+    );
+    for (_, m) in &decoded {
+        t.complete(m).await.unwrap();
+    }
+    let reasons: Vec<(&str, &str)> = poisoned
+        .iter()
+        .map(|p| (p.message_id.as_str(), p.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("garbage", "BodyUndecodable"),
+            ("invalid", "BodyUndecodable"),
+            ("big", "PayloadTooLarge")
+        ]
+    );
+    assert!(
+        poisoned[1].description.contains("lines[0].quantity"),
+        "names the field: {}",
+        poisoned[1].description
+    );
+    let dead = t.dead_letters(&q, 10).await.unwrap();
+    assert_eq!(dead.len(), 3, "kept for inspection");
+    assert!(
+        dead.iter()
+            .any(|d| d.message.message_id == "big" && d.description.contains("1024-byte limit"))
+    );
+    ctx.clock.advance(Duration::from_secs(3600));
+    assert!(
+        t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
+        "nothing left behind"
     );
 }
