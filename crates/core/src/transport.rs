@@ -400,3 +400,31 @@ fn short_type_name<T>() -> &'static str {
     let full = std::any::type_name::<T>();
     full.rsplit("::").next().unwrap_or(full)
 }
+
+/// What one relay pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayOutcome {
+    /// Messages handed to the target (or found there already, by message id).
+    pub sent: usize,
+    /// Messages the target refused or could not take; retried after a back-off.
+    pub failed: usize,
+}
+
+/// A transactional outbox: the messages state changes caused, waiting to be published
+/// to an external transport. Publishing is at-least-once; the target absorbs repeats by
+/// message id (Service Bus duplicate detection).
+#[async_trait]
+pub trait Outbox: Send + Sync {
+    /// Leases up to `limit` unsent messages for `relay`, publishes them to `target`
+    /// (grouped by queue, in the order they were written), and marks them sent. A
+    /// failed publish keeps them, with the error, for a later pass.
+    async fn relay_once(
+        &self,
+        relay: &crate::InstanceId,
+        target: &dyn Transport,
+        limit: u32,
+    ) -> Result<RelayOutcome, TransportError>;
+
+    /// How many messages are not yet published.
+    async fn outbox_backlog(&self) -> Result<i64, TransportError>;
+}

@@ -8,6 +8,7 @@
 mod error;
 mod fence;
 pub mod migrate;
+mod outbox;
 pub mod postgres;
 mod queue;
 mod rows;
@@ -17,6 +18,17 @@ mod statements;
 mod time;
 
 use std::sync::Arc;
+
+/// Where the messages a state change causes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// To the store's own SQL queue, in the same transaction (the embedded default).
+    #[default]
+    Queue,
+    /// To the transactional outbox, in the same transaction; a relay publishes them to
+    /// an external transport (Azure Service Bus).
+    Outbox,
+}
 
 use orderly_core::store::StateStore;
 use orderly_core::{Error, Result, TimeSource, ValidationError};

@@ -41,6 +41,11 @@ pub const SQLITE: &[Migration] = &[
         name: "queues",
         sql: include_str!("../../../migrations/sqlite/0002_queues.sql"),
     },
+    Migration {
+        version: 3,
+        name: "outbox",
+        sql: include_str!("../../../migrations/sqlite/0003_outbox.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -54,6 +59,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 2,
         name: "queues",
         sql: include_str!("../../../migrations/postgres/0002_queues.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "outbox",
+        sql: include_str!("../../../migrations/postgres/0003_outbox.sql"),
     },
 ];
 
@@ -138,10 +148,10 @@ mod tests {
         let versions = |ms: Vec<&Migration>| ms.iter().map(|m| m.version).collect::<Vec<_>>();
         assert_eq!(
             versions(pending(&applied, SQLITE).unwrap()),
-            [2],
-            "only the newer one"
+            [2, 3],
+            "only the newer ones"
         );
-        assert_eq!(versions(pending(&[], SQLITE).unwrap()), [1, 2]);
+        assert_eq!(versions(pending(&[], SQLITE).unwrap()), [1, 2, 3]);
         let all: Vec<_> = SQLITE.iter().map(|m| (m.version, m.checksum())).collect();
         assert!(pending(&all, SQLITE).unwrap().is_empty());
     }

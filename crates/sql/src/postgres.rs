@@ -43,6 +43,20 @@ mod sql {
     pub(super) const Q_DELETE_MANY: &str =
         "DELETE FROM queue_messages WHERE seq = ANY($1::bigint[])";
 
+    /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
+    pub(super) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
+        WHERE seq = ANY(ARRAY(SELECT seq FROM outbox WHERE sent_at IS NULL \
+            AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED)) \
+        RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at";
+
+    /// `$1` seqs, `$2` relay, `$3` now.
+    pub(super) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NULL \
+        WHERE seq = ANY($1::bigint[]) AND relay = $2";
+
+    /// `$1` seqs, `$2` relay, `$3` the error, `$4` not before.
+    pub(super) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
+        WHERE seq = ANY($1::bigint[]) AND relay = $2";
+
     /// `$1` seqs and `$2` their lock tokens, pairwise; `$3` now.
     pub(super) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
         USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
@@ -151,6 +165,7 @@ pub struct PgStore {
     pool: PgPool,
     time: TimeSource,
     wakeups: std::sync::Arc<crate::queue::Wakeups>,
+    delivery: crate::Delivery,
 }
 
 /// The fallback poll interval of idle receivers (notifications are the fast path).
@@ -181,9 +196,16 @@ impl PgStore {
             pool,
             time,
             wakeups: std::sync::Arc::new(crate::queue::Wakeups::new(POLL)),
+            delivery: crate::Delivery::Queue,
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Sends the messages state changes cause to `delivery` from now on.
+    pub fn with_delivery(mut self, delivery: crate::Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     /// The connection pool (for tests and tools).
@@ -478,3 +500,4 @@ type WriteTxn = Transaction<'static, Postgres>;
 
 crate::shared::store_ops!(PgStore, Postgres);
 crate::queue::queue_ops!(PgStore, Postgres);
+crate::outbox::outbox_ops!(PgStore, Postgres);

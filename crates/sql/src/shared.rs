@@ -147,7 +147,14 @@ macro_rules! store_ops {
                 now: ::chrono::DateTime<::chrono::Utc>,
                 sends: &[Envelope],
             ) -> Result<()> {
-                let woken = self.enqueue_all(&mut tx, now, sends).await.map_err(|e| Error::Send(Box::new(e)))?;
+                let send_error = |e| Error::Send(Box::new(e));
+                let woken = match self.delivery {
+                    $crate::Delivery::Queue => self.enqueue_all(&mut tx, now, sends).await.map_err(send_error)?,
+                    $crate::Delivery::Outbox => {
+                        self.write_outbox(&mut tx, now, sends).await.map_err(send_error)?;
+                        Vec::new()
+                    }
+                };
                 tx.commit().await.map_err(db)?;
                 self.wake_queues(&woken);
                 Ok(())

@@ -52,6 +52,20 @@ mod sql {
         WHERE (seq, lock_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1)) \
         AND locked_until > $3 RETURNING seq, lock_token";
 
+    /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
+    pub(super) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
+        WHERE seq IN (SELECT seq FROM outbox INDEXED BY outbox_unsent WHERE sent_at IS NULL \
+            AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4) \
+        RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at";
+
+    /// `$1` seqs, `$2` relay, `$3` now.
+    pub(super) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NULL \
+        WHERE seq IN (SELECT value FROM json_each($1)) AND relay = $2";
+
+    /// `$1` seqs, `$2` relay, `$3` the error, `$4` not before.
+    pub(super) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
+        WHERE seq IN (SELECT value FROM json_each($1)) AND relay = $2";
+
     pub(super) const Q_DELETE_MANY: &str =
         "DELETE FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))";
 
@@ -143,6 +157,7 @@ pub struct SqliteStore {
     time: TimeSource,
     writer: Arc<tokio::sync::Mutex<()>>,
     wakeups: Arc<crate::queue::Wakeups>,
+    delivery: crate::Delivery,
 }
 
 /// The turn of in-process writers to one database file. Writers in this process wait
@@ -265,9 +280,16 @@ impl SqliteStore {
             time,
             writer,
             wakeups,
+            delivery: crate::Delivery::Queue,
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Sends the messages state changes cause to `delivery` from now on.
+    pub fn with_delivery(mut self, delivery: crate::Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     /// The connection pool (for tests and tools).
@@ -595,3 +617,4 @@ type WriteTxn = WriteTx;
 
 crate::shared::store_ops!(SqliteStore, Sqlite);
 crate::queue::queue_ops!(SqliteStore, Sqlite);
+crate::outbox::outbox_ops!(SqliteStore, Sqlite);

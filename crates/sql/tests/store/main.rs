@@ -7,6 +7,7 @@
 
 mod atomic;
 mod fixtures;
+mod outbox;
 mod postgres_only;
 mod sql;
 
