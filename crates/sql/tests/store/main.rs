@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod atomic;
+mod crash;
 mod fixtures;
 mod outbox;
 mod postgres_only;
