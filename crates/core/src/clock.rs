@@ -23,10 +23,21 @@ impl Clock for SystemClock {
     }
 }
 
+type Observer = Box<dyn Fn(DateTime<Utc>) + Send + Sync>;
+
 /// A clock that only moves when told to. Cloning shares the same time.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ManualClock {
     now: Arc<Mutex<DateTime<Utc>>>,
+    observers: Arc<Mutex<Vec<Observer>>>,
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualClock")
+            .field("now", &self.now())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ManualClock {
@@ -34,6 +45,7 @@ impl ManualClock {
     pub fn new(start: DateTime<Utc>) -> Self {
         Self {
             now: Arc::new(Mutex::new(start)),
+            observers: Arc::default(),
         }
     }
 
@@ -43,14 +55,33 @@ impl ManualClock {
         Self::new(now.duration_trunc(Duration::seconds(1)).unwrap_or(now))
     }
 
+    /// Calls `observer` with the time now and on every change, e.g. to move the clock
+    /// of an external test double along with this one.
+    pub fn on_change(&self, observer: impl Fn(DateTime<Utc>) + Send + Sync + 'static) {
+        observer(self.now());
+        self.observers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Box::new(observer));
+    }
+
+    fn changed(&self) {
+        let now = self.now();
+        let observers = self
+            .observers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        observers.iter().for_each(|observe| observe(now));
+    }
+
     /// Moves the clock forward.
     pub fn advance(&self, by: std::time::Duration) {
         let by = Duration::from_std(by).unwrap_or(Duration::MAX);
-        let mut now = self
+        *self
             .now
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *now += by;
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) += by;
+        self.changed();
     }
 
     /// Sets the clock to `t`.
@@ -59,6 +90,7 @@ impl ManualClock {
             .now
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = t;
+        self.changed();
     }
 }
 

@@ -1,0 +1,355 @@
+'use strict';
+// A STAND-IN for Azure Service Bus, for orderly's tests only. No Service Bus emulator
+// can run on our CI machines, so this small AMQP 1.0 broker speaks the part of the
+// protocol the `azservicebus` client uses: SASL ANONYMOUS, the CBS put-token (answered
+// with status 202 as the real service does), queue send links (single messages and
+// Azure's batch format 0x80013700), peek-lock receive links (lock token in the delivery
+// tag; x-opt-sequence-number, x-opt-enqueued-time, x-opt-locked-until annotations),
+// complete / abandon / dead-letter dispositions answered with the real outcome or
+// com.microsoft:message-lock-lost, the renew-lock and peek-message management
+// operations, the maximum delivery count (to the $DeadLetterQueue sub-queue),
+// duplicate detection on message id, and scheduled messages.
+//
+// It is NOT Service Bus and does not define orderly's behaviour: the same transport
+// conformance suite runs against orderly's own SQL queue on SQLite and PostgreSQL.
+//
+// Control (HTTP on 127.0.0.1, port printed on start): POST /queues/<name> with
+// {"lock_ms", "max_delivery_count", "dedup_ms"} declares a queue; POST /clock with
+// {"now_ms"} sets the broker's clock (tests move time with a manual clock).
+
+const rhea = require('rhea');
+const http = require('http');
+const crypto = require('crypto');
+const types = rhea.types;
+
+const HOST = process.env.STANDIN_HOST || '127.0.0.2';
+const BATCH_FORMAT = 0x80013700;
+const LOCK_LOST = 'com.microsoft:message-lock-lost';
+
+// The broker's clock: real time until a test sets it, then frozen at what the test set
+// (tests move time with a manual clock, so lock and schedule times are exact).
+let frozenAt = null;
+const now = () => (frozenAt === null ? Date.now() : frozenAt);
+
+const queues = new Map();   // name -> queue
+const replyLinks = new WeakMap(); // connection -> (reply address -> sender link)
+const deliveries = new Map(); // rhea delivery -> { queue, seq, token }
+
+function queueOf(entity) {
+  return queues.get(entity);
+}
+
+function declare(name, s) {
+  const q = queues.get(name) || { name, seq: 0, messages: [], dead: [], dedup: new Map(), consumers: new Set() };
+  q.lockMs = s.lock_ms; q.maxDeliveries = s.max_delivery_count; q.dedupMs = s.dedup_ms;
+  queues.set(name, q);
+  return q;
+}
+
+function entityOf(address) {
+  if (!address) return '';
+  return String(address).replace(/^amqps?:\/\/[^/]+\//, '');
+}
+
+function accept(q, msg) {
+  const t = now();
+  const id = msg.message_id === undefined ? undefined : String(msg.message_id);
+  if (q.dedupMs > 0 && id !== undefined) {
+    for (const [k, exp] of q.dedup) if (exp <= t) q.dedup.delete(k);
+    if (q.dedup.has(id)) return;
+    q.dedup.set(id, t + q.dedupMs);
+  }
+  const ann = msg.message_annotations || {};
+  const scheduled = ann['x-opt-scheduled-enqueue-time'];
+  q.seq += 1;
+  q.messages.push({
+    seq: q.seq,
+    msg,
+    enqueuedAt: t,
+    visibleAt: scheduled ? Math.max(t, new Date(scheduled).getTime()) : t,
+    deliveries: 0,
+    lock: null,
+  });
+}
+
+function deadLetter(q, rec, reason, description) {
+  q.messages = q.messages.filter((m) => m !== rec);
+  q.dead.push({ rec, reason, description, at: now() });
+}
+
+function outgoing(q, rec, extraProps) {
+  const m = rec.msg;
+  const out = {
+    // rhea takes header fields flat on the message. AMQP counts earlier failed
+    // deliveries; Service Bus's DeliveryCount is that + 1.
+    delivery_count: Math.max(rec.deliveries - 1, 0),
+    message_annotations: {
+      'x-opt-sequence-number': types.wrap_long(rec.seq),
+      'x-opt-enqueued-time': types.wrap_timestamp(rec.enqueuedAt),
+    },
+    body: m.body,
+  };
+  for (const k of ['message_id', 'correlation_id', 'content_type', 'subject', 'to', 'reply_to']) {
+    if (m[k] !== undefined) out[k] = m[k];
+  }
+  out.application_properties = Object.assign({}, m.application_properties || {}, extraProps || {});
+  if (rec.lock) out.message_annotations['x-opt-locked-until'] = types.wrap_timestamp(rec.lock.until);
+  return out;
+}
+
+// Credit left on a link once the deliveries already queued on it are counted: rhea
+// consumes credit only when it transfers, and sends a session's deliveries strictly in
+// order, so one queued delivery without credit would block every link of the session.
+function budget(link) {
+  const out = link.session.outgoing;
+  let pending = 0;
+  for (let id = out.next_pending_delivery; id < out.next_delivery_id; id++) {
+    const d = out.deliveries.by_id(id);
+    if (d && d.link === link) pending++;
+  }
+  return link.credit - pending;
+}
+
+function pump(q) {
+  const t = now();
+  for (const rec of q.messages) {
+    if (rec.lock && rec.lock.until <= t) rec.lock = null;
+  }
+  for (const link of q.consumers) {
+    while (budget(link) > 0) {
+      const rec = q.messages.find((r) => !r.lock && r.visibleAt <= t);
+      if (!rec) break;
+      if (rec.deliveries >= q.maxDeliveries) {
+        deadLetter(q, rec, 'MaxDeliveryCountExceeded',
+          `Message could not be consumed after ${q.maxDeliveries} delivery attempts.`);
+        continue;
+      }
+      rec.deliveries += 1;
+      const token = crypto.randomBytes(16);
+      rec.lock = { token: token.toString('hex'), until: t + q.lockMs };
+      const delivery = link.send(outgoing(q, rec), token);
+      deliveries.set(delivery, { queue: q.name, seq: rec.seq, token: rec.lock.token });
+    }
+  }
+}
+
+function pumpAll() {
+  for (const q of queues.values()) pump(q);
+}
+
+function settle(context, handle) {
+  const info = deliveries.get(context.delivery);
+  deliveries.delete(context.delivery);
+  const q = info && queueOf(info.queue);
+  const rec = q && q.messages.find((r) => r.seq === info.seq);
+  if (!rec || !rec.lock || rec.lock.token !== info.token || rec.lock.until <= now()) {
+    context.delivery.update(true, rhea.message.rejected({ error: { condition: LOCK_LOST,
+      description: 'The lock supplied is invalid. Either the lock expired, or the message has already been removed from the queue.' } }).described());
+    return;
+  }
+  handle(q, rec);
+  pump(q);
+}
+
+const debug = (...args) => { if (process.env.STANDIN_DEBUG) console.error('[stand-in]', ...args); };
+
+function respond(connection, request, status, body, extra) {
+  // Every client uses the same reply address ('cbs-client-node'): look it up per connection.
+  const link = (replyLinks.get(connection) || new Map()).get(request.reply_to);
+  debug('respond', request.reply_to, status, !!link, link && link.credit);
+  if (!link) return;
+  const props = Object.assign({ statusCode: types.wrap_int(status), 'status-code': types.wrap_int(status) }, extra || {});
+  link.send({ correlation_id: request.message_id, application_properties: props, body });
+}
+
+function management(connection, entity, request) {
+  const op = (request.application_properties || {}).operation;
+  const base = entity.replace(/\/\$management$/, '');
+  const dlq = base.endsWith('/$DeadLetterQueue');
+  const q = queueOf(dlq ? base.replace(/\/\$DeadLetterQueue$/, '') : base);
+  if (!q) return respond(connection, request, 404, null, { 'status-description': `entity ${base} not found` });
+  const body = request.body || {};
+  if (op === 'com.microsoft:renew-lock') {
+    const expirations = [];
+    for (const tok of body['lock-tokens'] || []) {
+      const hex = Buffer.from(tok).toString('hex');
+      const rec = q.messages.find((r) => r.lock && r.lock.token === hex && r.lock.until > now());
+      if (!rec) {
+        return respond(connection, request, 410, null, { 'status-description': 'The lock supplied is invalid.', errorCondition: LOCK_LOST });
+      }
+      rec.lock.until = now() + q.lockMs;
+      expirations.push(rec.lock.until);
+    }
+    return respond(connection, request, 200, types.wrap_map({ expirations: types.wrap_array(expirations, 0x83) }));
+  }
+  if (op === 'com.microsoft:peek-message') {
+    const from = Number(body['from-sequence-number'] || 0);
+    const count = Number(body['message-count'] || 1);
+    const source = dlq ? q.dead.map((d) => ({ d, seq: d.rec.seq })) : q.messages.map((r) => ({ r, seq: r.seq }));
+    const picked = source.filter((x) => x.seq >= from).sort((a, b) => a.seq - b.seq).slice(0, count);
+    if (picked.length === 0) return respond(connection, request, 204, null);
+    const messages = picked.map((x) => {
+      const m = x.d
+        ? outgoing(q, x.d.rec, { DeadLetterReason: x.d.reason, DeadLetterErrorDescription: x.d.description })
+        : outgoing(q, x.r);
+      return types.wrap_map({ message: types.wrap_binary(rhea.message.encode(m)) });
+    });
+    return respond(connection, request, 200, types.wrap_map({ messages: types.wrap_list(messages) }));
+  }
+  return respond(connection, request, 400, null, { 'status-description': `operation ${op} is not supported by the stand-in` });
+}
+
+const container = rhea.create_container({
+  id: 'orderly-servicebus-standin', autosettle: false, autoaccept: false, treat_modified_as_released: false,
+});
+container.sasl_server_mechanisms.enable_anonymous();
+
+// Refuse a link as a broker does: answer the attach with no terminus on our side,
+// then detach with the error.
+function refuse(link, entity) {
+  if (link.is_receiver()) link.local.attach.target = null; else link.local.attach.source = null;
+  link.open();
+  link.close({ condition: 'amqp:not-found', description: `The messaging entity '${entity}' could not be found.` });
+}
+
+// Links to entities carry an amqp://host/ URL; management and CBS request links name
+// their node ('$cbs', '<entity>/$management'); reply links name a client node.
+const isEntityUrl = (address) => /^amqps?:\/\//.test(String(address || ''));
+
+// Answer an attach with the same terminus addresses, as a broker does (the client
+// refuses an attach without them).
+function mirror(link) {
+  const remote = link.remote.attach;
+  if (remote.source) link.set_source({ address: remote.source.address });
+  if (remote.target) link.set_target({ address: remote.target.address });
+  // Peek-lock receivers ask for rcv-settle-mode "second": the broker answers each
+  // disposition with the outcome (how a lost lock is reported).
+  if (remote.rcv_settle_mode !== undefined) link.local.attach.rcv_settle_mode = remote.rcv_settle_mode;
+  if (remote.snd_settle_mode !== undefined) link.local.attach.snd_settle_mode = remote.snd_settle_mode;
+}
+
+container.on('receiver_open', (context) => {
+  mirror(context.receiver);
+  const address = context.receiver.remote.attach.target && context.receiver.remote.attach.target.address;
+  const entity = entityOf(address);
+  if (!isEntityUrl(address)) return;
+  if (!queueOf(entity)) refuse(context.receiver, entity);
+});
+
+container.on('sender_open', (context) => {
+  mirror(context.sender);
+  const address = context.sender.remote.attach.source && context.sender.remote.attach.source.address;
+  if (!isEntityUrl(address)) {
+    // A reply link: the client's node address is the link's target (its reply_to).
+    const target = context.sender.remote.attach.target && context.sender.remote.attach.target.address;
+    if (!replyLinks.has(context.connection)) replyLinks.set(context.connection, new Map());
+    replyLinks.get(context.connection).set(target, context.sender);
+    return;
+  }
+  const entity = entityOf(address);
+  const q = queueOf(entity);
+  if (q) {
+    q.consumers.add(context.sender);
+    return pump(q);
+  }
+  // Dead letters are listed by peeking; nothing is delivered on a dead-letter link.
+  if (entity.endsWith('/$DeadLetterQueue') && queueOf(entity.replace(/\/\$DeadLetterQueue$/, ''))) return;
+  refuse(context.sender, entity);
+});
+
+container.on('sendable', (context) => {
+  for (const q of queues.values()) if (q.consumers.has(context.sender)) pump(q);
+});
+
+for (const ev of ['sender_close', 'connection_close', 'disconnected']) {
+  container.on(ev, (context) => {
+    for (const q of queues.values()) {
+      for (const l of q.consumers) if (l === context.sender || l.connection === context.connection) q.consumers.delete(l);
+    }
+  });
+}
+
+container.on('message', (context) => {
+  const entity = entityOf(context.receiver.remote.attach.target && context.receiver.remote.attach.target.address);
+  const msg = context.message;
+  if (entity === '$cbs') {
+    context.delivery.accept();
+    return respond(context.connection, msg, 202, null, { 'status-description': 'Accepted' });
+  }
+  if (entity.endsWith('/$management')) {
+    context.delivery.accept();
+    return management(context.connection, entity, msg);
+  }
+  const q = queueOf(entity);
+  if (!q) return context.delivery.reject({ condition: 'amqp:not-found', description: `no queue ${entity}` });
+  if (context.delivery.format === BATCH_FORMAT) {
+    // rhea hands over other formats undecoded: the envelope's data sections each hold
+    // one encoded message.
+    const body = rhea.message.decode(msg).body;
+    const parts = body.multiple ? body.content : [body.content];
+    for (const part of parts) accept(q, rhea.message.decode(Buffer.from(part)));
+  } else {
+    accept(q, msg);
+  }
+  context.delivery.accept();
+  pump(q);
+});
+
+container.on('accepted', (context) => settle(context, (q, rec) => {
+  q.messages = q.messages.filter((r) => r !== rec);
+  context.delivery.update(true, rhea.message.accepted().described());
+}));
+
+container.on('modified', (context) => settle(context, (q, rec) => {
+  rec.lock = null;
+  rec.visibleAt = now();
+  context.delivery.update(true, rhea.message.modified({}).described());
+}));
+
+container.on('released', (context) => settle(context, (q, rec) => {
+  rec.lock = null;
+  rec.visibleAt = now();
+  context.delivery.update(true, rhea.message.released().described());
+}));
+
+container.on('rejected', (context) => settle(context, (q, rec) => {
+  const error = (context.delivery.remote_state && context.delivery.remote_state.error) || {};
+  const info = error.info || {};
+  deadLetter(q, rec, info.DeadLetterReason || '', info.DeadLetterErrorDescription || '');
+  // Echo the outcome without its info map: rhea would re-encode it with string keys,
+  // which a client expecting AMQP fields (symbol keys) cannot read.
+  const echoed = { condition: error.condition, description: error.description };
+  context.delivery.update(true, rhea.message.rejected({ error: echoed }).described());
+}));
+
+container.on('error', (e) => console.error('stand-in error:', e && e.message));
+
+setInterval(pumpAll, 20);
+
+const control = http.createServer((req, res) => {
+  let data = '';
+  req.on('data', (c) => { data += c; });
+  req.on('end', () => {
+    try {
+      const body = data ? JSON.parse(data) : {};
+      if (req.method === 'POST' && req.url.startsWith('/queues/')) {
+        declare(decodeURIComponent(req.url.slice('/queues/'.length)), body);
+      } else if (req.method === 'POST' && req.url === '/clock') {
+        frozenAt = Number(body.now_ms);
+        pumpAll();
+      } else if (req.url !== '/health') {
+        res.writeHead(404); return res.end('unknown control request');
+      }
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"ok":true}');
+    } catch (e) {
+      res.writeHead(400); res.end(String(e));
+    }
+  });
+});
+
+container.listen({ host: HOST, port: 5672 }).on('listening', () => {
+  control.listen(Number(process.env.STANDIN_CONTROL_PORT || 0), '127.0.0.1', () => {
+    process.stdout.write(JSON.stringify({ amqp: `${HOST}:5672`, control: control.address().port }) + '\n');
+  });
+});
