@@ -145,3 +145,87 @@ async fn servicebus() -> TransportCtx {
 mod servicebus_transport {
     orderly_testkit::transport_conformance!(crate::servicebus);
 }
+
+/// The path a production deployment takes: a state change writes its message to the
+/// SQL store's outbox in its own transaction; the relay publishes it to Service Bus;
+/// a consumer there receives it once, even when the relay publishes it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outbox_messages_reach_service_bus_through_the_relay_once() {
+    use orderly_core::store::{IntakeStore, SubmitOutcome};
+    use orderly_core::transport::{Envelope, Outbox, OutgoingMessage};
+    use orderly_core::{InstanceId, TimeSource};
+    use orderly_sql::{Delivery, SqliteStore};
+
+    let standin = Arc::new(Standin::start());
+    let clock = ManualClock::starting_now();
+    let servicebus = ServiceBusFactory {
+        standin: standin.clone(),
+        clock: clock.clone(),
+    }
+    .open()
+    .await;
+    let replies = QueueName::parse("client-replies").unwrap();
+    servicebus
+        .declare_queue(&replies, &QueueSettings::default())
+        .await
+        .unwrap();
+
+    let file = std::env::temp_dir().join(format!(
+        "orderly-relay-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite://{}", file.display());
+    let store = SqliteStore::open(&url, TimeSource::Database)
+        .await
+        .unwrap()
+        .with_delivery(Delivery::Outbox);
+    let order = orderly_testkit::builders::order(1);
+    let sends = [Envelope {
+        queue: replies.clone(),
+        message: OutgoingMessage::new("received-1", br#"{"status":"received"}"#.to_vec()),
+    }];
+    let outcome = store
+        .submit(&order, &orderly_testkit::builders::submitter(), &sends)
+        .await
+        .unwrap();
+    assert_eq!(outcome, SubmitOutcome::Accepted);
+    assert_eq!(store.outbox_backlog().await.unwrap(), 1);
+
+    let relay = InstanceId::parse("relay-1").unwrap();
+    assert_eq!(
+        store
+            .relay_once(&relay, &*servicebus, 10)
+            .await
+            .unwrap()
+            .sent,
+        1
+    );
+    assert_eq!(store.outbox_backlog().await.unwrap(), 0);
+    // The mark was lost (say the relay crashed after publishing): it publishes again,
+    // and Service Bus drops the repeat by message id.
+    sqlx::query("UPDATE outbox SET sent_at = NULL, leased_until = NULL")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .relay_once(&relay, &*servicebus, 10)
+            .await
+            .unwrap()
+            .sent,
+        1
+    );
+
+    let got = servicebus
+        .receive(&replies, 10, std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "delivered once");
+    assert_eq!(got[0].message_id, "received-1");
+    assert_eq!(got[0].body, br#"{"status":"received"}"#);
+    servicebus.complete(&got[0]).await.unwrap();
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
+}

@@ -428,3 +428,25 @@ pub trait Outbox: Send + Sync {
     /// How many messages are not yet published.
     async fn outbox_backlog(&self) -> Result<i64, TransportError>;
 }
+
+/// Runs `work` while holding `message`: its lock is renewed every `every` (choose about
+/// a third of the queue's lock duration), so work that outlasts one lock keeps the
+/// message. If a renewal fails, the work is dropped (cancelled) and the error returned:
+/// with its lock lost, the message may already be in another consumer's hands.
+pub async fn while_holding<F: std::future::Future>(
+    transport: &dyn Transport,
+    message: &ReceivedMessage,
+    every: Duration,
+    work: F,
+) -> Result<F::Output, TransportError> {
+    let work = std::pin::pin!(work);
+    let mut work = work;
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            () = tokio::time::sleep(every) => {
+                transport.renew_lock(message).await?;
+            }
+        }
+    }
+}

@@ -49,6 +49,7 @@ macro_rules! transport_conformance {
             bad_requests_are_refused_with_typed_errors_and_send_nothing,
             complete_messages_settles_each_message_it_still_holds,
             poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
+            long_work_keeps_its_message_by_renewing_the_lock,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -521,4 +522,62 @@ pub async fn poison_messages_are_dead_lettered_with_the_problem_and_consuming_go
         t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
         "nothing left behind"
     );
+}
+
+/// Work that outlasts the lock keeps its message while `while_holding` renews it; the
+/// message is not delivered to anyone else meanwhile.
+pub async fn long_work_keeps_its_message_by_renewing_the_lock(ctx: &TransportCtx) {
+    use orderly_core::transport::while_holding;
+    let (t, q) = declared(ctx, "steps", settings(30, 10)).await;
+    t.send(&q, &[msg("slow", "x")]).await.unwrap();
+    let m = receive_one(&*t, &q).await;
+    let other = ctx.factory.open().await;
+    let clock = ctx.clock.clone();
+    let seen_by_other = while_holding(&*t, &m, Duration::from_millis(40), async {
+        let mut seen = Vec::new();
+        // 100 s of work in 20 s steps, each step well inside one renewed lock.
+        for _ in 0..5 {
+            clock.advance(Duration::from_secs(20));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            seen.extend(other.receive(&q, 1, NO_WAIT).await.unwrap());
+        }
+        seen
+    })
+    .await
+    .unwrap();
+    assert!(
+        seen_by_other.is_empty(),
+        "the message stayed with its holder: {seen_by_other:?}"
+    );
+    t.complete(&m).await.unwrap();
+
+    // Without renewal the same work loses the message: the holder is told, and the
+    // message is delivered again (to whichever consumer the transport picks).
+    t.send(&q, &[msg("unrenewed", "y")]).await.unwrap();
+    let lost = receive_one(&*t, &q).await;
+    ctx.clock.advance(Duration::from_secs(31));
+    let lost_lock = while_holding(
+        &*t,
+        &lost,
+        Duration::from_millis(10),
+        tokio::time::sleep(Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        matches!(lost_lock, Err(TransportError::LockLost { .. })),
+        "the holder learns it lost the message"
+    );
+    let mut again = Vec::new();
+    for handle in [&t, &other].into_iter().cycle().take(20) {
+        again = handle
+            .receive(&q, 1, Duration::from_millis(300))
+            .await
+            .unwrap();
+        if let Some(m) = again.first() {
+            assert_eq!((m.message_id.as_str(), m.delivery_count), ("unrenewed", 2));
+            handle.complete(m).await.unwrap();
+            break;
+        }
+    }
+    assert_eq!(again.len(), 1, "delivered again after the lock ran out");
 }
