@@ -83,6 +83,47 @@ impl ServiceBusSettings {
             max_retries: 2,
         }
     }
+
+    /// Settings from the environment: `ORDERLY_SERVICEBUS_CONNECTION` (required, a
+    /// secret) and `ORDERLY_SERVICEBUS_UNSECURED` (`true` for plain AMQP to a local
+    /// emulator; default `false`). Errors name the variable, never its value.
+    pub fn from_env() -> Result<Self, ValidationError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ValidationError> {
+        const CONNECTION: &str = "ORDERLY_SERVICEBUS_CONNECTION";
+        const UNSECURED: &str = "ORDERLY_SERVICEBUS_UNSECURED";
+        let connection = var(CONNECTION)
+            .filter(|c| !c.trim().is_empty())
+            .ok_or_else(|| {
+                ValidationError::new(
+                    CONNECTION,
+                    "is not set: give the namespace's connection string",
+                )
+            })?;
+        let has = |key: &str| {
+            connection
+                .split(';')
+                .any(|part| part.trim().starts_with(key))
+        };
+        if !has("Endpoint=sb://") || !(has("SharedAccessKey=") || has("SharedAccessSignature=")) {
+            return Err(ValidationError::new(
+                CONNECTION,
+                "must look like Endpoint=sb://<namespace>/;SharedAccessKeyName=...;SharedAccessKey=... \
+                 (the value is not shown: it holds a secret)",
+            ));
+        }
+        let unsecured = match var(UNSECURED).as_deref().map(str::trim) {
+            None | Some("") | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(ValidationError::new(UNSECURED, "must be true or false")),
+        };
+        Ok(Self {
+            unsecured,
+            ..Self::new(connection)
+        })
+    }
 }
 
 /// Creates (or checks) queues with their settings.
@@ -579,5 +620,63 @@ impl Transport for ServiceBusTransport {
                 Err(classify(e, queue, None))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    const GOOD: &str =
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=app;SharedAccessKey=s3cr3t=";
+
+    #[test]
+    fn settings_come_from_the_environment() {
+        let s = ServiceBusSettings::from_vars(vars(&[("ORDERLY_SERVICEBUS_CONNECTION", GOOD)]))
+            .unwrap();
+        assert!(!s.unsecured);
+        let s = ServiceBusSettings::from_vars(vars(&[
+            ("ORDERLY_SERVICEBUS_CONNECTION", GOOD),
+            ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
+        ]))
+        .unwrap();
+        assert!(s.unsecured);
+    }
+
+    #[test]
+    fn bad_settings_name_the_variable_and_never_show_the_secret() {
+        let missing = ServiceBusSettings::from_vars(vars(&[])).unwrap_err();
+        assert_eq!(missing.field, "ORDERLY_SERVICEBUS_CONNECTION");
+        let odd = ServiceBusSettings::from_vars(vars(&[(
+            "ORDERLY_SERVICEBUS_CONNECTION",
+            "s3cr3t-garbage",
+        )]))
+        .unwrap_err();
+        assert_eq!(odd.field, "ORDERLY_SERVICEBUS_CONNECTION");
+        assert!(!odd.to_string().contains("s3cr3t"));
+        let flag = ServiceBusSettings::from_vars(vars(&[
+            ("ORDERLY_SERVICEBUS_CONNECTION", GOOD),
+            ("ORDERLY_SERVICEBUS_UNSECURED", "yes"),
+        ]))
+        .unwrap_err();
+        assert_eq!(flag.field, "ORDERLY_SERVICEBUS_UNSECURED");
+        let s = ServiceBusSettings::new(GOOD);
+        assert!(
+            !format!("{s:?}").contains("s3cr3t"),
+            "Debug hides the connection string"
+        );
+        assert_eq!(
+            redact("failed for SharedAccessKey=s3cr3t=", GOOD),
+            "failed for SharedAccessKey=<secret>"
+        );
     }
 }

@@ -229,3 +229,42 @@ async fn outbox_messages_reach_service_bus_through_the_relay_once() {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
     }
 }
+
+struct RealServiceBus(orderly_azure::ServiceBusSettings);
+
+#[async_trait]
+impl TransportFactory for RealServiceBus {
+    async fn open(&self) -> Arc<dyn Transport> {
+        let clock = Arc::new(orderly_core::SystemClock);
+        Arc::new(
+            ServiceBusTransport::connect(&self.0, Arc::new(orderly_azure::Provisioned), clock)
+                .await
+                .expect("connect to the namespace of ORDERLY_TEST_SERVICEBUS_CONNECTION"),
+        )
+    }
+}
+
+async fn real_servicebus() -> TransportCtx {
+    let connection = std::env::var("ORDERLY_TEST_SERVICEBUS_CONNECTION")
+        .expect("ORDERLY_TEST_SERVICEBUS_CONNECTION names the namespace these tests run against");
+    TransportCtx {
+        clock: ManualClock::starting_now(),
+        factory: Box::new(RealServiceBus(ServiceBusSettings::new(connection))),
+    }
+}
+
+/// Against a real namespace, on request:
+/// `ORDERLY_TEST_SERVICEBUS_CONNECTION=... cargo nextest run -p orderly-azure --run-ignored only`.
+/// The namespace needs the queues `orders`, `replies` and `work` (lock 30 s, maximum
+/// delivery count 10, duplicate detection 10 min), with empty dead-letter queues. The
+/// cases that move time run against the stand-in only: a real broker's clock cannot move.
+mod real_servicebus_transport {
+    orderly_testkit::transport_conformance!(@ignored "needs ORDERLY_TEST_SERVICEBUS_CONNECTION", crate::real_servicebus;
+        sent_messages_are_received_with_id_correlation_properties_and_body,
+        a_waiting_receiver_is_woken_by_a_send,
+        dead_letter_on_request_keeps_the_reason,
+        concurrent_consumers_receive_disjoint_messages,
+        bad_requests_are_refused_with_typed_errors_and_send_nothing,
+        poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
+    );
+}

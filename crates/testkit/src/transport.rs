@@ -52,6 +52,18 @@ macro_rules! transport_conformance {
             long_work_keeps_its_message_by_renewing_the_lock,
         );
     };
+    // Cases run only on request (`--run-ignored only`), e.g. against a real broker.
+    (@ignored $reason:literal, $fixture:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            #[ignore = $reason]
+            async fn $case() {
+                let ctx = $fixture().await;
+                $crate::transport::$case(&ctx).await;
+                ctx.factory.cleanup().await;
+            }
+        )*
+    };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
