@@ -7,91 +7,14 @@
 //! `ORDERLY_BENCH_DIALECTS=sqlite` or `=postgres` runs one dialect.
 #![allow(missing_docs, clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::HashSet;
-use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orderly_core::TimeSource;
-use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
-use orderly_sql::{PgStore, SqliteStore};
-use sqlx::postgres::PgConnectOptions;
-
-enum Db {
-    Sqlite { path: String },
-    Postgres { url: String, schema: String },
-}
-
-impl Db {
-    async fn fresh(kind: &str) -> Db {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        if kind == "sqlite" {
-            return Db::Sqlite {
-                path: std::env::temp_dir()
-                    .join(format!("orderly-qbench-{id}.db"))
-                    .display()
-                    .to_string(),
-            };
-        }
-        let url = std::env::var("ORDERLY_BENCH_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let schema = format!("orderly_qbench_{id}");
-        let pool = sqlx::PgPool::connect(&url)
-            .await
-            .expect("PostgreSQL reachable for the benchmark");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&pool)
-            .await
-            .unwrap();
-        Db::Postgres { url, schema }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Db::Sqlite { .. } => "SQLite",
-            Db::Postgres { .. } => "PostgreSQL",
-        }
-    }
-
-    async fn open(&self) -> Arc<dyn Transport> {
-        match self {
-            Db::Sqlite { path } => Arc::new(
-                SqliteStore::open(&format!("sqlite://{path}"), TimeSource::Database)
-                    .await
-                    .unwrap(),
-            ),
-            Db::Postgres { url, schema } => {
-                let options = PgConnectOptions::from_str(url)
-                    .unwrap()
-                    .options([("search_path", schema.as_str())]);
-                Arc::new(
-                    PgStore::connect(options, 8, TimeSource::Database)
-                        .await
-                        .unwrap(),
-                )
-            }
-        }
-    }
-
-    async fn drop_all(&self) {
-        match self {
-            Db::Sqlite { path } => {
-                for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
-                }
-            }
-            Db::Postgres { url, schema } => {
-                if let Ok(pool) = sqlx::PgPool::connect(url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS {schema} CASCADE"
-                    )))
-                    .execute(&pool)
-                    .await;
-                }
-            }
-        }
-    }
-}
+use common::Db;
+use orderly_core::transport::QueueSettings;
+use orderly_core::transport::{OutgoingMessage, QueueName};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
@@ -104,8 +27,8 @@ fn ms(d: Duration) -> String {
 /// A producer sends `total` messages in sends of `batch` while a consumer (its own
 /// handle) receives up to `batch` at a time and completes each. Messages per second.
 async fn throughput(db: &Db, batch: usize, total: usize) -> f64 {
-    let producer = db.open().await;
-    let consumer = db.open().await;
+    let producer = db.open().await.transport();
+    let consumer = db.open().await.transport();
     let q = QueueName::parse("bench").unwrap();
     producer
         .declare_queue(&q, &QueueSettings::default())
@@ -148,8 +71,8 @@ async fn throughput(db: &Db, batch: usize, total: usize) -> f64 {
 /// An idle consumer on its own handle waits; a producer sends one message at a time;
 /// time from before the send to the consumer holding it. (p50, p99)
 async fn wake_up(db: &Db, rounds: usize) -> (Duration, Duration) {
-    let producer = db.open().await;
-    let consumer = db.open().await;
+    let producer = db.open().await.transport();
+    let consumer = db.open().await.transport();
     let q = QueueName::parse("wake").unwrap();
     producer
         .declare_queue(&q, &QueueSettings::default())

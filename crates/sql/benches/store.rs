@@ -8,11 +8,13 @@
 //! `ORDERLY_BENCH_BIG=0` skips the 1M-row part; `ORDERLY_BENCH_DIALECTS=sqlite` or
 //! `=postgres` runs one dialect.
 
+mod common;
+
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orderly_core::store::{ClaimRequest, Completion, StateStore};
+use common::Db;
+use orderly_core::store::{ClaimRequest, Completion};
 use orderly_core::{InstanceId, TimeSource};
 use orderly_sql::{PgStore, SqliteStore};
 use sqlx::postgres::PgConnectOptions;
@@ -20,63 +22,29 @@ use sqlx::postgres::PgConnectOptions;
 const DETAILS: &str = r#"{"customer_id":"c-1","currency":"EUR","lines":[{"sku":"SKU-1","quantity":1,"unit_price_minor":1999}]}"#;
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-/// One database under test, with raw access for seeding.
-enum Db {
-    Sqlite { path: String },
-    Postgres { url: String, schema: String },
-}
-
-impl Db {
-    fn name(&self) -> &'static str {
-        match self {
-            Db::Sqlite { .. } => "SQLite",
-            Db::Postgres { .. } => "PostgreSQL",
-        }
-    }
-
-    async fn open(&self) -> Arc<dyn StateStore> {
-        match self {
-            Db::Sqlite { path } => Arc::new(
-                SqliteStore::open(&format!("sqlite://{path}"), TimeSource::Database)
-                    .await
-                    .expect("open SQLite"),
-            ),
-            Db::Postgres { url, schema } => {
-                let options = PgConnectOptions::from_str(url)
-                    .expect("url")
-                    .options([("search_path", schema.as_str())]);
-                Arc::new(
-                    PgStore::connect(options, 8, TimeSource::Database)
-                        .await
-                        .expect("connect PostgreSQL"),
+/// Inserts orders `from..=to` named `{prefix}-{n}` directly in `state`; Processing
+/// rows get a deadline one minute in the past (expired).
+async fn seed(db: &Db, prefix: &str, from: i64, to: i64, state: &str) {
+    match db {
+        Db::Sqlite { path } => {
+            let store = SqliteStore::open(&format!("sqlite://{path}"), TimeSource::Database)
+                .await
+                .expect("open");
+            let now = chrono::Utc::now();
+            let fmt =
+                |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+            let (locked, deadline) = if state == "Processing" {
+                (
+                    Some("bench-dead-owner"),
+                    Some(fmt(now - chrono::Duration::minutes(1))),
                 )
-            }
-        }
-    }
-
-    /// Inserts orders `from..=to` named `{prefix}-{n}` directly in `state`; Processing
-    /// rows get a deadline one minute in the past (expired).
-    async fn seed(&self, prefix: &str, from: i64, to: i64, state: &str) {
-        match self {
-            Db::Sqlite { path } => {
-                let store = SqliteStore::open(&format!("sqlite://{path}"), TimeSource::Database)
-                    .await
-                    .expect("open");
-                let now = chrono::Utc::now();
-                let fmt = |t: chrono::DateTime<chrono::Utc>| {
-                    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
-                };
-                let (locked, deadline) = if state == "Processing" {
-                    (
-                        Some("bench-dead-owner"),
-                        Some(fmt(now - chrono::Duration::minutes(1))),
-                    )
-                } else {
-                    (None, None)
-                };
-                let series = "WITH RECURSIVE g(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) ";
-                let mut tx = store.pool().begin().await.expect("begin");
-                sqlx::query(sqlx::AssertSqlSafe(format!(
+            } else {
+                (None, None)
+            };
+            let series =
+                "WITH RECURSIVE g(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) ";
+            let mut tx = store.pool().begin().await.expect("begin");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                     "{series} INSERT INTO orders (order_id, details, created_at) SELECT $3 || '-' || n, $4, $5 FROM g"
                 )))
                 .bind(from)
@@ -87,7 +55,7 @@ impl Db {
                 .execute(&mut *tx)
                 .await
                 .expect("seed orders");
-                sqlx::query(sqlx::AssertSqlSafe(format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                     "{series} INSERT INTO order_state (order_id, process_state, locked_by, complete_by, lock_epoch, \
                      next_attempt_at, created_at, updated_at) SELECT $3 || '-' || n, $4, $5, $6, 1, $7, $7, $7 FROM g"
                 )))
@@ -101,22 +69,22 @@ impl Db {
                 .execute(&mut *tx)
                 .await
                 .expect("seed states");
-                tx.commit().await.expect("commit");
-                sqlx::query("ANALYZE")
-                    .execute(store.pool())
-                    .await
-                    .expect("analyze");
-            }
-            Db::Postgres { url, schema } => {
-                let options = PgConnectOptions::from_str(url)
-                    .expect("url")
-                    .options([("search_path", schema.as_str())]);
-                let store = PgStore::connect(options, 2, TimeSource::Database)
-                    .await
-                    .expect("connect and migrate");
-                let pool = store.pool();
-                let mut tx = pool.begin().await.expect("begin");
-                sqlx::query(
+            tx.commit().await.expect("commit");
+            sqlx::query("ANALYZE")
+                .execute(store.pool())
+                .await
+                .expect("analyze");
+        }
+        Db::Postgres { url, schema } => {
+            let options = PgConnectOptions::from_str(url)
+                .expect("url")
+                .options([("search_path", schema.as_str())]);
+            let store = PgStore::connect(options, 2, TimeSource::Database)
+                .await
+                .expect("connect and migrate");
+            let pool = store.pool();
+            let mut tx = pool.begin().await.expect("begin");
+            sqlx::query(
                     "INSERT INTO orders (order_id, details, created_at) \
                      SELECT $3 || '-' || g, $4::json, now() FROM generate_series($1::bigint, $2::bigint) g",
                 )
@@ -127,7 +95,7 @@ impl Db {
                 .execute(&mut *tx)
                 .await
                 .expect("seed orders");
-                sqlx::query(
+            sqlx::query(
                     "INSERT INTO order_state (order_id, process_state, locked_by, complete_by, lock_epoch, \
                      next_attempt_at, created_at, updated_at) \
                      SELECT $3 || '-' || g, $4, CASE WHEN $4 = 'Processing' THEN 'bench-dead-owner' END, \
@@ -141,53 +109,8 @@ impl Db {
                 .execute(&mut *tx)
                 .await
                 .expect("seed states");
-                tx.commit().await.expect("commit");
-                sqlx::query("ANALYZE").execute(pool).await.expect("analyze");
-            }
-        }
-    }
-
-    async fn drop_all(&self) {
-        match self {
-            Db::Sqlite { path } => {
-                for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
-                }
-            }
-            Db::Postgres { url, schema } => {
-                if let Ok(pool) = sqlx::PgPool::connect(url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS {schema} CASCADE"
-                    )))
-                    .execute(&pool)
-                    .await;
-                }
-            }
-        }
-    }
-}
-
-async fn fresh(kind: &str) -> Db {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    match kind {
-        "sqlite" => Db::Sqlite {
-            path: std::env::temp_dir()
-                .join(format!("orderly-bench-{id}.db"))
-                .display()
-                .to_string(),
-        },
-        _ => {
-            let url = std::env::var("ORDERLY_BENCH_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-            let schema = format!("orderly_bench_{id}");
-            let pool = sqlx::PgPool::connect(&url)
-                .await
-                .expect("PostgreSQL reachable for the benchmark");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&pool)
-                .await
-                .expect("schema");
-            Db::Postgres { url, schema }
+            tx.commit().await.expect("commit");
+            sqlx::query("ANALYZE").execute(pool).await.expect("analyze");
         }
     }
 }
@@ -213,7 +136,7 @@ async fn claim_run(
 ) -> (f64, Duration, Duration) {
     let mut handles = Vec::new();
     for _ in 0..claimers {
-        handles.push(db.open().await);
+        handles.push(db.open().await.state_store());
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -263,7 +186,7 @@ async fn claim_run(
 async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
     let mut handles = Vec::new();
     for _ in 0..workers {
-        handles.push(db.open().await);
+        handles.push(db.open().await.state_store());
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -304,10 +227,10 @@ async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
 /// Claim (one order per call) and sweep (`find_expired(100)`) latency with `finished`
 /// Processed rows in the store, 2,000 Pending and 100 expired Processing.
 async fn at_scale(db: &Db, finished: i64) -> (Duration, Duration, Duration, Duration) {
-    db.seed("done", 1, finished, "Processed").await;
-    db.seed("ready", 1, 2_000, "Pending").await;
-    db.seed("stuck", 1, 100, "Processing").await;
-    let store = db.open().await;
+    seed(db, "done", 1, finished, "Processed").await;
+    seed(db, "ready", 1, 2_000, "Pending").await;
+    seed(db, "stuck", 1, 100, "Processing").await;
+    let store = db.open().await.state_store();
     let owner = InstanceId::parse("bench-scale").expect("id");
     let mut claim = Vec::new();
     for _ in 0..1_000 {
@@ -356,9 +279,9 @@ async fn main() {
     for kind in dialects.split(',') {
         let kind = kind.trim();
         for (claimers, limit) in [(1usize, 1u32), (4, 1), (1, 100), (4, 100)] {
-            let db = fresh(kind).await;
+            let db = Db::fresh(kind).await;
             let total = 5_000;
-            db.seed("o", 1, total, "Pending").await;
+            seed(&db, "o", 1, total, "Pending").await;
             let (rate, p50, p99) = claim_run(&db, claimers, limit, total as usize).await;
             println!(
                 "{:<10} claim  {claimers} claimer(s), {limit:>3}/call: {rate:>9.0} orders/s   call p50 {}  p99 {}",
@@ -369,8 +292,8 @@ async fn main() {
             db.drop_all().await;
         }
         for workers in [1usize, 4] {
-            let db = fresh(kind).await;
-            db.seed("q", 1, 20_000, "Pending").await;
+            let db = Db::fresh(kind).await;
+            seed(&db, "q", 1, 20_000, "Pending").await;
             let rate = queue_core(&db, workers, 500, 20_000).await;
             println!(
                 "{:<10} queue core: claim+complete 20,000 ready orders, {workers} worker(s), batches of 500: {rate:>9.0} orders/s (target 45,000/s on PostgreSQL)",
@@ -380,7 +303,7 @@ async fn main() {
         }
         let sizes: &[i64] = if big { &[10_000, 1_000_000] } else { &[10_000] };
         for &finished in sizes {
-            let db = fresh(kind).await;
+            let db = Db::fresh(kind).await;
             let (c50, c99, s50, s99) = at_scale(&db, finished).await;
             println!(
                 "{:<10} with {finished:>9} finished rows: claim p50 {} p99 {}   sweep(100) p50 {} p99 {}",
