@@ -25,7 +25,14 @@ pub(crate) struct Wakeups {
     pub poll: Duration,
     /// Whether the cross-process listener was started.
     pub listening: std::sync::atomic::AtomicBool,
+    /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
+    /// expired duplicate-detection rows (housekeeping, kept off most sends).
+    pub sends: std::sync::atomic::AtomicU64,
 }
+
+/// How often a send also sweeps expired duplicate-detection rows. Correctness does not
+/// depend on it: an expired row counts as absent when the next send checks it.
+pub(crate) const SWEEP_EVERY: u64 = 32;
 
 impl Wakeups {
     pub fn new(poll: Duration) -> Self {
@@ -33,6 +40,7 @@ impl Wakeups {
             queues: Mutex::default(),
             poll,
             listening: false.into(),
+            sends: 0.into(),
         }
     }
 
@@ -191,7 +199,8 @@ macro_rules! queue_ops {
                 ) -> Result<SendOutcome> {
                     let mut outcome = SendOutcome::default();
                     let settings = Self::queue_settings(&mut *conn, queue).await?;
-                    if settings.dedup_ms > 0 {
+                    let nth = self.wakeups.sends.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed);
+                    if settings.dedup_ms > 0 && nth % q::SWEEP_EVERY == 0 {
                         ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *conn).await.map_err(db)?;
                     }
                     // Within one batch the first of several equal ids wins.

@@ -48,10 +48,6 @@ async fn postgres_deadlines_are_computed_on_the_database_clock() {
 async fn postgres_claim_and_sweep_use_their_partial_indexes() {
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
-    sqlx::query("SET enable_seqscan = off")
-        .execute(store.pool())
-        .await
-        .unwrap();
     for (query, index) in [
         (
             "EXPLAIN SELECT order_id FROM order_state WHERE process_state = 'Pending' AND locked_by IS NULL \
