@@ -530,6 +530,15 @@ impl Transport for ServiceBusTransport {
                 got
             };
         let mut held = self.held.lock().await;
+        // Forget holds whose lock has passed: settling them is refused anyway, and a
+        // consumer that lets a lock run out on purpose (an agent past its deadline
+        // sends nothing) would otherwise leave them here forever.
+        let now = self.clock.now();
+        held.retain(|_, (_, m)| {
+            m.locked_until()
+                .map(from_offset)
+                .is_none_or(|until| until > now)
+        });
         Ok(got
             .into_iter()
             .map(|m| {
