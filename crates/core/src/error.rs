@@ -63,6 +63,18 @@ pub enum Error {
         complete_by: chrono::DateTime<chrono::Utc>,
     },
 
+    /// The write was for another step than the one the order is at: a late or repeated
+    /// reply. The row was left untouched.
+    #[error("order {order_id} is at step {current}, not step {expected}")]
+    StaleStep {
+        /// The order concerned.
+        order_id: OrderId,
+        /// The step the write was for.
+        expected: i32,
+        /// The step the order is at.
+        current: i32,
+    },
+
     /// The state machine does not allow this transition.
     #[error("order {order_id}: illegal transition {from} -> {to}")]
     IllegalTransition {

@@ -38,11 +38,19 @@ pub enum HistoryKind {
     Resubmitted,
     /// An operator cancelled the order.
     Cancelled,
+    /// A restarted scheduler with the same instance id took its orders back (new epoch).
+    Resumed,
+    /// The owner began undoing the completed steps (after a permanent failure or a
+    /// cancel request).
+    CompensationStarted,
+    /// An operator asked for the order to be cancelled; its completed steps are undone
+    /// first.
+    CancelRequested,
 }
 
 impl HistoryKind {
     /// Every kind.
-    pub const ALL: [HistoryKind; 13] = [
+    pub const ALL: [HistoryKind; 16] = [
         HistoryKind::Submitted,
         HistoryKind::Claimed,
         HistoryKind::StepStarted,
@@ -56,6 +64,9 @@ impl HistoryKind {
         HistoryKind::GaveUp,
         HistoryKind::Resubmitted,
         HistoryKind::Cancelled,
+        HistoryKind::Resumed,
+        HistoryKind::CompensationStarted,
+        HistoryKind::CancelRequested,
     ];
 
     /// The stored name.
@@ -74,6 +85,9 @@ impl HistoryKind {
             HistoryKind::GaveUp => "GaveUp",
             HistoryKind::Resubmitted => "Resubmitted",
             HistoryKind::Cancelled => "Cancelled",
+            HistoryKind::Resumed => "Resumed",
+            HistoryKind::CompensationStarted => "CompensationStarted",
+            HistoryKind::CancelRequested => "CancelRequested",
         }
     }
 }

@@ -9,11 +9,13 @@ pub mod clock;
 pub mod error;
 pub mod history;
 pub mod id;
+pub mod messages;
 pub mod order;
 pub mod state;
 pub mod step;
 pub mod store;
 pub mod transport;
+pub mod workflow;
 
 pub use clock::{Clock, ManualClock, SystemClock, TimeSource};
 pub use error::{Error, Result, ValidationError};

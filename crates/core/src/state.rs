@@ -136,6 +136,9 @@ pub struct StateRow {
     pub last_error: Option<String>,
     /// The client's private queue for status notifications, if it gave one.
     pub reply_to: Option<String>,
+    /// `Some(Error | Cancelled)` while the order's completed steps are being undone
+    /// (compensated) before it ends in that state; `None` while it runs forward.
+    pub finish_as: Option<ProcessState>,
     /// When the order was accepted.
     pub created_at: DateTime<Utc>,
     /// When the row last changed.

@@ -90,6 +90,8 @@ pub struct ClaimedOrder {
     pub details: OrderDetails,
     /// Where to send status notifications.
     pub reply_to: Option<String>,
+    /// `Some(Error | Cancelled)`: undo the completed steps, then end in that state.
+    pub finish_as: Option<ProcessState>,
 }
 
 /// A step result to record.
@@ -103,6 +105,48 @@ pub struct StepUpdate {
     pub status: StepStatus,
     /// The agent's answer or the error text.
     pub detail: Option<String>,
+}
+
+/// Step updates to one order, written as one unit of a [`SchedulerStore::record_steps`]
+/// batch: all of them, with their messages, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepWrite {
+    /// The owner's proof.
+    pub fence: Fence,
+    /// Refuse the write with [`crate::Error::StaleStep`] unless the order's current
+    /// step is this one (guards against a late or repeated reply).
+    pub expect_step: Option<i32>,
+    /// Applied in order; may be empty (the write then only checks the fence and sends).
+    pub updates: Vec<StepUpdate>,
+    /// Sent if, and only if, the write is applied.
+    pub sends: Vec<Envelope>,
+}
+
+/// An operator alert, raised when an order enters Error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alert {
+    /// Its number (grows with time).
+    pub alert_id: i64,
+    /// The order.
+    pub order_id: OrderId,
+    /// When the order entered Error.
+    pub raised_at: DateTime<Utc>,
+    /// The step the order was at.
+    pub step_index: i32,
+    /// That step's name, if it was started.
+    pub step: Option<String>,
+    /// The order's last error.
+    pub last_error: Option<String>,
+    /// The order's failure count.
+    pub failure_count: i32,
+    /// The client's reply queue, if any.
+    pub reply_to: Option<String>,
+    /// When it went to the alerts queue.
+    pub published_at: Option<DateTime<Utc>>,
+    /// When an operator acknowledged it.
+    pub acknowledged_at: Option<DateTime<Utc>>,
+    /// Who acknowledged it.
+    pub acknowledged_by: Option<String>,
 }
 
 /// One order to complete, with the messages its completion causes.
@@ -346,6 +390,33 @@ pub trait SchedulerStore: Send + Sync {
     /// Hands an order back unfinished (Pending, unlocked, not counted as a failure),
     /// e.g. when the scheduler shuts down.
     async fn release(&self, fence: &Fence, reason: &str) -> Result<()>;
+
+    /// Applies a batch of step writes in one transaction. Each write is fenced (and
+    /// step-guarded) on its own: the result says, write by write, whether it was
+    /// applied or why it was refused (refused writes change nothing and send nothing).
+    async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>>;
+
+    /// Takes back, under a new epoch, the Processing orders still locked by `owner`
+    /// whose deadline has not passed: what a scheduler restarting with the same
+    /// instance id does, so its earlier incarnation is fenced out.
+    async fn resume_owned(&self, owner: &InstanceId) -> Result<Vec<ClaimedOrder>>;
+
+    /// Marks the order as being undone: its completed steps get compensated before it
+    /// ends in `finish_as` (Error or Cancelled). Sends `sends` with it.
+    async fn begin_compensation(
+        &self,
+        fence: &Fence,
+        finish_as: ProcessState,
+        reason: &str,
+        sends: &[Envelope],
+    ) -> Result<()>;
+
+    /// Ends a cancel-requested order, its steps undone: Cancelled, unlocked.
+    async fn finish_cancelled(&self, fence: &Fence, reason: &str, sends: &[Envelope])
+    -> Result<()>;
+
+    /// The step records of one order, by position.
+    async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>>;
 }
 
 /// Finding and recovering timed-out work (the supervisor).
@@ -363,6 +434,12 @@ pub trait SupervisorStore: Send + Sync {
         policy: &RecoveryPolicy,
         limit: u32,
     ) -> Result<Vec<Recovered>>;
+
+    /// Alerts not yet published to the alerts queue, oldest first.
+    async fn unpublished_alerts(&self, limit: u32) -> Result<Vec<Alert>>;
+
+    /// Records that these alerts went to the alerts queue.
+    async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<()>;
 }
 
 /// Looking at and repairing orders (operators).
@@ -387,8 +464,23 @@ pub trait OperatorStore: Send + Sync {
         sends: &[Envelope],
     ) -> Result<StateRow>;
 
-    /// Cancels a Pending, Processing or Error order. A scheduler still working on it is
-    /// fenced out from this moment.
+    /// Cancels an order the way a user expects: if any of its steps may have taken
+    /// effect, it goes back to Pending marked to be undone (a scheduler compensates
+    /// the steps in reverse order, then ends it Cancelled); otherwise it is Cancelled
+    /// at once. A scheduler still working on it is fenced out from this moment.
+    async fn request_cancel(
+        &self,
+        order_id: &OrderId,
+        actor: &Actor,
+        reason: &str,
+        sends: &[Envelope],
+    ) -> Result<StateRow>;
+
+    /// Alerts, newest first; with `open_only`, those not yet acknowledged.
+    async fn alerts(&self, open_only: bool, limit: u32) -> Result<Vec<Alert>>;
+
+    /// Cancels a Pending, Processing or Error order at once, without compensation. A
+    /// scheduler still working on it is fenced out from this moment.
     async fn cancel(
         &self,
         order_id: &OrderId,

@@ -73,6 +73,7 @@ mod tests {
             next_attempt_at: t,
             last_error: None,
             reply_to: None,
+            finish_as: None,
             created_at: t,
             updated_at: t,
         }

@@ -36,6 +36,48 @@ use orderly_core::{Error, Result, TimeSource, ValidationError};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
+/// A state store and the SQL queue in the same database, opened together.
+#[derive(Clone)]
+pub struct Backend {
+    /// The state store.
+    pub store: Arc<dyn StateStore>,
+    /// The embedded queue in the same database.
+    pub transport: Arc<dyn orderly_core::transport::Transport>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").finish_non_exhaustive()
+    }
+}
+
+/// Opens the store and the SQL queue a URL names (see [`open`]), running pending
+/// migrations first.
+pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
+    if url.starts_with("sqlite:") {
+        let store = Arc::new(SqliteStore::open(url, time).await?);
+        Ok(Backend {
+            store: store.clone(),
+            transport: store,
+        })
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = Arc::new(PgStore::open(url, time).await?);
+        Ok(Backend {
+            store: store.clone(),
+            transport: store,
+        })
+    } else {
+        Err(bad_url())
+    }
+}
+
+fn bad_url() -> Error {
+    Error::Invalid(ValidationError::new(
+        "database_url",
+        "must start with sqlite: or postgres:// (the URL is not echoed: it may hold a password)",
+    ))
+}
+
 /// Opens the store a URL names, running pending migrations first:
 /// `sqlite://path/to/file.db` (created if missing), `sqlite::memory:`, or
 /// `postgres://user@host:port/database`.
@@ -45,9 +87,6 @@ pub async fn open(url: &str, time: TimeSource) -> Result<Arc<dyn StateStore>> {
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(PgStore::open(url, time).await?))
     } else {
-        Err(Error::Invalid(ValidationError::new(
-            "database_url",
-            "must start with sqlite: or postgres:// (the URL is not echoed: it may hold a password)",
-        )))
+        Err(bad_url())
     }
 }

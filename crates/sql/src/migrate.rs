@@ -46,6 +46,11 @@ pub const SQLITE: &[Migration] = &[
         name: "outbox",
         sql: include_str!("../../../migrations/sqlite/0003_outbox.sql"),
     },
+    Migration {
+        version: 4,
+        name: "roles",
+        sql: include_str!("../../../migrations/sqlite/0004_roles.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -64,6 +69,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 3,
         name: "outbox",
         sql: include_str!("../../../migrations/postgres/0003_outbox.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "roles",
+        sql: include_str!("../../../migrations/postgres/0004_roles.sql"),
     },
 ];
 

@@ -100,11 +100,12 @@ mod sql {
                     ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
                 AND s.process_state = 'Pending' \
             RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
-                s.reply_to, clock.now AS at), \
+                s.reply_to, s.finish_as, clock.now AS at), \
         history AS ( \
             INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
             SELECT order_id, at, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM claimed) \
         SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
+            c.finish_as, \
             (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
         FROM claimed c";
 
@@ -393,6 +394,7 @@ impl PgStore {
                     details: OrderDetails::from_json(&c.get::<String>("details")?)
                         .map_err(|e| corrupt("orders.details", e))?,
                     reply_to: c.get("reply_to")?,
+                    finish_as: c.opt_state("finish_as")?,
                 })
             })
             .collect()

@@ -13,7 +13,7 @@ use crate::time::Ts;
 macro_rules! state_columns {
     () => {
         "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
-         current_step, next_attempt_at, last_error, reply_to, created_at, updated_at"
+         current_step, next_attempt_at, last_error, reply_to, finish_as, created_at, updated_at"
     };
 }
 pub(crate) use state_columns;
@@ -86,6 +86,12 @@ where
             .map_err(|e| corrupt(col, e))
     }
 
+    pub fn opt_state(&self, col: &'r str) -> Result<Option<ProcessState>> {
+        self.get::<Option<String>>(col)?
+            .map(|s| s.parse().map_err(|e| corrupt(col, e)))
+            .transpose()
+    }
+
     pub fn state_row(&self) -> Result<StateRow> {
         Ok(StateRow {
             order_id: self.order_id("order_id")?,
@@ -102,6 +108,7 @@ where
             next_attempt_at: self.ts("next_attempt_at")?,
             last_error: self.get("last_error")?,
             reply_to: self.get("reply_to")?,
+            finish_as: self.opt_state("finish_as")?,
             created_at: self.ts("created_at")?,
             updated_at: self.ts("updated_at")?,
         })
@@ -143,6 +150,23 @@ where
             epoch: Epoch(self.get("epoch")?),
             step: self.get("step")?,
             reason: self.get("reason")?,
+        })
+    }
+
+    /// An alert row (columns of `statements::alert_select!`).
+    pub fn alert(&self) -> Result<orderly_core::store::Alert> {
+        Ok(orderly_core::store::Alert {
+            alert_id: self.get("alert_id")?,
+            order_id: self.order_id("order_id")?,
+            raised_at: self.ts("raised_at")?,
+            step_index: self.get("step_index")?,
+            step: self.get("step")?,
+            last_error: self.get("last_error")?,
+            failure_count: self.get("failure_count")?,
+            reply_to: self.get("reply_to")?,
+            published_at: self.opt_ts("published_at")?,
+            acknowledged_at: self.opt_ts("acknowledged_at")?,
+            acknowledged_by: self.get("acknowledged_by")?,
         })
     }
 

@@ -82,9 +82,9 @@ macro_rules! store_ops {
         use ::orderly_core::step::{StepRecord, idempotency_key};
         use ::orderly_core::transport::Envelope;
         use ::orderly_core::store::{
-            BatchOutcome, ClaimRequest, Completion, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
+            Alert, BatchOutcome, ClaimRequest, Completion, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
             OperatorStore, OrderFilter, OrderView, Page, Recovered, RecoveryPolicy, SchedulerStore,
-            StepUpdate, SubmitOutcome, SupervisorStore, bounded_text,
+            StepUpdate, StepWrite, SubmitOutcome, SupervisorStore, bounded_text,
         };
         use ::orderly_core::{
             Actor, Error, Fence, InstanceId, OrderDetails, OrderId, ProcessState, Result, StateRow,
@@ -226,6 +226,113 @@ macro_rules! store_ops {
                 Self::append(&mut tx, event)
                 .await?;
                 self.commit_with(tx, now, sends).await
+            }
+
+            /// Why a step write matched no row: [`refusal`], or `StaleStep` when only the
+            /// step guard failed.
+            async fn explain_step(
+                conn: &mut Conn,
+                fence: &Fence,
+                now: ::chrono::DateTime<::chrono::Utc>,
+                expect: Option<i32>,
+            ) -> Error {
+                let row = match Self::fetch_state(conn, &fence.order_id).await {
+                    Ok(row) => row,
+                    Err(e) => return e,
+                };
+                if let (Some(r), Some(expected)) = (&row, expect)
+                    && r.locked_by.as_ref() == Some(&fence.owner)
+                    && r.lock_epoch == fence.epoch
+                    && r.process_state == ProcessState::Processing
+                    && r.complete_by.is_some_and(|d| d > now)
+                    && r.current_step != expected
+                {
+                    return Error::StaleStep {
+                        order_id: fence.order_id.clone(),
+                        expected,
+                        current: r.current_step,
+                    };
+                }
+                refusal(fence, row, now, ProcessState::Processing)
+            }
+
+            /// One write of a `record_steps` batch: `Some(refusal)` if it was refused
+            /// (nothing of it written), `None` if applied.
+            async fn apply_step_write(
+                conn: &mut Conn,
+                w: &StepWrite,
+                now: ::chrono::DateTime<::chrono::Utc>,
+            ) -> Result<Option<Error>> {
+                let fence = &w.fence;
+                if w.updates.is_empty() {
+                    let n = ::sqlx::query(st::TOUCH)
+                        .bind(fence.order_id.as_str())
+                        .bind(fence.owner.as_str())
+                        .bind(fence.epoch.0)
+                        .bind("touch")
+                        .bind(Ts(now))
+                        .bind(w.expect_step.unwrap_or(-1))
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?
+                        .rows_affected();
+                    if n == 0 {
+                        return Ok(Some(Self::explain_step(conn, fence, now, w.expect_step).await));
+                    }
+                    return Ok(None);
+                }
+                for (i, step) in w.updates.iter().enumerate() {
+                    let expect = if i == 0 { w.expect_step } else { None };
+                    let detail = step.detail.as_deref().map(bounded_text);
+                    let n = ::sqlx::query(st::TOUCH_FOR_STEP_AT)
+                        .bind(fence.order_id.as_str())
+                        .bind(fence.owner.as_str())
+                        .bind(fence.epoch.0)
+                        .bind(step.status.as_str())
+                        .bind(Ts(now))
+                        .bind(step.index)
+                        .bind(detail)
+                        .bind(expect.unwrap_or(-1))
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?
+                        .rows_affected();
+                    if n == 0 {
+                        if i == 0 {
+                            return Ok(Some(Self::explain_step(conn, fence, now, expect).await));
+                        }
+                        // The first update held under this transaction's lock: only a
+                        // concurrent writer could break it, and the caller may retry.
+                        return Err(Error::Unavailable(
+                            format!("write to order {} raced with another writer; retry", fence.order_id).into(),
+                        ));
+                    }
+                    ::sqlx::query(st::UPSERT_STEP)
+                        .bind(fence.order_id.as_str())
+                        .bind(step.index)
+                        .bind(&step.name)
+                        .bind(step.status.as_str())
+                        .bind(idempotency_key(&fence.order_id, step.index, &step.name))
+                        .bind(detail)
+                        .bind(fence.epoch.0)
+                        .bind(Ts(now))
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                    let kind = match step.status {
+                        ::orderly_core::StepStatus::Started => HistoryKind::StepStarted,
+                        ::orderly_core::StepStatus::Succeeded => HistoryKind::StepSucceeded,
+                        ::orderly_core::StepStatus::Failed => HistoryKind::StepFailed,
+                        ::orderly_core::StepStatus::Compensated => HistoryKind::StepCompensated,
+                    };
+                    let event = Event {
+                        step: Some(step.index),
+                        reason: detail,
+                        ..Event::by_owner(fence, now, kind, ProcessState::Processing)
+                    };
+                    Self::append(conn, event).await?;
+                }
+                Ok(None)
             }
 
             /// An operator's move of `order_id` to `target`, allowed only from `from`:
@@ -481,6 +588,131 @@ macro_rules! store_ops {
                 self.finish_owned(fence, end)
                 .await
             }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, batch = writes.len()))]
+            async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>> {
+                if writes.is_empty() {
+                    return Ok(Vec::new());
+                }
+                for w in writes {
+                    for step in &w.updates {
+                        if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {
+                            return Err(::orderly_core::ValidationError::new(
+                                "step",
+                                "index must be >= 0 and name 1 to 100 characters",
+                            )
+                            .into());
+                        }
+                    }
+                }
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let mut verdicts = Vec::with_capacity(writes.len());
+                let mut sends = Vec::new();
+                for w in writes {
+                    match Self::apply_step_write(&mut tx, w, now).await? {
+                        None => {
+                            sends.extend(w.sends.iter().cloned());
+                            verdicts.push(Ok(()));
+                        }
+                        Some(refused) => verdicts.push(Err(refused)),
+                    }
+                }
+                self.commit_with(tx, now, &sends).await?;
+                Ok(verdicts)
+            }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %owner))]
+            async fn resume_owned(&self, owner: &InstanceId) -> Result<Vec<ClaimedOrder>> {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let rows = ::sqlx::query(st::RESUME_OWNED)
+                    .bind(owner.as_str())
+                    .bind(Ts(now))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let mut resumed = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let c = Cols(r);
+                    let order_id = c.order_id("order_id")?;
+                    let epoch = ::orderly_core::Epoch(c.get("lock_epoch")?);
+                    let details: String = ::sqlx::query_scalar(sql::SELECT_DETAILS)
+                        .bind(order_id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let details = OrderDetails::from_json(&details)
+                        .map_err(|e| corrupt("orders.details", e))?;
+                    let fence = Fence { order_id, owner: owner.clone(), epoch };
+                    let event = Event {
+                        reason: Some("scheduler restarted with the same instance id"),
+                        ..Event::by_owner(&fence, now, HistoryKind::Resumed, ProcessState::Processing)
+                    };
+                    Self::append(&mut tx, event).await?;
+                    resumed.push(ClaimedOrder {
+                        complete_by: c.ts("complete_by")?,
+                        current_step: c.get("current_step")?,
+                        failure_count: c.get("failure_count")?,
+                        details,
+                        reply_to: c.get("reply_to")?,
+                        finish_as: c.opt_state("finish_as")?,
+                        fence,
+                    });
+                }
+                tx.commit().await.map_err(db)?;
+                Ok(resumed)
+            }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
+            async fn begin_compensation(
+                &self,
+                fence: &Fence,
+                finish_as: ProcessState,
+                reason: &str,
+                sends: &[Envelope],
+            ) -> Result<()> {
+                if !matches!(finish_as, ProcessState::Error | ProcessState::Cancelled) {
+                    return Err(::orderly_core::ValidationError::new(
+                        "finish_as",
+                        "must be Error or Cancelled",
+                    )
+                    .into());
+                }
+                let end = OwnerEnd {
+                    sql: st::BEGIN_COMPENSATION,
+                    arg: Some(finish_as.as_str().to_owned()),
+                    target: ProcessState::Processing,
+                    kind: HistoryKind::CompensationStarted,
+                    reason,
+                    sends,
+                };
+                self.finish_owned(fence, end).await
+            }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
+            async fn finish_cancelled(&self, fence: &Fence, reason: &str, sends: &[Envelope]) -> Result<()> {
+                let end = OwnerEnd {
+                    sql: st::FINISH_CANCELLED,
+                    arg: None,
+                    target: ProcessState::Cancelled,
+                    kind: HistoryKind::Cancelled,
+                    reason,
+                    sends,
+                };
+                self.finish_owned(fence, end).await
+            }
+
+            async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
+                ::sqlx::query(st::SELECT_STEPS)
+                    .bind(order_id.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).step_record())
+                    .collect()
+            }
         }
 
         #[async_trait]
@@ -523,6 +755,34 @@ macro_rules! store_ops {
                 }
                 self.recover_batch(actor, policy, limit.min(::orderly_core::store::MAX_BATCH))
                     .await
+            }
+
+            async fn unpublished_alerts(&self, limit: u32) -> Result<Vec<Alert>> {
+                ::sqlx::query(st::UNPUBLISHED_ALERTS)
+                    .bind(i64::from(limit.min(::orderly_core::store::MAX_BATCH)))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).alert())
+                    .collect()
+            }
+
+            async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<()> {
+                if alert_ids.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                for id in alert_ids {
+                    ::sqlx::query(st::MARK_ALERT_PUBLISHED)
+                        .bind(*id)
+                        .bind(Ts(now))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                }
+                tx.commit().await.map_err(db)
             }
         }
 
@@ -627,6 +887,90 @@ macro_rules! store_ops {
                 };
                 self.operator_move(order_id, mv)
                 .await
+            }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
+            async fn request_cancel(
+                &self,
+                order_id: &OrderId,
+                actor: &Actor,
+                reason: &str,
+                sends: &[Envelope],
+            ) -> Result<StateRow> {
+                for _ in 0..OPERATOR_ATTEMPTS {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let Some(row) = Self::fetch_state(&mut tx, order_id).await? else {
+                        return Err(Error::OrderNotFound(order_id.clone()));
+                    };
+                    if row.process_state == ProcessState::Pending
+                        && row.finish_as == Some(ProcessState::Cancelled)
+                    {
+                        return Ok(row); // already asked for
+                    }
+                    if !matches!(
+                        row.process_state,
+                        ProcessState::Pending | ProcessState::Processing | ProcessState::Error
+                    ) {
+                        return Err(Error::IllegalTransition {
+                            order_id: order_id.clone(),
+                            from: row.process_state,
+                            to: ProcessState::Cancelled,
+                        });
+                    }
+                    let effects: i64 = ::sqlx::query_scalar(st::HAS_EFFECTS)
+                        .bind(order_id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    let (sql, target, kind) = if effects > 0 {
+                        (st::REQUEST_CANCEL, ProcessState::Pending, HistoryKind::CancelRequested)
+                    } else {
+                        (st::OPERATOR_MOVE, ProcessState::Cancelled, HistoryKind::Cancelled)
+                    };
+                    let moved = ::sqlx::query(sql)
+                        .bind(order_id.as_str())
+                        .bind(row.process_state.as_str())
+                        .bind(Ts(now))
+                        .bind(row.lock_epoch.0);
+                    let moved = if effects > 0 { moved } else { moved.bind(target.as_str()) };
+                    let Some(moved) = moved.fetch_optional(&mut *tx).await.map_err(db)? else {
+                        continue;
+                    };
+                    let moved = Cols(&moved).state_row()?;
+                    Self::append(
+                        &mut tx,
+                        Event {
+                            order_id,
+                            at: now,
+                            actor: actor.as_str(),
+                            kind,
+                            from: Some(row.process_state),
+                            to: target,
+                            epoch: moved.lock_epoch.0,
+                            step: None,
+                            reason: Some(reason),
+                        },
+                    )
+                    .await?;
+                    self.commit_with(tx, now, sends).await?;
+                    return Ok(moved);
+                }
+                Err(Error::Unavailable(
+                    format!("order {order_id} kept changing; cancel not applied, retry").into(),
+                ))
+            }
+
+            async fn alerts(&self, open_only: bool, limit: u32) -> Result<Vec<Alert>> {
+                ::sqlx::query(st::LIST_ALERTS)
+                    .bind(i32::from(open_only))
+                    .bind(i64::from(limit.clamp(1, ::orderly_core::store::MAX_BATCH)))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).alert())
+                    .collect()
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]

@@ -82,7 +82,8 @@ mod sql {
         WHERE order_id IN (SELECT order_id FROM order_state INDEXED BY order_state_claimable \
             WHERE process_state = 'Pending' AND locked_by IS NULL AND next_attempt_at <= $3 \
             ORDER BY next_attempt_at LIMIT $4) \
-        RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to";
+        RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
+        finish_as";
 
     /// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner.
     pub(super) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
@@ -424,6 +425,7 @@ impl SqliteStore {
                 c.get("current_step")?,
                 c.get("failure_count")?,
                 c.get("reply_to")?,
+                c.opt_state("finish_as")?,
             ));
         }
         let ids = serde_json::to_string(&ids).map_err(|e| corrupt("claimed ids", e))?;
@@ -450,7 +452,7 @@ impl SqliteStore {
         claimed
             .into_iter()
             .map(
-                |(order_id, epoch, complete_by, current_step, failure_count, reply_to)| {
+                |(order_id, epoch, complete_by, current_step, failure_count, reply_to, finish_as)| {
                     let details = details.remove(order_id.as_str()).ok_or_else(|| {
                         corrupt(
                             "orders",
@@ -468,6 +470,7 @@ impl SqliteStore {
                         failure_count,
                         details,
                         reply_to,
+                        finish_as,
                     })
                 },
             )

@@ -42,6 +42,81 @@ pub(crate) const TOUCH_FOR_STEP: &str = concat!(
     fenced!()
 );
 
+/// [`TOUCH_FOR_STEP`] guarded by the step the order is at: `$8` (negative: any).
+pub(crate) const TOUCH_FOR_STEP_AT: &str = concat!(
+    "UPDATE order_state SET \
+     current_step = CASE WHEN $4 = 'Succeeded' AND current_step <= $6 THEN $6 + 1 ELSE current_step END, \
+     last_error = CASE WHEN $4 = 'Failed' THEN $7 ELSE last_error END, \
+     updated_at = $5",
+    fenced!(),
+    " AND ($8 < 0 OR current_step = $8)"
+);
+
+/// Checks the fence of a step write that updates no step (it only sends).
+pub(crate) const TOUCH: &str = concat!(
+    "UPDATE order_state SET updated_at = $5",
+    fenced!(),
+    " AND $4 = $4 AND ($6 < 0 OR current_step = $6)"
+);
+
+/// The owner starts undoing the order, to end as `$4`.
+pub(crate) const BEGIN_COMPENSATION: &str = concat!(
+    "UPDATE order_state SET finish_as = $4, updated_at = $5",
+    fenced!()
+);
+
+/// The owner ends a cancel-requested order: Cancelled (`$4` is now).
+pub(crate) const FINISH_CANCELLED: &str = concat!(
+    "UPDATE order_state SET process_state = 'Cancelled', locked_by = NULL, complete_by = NULL, \
+     finish_as = NULL, updated_at = $4",
+    fenced!()
+);
+
+/// A restarted owner (`$1`) takes its live orders back under a new epoch at `$2`.
+pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_epoch + 1, \
+    updated_at = $2 \
+    WHERE locked_by = $1 AND process_state = 'Processing' AND complete_by > $2 \
+    RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as";
+
+/// An operator's cancel request for an order read at state `$2` and epoch `$4`: back
+/// to Pending, to be undone and then Cancelled, due at `$3`.
+pub(crate) const REQUEST_CANCEL: &str = concat!(
+    "UPDATE order_state SET process_state = 'Pending', finish_as = 'Cancelled', \
+     locked_by = NULL, complete_by = NULL, next_attempt_at = $3, updated_at = $3 \
+     WHERE order_id = $1 AND process_state = $2 AND lock_epoch = $4 RETURNING ",
+    state_columns!()
+);
+
+/// Whether any step of order `$1` may have taken effect.
+pub(crate) const HAS_EFFECTS: &str =
+    "SELECT count(*) FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";
+
+/// The columns an alert is read from (`a` alerts, `s` its step).
+macro_rules! alert_select {
+    () => {
+        "SELECT a.alert_id, a.order_id, a.raised_at, a.step_index, s.name AS step, a.last_error, \
+         a.failure_count, a.reply_to, a.published_at, a.acknowledged_at, a.acknowledged_by \
+         FROM alerts a LEFT JOIN order_steps s \
+         ON s.order_id = a.order_id AND s.step_index = a.step_index "
+    };
+}
+
+/// Unpublished alerts, oldest first: `$1` limit.
+pub(crate) const UNPUBLISHED_ALERTS: &str = concat!(
+    alert_select!(),
+    "WHERE a.published_at IS NULL ORDER BY a.alert_id LIMIT $1"
+);
+
+/// Alerts newest first: `$1` open only (1) or all (0), `$2` limit.
+pub(crate) const LIST_ALERTS: &str = concat!(
+    alert_select!(),
+    "WHERE ($1 = 0 OR a.acknowledged_at IS NULL) ORDER BY a.alert_id DESC LIMIT $2"
+);
+
+/// Marks one alert (`$1`) published at `$2`.
+pub(crate) const MARK_ALERT_PUBLISHED: &str =
+    "UPDATE alerts SET published_at = $2 WHERE alert_id = $1 AND published_at IS NULL";
+
 /// Insert or update one step: `$1` order, `$2` index, `$3` name, `$4` status, `$5` key,
 /// `$6` detail, `$7` epoch, `$8` time. Each start counts as an attempt.
 pub(crate) const UPSERT_STEP: &str = concat!(
@@ -68,7 +143,7 @@ pub(crate) const EXTEND: &str = concat!(
 /// real failure, so it counts in FailureCount like a timeout does.
 pub(crate) const FAIL: &str = concat!(
     "UPDATE order_state SET process_state = 'Error', locked_by = NULL, complete_by = NULL, \
-     failure_count = failure_count + 1, last_error = $4, updated_at = $5",
+     failure_count = failure_count + 1, last_error = $4, finish_as = NULL, updated_at = $5",
     fenced!()
 );
 
@@ -83,6 +158,7 @@ pub(crate) const RELEASE: &str = concat!(
 /// to `$5`, at `$3`. Zero rows means it changed meanwhile.
 pub(crate) const OPERATOR_MOVE: &str = concat!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
+     finish_as = NULL, \
      failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
      next_attempt_at = CASE WHEN $5 = 'Pending' THEN $3 ELSE next_attempt_at END, \
      updated_at = $3 \

@@ -1,0 +1,361 @@
+//! The agent role: consumes step requests, calls the remote service over HTTP with an
+//! `Idempotency-Key` header, retries transient failures with exponential back-off and
+//! full jitter inside the deadline, replies on success or permanent failure, and
+//! stays silent once the deadline has passed. A circuit breaker per remote service
+//! stops it hammering one that is down.
+//!
+//! Depends on `orderly-core` ports and an HTTP client; no database.
+
+mod breaker;
+mod remote;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::messages::{StepOutcome, StepReply, StepRequest, json_message};
+use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json, while_holding};
+use orderly_core::{Clock, InstanceId};
+use rand::Rng;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+pub use breaker::{Breaker, BreakerConfig};
+pub use remote::{CallError, Endpoints, HttpRemote, RemoteCall, RemoteService};
+
+/// How an agent works.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This instance.
+    pub instance: InstanceId,
+    /// The agent queues it consumes.
+    pub queues: Vec<QueueName>,
+    /// Requests worked on at once (across its queues).
+    pub concurrency: usize,
+    /// Most requests received at once per queue.
+    pub receive_batch: u32,
+    /// How long an idle receive waits.
+    pub idle_wait: Duration,
+    /// A reply is sent only if it can be decided this long before the deadline, so it
+    /// is on the queue before the deadline passes.
+    pub reply_margin: Duration,
+    /// Renew a request's lock this often while working on it.
+    pub lock_renewal: Duration,
+    /// Circuit breaker settings, per remote service.
+    pub breaker: BreakerConfig,
+}
+
+impl AgentConfig {
+    /// Defaults: 64 requests at once, batches of 32, 200 ms idle wait, 20 ms reply
+    /// margin, lock renewal every 10 s.
+    pub fn new(instance: InstanceId, queues: Vec<QueueName>) -> Self {
+        Self {
+            instance,
+            queues,
+            concurrency: 64,
+            receive_batch: 32,
+            idle_wait: Duration::from_millis(200),
+            reply_margin: Duration::from_millis(20),
+            lock_renewal: Duration::from_secs(10),
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// What became of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// A reply was sent (success or permanent failure).
+    Replied(StepOutcome),
+    /// The deadline passed (or the tries ran out) first: nothing was sent.
+    Silent(String),
+}
+
+/// An agent instance.
+#[derive(Clone)]
+pub struct Agent {
+    transport: Arc<dyn Transport>,
+    remote: Arc<dyn RemoteService>,
+    clock: Arc<dyn Clock>,
+    cfg: Arc<AgentConfig>,
+    breakers: Arc<std::sync::Mutex<HashMap<String, Arc<Breaker>>>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Agent {
+    /// An agent calling `remote`; `clock` decides when a deadline has passed.
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        remote: Arc<dyn RemoteService>,
+        clock: Arc<dyn Clock>,
+        cfg: AgentConfig,
+    ) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
+            transport,
+            remote,
+            clock,
+            cfg: Arc::new(cfg),
+            breakers: Arc::default(),
+        }
+    }
+
+    fn breaker(&self, service: &str) -> Arc<Breaker> {
+        let mut map = self
+            .breakers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        map.entry(service.to_owned())
+            .or_insert_with(|| Arc::new(Breaker::new(self.cfg.breaker.clone())))
+            .clone()
+    }
+
+    /// Receives one batch from `queue` and handles every request in it to the end,
+    /// returning what became of each.
+    pub async fn run_once(&self, queue: &QueueName, wait: Duration) -> orderly_core::Result<Vec<Handled>> {
+        let batch = self.receive(queue, wait).await?;
+        let mut handled = Vec::with_capacity(batch.len());
+        let tasks: Vec<_> = batch
+            .into_iter()
+            .map(|(req, msg)| {
+                let me = self.clone();
+                tokio::spawn(async move { me.handle(req, msg).await })
+            })
+            .collect();
+        for t in tasks {
+            if let Ok(h) = t.await {
+                handled.push(h);
+            }
+        }
+        Ok(handled)
+    }
+
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        wait: Duration,
+    ) -> orderly_core::Result<Vec<(StepRequest, ReceivedMessage)>> {
+        let (batch, poison) = receive_json::<StepRequest>(
+            self.transport.as_ref(),
+            queue,
+            self.cfg.receive_batch,
+            wait,
+            orderly_core::transport::MAX_BODY_BYTES,
+        )
+        .await
+        .map_err(|e| orderly_core::Error::Unavailable(Box::new(e)))?;
+        for p in &poison {
+            warn!(queue = %queue, message_id = %p.message_id, reason = p.reason, problem = %p.description, "step request dead-lettered");
+        }
+        Ok(batch)
+    }
+
+    /// Runs until `shutdown`: one receive loop per queue, at most `concurrency`
+    /// requests in work at once. Requests in work at shutdown are given back.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = info_span!("agent", instance_id = %self.cfg.instance);
+        async move {
+            info!(queues = ?self.cfg.queues.iter().map(QueueName::as_str).collect::<Vec<_>>(), "agent started");
+            let loops: Vec<_> = self
+                .cfg
+                .queues
+                .clone()
+                .into_iter()
+                .map(|queue| {
+                    let me = self.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move { me.consume(queue, shutdown).await })
+                })
+                .collect();
+            for l in loops {
+                let _ = l.await;
+            }
+            // Wait for the requests in work to end (they stop at shutdown too).
+            let _ = self
+                .permits
+                .acquire_many(u32::try_from(self.cfg.concurrency.max(1)).unwrap_or(u32::MAX))
+                .await;
+            info!("agent stopped");
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn consume(&self, queue: QueueName, shutdown: CancellationToken) {
+        let mut failures = 0u32;
+        while !shutdown.is_cancelled() {
+            // Take a batch only when there is room to work on it.
+            let free = self.permits.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => continue,
+                }
+            }
+            let received = tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = self.receive(&queue, self.cfg.idle_wait) => r,
+            };
+            match received {
+                Ok(batch) => {
+                    failures = 0;
+                    for (req, msg) in batch {
+                        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+                            return;
+                        };
+                        let me = self.clone();
+                        let shutdown = shutdown.clone();
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                _ = me.handle(req, msg.clone()) => {}
+                                () = shutdown.cancelled() => {
+                                    let _ = me.transport.abandon(&msg).await;
+                                }
+                            }
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let wait = Duration::from_millis(100u64 << failures.min(7));
+                    warn!(queue = %queue, error = %e, retry_in_ms = wait.as_millis() as u64, "receive failed; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one request to the end: calls, replies or stays silent, and settles
+    /// the message.
+    pub async fn handle(&self, req: StepRequest, msg: ReceivedMessage) -> Handled {
+        let span = info_span!(
+            "step",
+            order_id = %req.fence.order_id,
+            instance_id = %self.cfg.instance,
+            step = %req.step,
+            action = %req.action,
+            epoch = %req.fence.epoch,
+        );
+        async move {
+            let work = self.work(&req);
+            let outcome =
+                match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        // The lock is gone: another agent may have the request now.
+                        warn!(error = %e, "lost the request's lock while working on it");
+                        return Handled::Silent(format!("lock lost: {e}"));
+                    }
+                };
+            let (handled, attempts) = outcome;
+            if let Handled::Replied(outcome) = &handled {
+                let now = self.clock.now();
+                let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
+                if now + margin >= req.complete_by {
+                    debug!("deadline reached before the reply could be sent: staying silent");
+                    let _ = self.transport.complete(&msg).await;
+                    return Handled::Silent("deadline passed before replying".into());
+                }
+                let reply = StepReply {
+                    fence: req.fence.clone(),
+                    step_index: req.step_index,
+                    step: req.step.clone(),
+                    action: req.action.clone(),
+                    kind: req.kind,
+                    outcome: outcome.clone(),
+                    agent: self.cfg.instance.clone(),
+                    replied_at: now,
+                    complete_by: req.complete_by,
+                    attempts,
+                    context: req.context.clone(),
+                };
+                let message = json_message(reply.message_id(), &reply, Some(req.fence.order_id.as_str()));
+                if let Err(e) = self.transport.send(&req.reply_to, &[message]).await {
+                    // Not settled: the request comes back and the call is repeated
+                    // under the same idempotency key.
+                    warn!(error = %e, "could not send the reply; the request will be redelivered");
+                    let _ = self.transport.abandon(&msg).await;
+                    return Handled::Silent(format!("reply not sent: {e}"));
+                }
+            }
+            let _ = self.transport.complete(&msg).await;
+            handled
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Calls the remote service until it answers, fails permanently, the tries run
+    /// out, or the deadline passes. Returns the result and the number of calls.
+    async fn work(&self, req: &StepRequest) -> (Handled, u32) {
+        let started = self.clock.now();
+        let budget = chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
+        let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
+        let stop_at = (req.complete_by - margin).min(started + budget);
+        let service = self.remote.service_of(&req.action);
+        let breaker = self.breaker(&service);
+        let call = RemoteCall::from_request(req);
+        let mut attempts = 0u32;
+        let mut last_error = String::from("no attempt made");
+        while attempts < req.retry.max_attempts {
+            let now = self.clock.now();
+            let Ok(left) = (stop_at - now).to_std() else { break };
+            if left.is_zero() {
+                break;
+            }
+            if let Err(wait) = breaker.allow() {
+                last_error = format!("circuit open for {service}");
+                // Wait for the breaker to let a probe through, within the deadline.
+                tokio::time::sleep(wait.min(left)).await;
+                continue;
+            }
+            attempts += 1;
+            let result = tokio::time::timeout(left, self.remote.call(&call, left)).await;
+            match result {
+                Ok(Ok(detail)) => {
+                    breaker.record_success();
+                    return (Handled::Replied(StepOutcome::Succeeded { detail }), attempts);
+                }
+                Ok(Err(CallError::Permanent(error))) => {
+                    // The service answered: it is up, the request is bad.
+                    breaker.record_success();
+                    return (Handled::Replied(StepOutcome::Failed { error }), attempts);
+                }
+                Ok(Err(CallError::Transient { error, retry_after })) => {
+                    breaker.record_failure();
+                    debug!(attempt = attempts, error = %error, "transient failure");
+                    last_error = error;
+                    let cap = req.retry.backoff_cap(attempts);
+                    let jitter = if cap.is_zero() {
+                        Duration::ZERO
+                    } else {
+                        rand::rng().random_range(Duration::ZERO..=cap)
+                    };
+                    let wait = retry_after.map_or(jitter, |ra| ra.max(jitter));
+                    let left = (stop_at - self.clock.now()).to_std().unwrap_or_default();
+                    if wait >= left {
+                        break;
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+                Err(_elapsed) => {
+                    breaker.record_failure();
+                    last_error = "remote call outlived the deadline".into();
+                    break;
+                }
+            }
+        }
+        let why = if self.clock.now() >= stop_at {
+            format!("deadline reached after {attempts} calls; last error: {last_error}")
+        } else {
+            format!("{attempts} calls failed; last error: {last_error}")
+        };
+        info!(attempts, reason = %why, "giving up silently: the supervisor will retry the order");
+        (Handled::Silent(why), attempts)
+    }
+}

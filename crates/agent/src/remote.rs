@@ -1,0 +1,174 @@
+//! Calling a remote service: the port, and its HTTP implementation.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orderly_core::messages::{StepKind, StepRequest};
+use orderly_core::{OrderDetails, OrderId};
+use serde::Serialize;
+
+/// Longest answer or error text kept from a remote service.
+const MAX_ANSWER: usize = 2_000;
+
+/// What is sent to the remote service (as the JSON body).
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteCall {
+    /// The order.
+    pub order_id: OrderId,
+    /// The workflow step.
+    pub step: String,
+    /// The action (the step, or its compensation).
+    pub action: String,
+    /// Do or undo.
+    pub kind: StepKind,
+    /// Also sent as the `Idempotency-Key` header.
+    pub idempotency_key: String,
+    /// For a compensation: the key of the action it undoes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
+    /// What was ordered.
+    pub details: OrderDetails,
+}
+
+impl RemoteCall {
+    /// The call a request asks for.
+    pub fn from_request(req: &StepRequest) -> Self {
+        Self {
+            order_id: req.fence.order_id.clone(),
+            step: req.step.clone(),
+            action: req.action.clone(),
+            kind: req.kind,
+            idempotency_key: req.idempotency_key.clone(),
+            compensates: (req.kind == StepKind::Compensate).then(|| {
+                orderly_core::step::idempotency_key(&req.fence.order_id, req.step_index, &req.step)
+            }),
+            details: req.context.details.clone(),
+        }
+    }
+}
+
+/// How a call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// Worth retrying: no answer, a timeout, 408, 429 or 5xx.
+    #[error("transient: {error}")]
+    Transient {
+        /// What happened.
+        error: String,
+        /// How long the service asked us to wait (Retry-After).
+        retry_after: Option<Duration>,
+    },
+    /// Retrying will not help: another 4xx, or a declared permanent error.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+/// A remote service an agent calls.
+#[async_trait]
+pub trait RemoteService: Send + Sync {
+    /// The name of the service behind `action` (one circuit breaker each).
+    fn service_of(&self, action: &str) -> String;
+
+    /// Performs `call`, giving up after `timeout`. `Ok` carries the answer.
+    async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError>;
+}
+
+/// Where each action is served: `base_url/<action>` unless overridden.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The default base URL, e.g. `http://remote:8080/actions`.
+    pub base_url: String,
+    /// Per-action URLs.
+    pub overrides: HashMap<String, String>,
+}
+
+impl Endpoints {
+    /// The URL of `action`.
+    pub fn url(&self, action: &str) -> String {
+        self.overrides
+            .get(action)
+            .cloned()
+            .unwrap_or_else(|| format!("{}/{action}", self.base_url.trim_end_matches('/')))
+    }
+}
+
+/// The HTTP implementation.
+#[derive(Debug, Clone)]
+pub struct HttpRemote {
+    client: reqwest::Client,
+    endpoints: Endpoints,
+}
+
+impl HttpRemote {
+    /// A client for `endpoints`.
+    pub fn new(endpoints: Endpoints) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(Self { client, endpoints })
+    }
+}
+
+fn cut(mut text: String) -> String {
+    if text.len() > MAX_ANSWER {
+        let mut end = MAX_ANSWER;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// Parses `Retry-After` given in seconds (the HTTP-date form is treated as absent).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+#[async_trait]
+impl RemoteService for HttpRemote {
+    fn service_of(&self, action: &str) -> String {
+        let url = self.endpoints.url(action);
+        // One breaker per host:port: a service down is down for all its actions.
+        url.split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or(&url)
+            .to_owned()
+    }
+
+    async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError> {
+        let body = serde_json::to_vec(call).map_err(|e| CallError::Permanent(e.to_string()))?;
+        let response = self
+            .client
+            .post(self.endpoints.url(&call.action))
+            .timeout(timeout)
+            .header("Idempotency-Key", &call.idempotency_key)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| CallError::Transient {
+                error: if e.is_timeout() {
+                    "timed out".to_owned()
+                } else {
+                    format!("no answer: {e}")
+                },
+                retry_after: None,
+            })?;
+        let status = response.status();
+        let wait = retry_after(response.headers());
+        let text = cut(response.text().await.unwrap_or_default());
+        match status.as_u16() {
+            200..=299 => Ok(text),
+            408 | 429 | 500..=599 => Err(CallError::Transient {
+                error: format!("HTTP {status}: {text}"),
+                retry_after: wait,
+            }),
+            _ => Err(CallError::Permanent(format!("HTTP {status}: {text}"))),
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The messages the roles exchange, and the queue names they use by default. Every
+//! message is JSON; every message id is derived from what the message means, so a
+//! resend of the same message is dropped by the queue's duplicate detection.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::id::{InstanceId, OrderId};
+use crate::order::OrderDetails;
+use crate::state::Fence;
+use crate::transport::{Envelope, OutgoingMessage, QueueName};
+use crate::workflow::RetryPolicy;
+
+/// The default queue names.
+pub mod queues {
+    /// Where clients post order-submitted messages.
+    pub const ORDERS: &str = "orders";
+    /// Where agents send step replies to the schedulers.
+    pub const REPLIES: &str = "replies";
+    /// Where operator alerts go.
+    pub const ALERTS: &str = "alerts";
+}
+
+/// The message a client posts to the orders queue: the order and, optionally, a
+/// private queue for status notifications.
+pub type OrderSubmitted = crate::store::NewOrder;
+
+/// Whether a request does a step or undoes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// Perform the step.
+    Do,
+    /// Undo a step done earlier (its compensation).
+    Compensate,
+}
+
+/// A scheduler's request to an agent: perform (or undo) one step of one order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepRequest {
+    /// The owner's proof, echoed in the reply; a reply under a stale fence is refused.
+    pub fence: Fence,
+    /// The step's position in the workflow.
+    pub step_index: i32,
+    /// The step's name.
+    pub step: String,
+    /// The remote action to perform: the step's name, or its compensation's.
+    pub action: String,
+    /// Do or undo.
+    pub kind: StepKind,
+    /// The same on every retry and every re-run of this action for this order.
+    pub idempotency_key: String,
+    /// The order's deadline (CompleteBy): after it, the agent stops and sends nothing.
+    pub complete_by: DateTime<Utc>,
+    /// The most the agent spends on this request, in milliseconds.
+    pub timeout_ms: u64,
+    /// How the agent retries transient failures.
+    pub retry: RetryPolicy,
+    /// Where to reply.
+    pub reply_to: crate::transport::QueueName,
+    /// What the agent needs to know of the order, echoed in the reply so the scheduler
+    /// that applies it needs no extra read.
+    pub context: StepContext,
+}
+
+/// The order's context carried by a request and echoed by its reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepContext {
+    /// What was ordered.
+    pub details: OrderDetails,
+    /// The client's queue for status notifications.
+    #[serde(default)]
+    pub notify_to: Option<String>,
+    /// Set while the order's steps are being undone: how it will end.
+    #[serde(default)]
+    pub finish_as: Option<crate::state::ProcessState>,
+}
+
+impl StepRequest {
+    /// The message id: one per action, order and ownership term.
+    pub fn message_id(&self) -> String {
+        format!(
+            "req:{}:{}:{}:{}",
+            self.fence.order_id,
+            self.step_index,
+            kind_letter(self.kind),
+            self.fence.epoch
+        )
+    }
+}
+
+fn kind_letter(kind: StepKind) -> char {
+    match kind {
+        StepKind::Do => 'd',
+        StepKind::Compensate => 'c',
+    }
+}
+
+/// How an action ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// Done; the remote service's answer.
+    Succeeded {
+        /// What the remote service said.
+        detail: String,
+    },
+    /// Failed permanently; retrying will not help.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// An agent's answer to a [`StepRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepReply {
+    /// The fence of the request.
+    pub fence: Fence,
+    /// The step's position.
+    pub step_index: i32,
+    /// The step's name.
+    pub step: String,
+    /// The action performed.
+    pub action: String,
+    /// Do or undo.
+    pub kind: StepKind,
+    /// How it ended.
+    pub outcome: StepOutcome,
+    /// The agent that answered.
+    pub agent: InstanceId,
+    /// When the agent decided to answer (its clock); never after `complete_by`.
+    pub replied_at: DateTime<Utc>,
+    /// The deadline the request carried.
+    pub complete_by: DateTime<Utc>,
+    /// Remote calls made for this request.
+    pub attempts: u32,
+    /// The request's context, echoed.
+    pub context: StepContext,
+}
+
+impl StepReply {
+    /// The message id: one per action, order and term, so a repeated reply (an agent
+    /// that crashed after replying) is dropped.
+    pub fn message_id(&self) -> String {
+        format!(
+            "rep:{}:{}:{}:{}",
+            self.fence.order_id,
+            self.step_index,
+            kind_letter(self.kind),
+            self.fence.epoch
+        )
+    }
+}
+
+/// What a status notification says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    /// The order was accepted.
+    Received,
+    /// A scheduler started working on it.
+    Processing,
+    /// One step is done.
+    StepDone,
+    /// Every step is done.
+    Completed,
+    /// It ended in Error.
+    Failed,
+    /// It was cancelled.
+    Cancelled,
+}
+
+impl OrderStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Received => "received",
+            OrderStatus::Processing => "processing",
+            OrderStatus::StepDone => "step_done",
+            OrderStatus::Completed => "completed",
+            OrderStatus::Failed => "failed",
+            OrderStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A status notification sent to the client's reply queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusNotice {
+    /// The order.
+    pub order_id: OrderId,
+    /// What happened.
+    pub status: OrderStatus,
+    /// The step concerned, for `step_done` (and `failed`, where known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// More, e.g. the error for `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl StatusNotice {
+    /// The envelope for the client's queue `reply_to`, or `None` when the order has
+    /// none or it is not a valid queue name (kept from being sent, and logged by the
+    /// caller). `discriminator` makes the id unique per occurrence (e.g. the epoch and
+    /// step index).
+    pub fn envelope(&self, reply_to: Option<&str>, discriminator: &str) -> Option<Envelope> {
+        let queue = QueueName::parse(reply_to?).ok()?;
+        let id = format!(
+            "st:{}:{}:{}",
+            self.order_id,
+            self.status.as_str(),
+            discriminator
+        );
+        Some(Envelope {
+            queue,
+            message: json_message(id, self, Some(self.order_id.as_str())),
+        })
+    }
+}
+
+/// An operator alert as sent to the alerts queue.
+pub type AlertMessage = crate::store::Alert;
+
+/// A JSON message with an id and a correlation id.
+pub fn json_message<T: Serialize>(
+    message_id: String,
+    body: &T,
+    correlation_id: Option<&str>,
+) -> OutgoingMessage {
+    // Serializing these plain structs cannot fail; an empty body would be refused by
+    // the consumer and dead-lettered, never lost.
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    let mut m = OutgoingMessage::new(message_id, body);
+    m.correlation_id = correlation_id.map(str::to_owned);
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Epoch;
+
+    #[test]
+    fn message_ids_fit_the_transport_limit_for_the_longest_names() {
+        let order_id = OrderId::parse("o".repeat(crate::id::MAX_ORDER_ID_LEN)).unwrap();
+        let fence = Fence {
+            order_id: order_id.clone(),
+            owner: InstanceId::generate("scheduler"),
+            epoch: Epoch(i64::MAX),
+        };
+        let id = format!("rep:{}:{}:c:{}", fence.order_id, i32::MAX, fence.epoch);
+        assert!(id.len() <= 128, "{} characters", id.len());
+        let notice = StatusNotice {
+            order_id,
+            status: OrderStatus::StepDone,
+            step: Some("s".repeat(crate::workflow::MAX_STEP_NAME_LEN)),
+            detail: None,
+        };
+        let env = notice
+            .envelope(Some("client-1"), &format!("{}.{}", i64::MAX, i32::MAX))
+            .unwrap();
+        assert!(env.message.message_id.len() <= 128);
+        assert!(notice.envelope(Some("bad queue!"), "1").is_none());
+        assert!(notice.envelope(None, "1").is_none());
+    }
+}

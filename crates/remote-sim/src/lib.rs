@@ -1,0 +1,320 @@
+//! A simulator of the three demo remote services (inventory, payment, shipping) over
+//! HTTP, with configurable latency and fault injection, that honours the
+//! `Idempotency-Key` contract and keeps a ledger of every effect it applied, so a test
+//! can prove that no step took effect twice.
+//!
+//! Contract, as a real idempotent service would keep it:
+//! - `POST /actions/{action}` with an `Idempotency-Key` header and a JSON body
+//!   (order id, step, action, kind, details, and for a compensation the key it undoes);
+//! - the first success for a key applies the effect; a repeat of the key answers the
+//!   same without applying it again;
+//! - a compensation tombstones the key it undoes: that action, arriving later, is
+//!   refused permanently (409) and applies nothing;
+//! - faults apply nothing: a transient failure answers 503 or 429, a permanent one 422
+//!   (decided per key, so every retry of a key sees the same), a hang holds the request.
+//!
+//! `GET /ledger` returns the applied effects; `GET /healthz` answers 200.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+/// Latency and faults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Time before each answer.
+    pub latency: Duration,
+    /// Share of calls failing transiently (0.0 to 1.0).
+    pub transient_rate: f64,
+    /// Share of idempotency keys failing permanently (0.0 to 1.0; per key).
+    pub permanent_rate: f64,
+    /// Share of calls that hang for `hang_for` and then fail.
+    pub hang_rate: f64,
+    /// How long a hanging call hangs.
+    pub hang_for: Duration,
+    /// Actions that always fail permanently (e.g. `ship`).
+    pub permanent_actions: Vec<String>,
+    /// Seed of the fault dice.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            transient_rate: 0.0,
+            permanent_rate: 0.0,
+            hang_rate: 0.0,
+            hang_for: Duration::from_secs(30),
+            permanent_actions: Vec::new(),
+            seed: 1,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Refuses rates outside 0..=1; the error names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, rate) in [
+            ("transient_rate", self.transient_rate),
+            ("permanent_rate", self.permanent_rate),
+            ("hang_rate", self.hang_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(format!("{name} must be between 0 and 1, got {rate}"));
+            }
+        }
+        if self.transient_rate + self.hang_rate > 1.0 {
+            return Err("transient_rate + hang_rate must not exceed 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// One applied effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Effect {
+    /// The idempotency key.
+    pub key: String,
+    /// The order.
+    pub order_id: String,
+    /// The action applied.
+    pub action: String,
+    /// `do` or `compensate`.
+    pub kind: String,
+    /// For a compensation: the key it undid.
+    pub compensates: Option<String>,
+    /// When it was applied.
+    pub applied_at: DateTime<Utc>,
+    /// Calls that carried this key (the applying one and every repeat).
+    pub calls: u32,
+}
+
+/// What the simulator counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimStats {
+    /// Calls received.
+    pub calls: u64,
+    /// Effects applied.
+    pub applied: u64,
+    /// Repeats answered without applying.
+    pub replays: u64,
+    /// Transient failures injected.
+    pub transient: u64,
+    /// Permanent failures answered.
+    pub permanent: u64,
+    /// Hangs injected.
+    pub hangs: u64,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    effects: HashMap<String, Effect>,
+    /// Keys undone by a compensation.
+    tombstones: HashSet<String>,
+    stats: SimStats,
+}
+
+/// The simulator's state, shared by its handlers and readable in-process.
+#[derive(Debug, Clone)]
+pub struct Sim {
+    cfg: Arc<SimConfig>,
+    ledger: Arc<Mutex<Ledger>>,
+    dice: Arc<Mutex<StdRng>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Call {
+    order_id: String,
+    action: String,
+    kind: String,
+    #[serde(default)]
+    compensates: Option<String>,
+}
+
+impl Sim {
+    /// A simulator with `cfg`.
+    pub fn new(cfg: SimConfig) -> Self {
+        Self {
+            dice: Arc::new(Mutex::new(StdRng::seed_from_u64(cfg.seed))),
+            cfg: Arc::new(cfg),
+            ledger: Arc::default(),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every applied effect, ordered by time.
+    pub fn effects(&self) -> Vec<Effect> {
+        let mut effects: Vec<Effect> = self.ledger().effects.values().cloned().collect();
+        effects.sort_by(|a, b| a.applied_at.cmp(&b.applied_at).then(a.key.cmp(&b.key)));
+        effects
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> SimStats {
+        self.ledger().stats
+    }
+
+    /// The HTTP routes.
+    pub fn router(&self) -> axum::Router {
+        axum::Router::new()
+            .route("/actions/{action}", post(act))
+            .route("/ledger", get(ledger))
+            .route("/stats", get(stats))
+            .route("/healthz", get(|| async { "ok" }))
+            .with_state(self.clone())
+    }
+
+    /// Serves on `listener` until `shutdown`.
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    }
+
+    fn roll(&self) -> f64 {
+        self.dice
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .random::<f64>()
+    }
+
+    /// Whether `key` fails permanently: a stable function of the key and the seed.
+    fn declines(&self, action: &str, key: &str) -> bool {
+        if self.cfg.permanent_actions.iter().any(|a| a == action) {
+            return true;
+        }
+        if self.cfg.permanent_rate <= 0.0 {
+            return false;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ self.cfg.seed;
+        for b in key.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % 1_000_000) as f64 / 1_000_000.0 < self.cfg.permanent_rate
+    }
+}
+
+fn answer(status: StatusCode, text: impl Into<String>) -> Response {
+    (status, text.into()).into_response()
+}
+
+async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: HeaderMap, body: String) -> Response {
+    if !sim.cfg.latency.is_zero() {
+        tokio::time::sleep(sim.cfg.latency).await;
+    }
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+    else {
+        return answer(StatusCode::BAD_REQUEST, "Idempotency-Key header is required");
+    };
+    let call: Call = match serde_json::from_str(&body) {
+        Ok(c) => c,
+        Err(e) => return answer(StatusCode::BAD_REQUEST, format!("invalid body: {e}")),
+    };
+    if call.action != action {
+        return answer(StatusCode::BAD_REQUEST, "body action differs from the URL");
+    }
+    {
+        let mut l = sim.ledger();
+        l.stats.calls += 1;
+        if let Some(e) = l.effects.get_mut(&key) {
+            e.calls += 1;
+            l.stats.replays += 1;
+            return answer(StatusCode::OK, format!("{action} {key}: already applied"));
+        }
+        if l.tombstones.contains(&key) {
+            l.stats.permanent += 1;
+            return answer(StatusCode::CONFLICT, format!("{action} {key}: already compensated"));
+        }
+    }
+    let roll = sim.roll();
+    if roll < sim.cfg.hang_rate {
+        sim.ledger().stats.hangs += 1;
+        tokio::time::sleep(sim.cfg.hang_for).await;
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
+    }
+    if roll < sim.cfg.hang_rate + sim.cfg.transient_rate {
+        sim.ledger().stats.transient += 1;
+        return if roll * 1e6 % 2.0 < 1.0 {
+            answer(StatusCode::SERVICE_UNAVAILABLE, "temporarily unavailable")
+        } else {
+            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0")], "slow down").into_response()
+        };
+    }
+    if call.kind == "do" && sim.declines(&action, &key) {
+        sim.ledger().stats.permanent += 1;
+        return answer(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("{action} declined for order {}", call.order_id),
+        );
+    }
+    let mut l = sim.ledger();
+    // Checked again under the lock: two concurrent first calls apply once.
+    if let Some(e) = l.effects.get_mut(&key) {
+        e.calls += 1;
+        l.stats.replays += 1;
+        return answer(StatusCode::OK, format!("{action} {key}: already applied"));
+    }
+    if let Some(undone) = &call.compensates {
+        l.tombstones.insert(undone.clone());
+    }
+    l.effects.insert(
+        key.clone(),
+        Effect {
+            key: key.clone(),
+            order_id: call.order_id,
+            action: action.clone(),
+            kind: call.kind,
+            compensates: call.compensates,
+            applied_at: Utc::now(),
+            calls: 1,
+        },
+    );
+    l.stats.applied += 1;
+    answer(StatusCode::OK, format!("{action} {key}: applied"))
+}
+
+async fn ledger(State(sim): State<Sim>) -> Json<Vec<Effect>> {
+    Json(sim.effects())
+}
+
+async fn stats(State(sim): State<Sim>) -> Json<SimStats> {
+    Json(sim.stats())
+}
+
+/// Effects that break "no step takes effect twice": the same action applied to the
+/// same order under more than one key. Empty when all is well.
+pub fn double_effects(effects: &[Effect]) -> Vec<(String, String, usize)> {
+    let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+    for e in effects {
+        *seen.entry((&e.order_id, &e.action)).or_default() += 1;
+    }
+    let mut doubles: Vec<_> = seen
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((o, a), n)| (o.to_owned(), a.to_owned(), n))
+        .collect();
+    doubles.sort();
+    doubles
+}

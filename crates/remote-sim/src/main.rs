@@ -1,0 +1,61 @@
+//! `orderly-remote-sim`: the demo remote services, with fault injection.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use orderly_remote_sim::{Sim, SimConfig};
+
+/// orderly-remote-sim: inventory, payment and shipping over HTTP, with faults.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "ORDERLY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Latency of every answer, in ms.
+    #[arg(long, env = "ORDERLY_SIM_LATENCY_MS", default_value = "0", value_parser = orderly_runtime::millis)]
+    latency_ms: Duration,
+    /// Share of calls failing transiently (503/429).
+    #[arg(long, env = "ORDERLY_SIM_TRANSIENT_RATE", default_value_t = 0.0)]
+    transient_rate: f64,
+    /// Share of idempotency keys failing permanently (422).
+    #[arg(long, env = "ORDERLY_SIM_PERMANENT_RATE", default_value_t = 0.0)]
+    permanent_rate: f64,
+    /// Share of calls that hang.
+    #[arg(long, env = "ORDERLY_SIM_HANG_RATE", default_value_t = 0.0)]
+    hang_rate: f64,
+    /// How long a hanging call hangs, in ms.
+    #[arg(long, env = "ORDERLY_SIM_HANG_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    hang_ms: Duration,
+    /// Actions that always fail permanently (comma-separated).
+    #[arg(long, env = "ORDERLY_SIM_PERMANENT_ACTIONS", value_delimiter = ',')]
+    permanent_actions: Vec<String>,
+    /// Seed of the fault dice.
+    #[arg(long, env = "ORDERLY_SIM_SEED", default_value_t = 1)]
+    seed: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    orderly_runtime::init_tracing(false);
+    let cfg = SimConfig {
+        latency: args.latency_ms,
+        transient_rate: args.transient_rate,
+        permanent_rate: args.permanent_rate,
+        hang_rate: args.hang_rate,
+        hang_for: args.hang_ms,
+        permanent_actions: args.permanent_actions,
+        seed: args.seed,
+    };
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid simulator setting: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on --listen {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "remote-service simulator listening");
+    Sim::new(cfg)
+        .serve(listener, orderly_runtime::shutdown_on_signals())
+        .await?;
+    Ok(())
+}

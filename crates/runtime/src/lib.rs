@@ -1,0 +1,152 @@
+//! What every orderly binary shares: the common settings (database URL, instance id,
+//! log format), tracing set-up, the shutdown signal, and reading a workflow file.
+//! Binaries stay thin: parse, set up, wire, `run(shutdown)`.
+//!
+//! Depends on `orderly-core` only (no database, no queue client).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use orderly_core::InstanceId;
+use orderly_core::workflow::Workflow;
+use tokio_util::sync::CancellationToken;
+
+/// Settings every role binary takes, from flags or `ORDERLY_*` variables.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    /// State store (and embedded queues): sqlite://FILE or postgres://USER@HOST:PORT/DB.
+    #[arg(
+        long,
+        env = "ORDERLY_DATABASE_URL",
+        default_value = "sqlite://orderly.db",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// This instance's id (goes into locked_by and every log line). Give a stable one
+    /// (e.g. the pod name) so a restarted scheduler takes its orders back at once;
+    /// by default a fresh `role@host:pid:random`.
+    #[arg(long, env = "ORDERLY_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "ORDERLY_LOG_JSON")]
+    pub log_json: bool,
+}
+
+impl Common {
+    /// The instance id: the configured one, or a fresh one for `role`.
+    pub fn instance(&self, role: &str) -> anyhow::Result<InstanceId> {
+        match &self.instance_id {
+            Some(id) => InstanceId::parse(id.clone())
+                .context("invalid --instance-id / ORDERLY_INSTANCE_ID"),
+            None => Ok(InstanceId::generate(role)),
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `ORDERLY_LOG` (default `info`), as text or JSON lines.
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C).
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                    t.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// Reads a workflow from a TOML file, or the default order workflow without one, and
+/// validates it. Errors name the file and the field.
+pub fn load_workflow(path: Option<&Path>) -> anyhow::Result<Workflow> {
+    let workflow = match path {
+        None => Workflow::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read workflow file {}", path.display()))?;
+            toml::from_str::<Workflow>(&text)
+                .with_context(|| format!("invalid workflow file {}", path.display()))?
+        }
+    };
+    workflow
+        .validate()
+        .context("invalid workflow (setting --workflow / ORDERLY_WORKFLOW)")?;
+    Ok(workflow)
+}
+
+/// Parses a duration given in milliseconds (for flags).
+pub fn millis(raw: &str) -> Result<Duration, String> {
+    raw.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| format!("expected milliseconds: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workflow_file_with_an_unknown_key_is_refused_naming_it() {
+        let dir = std::env::temp_dir().join(format!("orderly-wf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("wf.toml");
+        std::fs::write(
+            &file,
+            "name = \"x\"\n[[steps]]\nname = \"a\"\nqueue = \"q\"\ntimeout_ms = 100\ntimeot = 3\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", load_workflow(Some(&file)).unwrap_err());
+        assert!(err.contains("timeot"), "{err}");
+        std::fs::write(
+            &file,
+            "name = \"x\"\n[[steps]]\nname = \"a\"\nqueue = \"q\"\ntimeout_ms = 1\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", load_workflow(Some(&file)).unwrap_err());
+        assert!(err.contains("steps[0].timeout_ms"), "{err}");
+        std::fs::write(
+            &file,
+            "name = \"two\"\ncompensate_on_error = false\n[[steps]]\nname = \"a\"\nqueue = \"q\"\ntimeout_ms = 100\ncompensation = \"undo-a\"\n[steps.retry]\nmax_attempts = 3\ninitial_backoff_ms = 10\nmax_backoff_ms = 100\nmultiplier = 2.0\n",
+        )
+        .unwrap();
+        let w = load_workflow(Some(&file)).unwrap();
+        assert_eq!(w.steps[0].retry.max_attempts, 3);
+        assert!(!w.compensate_on_error);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,894 @@
+//! The scheduler role: claims due orders, drives each through its declared workflow
+//! by sending step requests to agents, applies their replies under the fence they
+//! carry, compensates completed steps when an order cannot finish, and completes it.
+//!
+//! Nothing here lives only in memory: an order's progress is its state row and step
+//! records, and every step request and reply is a durable message, so a scheduler can
+//! die at any point and another (or the supervisor) carries on. Replies go to one
+//! shared queue and any scheduler instance may apply one: the write is fenced by the
+//! (order, owner, epoch) the request carried, so a reply for a deposed owner is refused
+//! by the store, not merely unlikely to be applied.
+//!
+//! Depends on `orderly-core` ports only; no database or queue client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::messages::{
+    OrderStatus, StatusNotice, StepContext, StepKind, StepOutcome, StepReply, StepRequest,
+    json_message,
+};
+use orderly_core::store::{ClaimRequest, ClaimedOrder, Completion, StateStore, StepUpdate, StepWrite};
+use orderly_core::transport::{Envelope, QueueName, ReceivedMessage, Transport, receive_json};
+use orderly_core::workflow::Workflow;
+use orderly_core::{Clock, Error, Fence, InstanceId, ProcessState, StepRecord, StepStatus};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// How a scheduler works.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// This instance; becomes `locked_by` of the orders it claims.
+    pub instance: InstanceId,
+    /// The workflow every order runs.
+    pub workflow: Arc<Workflow>,
+    /// Where agents reply.
+    pub replies: QueueName,
+    /// Most orders claimed at once.
+    pub claim_batch: u32,
+    /// Most replies applied at once.
+    pub reply_batch: u32,
+    /// An order's deadline after its claim (CompleteBy = claim time + this).
+    pub processing_timeout: Duration,
+    /// How long an idle loop waits before looking again.
+    pub idle_wait: Duration,
+}
+
+impl SchedulerConfig {
+    /// A configuration for `workflow` with the defaults: batches of 64 and 128, a
+    /// processing timeout of the workflow's total budget, 200 ms idle wait.
+    pub fn new(instance: InstanceId, workflow: Arc<Workflow>) -> Self {
+        Self {
+            instance,
+            processing_timeout: workflow.total_budget(),
+            workflow,
+            replies: QueueName::parse(orderly_core::messages::queues::REPLIES)
+                .unwrap_or_else(|_| unreachable!("literal queue name")),
+            claim_batch: 64,
+            reply_batch: 128,
+            idle_wait: Duration::from_millis(200),
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Orders claimed (or resumed).
+    pub claimed: usize,
+    /// Step and compensation requests sent.
+    pub requests: usize,
+    /// Replies applied.
+    pub applied: usize,
+    /// Replies dropped: stale fence, stale step, deadline passed, repeated.
+    pub dropped: usize,
+    /// Replies dead-lettered: undecodable, or for a step the workflow does not have.
+    pub rejected: usize,
+    /// Orders now Processed.
+    pub completed: usize,
+    /// Orders now Error.
+    pub failed: usize,
+    /// Orders now Cancelled.
+    pub cancelled: usize,
+    /// Replies left for redelivery because the store was unavailable.
+    pub retried: usize,
+}
+
+impl Pass {
+    fn add(&mut self, o: Pass) {
+        self.claimed += o.claimed;
+        self.requests += o.requests;
+        self.applied += o.applied;
+        self.dropped += o.dropped;
+        self.rejected += o.rejected;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        self.retried += o.retried;
+    }
+
+    /// Whether the pass found any work.
+    pub fn is_idle(&self) -> bool {
+        *self == Pass::default()
+    }
+}
+
+/// A scheduler instance.
+#[derive(Clone)]
+pub struct Scheduler {
+    store: Arc<dyn StateStore>,
+    transport: Arc<dyn Transport>,
+    clock: Arc<dyn Clock>,
+    cfg: SchedulerConfig,
+}
+
+/// What to do next with an order the scheduler holds.
+enum Next {
+    /// Send this write (a step or compensation request).
+    Write(StepWrite),
+    /// Every step done: complete it.
+    Complete(Completion),
+    /// Undoing finished (or nothing to undo): end it in Error with this error.
+    Fail(Fence, String),
+    /// Undoing finished: end it Cancelled.
+    Cancel(Fence),
+    /// Record the last compensation, then finish as the order is marked to.
+    Finish(StepWrite, Option<ProcessState>),
+}
+
+impl Scheduler {
+    /// A scheduler over `store` and `transport`; `clock` decides when a deadline has
+    /// passed on this side (the store decides for itself).
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        transport: Arc<dyn Transport>,
+        clock: Arc<dyn Clock>,
+        cfg: SchedulerConfig,
+    ) -> Self {
+        Self {
+            store,
+            transport,
+            clock,
+            cfg,
+        }
+    }
+
+    /// This instance's id.
+    pub fn instance(&self) -> &InstanceId {
+        &self.cfg.instance
+    }
+
+    /// Takes back the orders an earlier run with this instance id still holds (under
+    /// a new epoch) and sends their current step again; the idempotency key makes the
+    /// repeat harmless. Call once at start-up.
+    pub async fn resume(&self) -> orderly_core::Result<Pass> {
+        let orders = self.store.resume_owned(&self.cfg.instance).await?;
+        if !orders.is_empty() {
+            info!(instance_id = %self.cfg.instance, orders = orders.len(), "resumed orders held before a restart");
+        }
+        self.advance_claimed(orders).await
+    }
+
+    /// Claims one batch of due orders and sends each its next request.
+    pub async fn claim_once(&self) -> orderly_core::Result<Pass> {
+        let claimed = self
+            .store
+            .claim(&ClaimRequest {
+                owner: self.cfg.instance.clone(),
+                limit: self.cfg.claim_batch,
+                timeout: self.cfg.processing_timeout,
+            })
+            .await?;
+        self.advance_claimed(claimed).await
+    }
+
+    async fn advance_claimed(&self, claimed: Vec<ClaimedOrder>) -> orderly_core::Result<Pass> {
+        let mut pass = Pass {
+            claimed: claimed.len(),
+            ..Pass::default()
+        };
+        if claimed.is_empty() {
+            return Ok(pass);
+        }
+        let mut nexts = Vec::with_capacity(claimed.len());
+        for order in &claimed {
+            let context = StepContext {
+                details: order.details.clone(),
+                notify_to: order.reply_to.clone(),
+                finish_as: order.finish_as,
+            };
+            let next = match order.finish_as {
+                Some(_) => {
+                    let steps = self.store.steps(&order.fence.order_id).await?;
+                    self.plan_compensation(&order.fence, order.complete_by, &context, &steps, None)
+                }
+                None if order.current_step >= self.cfg.workflow.len() => {
+                    Next::Complete(self.completion(&order.fence, &context))
+                }
+                None => {
+                    let mut write = self.start_step(
+                        &order.fence,
+                        order.current_step,
+                        order.complete_by,
+                        &context,
+                    );
+                    let notice = StatusNotice {
+                        order_id: order.fence.order_id.clone(),
+                        status: OrderStatus::Processing,
+                        step: None,
+                        detail: None,
+                    };
+                    write.sends.extend(
+                        notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()),
+                    );
+                    Next::Write(write)
+                }
+            };
+            nexts.push(next);
+        }
+        let fences: Vec<Fence> = claimed.into_iter().map(|o| o.fence).collect();
+        match self.execute(nexts, &mut pass).await {
+            Ok(()) => Ok(pass),
+            Err(e) => {
+                // Hand the batch back rather than leave it to time out.
+                for fence in &fences {
+                    if let Err(release) = self.store.release(fence, "scheduler could not start it").await {
+                        debug!(order_id = %fence.order_id, error = %release, "release after a failed start");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Receives one batch of replies (waiting at most `wait` for the first) and
+    /// applies them.
+    pub async fn replies_once(&self, wait: Duration) -> orderly_core::Result<Pass> {
+        let (replies, poison) = receive_json::<StepReply>(
+            self.transport.as_ref(),
+            &self.cfg.replies,
+            self.cfg.reply_batch,
+            wait,
+            orderly_core::transport::MAX_BODY_BYTES,
+        )
+        .await
+        .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        let mut pass = Pass {
+            rejected: poison.len(),
+            ..Pass::default()
+        };
+        for p in &poison {
+            warn!(message_id = %p.message_id, reason = p.reason, problem = %p.description, "step reply dead-lettered");
+        }
+        if replies.is_empty() {
+            return Ok(pass);
+        }
+        let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(replies.len());
+        let mut retry: Vec<ReceivedMessage> = Vec::new();
+        let mut forward: Vec<(StepReply, ReceivedMessage)> = Vec::new();
+        for (reply, message) in replies {
+            match self.check_reply(&reply) {
+                Ok(()) => forward.push((reply, message)),
+                Err(problem) => {
+                    warn!(order_id = %reply.fence.order_id, step = %reply.step, action = %reply.action, problem = %problem, "step reply for a step this workflow does not have: dead-lettered");
+                    let _ = self
+                        .transport
+                        .dead_letter(&message, "UnknownStep", &problem)
+                        .await;
+                    pass.rejected += 1;
+                }
+            }
+        }
+        // Forward successes and failures first, in one batch; compensation replies and
+        // the rare paths after.
+        let mut writes = Vec::new();
+        let mut write_msgs = Vec::new();
+        let mut later = Vec::new();
+        for (reply, message) in forward {
+            if self.clock.now() >= reply.complete_by {
+                debug!(order_id = %reply.fence.order_id, step = %reply.step, "reply after the deadline: the supervisor owns the order now");
+                pass.dropped += 1;
+                settle.push(message);
+                continue;
+            }
+            match (&reply.kind, &reply.outcome) {
+                (StepKind::Do, StepOutcome::Succeeded { detail }) => {
+                    writes.push(self.step_succeeded(&reply, detail));
+                    write_msgs.push((reply, message));
+                }
+                _ => later.push((reply, message)),
+            }
+        }
+        let verdicts = if writes.is_empty() {
+            Vec::new()
+        } else {
+            match self.store.record_steps(&writes).await {
+                Ok(v) => v,
+                Err(e) if e.is_retryable() => {
+                    retry.extend(write_msgs.drain(..).map(|(_, m)| m));
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut completions = Vec::new();
+        for ((reply, message), verdict) in write_msgs.into_iter().zip(verdicts) {
+            let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step);
+            let _g = span.enter();
+            match verdict {
+                Ok(()) => {
+                    pass.applied += 1;
+                    if reply.step_index + 1 < self.cfg.workflow.len() {
+                        pass.requests += 1;
+                    } else {
+                        completions.push(self.completion(&reply.fence, &reply.context));
+                    }
+                    settle.push(message);
+                }
+                Err(e) if e.is_retryable() => retry.push(message),
+                Err(e) => {
+                    debug!(error = %e, "reply refused by the store: dropped");
+                    pass.dropped += 1;
+                    settle.push(message);
+                }
+            }
+        }
+        if !completions.is_empty() {
+            self.complete(completions, &mut pass).await?;
+        }
+        for (reply, message) in later {
+            let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step);
+            match self.apply_other(&reply, &mut pass).instrument(span).await {
+                Ok(()) => settle.push(message),
+                Err(e) if e.is_retryable() => retry.push(message),
+                Err(e) => {
+                    debug!(order_id = %reply.fence.order_id, error = %e, "reply refused by the store: dropped");
+                    pass.dropped += 1;
+                    settle.push(message);
+                }
+            }
+        }
+        if !settle.is_empty() {
+            // A lost lock means the reply comes back; applying it again is refused
+            // (stale step) or repeats an idempotent write.
+            let _ = self.transport.complete_messages(&settle).await;
+        }
+        pass.retried += retry.len();
+        for m in &retry {
+            let _ = self.transport.abandon(m).await;
+        }
+        Ok(pass)
+    }
+
+    /// One pass of both halves: claim, then apply the replies waiting now.
+    pub async fn run_once(&self) -> orderly_core::Result<Pass> {
+        let mut pass = self.claim_once().await?;
+        pass.add(self.replies_once(Duration::ZERO).await?);
+        Ok(pass)
+    }
+
+    /// Runs until `shutdown`: resumes its own orders, then claims and applies replies
+    /// in two loops. Store or queue outages are logged and retried with back-off.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = info_span!("scheduler", instance_id = %self.cfg.instance);
+        async move {
+            info!(workflow = %self.cfg.workflow.name, "scheduler started");
+            let mut backoff = Backoff::new();
+            loop {
+                match self.resume().await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(error = %e, "could not resume held orders; retrying");
+                        if backoff.sleep(&shutdown).await {
+                            return;
+                        }
+                    }
+                }
+            }
+            let claims = {
+                let me = self.clone();
+                let shutdown = shutdown.clone();
+                async move {
+                    let mut backoff = Backoff::new();
+                    while !shutdown.is_cancelled() {
+                        match me.claim_once().await {
+                            Ok(p) if p.claimed as u32 >= me.cfg.claim_batch => backoff.reset(),
+                            Ok(_) => {
+                                backoff.reset();
+                                tokio::select! {
+                                    () = shutdown.cancelled() => {}
+                                    () = tokio::time::sleep(me.cfg.idle_wait) => {}
+                                }
+                            }
+                            Err(e) => {
+                                warn!(error = %e, "claim failed; retrying with back-off");
+                                backoff.sleep(&shutdown).await;
+                            }
+                        }
+                    }
+                }
+            };
+            let replies = {
+                let me = self.clone();
+                let shutdown = shutdown.clone();
+                async move {
+                    let mut backoff = Backoff::new();
+                    while !shutdown.is_cancelled() {
+                        let once = tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            r = me.replies_once(me.cfg.idle_wait) => r,
+                        };
+                        match once {
+                            Ok(_) => backoff.reset(),
+                            Err(e) => {
+                                warn!(error = %e, "applying replies failed; retrying with back-off");
+                                backoff.sleep(&shutdown).await;
+                            }
+                        }
+                    }
+                }
+            };
+            tokio::join!(claims, replies);
+            info!("scheduler stopped");
+        }
+        .instrument(span)
+        .await;
+    }
+
+    fn check_reply(&self, reply: &StepReply) -> Result<(), String> {
+        let Some(def) = self.cfg.workflow.step(reply.step_index) else {
+            return Err(format!(
+                "step index {} is outside workflow {:?} ({} steps)",
+                reply.step_index,
+                self.cfg.workflow.name,
+                self.cfg.workflow.len()
+            ));
+        };
+        let expected_action = match reply.kind {
+            StepKind::Do => Some(def.name.as_str()),
+            StepKind::Compensate => def.compensation.as_deref(),
+        };
+        if def.name != reply.step || expected_action != Some(reply.action.as_str()) {
+            return Err(format!(
+                "step {} is {:?} with action {:?} in workflow {:?}, the reply names step {:?} action {:?}",
+                reply.step_index,
+                def.name,
+                expected_action,
+                self.cfg.workflow.name,
+                reply.step,
+                reply.action
+            ));
+        }
+        Ok(())
+    }
+
+    fn request(
+        &self,
+        fence: &Fence,
+        index: i32,
+        kind: StepKind,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+    ) -> Option<Envelope> {
+        let def = self.cfg.workflow.step(index)?;
+        let action = match kind {
+            StepKind::Do => def.name.clone(),
+            StepKind::Compensate => def.compensation.clone()?,
+        };
+        let request = StepRequest {
+            fence: fence.clone(),
+            step_index: index,
+            step: def.name.clone(),
+            idempotency_key: orderly_core::step::idempotency_key(&fence.order_id, index, &action),
+            action,
+            kind,
+            complete_by,
+            timeout_ms: def.timeout_ms,
+            retry: def.retry.clone(),
+            reply_to: self.cfg.replies.clone(),
+            context: context.clone(),
+        };
+        Some(Envelope {
+            queue: def.queue.clone(),
+            message: json_message(
+                request.message_id(),
+                &request,
+                Some(fence.order_id.as_str()),
+            ),
+        })
+    }
+
+    fn start_step(
+        &self,
+        fence: &Fence,
+        index: i32,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+    ) -> StepWrite {
+        let name = self
+            .cfg
+            .workflow
+            .step(index)
+            .map(|d| d.name.clone())
+            .unwrap_or_default();
+        StepWrite {
+            fence: fence.clone(),
+            expect_step: Some(index),
+            updates: vec![StepUpdate {
+                index,
+                name,
+                status: StepStatus::Started,
+                detail: None,
+            }],
+            sends: self
+                .request(fence, index, StepKind::Do, complete_by, context)
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    fn step_succeeded(&self, reply: &StepReply, detail: &str) -> StepWrite {
+        let notice = StatusNotice {
+            order_id: reply.fence.order_id.clone(),
+            status: OrderStatus::StepDone,
+            step: Some(reply.step.clone()),
+            detail: None,
+        };
+        let mut write = StepWrite {
+            fence: reply.fence.clone(),
+            expect_step: Some(reply.step_index),
+            updates: vec![StepUpdate {
+                index: reply.step_index,
+                name: reply.step.clone(),
+                status: StepStatus::Succeeded,
+                detail: Some(detail.to_owned()),
+            }],
+            sends: notice
+                .envelope(
+                    reply.context.notify_to.as_deref(),
+                    &format!("{}.{}", reply.fence.epoch, reply.step_index),
+                )
+                .into_iter()
+                .collect(),
+        };
+        let next = reply.step_index + 1;
+        if next < self.cfg.workflow.len() {
+            let start = self.start_step(&reply.fence, next, reply.complete_by, &reply.context);
+            write.updates.extend(start.updates);
+            write.sends.extend(start.sends);
+        }
+        write
+    }
+
+    fn completion(&self, fence: &Fence, context: &StepContext) -> Completion {
+        let notice = StatusNotice {
+            order_id: fence.order_id.clone(),
+            status: OrderStatus::Completed,
+            step: None,
+            detail: None,
+        };
+        Completion {
+            fence: fence.clone(),
+            sends: notice
+                .envelope(context.notify_to.as_deref(), &fence.epoch.to_string())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// The next move of an order whose steps are being undone: compensate the latest
+    /// step that may have taken effect and can be undone, or finish. `just_done` is a
+    /// step whose compensation was just confirmed (recorded in the same write).
+    fn plan_compensation(
+        &self,
+        fence: &Fence,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+        steps: &[StepRecord],
+        just_done: Option<(i32, &str)>,
+    ) -> Next {
+        let pending = steps
+            .iter()
+            .filter(|s| Some(s.index) != just_done.map(|(i, _)| i))
+            .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+            .filter(|s| {
+                self.cfg
+                    .workflow
+                    .step(s.index)
+                    .is_some_and(|d| d.compensation.is_some())
+            })
+            .map(|s| s.index)
+            .max();
+        let mut updates = Vec::new();
+        if let Some((index, detail)) = just_done {
+            updates.push(StepUpdate {
+                index,
+                name: self
+                    .cfg
+                    .workflow
+                    .step(index)
+                    .map(|d| d.name.clone())
+                    .unwrap_or_default(),
+                status: StepStatus::Compensated,
+                detail: Some(detail.to_owned()),
+            });
+        }
+        match pending {
+            Some(index) => {
+                let def = self.cfg.workflow.step(index);
+                updates.push(StepUpdate {
+                    index,
+                    name: def.map(|d| d.name.clone()).unwrap_or_default(),
+                    status: StepStatus::Started,
+                    detail: def
+                        .and_then(|d| d.compensation.as_ref())
+                        .map(|c| format!("compensating with {c}")),
+                });
+                Next::Write(StepWrite {
+                    fence: fence.clone(),
+                    expect_step: None,
+                    updates,
+                    sends: self
+                        .request(fence, index, StepKind::Compensate, complete_by, context)
+                        .into_iter()
+                        .collect(),
+                })
+            }
+            None if !updates.is_empty() => Next::Finish(
+                StepWrite {
+                    fence: fence.clone(),
+                    expect_step: None,
+                    updates,
+                    sends: Vec::new(),
+                },
+                context.finish_as,
+            ),
+            None => Self::plan_finish(fence, context.finish_as, steps),
+        }
+    }
+
+    /// How an order whose steps are undone ends.
+    fn plan_finish(fence: &Fence, finish_as: Option<ProcessState>, steps: &[StepRecord]) -> Next {
+        match finish_as {
+                Some(ProcessState::Cancelled) => Next::Cancel(fence.clone()),
+                _ => {
+                    let error = steps
+                        .iter()
+                        .filter(|s| s.status == StepStatus::Failed)
+                        .max_by_key(|s| s.index)
+                        .map(|s| {
+                            format!(
+                                "step {} failed: {}",
+                                s.name,
+                                s.detail.as_deref().unwrap_or("no detail")
+                            )
+                        })
+                        .unwrap_or_else(|| "order failed".to_owned());
+                    let undone: Vec<&str> = steps
+                        .iter()
+                        .filter(|s| s.status == StepStatus::Compensated)
+                        .map(|s| s.name.as_str())
+                        .collect();
+                    let error = if undone.is_empty() {
+                        error
+                    } else {
+                        format!("{error}; undone: {}", undone.join(", "))
+                    };
+                    Next::Fail(fence.clone(), error)
+                }
+        }
+    }
+
+    /// Applies a reply other than a forward success: a permanent failure, or a
+    /// compensation's outcome.
+    async fn apply_other(&self, reply: &StepReply, pass: &mut Pass) -> orderly_core::Result<()> {
+        let fence = &reply.fence;
+        match (&reply.kind, &reply.outcome) {
+            (StepKind::Do, StepOutcome::Failed { error }) => {
+                warn!(error = %error, "step failed permanently");
+                let write = StepWrite {
+                    fence: fence.clone(),
+                    expect_step: Some(reply.step_index),
+                    updates: vec![StepUpdate {
+                        index: reply.step_index,
+                        name: reply.step.clone(),
+                        status: StepStatus::Failed,
+                        detail: Some(error.clone()),
+                    }],
+                    sends: Vec::new(),
+                };
+                single(self.store.record_steps(&[write]).await?)?;
+                pass.applied += 1;
+                let steps = self.store.steps(&fence.order_id).await?;
+                let undoable = steps.iter().any(|s| {
+                    matches!(s.status, StepStatus::Succeeded | StepStatus::Started)
+                        && self
+                            .cfg
+                            .workflow
+                            .step(s.index)
+                            .is_some_and(|d| d.compensation.is_some())
+                });
+                let mut context = reply.context.clone();
+                if self.cfg.workflow.compensate_on_error && undoable {
+                    self.store
+                        .begin_compensation(
+                            fence,
+                            ProcessState::Error,
+                            &format!("step {} failed: {error}", reply.step),
+                            &[],
+                        )
+                        .await?;
+                    context.finish_as = Some(ProcessState::Error);
+                    let next = self.plan_compensation(fence, reply.complete_by, &context, &steps, None);
+                    self.execute(vec![next], pass).await
+                } else {
+                    self.execute(
+                        vec![Next::Fail(
+                            fence.clone(),
+                            format!("step {} failed: {error}", reply.step),
+                        )],
+                        pass,
+                    )
+                    .await
+                }
+            }
+            (StepKind::Compensate, StepOutcome::Succeeded { detail }) => {
+                let steps = self.store.steps(&fence.order_id).await?;
+                let already = steps
+                    .iter()
+                    .any(|s| s.index == reply.step_index && s.status == StepStatus::Compensated);
+                if already {
+                    pass.dropped += 1;
+                    return Ok(());
+                }
+                pass.applied += 1;
+                let next = self.plan_compensation(
+                    fence,
+                    reply.complete_by,
+                    &reply.context,
+                    &steps,
+                    Some((reply.step_index, detail)),
+                );
+                self.execute(vec![next], pass).await
+            }
+            (StepKind::Compensate, StepOutcome::Failed { error }) => {
+                pass.applied += 1;
+                let steps = self.store.steps(&fence.order_id).await?;
+                let left: Vec<String> = steps
+                    .iter()
+                    .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+                    .map(|s| s.name.clone())
+                    .collect();
+                let error = format!(
+                    "compensation {} of step {} failed: {error}; still to undo by hand: {}",
+                    reply.action,
+                    reply.step,
+                    left.join(", ")
+                );
+                self.execute(vec![Next::Fail(fence.clone(), error)], pass).await
+            }
+            (StepKind::Do, StepOutcome::Succeeded { .. }) => Ok(()),
+        }
+    }
+
+    /// Carries out planned moves: writes in one batch, completions in one batch, the
+    /// rest one by one. A write that ends a compensation is followed by the finish.
+    async fn execute(&self, nexts: Vec<Next>, pass: &mut Pass) -> orderly_core::Result<()> {
+        let mut writes = Vec::new();
+        let mut completions = Vec::new();
+        let mut finishes = Vec::new();
+        for next in nexts {
+            match next {
+                Next::Write(w) => writes.push(w),
+                Next::Complete(c) => completions.push(c),
+                Next::Finish(w, finish_as) => {
+                    match single(self.store.record_steps(std::slice::from_ref(&w)).await?) {
+                        Ok(()) => {
+                            let steps = self.store.steps(&w.fence.order_id).await?;
+                            finishes.push(Self::plan_finish(&w.fence, finish_as, &steps));
+                        }
+                        Err(e) if e.is_retryable() => return Err(e),
+                        Err(e) => {
+                            debug!(order_id = %w.fence.order_id, error = %e, "write refused: the order moved on");
+                            pass.dropped += 1;
+                        }
+                    }
+                }
+                other => finishes.push(other),
+            }
+        }
+        if !writes.is_empty() {
+            let verdicts = self.store.record_steps(&writes).await?;
+            for (w, verdict) in writes.iter().zip(verdicts) {
+                match verdict {
+                    Ok(()) => {
+                        pass.requests += w.sends.iter().filter(|e| is_request(e)).count();
+                    }
+                    Err(e) if e.is_retryable() => return Err(e),
+                    Err(e) => {
+                        debug!(order_id = %w.fence.order_id, error = %e, "write refused: the order moved on");
+                        pass.dropped += 1;
+                    }
+                }
+            }
+        }
+        if !completions.is_empty() {
+            self.complete(completions, pass).await?;
+        }
+        for finish in finishes {
+            match finish {
+                Next::Fail(fence, error) => match self.store.fail(&fence, &error, &[]).await {
+                    Ok(()) => {
+                        warn!(order_id = %fence.order_id, error = %error, "order failed");
+                        pass.failed += 1;
+                    }
+                    Err(e) if e.is_retryable() => return Err(e),
+                    Err(e) => debug!(order_id = %fence.order_id, error = %e, "fail refused"),
+                },
+                Next::Cancel(fence) => {
+                    match self
+                        .store
+                        .finish_cancelled(&fence, "cancelled; completed steps undone", &[])
+                        .await
+                    {
+                        Ok(()) => {
+                            info!(order_id = %fence.order_id, "order cancelled after compensation");
+                            pass.cancelled += 1;
+                        }
+                        Err(e) if e.is_retryable() => return Err(e),
+                        Err(e) => debug!(order_id = %fence.order_id, error = %e, "cancel refused"),
+                    }
+                }
+                Next::Write(_) | Next::Complete(_) | Next::Finish(..) => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn complete(&self, completions: Vec<Completion>, pass: &mut Pass) -> orderly_core::Result<()> {
+        let outcome = self.store.complete_many(&completions).await?;
+        pass.completed += outcome.completed.len();
+        for id in &outcome.completed {
+            debug!(order_id = %id, instance_id = %self.cfg.instance, "order processed");
+        }
+        for (id, e) in &outcome.refused {
+            debug!(order_id = %id, error = %e, "completion refused: the order moved on");
+        }
+        Ok(())
+    }
+}
+
+fn is_request(e: &Envelope) -> bool {
+    e.message.message_id.starts_with("req:")
+}
+
+fn single(mut verdicts: Vec<orderly_core::Result<()>>) -> orderly_core::Result<()> {
+    verdicts.pop().unwrap_or(Ok(()))
+}
+
+/// Exponential back-off for a loop whose store or queue is failing: 100 ms doubling
+/// to 10 s.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backoff {
+    /// Starting at 100 ms.
+    pub fn new() -> Self {
+        Self {
+            next: Duration::from_millis(100),
+        }
+    }
+
+    /// Back to 100 ms after a success.
+    pub fn reset(&mut self) {
+        self.next = Duration::from_millis(100);
+    }
+
+    /// Sleeps the current back-off (or until `shutdown`); returns whether shutdown came.
+    pub async fn sleep(&mut self, shutdown: &CancellationToken) -> bool {
+        let wait = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(10));
+        tokio::select! {
+            () = shutdown.cancelled() => true,
+            () = tokio::time::sleep(wait) => false,
+        }
+    }
+}

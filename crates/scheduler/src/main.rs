@@ -1,0 +1,47 @@
+//! `orderly-scheduler`: claims orders and drives their workflow.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use orderly_core::{SystemClock, TimeSource};
+use orderly_scheduler::{Scheduler, SchedulerConfig};
+
+/// orderly-scheduler: claims due orders and drives each through its workflow.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: orderly_runtime::Common,
+    /// Workflow file (TOML); the default order workflow without one.
+    #[arg(long, env = "ORDERLY_WORKFLOW")]
+    workflow: Option<PathBuf>,
+    /// An order's deadline after its claim, in ms (default: the workflow's total budget).
+    #[arg(long, env = "ORDERLY_PROCESSING_TIMEOUT_MS", value_parser = orderly_runtime::millis)]
+    processing_timeout_ms: Option<Duration>,
+    /// Most orders claimed at once.
+    #[arg(long, env = "ORDERLY_CLAIM_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    claim_batch: u32,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    orderly_runtime::init_tracing(args.common.log_json);
+    let workflow = Arc::new(orderly_runtime::load_workflow(args.workflow.as_deref())?);
+    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
+        .await
+        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let mut cfg = SchedulerConfig::new(args.common.instance("scheduler")?, workflow);
+    cfg.claim_batch = args.claim_batch;
+    if let Some(t) = args.processing_timeout_ms {
+        cfg.processing_timeout = t;
+    }
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    Scheduler::new(backend.store, backend.transport, Arc::new(SystemClock), cfg)
+        .run(shutdown)
+        .await;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! The submitter role: reads order-submitted messages from the orders queue and, in
+//! one transaction each, records the order, its Pending state row, its first history
+//! entry and the `received` status notification. A repeated message is absorbed; a
+//! malformed or invalid one is dead-lettered with a reason naming the field; a store
+//! outage leaves the message to be delivered again. It never crashes on input.
+//!
+//! Depends on `orderly-core` ports only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
+use orderly_core::store::{IntakeStore, SubmitOutcome};
+use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json};
+use orderly_core::{Actor, Error, InstanceId};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// Largest order-submitted message accepted (bytes).
+pub const MAX_ORDER_MESSAGE: usize = 64 * 1024;
+
+/// How a submitter works.
+#[derive(Debug, Clone)]
+pub struct SubmitterConfig {
+    /// This instance.
+    pub instance: InstanceId,
+    /// The orders queue.
+    pub orders: QueueName,
+    /// Most messages taken at once.
+    pub batch: u32,
+    /// How long an idle receive waits.
+    pub idle_wait: Duration,
+}
+
+impl SubmitterConfig {
+    /// Defaults: the `orders` queue, batches of 64, 200 ms idle wait.
+    pub fn new(instance: InstanceId) -> Self {
+        Self {
+            instance,
+            orders: QueueName::parse(orderly_core::messages::queues::ORDERS)
+                .unwrap_or_else(|_| unreachable!("literal queue name")),
+            batch: 64,
+            idle_wait: Duration::from_millis(200),
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Intake {
+    /// New orders recorded.
+    pub accepted: usize,
+    /// Repeats of orders already recorded.
+    pub duplicates: usize,
+    /// Messages dead-lettered.
+    pub rejected: usize,
+    /// Messages left for redelivery (store unavailable).
+    pub retried: usize,
+}
+
+/// A submitter instance.
+#[derive(Clone)]
+pub struct Submitter {
+    store: Arc<dyn IntakeStore>,
+    transport: Arc<dyn Transport>,
+    cfg: SubmitterConfig,
+}
+
+impl Submitter {
+    /// A submitter recording into `store`, reading from `transport`.
+    pub fn new(store: Arc<dyn IntakeStore>, transport: Arc<dyn Transport>, cfg: SubmitterConfig) -> Self {
+        Self {
+            store,
+            transport,
+            cfg,
+        }
+    }
+
+    /// Takes one batch from the orders queue (waiting at most `wait`) and records it.
+    pub async fn run_once(&self, wait: Duration) -> orderly_core::Result<Intake> {
+        let (batch, poison) = receive_json::<OrderSubmitted>(
+            self.transport.as_ref(),
+            &self.cfg.orders,
+            self.cfg.batch,
+            wait,
+            MAX_ORDER_MESSAGE,
+        )
+        .await
+        .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        let mut intake = Intake {
+            rejected: poison.len(),
+            ..Intake::default()
+        };
+        for p in &poison {
+            warn!(message_id = %p.message_id, reason = p.reason, problem = %p.description, "order message dead-lettered");
+        }
+        let actor = Actor::instance(&self.cfg.instance);
+        let mut done: Vec<ReceivedMessage> = Vec::with_capacity(batch.len());
+        for (order, message) in batch {
+            let span = info_span!("submit", order_id = %order.order_id, instance_id = %self.cfg.instance);
+            let _g = span.enter();
+            if let Err(invalid) = order.validate() {
+                warn!(problem = %invalid, "invalid order dead-lettered");
+                self.reject(&message, "InvalidOrder", &invalid.to_string()).await;
+                intake.rejected += 1;
+                continue;
+            }
+            let received = StatusNotice {
+                order_id: order.order_id.clone(),
+                status: OrderStatus::Received,
+                step: None,
+                detail: None,
+            };
+            let sends: Vec<_> = received.envelope(order.reply_to.as_deref(), "0").into_iter().collect();
+            match self.store.submit(&order, &actor, &sends).await {
+                Ok(SubmitOutcome::Accepted) => {
+                    debug!("order accepted");
+                    intake.accepted += 1;
+                    done.push(message);
+                }
+                Ok(SubmitOutcome::Duplicate) => {
+                    debug!("repeated order absorbed");
+                    intake.duplicates += 1;
+                    done.push(message);
+                }
+                Err(e @ Error::OrderIdConflict(_)) => {
+                    warn!(error = %e, "order id reused with other details: dead-lettered");
+                    self.reject(&message, "OrderIdConflict", &e.to_string()).await;
+                    intake.rejected += 1;
+                }
+                Err(e @ Error::Invalid(_)) => {
+                    warn!(error = %e, "invalid order dead-lettered");
+                    self.reject(&message, "InvalidOrder", &e.to_string()).await;
+                    intake.rejected += 1;
+                }
+                Err(e) => {
+                    // Unavailable (or anything else): not settled, delivered again; the
+                    // queue's maximum delivery count dead-letters it in the end.
+                    warn!(error = %e, "could not record the order; it will be delivered again");
+                    let _ = self.transport.abandon(&message).await;
+                    intake.retried += 1;
+                }
+            }
+        }
+        if !done.is_empty() {
+            let _ = self.transport.complete_messages(&done).await;
+        }
+        Ok(intake)
+    }
+
+    async fn reject(&self, message: &ReceivedMessage, reason: &str, description: &str) {
+        if let Err(e) = self.transport.dead_letter(message, reason, description).await {
+            // Left locked: it comes back, and the maximum delivery count keeps it.
+            warn!(error = %e, "could not dead-letter the message; it will come back");
+        }
+    }
+
+    /// Runs until `shutdown`, retrying with back-off while the queue or store is down.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = info_span!("submitter", instance_id = %self.cfg.instance);
+        async move {
+            info!(queue = %self.cfg.orders, "submitter started");
+            let mut failures = 0u32;
+            while !shutdown.is_cancelled() {
+                let once = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    r = self.run_once(self.cfg.idle_wait) => r,
+                };
+                match once {
+                    Ok(_) => failures = 0,
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        let wait = Duration::from_millis(100u64 << failures.min(7));
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "intake failed; retrying");
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
+            }
+            info!("submitter stopped");
+        }
+        .instrument(span)
+        .await;
+    }
+}

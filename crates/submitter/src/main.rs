@@ -1,0 +1,28 @@
+//! `orderly-submitter`: accepts orders from the orders queue.
+
+use anyhow::Context;
+use clap::Parser;
+use orderly_core::TimeSource;
+use orderly_submitter::{Submitter, SubmitterConfig};
+
+/// orderly-submitter: records orders posted to the orders queue.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: orderly_runtime::Common,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    orderly_runtime::init_tracing(args.common.log_json);
+    let cfg = SubmitterConfig::new(args.common.instance("submitter")?);
+    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
+        .await
+        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    Submitter::new(backend.store, backend.transport, cfg)
+        .run(orderly_runtime::shutdown_on_signals())
+        .await;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The supervisor role: every interval, finds orders whose deadline (CompleteBy) has
+//! passed and recovers them through the state store (FailureCount + 1, back to
+//! Pending after a back-off that grows with the count, or Error at the threshold), and
+//! publishes the operator alerts every Error raises: to the alerts queue, as a
+//! structured log event, and as a `failed` status to the client's reply queue.
+//!
+//! It never does business work. Correctness does not depend on there being one
+//! supervisor: the store counts each expiry once however many race.
+//!
+//! Depends on `orderly-core` ports only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
+use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
+use orderly_core::transport::{QueueName, Transport};
+use orderly_core::InstanceId;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+/// How a supervisor works.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// This instance.
+    pub instance: InstanceId,
+    /// Retry or give up, and the back-off.
+    pub policy: RecoveryPolicy,
+    /// Time between sweeps.
+    pub interval: Duration,
+    /// Most orders recovered (or alerts published) per statement.
+    pub batch: u32,
+    /// Where alerts go.
+    pub alerts: QueueName,
+}
+
+impl SupervisorConfig {
+    /// Defaults: the default recovery policy, a sweep every second, batches of 500.
+    pub fn new(instance: InstanceId) -> Self {
+        Self {
+            instance,
+            policy: RecoveryPolicy::default(),
+            interval: Duration::from_secs(1),
+            batch: 500,
+            alerts: QueueName::parse(orderly_core::messages::queues::ALERTS)
+                .unwrap_or_else(|_| unreachable!("literal queue name")),
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Orders sent back to Pending.
+    pub retried: usize,
+    /// Orders moved to Error.
+    pub gave_up: usize,
+    /// Alerts published.
+    pub alerts: usize,
+}
+
+/// A supervisor instance.
+#[derive(Clone)]
+pub struct Supervisor {
+    store: Arc<dyn StateStore>,
+    transport: Arc<dyn Transport>,
+    cfg: SupervisorConfig,
+}
+
+impl Supervisor {
+    /// A supervisor over `store`, publishing alerts through `transport`.
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        transport: Arc<dyn Transport>,
+        cfg: SupervisorConfig,
+    ) -> orderly_core::Result<Self> {
+        cfg.policy.validate()?;
+        Ok(Self {
+            store,
+            transport,
+            cfg,
+        })
+    }
+
+    /// One sweep: recovers every expired order (in batches), then publishes the
+    /// alerts not yet published.
+    pub async fn run_once(&self) -> orderly_core::Result<Sweep> {
+        let mut sweep = Sweep::default();
+        loop {
+            let recovered = self
+                .store
+                .recover_expired(&self.cfg.instance, &self.cfg.policy, self.cfg.batch)
+                .await?;
+            for r in &recovered {
+                match r {
+                    Recovered::Retried {
+                        order_id,
+                        failure_count,
+                        next_attempt_at,
+                    } => {
+                        sweep.retried += 1;
+                        info!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
+                    }
+                    Recovered::GaveUp {
+                        order_id,
+                        failure_count,
+                    } => {
+                        sweep.gave_up += 1;
+                        warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
+                    }
+                }
+            }
+            if (recovered.len() as u32) < self.cfg.batch {
+                break;
+            }
+        }
+        sweep.alerts = self.publish_alerts().await?;
+        Ok(sweep)
+    }
+
+    /// Publishes unpublished alerts: the alerts queue, a `failed` status to the
+    /// client, and one structured error event each. At-least-once: a crash between
+    /// sending and marking sends again, and the queue drops the repeat by message id.
+    pub async fn publish_alerts(&self) -> orderly_core::Result<usize> {
+        let mut published = 0;
+        loop {
+            let alerts = self.store.unpublished_alerts(self.cfg.batch).await?;
+            if alerts.is_empty() {
+                return Ok(published);
+            }
+            let mut by_queue: Vec<(QueueName, Vec<orderly_core::transport::OutgoingMessage>)> =
+                vec![(self.cfg.alerts.clone(), Vec::new())];
+            for a in &alerts {
+                by_queue[0].1.push(json_message(
+                    format!("alert:{}", a.alert_id),
+                    a,
+                    Some(a.order_id.as_str()),
+                ));
+                let notice = StatusNotice {
+                    order_id: a.order_id.clone(),
+                    status: OrderStatus::Failed,
+                    step: a.step.clone(),
+                    detail: a.last_error.clone(),
+                };
+                if let Some(env) = notice.envelope(a.reply_to.as_deref(), &format!("a{}", a.alert_id)) {
+                    match by_queue.iter_mut().find(|(q, _)| *q == env.queue) {
+                        Some((_, msgs)) => msgs.push(env.message),
+                        None => by_queue.push((env.queue, vec![env.message])),
+                    }
+                }
+            }
+            for (queue, msgs) in &by_queue {
+                if let Err(e) = self.transport.send(queue, msgs).await {
+                    if e.is_retryable() {
+                        return Err(orderly_core::Error::Unavailable(Box::new(e)));
+                    }
+                    // A client queue that cannot take messages must not hold up alerts.
+                    warn!(queue = %queue, error = %e, "status notifications not delivered");
+                }
+            }
+            for a in &alerts {
+                log_alert(a);
+            }
+            let ids: Vec<i64> = alerts.iter().map(|a| a.alert_id).collect();
+            self.store.mark_alerts_published(&ids).await?;
+            published += alerts.len();
+            if (alerts.len() as u32) < self.cfg.batch {
+                return Ok(published);
+            }
+        }
+    }
+
+    /// Sweeps every interval until `shutdown`; an unavailable store is logged and
+    /// retried at the next interval.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = info_span!("supervisor", instance_id = %self.cfg.instance);
+        async move {
+            info!(interval_ms = self.cfg.interval.as_millis() as u64, "supervisor started");
+            let mut tick = tokio::time::interval(self.cfg.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                if let Err(e) = self.run_once().await {
+                    warn!(error = %e, "sweep failed; retrying at the next interval");
+                }
+            }
+            info!("supervisor stopped");
+        }
+        .instrument(span)
+        .await;
+    }
+}
+
+fn log_alert(a: &Alert) {
+    error!(
+        alert_id = a.alert_id,
+        order_id = %a.order_id,
+        step = a.step.as_deref().unwrap_or("-"),
+        step_index = a.step_index,
+        failure_count = a.failure_count,
+        last_error = a.last_error.as_deref().unwrap_or("-"),
+        "ALERT: order needs an operator"
+    );
+}
