@@ -1,5 +1,5 @@
 //! `orderly`: the operator and developer command line. Thin: parse, connect, call the
-//! store, print. Until the worker roles exist it submits, lists and triages orders.
+//! store (or start the embedded system), print.
 
 use std::io::Read;
 
@@ -8,8 +8,12 @@ use clap::{Parser, Subcommand};
 use orderly_core::store::{NewOrder, OrderFilter, SubmitOutcome};
 use orderly_core::{Actor, OrderId, ProcessState, TimeSource};
 
+use orderly_cli::demo;
+use orderly_cli::sample;
+use orderly_cli::system::{System, SystemConfig};
+use orderly_remote_sim::SimConfig;
+
 mod print;
-mod sample;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
 #[derive(Parser)]
@@ -80,7 +84,8 @@ enum Command {
         #[arg(long, env = "USER", default_value = "operator")]
         operator: String,
     },
-    /// Cancel a Pending, Processing or Error order.
+    /// Cancel a Pending, Processing or Error order. Steps that may have taken effect
+    /// are undone first (by a scheduler, in reverse order), then it is Cancelled.
     Cancel {
         /// The order id.
         order_id: String,
@@ -90,7 +95,75 @@ enum Command {
         /// Who is acting.
         #[arg(long, env = "USER", default_value = "operator")]
         operator: String,
+        /// Cancel at once without undoing completed steps.
+        #[arg(long)]
+        no_compensation: bool,
     },
+    /// List operator alerts (orders that ended in Error), newest first.
+    Alerts {
+        /// Include acknowledged alerts.
+        #[arg(long)]
+        all: bool,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Run the whole system in this process on one store (SQLite by default): the
+    /// remote-service simulator, two schedulers, two agents, two supervisors and a
+    /// submitter. Submit N orders through the orders queue, show progress, print a
+    /// summary, and check the invariants; exits non-zero if one fails.
+    Demo {
+        /// Orders to submit.
+        #[arg(long, default_value_t = 1_000)]
+        orders: usize,
+        /// Fault injection: on (10% transient failures, 2% hangs, 1% permanent
+        /// failures) or off.
+        #[arg(long, default_value = "on")]
+        faults: Faults,
+        /// Give up waiting after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+        /// State store; by default a new SQLite file in the temporary directory.
+        #[arg(long = "store")]
+        store: Option<String>,
+    },
+    /// Run the whole system in this process until Ctrl-C / SIGTERM.
+    Up {
+        /// Fault injection in the simulator.
+        #[arg(long, default_value = "off")]
+        faults: Faults,
+    },
+    /// Measure end-to-end throughput and submit->Processed latency with the simulator
+    /// answering at once: a burst of N orders, then a paced run at half that rate.
+    Bench {
+        /// Orders in the burst.
+        #[arg(long, default_value_t = 5_000)]
+        orders: usize,
+        /// State store; by default a new SQLite file in the temporary directory.
+        #[arg(long = "store")]
+        store: Option<String>,
+    },
+}
+
+/// Fault injection presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Faults {
+    On,
+    Off,
+}
+
+impl Faults {
+    fn sim(self) -> SimConfig {
+        match self {
+            Faults::Off => SimConfig::default(),
+            Faults::On => SimConfig {
+                transient_rate: 0.10,
+                hang_rate: 0.02,
+                permanent_rate: 0.01,
+                ..SimConfig::default()
+            },
+        }
+    }
 }
 
 #[tokio::main]
@@ -105,14 +178,40 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = |default: &str| {
+        tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
+            .unwrap_or_else(|_| default.into())
+    };
+    match &cli.command {
+        // The in-process system logs a lot; keep the terminal for progress and the summary.
+        Command::Demo { .. } | Command::Bench { .. } => {
+            let log = std::env::temp_dir().join(format!("orderly-{}.log", std::process::id()));
+            let file = std::fs::File::create(&log)
+                .with_context(|| format!("cannot create log file {}", log.display()))?;
+            eprintln!("logs: {}", log.display());
+            tracing_subscriber::fmt()
+                .with_env_filter(filter("info"))
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        _ => tracing_subscriber::fmt()
+            .with_env_filter(filter(if matches!(cli.command, Command::Up { .. }) { "info" } else { "warn" }))
+            .with_writer(std::io::stderr)
+            .init(),
+    }
+    match &cli.command {
+        Command::Demo {
+            orders,
+            faults,
+            timeout_secs,
+            store,
+        } => return run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
+        Command::Bench { orders, store } => return run_bench(*orders, store.clone()).await,
+        Command::Up { faults } => return run_up(&cli.database_url, *faults).await,
+        _ => {}
+    }
     let store = orderly_sql::open(&cli.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
@@ -193,18 +292,153 @@ async fn run() -> anyhow::Result<()> {
             order_id,
             reason,
             operator,
+            no_compensation,
         } => {
-            let row = store
-                .cancel(
-                    &OrderId::parse(order_id)?,
-                    &Actor::operator(&operator),
-                    &reason,
-                    &[],
-                )
-                .await?;
-            println!("order {} is {}", row.order_id, row.process_state);
+            let (id, actor) = (OrderId::parse(order_id)?, Actor::operator(&operator));
+            let row = if no_compensation {
+                store.cancel(&id, &actor, &reason, &[]).await?
+            } else {
+                store.request_cancel(&id, &actor, &reason, &[]).await?
+            };
+            if row.finish_as == Some(ProcessState::Cancelled) {
+                println!(
+                    "order {} will be Cancelled once its completed steps are undone",
+                    row.order_id
+                );
+            } else {
+                println!("order {} is {}", row.order_id, row.process_state);
+            }
         }
+        Command::Alerts { all, limit } => {
+            for a in store.alerts(!all, limit).await? {
+                println!(
+                    "#{:<6} {}  {:<40} step {:<18} failures {}  {}",
+                    a.alert_id,
+                    a.raised_at.format("%Y-%m-%d %H:%M:%S"),
+                    a.order_id,
+                    a.step.as_deref().unwrap_or("-"),
+                    a.failure_count,
+                    a.last_error.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        Command::Demo { .. } | Command::Up { .. } | Command::Bench { .. } => {}
     }
+    Ok(())
+}
+
+/// A fresh SQLite file for one run, in the temporary directory.
+fn scratch_sqlite(what: &str) -> String {
+    let file = std::env::temp_dir().join(format!(
+        "orderly-{what}-{}.db",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    format!("sqlite://{}", file.display())
+}
+
+async fn run_demo(
+    orders: usize,
+    faults: Faults,
+    timeout_secs: u64,
+    store: Option<String>,
+) -> anyhow::Result<()> {
+    let url = store.unwrap_or_else(|| scratch_sqlite("demo"));
+    let backend = orderly_sql::connect(&url, TimeSource::Database)
+        .await
+        .context("cannot open the demo's state store (--store)")?;
+    let mut cfg = SystemConfig::new().quick();
+    cfg.sim = Some(faults.sim());
+    let workflow = cfg.workflow.clone();
+    eprintln!(
+        "orderly demo: {orders} orders, faults {}, store {}",
+        if faults == Faults::On { "on" } else { "off" },
+        if url.starts_with("sqlite:") { url.as_str() } else { "(given by --store)" }
+    );
+    let system = System::start(backend, cfg).await?;
+    let batch = sample_batch(orders);
+    let sent_at = demo::submit(&system, &batch).await?;
+    let finished = demo::wait_done(&system, orders, std::time::Duration::from_secs(timeout_secs)).await?;
+    let mut report = demo::report(&system, &sent_at, &workflow, true).await?;
+    system.stop(std::time::Duration::from_secs(5)).await;
+    if !finished {
+        report
+            .violations
+            .insert(0, format!("not every order finished within {timeout_secs} s"));
+    }
+    report.print();
+    if url.starts_with("sqlite:") {
+        println!("inspect it: orderly --database-url {url} list --state Error");
+    }
+    if report.violations.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} invariant violations", report.violations.len())
+    }
+}
+
+fn sample_batch(n: usize) -> Vec<NewOrder> {
+    demo::sample_orders(n)
+}
+
+async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
+    let url = store.unwrap_or_else(|| scratch_sqlite("bench"));
+    let backend = orderly_sql::connect(&url, TimeSource::Database)
+        .await
+        .context("cannot open the benchmark's state store (--store)")?;
+    let dialect = if url.starts_with("sqlite:") { "SQLite" } else { "PostgreSQL" };
+    let mut cfg = SystemConfig::new().quick();
+    cfg.sim = Some(SimConfig::default());
+    let workflow = cfg.workflow.clone();
+    let system = System::start(backend, cfg).await?;
+    // Burst: everything at once; throughput at saturation.
+    let burst = demo::sample_orders(orders);
+    let sent_at = demo::submit(&system, &burst).await?;
+    if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
+        bail!("the burst did not finish within 600 s");
+    }
+    let peak = demo::report(&system, &sent_at, &workflow, true).await?;
+    println!("== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)");
+    peak.print();
+    // Paced: half the burst's throughput, for latency under a steady load.
+    let rate = (peak.throughput() / 2.0).max(1.0);
+    let paced_n = orders.min((rate * 10.0) as usize).max(100);
+    let paced = demo::sample_orders(paced_n);
+    let mut sent_at = std::collections::HashMap::new();
+    let started = std::time::Instant::now();
+    for (i, chunk) in paced.chunks(10).enumerate() {
+        let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        sent_at.extend(demo::submit(&system, chunk).await?);
+    }
+    let before = peak.count(ProcessState::Processed) + peak.count(ProcessState::Error);
+    if !demo::wait_done(&system, before + paced_n, std::time::Duration::from_secs(600)).await? {
+        bail!("the paced run did not finish within 600 s");
+    }
+    let steady = demo::report(&system, &sent_at, &workflow, true).await?;
+    system.stop(std::time::Duration::from_secs(5)).await;
+    println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
+    steady.print();
+    if !peak.violations.is_empty() || !steady.violations.is_empty() {
+        bail!("invariant violations during the benchmark");
+    }
+    Ok(())
+}
+
+async fn run_up(url: &str, faults: Faults) -> anyhow::Result<()> {
+    let backend = orderly_sql::connect(url, TimeSource::Database)
+        .await
+        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(faults.sim());
+    let system = System::start(backend, cfg).await?;
+    eprintln!(
+        "orderly is up: post orders to the \"orders\" queue (or `orderly submit`); simulator on {}; Ctrl-C stops",
+        system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
+    );
+    let shutdown = tokio::signal::ctrl_c();
+    let _ = shutdown.await;
+    eprintln!("stopping...");
+    system.stop(std::time::Duration::from_secs(10)).await;
     Ok(())
 }
 

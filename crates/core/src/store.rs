@@ -438,8 +438,9 @@ pub trait SupervisorStore: Send + Sync {
     /// Alerts not yet published to the alerts queue, oldest first.
     async fn unpublished_alerts(&self, limit: u32) -> Result<Vec<Alert>>;
 
-    /// Records that these alerts went to the alerts queue.
-    async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<()>;
+    /// Records that these alerts went to the alerts queue; returns the ones this call
+    /// marked (not already marked by another publisher), so each is logged once.
+    async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<Vec<i64>>;
 }
 
 /// Looking at and repairing orders (operators).

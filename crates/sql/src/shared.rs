@@ -768,21 +768,27 @@ macro_rules! store_ops {
                     .collect()
             }
 
-            async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<()> {
+            async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<Vec<i64>> {
                 if alert_ids.is_empty() {
-                    return Ok(());
+                    return Ok(Vec::new());
                 }
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
+                let mut marked = Vec::with_capacity(alert_ids.len());
                 for id in alert_ids {
-                    ::sqlx::query(st::MARK_ALERT_PUBLISHED)
+                    let n = ::sqlx::query(st::MARK_ALERT_PUBLISHED)
                         .bind(*id)
                         .bind(Ts(now))
                         .execute(&mut *tx)
                         .await
-                        .map_err(db)?;
+                        .map_err(db)?
+                        .rows_affected();
+                    if n > 0 {
+                        marked.push(*id);
+                    }
                 }
-                tx.commit().await.map_err(db)
+                tx.commit().await.map_err(db)?;
+                Ok(marked)
             }
         }
 

@@ -128,6 +128,14 @@ impl Submitter {
                     self.reject(&message, "OrderIdConflict", &e.to_string()).await;
                     intake.rejected += 1;
                 }
+                Err(Error::Send(inner))
+                    if matches!(*inner, orderly_core::transport::TransportError::QueueNotFound(_)) =>
+                {
+                    let problem = format!("invalid reply_to: {inner}");
+                    warn!(problem = %problem, "order with an unknown reply queue dead-lettered");
+                    self.reject(&message, "InvalidOrder", &problem).await;
+                    intake.rejected += 1;
+                }
                 Err(e @ Error::Invalid(_)) => {
                     warn!(error = %e, "invalid order dead-lettered");
                     self.reject(&message, "InvalidOrder", &e.to_string()).await;

@@ -158,12 +158,14 @@ impl Supervisor {
                     warn!(queue = %queue, error = %e, "status notifications not delivered");
                 }
             }
-            for a in &alerts {
+            let ids: Vec<i64> = alerts.iter().map(|a| a.alert_id).collect();
+            let marked = self.store.mark_alerts_published(&ids).await?;
+            // Another supervisor may have published some of them meanwhile: the queue
+            // dropped the repeats by message id, and only the marker logs.
+            for a in alerts.iter().filter(|a| marked.contains(&a.alert_id)) {
                 log_alert(a);
             }
-            let ids: Vec<i64> = alerts.iter().map(|a| a.alert_id).collect();
-            self.store.mark_alerts_published(&ids).await?;
-            published += alerts.len();
+            published += marked.len();
             if (alerts.len() as u32) < self.cfg.batch {
                 return Ok(published);
             }

@@ -1,0 +1,335 @@
+//! `orderly demo` and `orderly bench`: submit orders through the orders queue to a
+//! running [`System`], watch them to the end, summarise, and check the invariants of
+//! DESIGN.md section 4 against the store's history and the simulator's ledger.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
+use orderly_core::messages::{json_message, queues};
+use orderly_core::store::{NewOrder, OrderView};
+use orderly_core::transport::QueueName;
+use orderly_core::{OrderId, ProcessState, StepStatus};
+use orderly_remote_sim::{Effect, double_effects};
+
+use crate::system::System;
+
+/// What a run found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Orders submitted.
+    pub submitted: usize,
+    /// Orders per final state (or still open, if the run timed out).
+    pub by_state: HashMap<ProcessState, usize>,
+    /// Orders the supervisor sent back to Pending after a timeout.
+    pub recoveries: usize,
+    /// Orders given up by the supervisor (too many timeouts).
+    pub gave_up: usize,
+    /// Step requests sent beyond one per step (re-runs after timeouts).
+    pub step_retries: usize,
+    /// Steps compensated.
+    pub compensated: usize,
+    /// From the first submit to the last order done.
+    pub elapsed: Duration,
+    /// Submit-to-Processed latencies, sorted.
+    pub latencies: Vec<Duration>,
+    /// Invariant violations; empty when all held.
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    /// Orders in `state`.
+    pub fn count(&self, state: ProcessState) -> usize {
+        self.by_state.get(&state).copied().unwrap_or(0)
+    }
+
+    /// Orders done (Processed, Error or Cancelled) per second.
+    pub fn throughput(&self) -> f64 {
+        let done = self.count(ProcessState::Processed)
+            + self.count(ProcessState::Error)
+            + self.count(ProcessState::Cancelled);
+        done as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `p`-th percentile (0 to 100) of submit-to-Processed latency.
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((p / 100.0) * (self.latencies.len() - 1) as f64).round() as usize;
+        self.latencies[rank.min(self.latencies.len() - 1)]
+    }
+
+    /// Prints the summary.
+    pub fn print(&self) {
+        println!("orders submitted     {}", self.submitted);
+        for s in ProcessState::ALL {
+            let n = self.count(s);
+            if n > 0 || matches!(s, ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled) {
+                println!("  {:<18} {n}", s.as_str());
+            }
+        }
+        println!("timeouts recovered   {} (given up: {})", self.recoveries, self.gave_up);
+        println!("step re-runs         {}", self.step_retries);
+        println!("steps compensated    {}", self.compensated);
+        println!(
+            "throughput           {:.0} orders/s ({} in {:.2} s)",
+            self.throughput(),
+            self.submitted,
+            self.elapsed.as_secs_f64()
+        );
+        println!(
+            "submit -> Processed  p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+            ms(self.percentile(50.0)),
+            ms(self.percentile(95.0)),
+            ms(self.percentile(99.0))
+        );
+        if self.violations.is_empty() {
+            println!("invariants           all hold");
+        } else {
+            println!("invariants           {} VIOLATED:", self.violations.len());
+            for v in self.violations.iter().take(20) {
+                println!("  - {v}");
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Posts `orders` to the orders queue in batches; returns when each was sent.
+pub async fn submit(system: &System, orders: &[NewOrder]) -> anyhow::Result<HashMap<OrderId, DateTime<Utc>>> {
+    let queue = QueueName::parse(queues::ORDERS)?;
+    let mut sent_at = HashMap::with_capacity(orders.len());
+    for chunk in orders.chunks(100) {
+        let messages: Vec<_> = chunk
+            .iter()
+            .map(|o| json_message(format!("submit:{}", o.order_id), o, Some(o.order_id.as_str())))
+            .collect();
+        let now = Utc::now();
+        system
+            .backend
+            .transport
+            .send(&queue, &messages)
+            .await
+            .context("cannot post to the orders queue")?;
+        for o in chunk {
+            sent_at.insert(o.order_id.clone(), now);
+        }
+    }
+    Ok(sent_at)
+}
+
+/// Waits until every order in `ids` is Processed, Error or Cancelled (or `limit`
+/// passes), drawing progress on stderr.
+pub async fn wait_done(system: &System, total: usize, limit: Duration) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut last_line = Instant::now();
+    loop {
+        let counts = system.backend.store.count_by_state().await?;
+        let get = |s| counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n as usize);
+        let done = get(ProcessState::Processed) + get(ProcessState::Error) + get(ProcessState::Cancelled);
+        let line = format!(
+            "{} {done}/{total}  Processed {}  Error {}  Cancelled {}  in progress {}",
+            bar(done, total),
+            get(ProcessState::Processed),
+            get(ProcessState::Error),
+            get(ProcessState::Cancelled),
+            get(ProcessState::Pending) + get(ProcessState::Processing),
+        );
+        if tty {
+            eprint!("\r{line}\x1b[K");
+            let _ = std::io::stderr().flush();
+        } else if last_line.elapsed() >= Duration::from_secs(2) || done >= total {
+            eprintln!("{line}");
+            last_line = Instant::now();
+        }
+        if done >= total {
+            if tty {
+                eprintln!();
+            }
+            return Ok(true);
+        }
+        if started.elapsed() > limit {
+            if tty {
+                eprintln!();
+            }
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn bar(done: usize, total: usize) -> String {
+    const WIDTH: usize = 30;
+    let filled = if total == 0 { WIDTH } else { (done * WIDTH / total).min(WIDTH) };
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(WIDTH - filled))
+}
+
+/// Reads every order back and checks the invariants; fills the report.
+pub async fn report(
+    system: &System,
+    sent_at: &HashMap<OrderId, DateTime<Utc>>,
+    workflow: &orderly_core::workflow::Workflow,
+    check: bool,
+) -> anyhow::Result<Report> {
+    let mut r = Report {
+        submitted: sent_at.len(),
+        ..Report::default()
+    };
+    let first_sent = sent_at.values().min().copied().unwrap_or_else(Utc::now);
+    let mut last_done = first_sent;
+    let effects: Vec<Effect> = system.sim.as_ref().map(|s| s.effects()).unwrap_or_default();
+    let mut effects_by_order: HashMap<&str, Vec<&Effect>> = HashMap::new();
+    for e in &effects {
+        effects_by_order.entry(e.order_id.as_str()).or_default().push(e);
+    }
+    let alerts = system.backend.store.alerts(false, orderly_core::store::MAX_BATCH).await?;
+    let alerted: HashMap<&str, usize> = alerts.iter().fold(HashMap::new(), |mut m, a| {
+        *m.entry(a.order_id.as_str()).or_default() += 1;
+        m
+    });
+    for (id, sent) in sent_at {
+        let view = match system.backend.store.get(id).await {
+            Ok(v) => v,
+            Err(orderly_core::Error::OrderNotFound(_)) => {
+                r.violations.push(format!("order {id} was posted but never recorded (lost)"));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        *r.by_state.entry(view.state.process_state).or_default() += 1;
+        let count = |k: HistoryKind| view.history.iter().filter(|e| e.kind == k).count();
+        r.recoveries += count(HistoryKind::Recovered);
+        r.gave_up += count(HistoryKind::GaveUp);
+        r.compensated += count(HistoryKind::StepCompensated);
+        r.step_retries += view
+            .steps
+            .iter()
+            .map(|s| usize::try_from(s.attempts - 1).unwrap_or(0))
+            .sum::<usize>();
+        if let Some(done) = view
+            .history
+            .iter()
+            .rev()
+            .find(|e| matches!(e.kind, HistoryKind::Completed | HistoryKind::Failed | HistoryKind::GaveUp | HistoryKind::Cancelled))
+        {
+            last_done = last_done.max(done.at);
+            if done.kind == HistoryKind::Completed {
+                r.latencies.push((done.at - *sent).to_std().unwrap_or_default());
+            }
+        }
+        if check {
+            let order_effects = system
+                .sim
+                .as_ref()
+                .map(|_| effects_by_order.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]));
+            check_order(&view, workflow, order_effects, alerted.get(id.as_str()).copied(), &mut r.violations);
+        }
+    }
+    if check && system.sim.is_some() {
+        for (order, action, n) in double_effects(&effects) {
+            r.violations.push(format!("order {order}: {action} took effect {n} times"));
+        }
+    }
+    r.latencies.sort();
+    r.elapsed = (last_done - first_sent).to_std().unwrap_or_default();
+    Ok(r)
+}
+
+/// The invariants one order's record must satisfy.
+fn check_order(
+    view: &OrderView,
+    workflow: &orderly_core::workflow::Workflow,
+    effects: Option<&[&Effect]>,
+    alerts: Option<usize>,
+    violations: &mut Vec<String>,
+) {
+    let id = &view.state.order_id;
+    let state = view.state.process_state;
+    // 1. Nothing lost or stuck.
+    if !matches!(state, ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled) {
+        violations.push(format!("order {id} is still {state}"));
+    }
+    // 2. Ownership terms only grow.
+    let epochs: Vec<i64> = view
+        .history
+        .iter()
+        .filter(|e| matches!(e.kind, HistoryKind::Claimed | HistoryKind::Resumed))
+        .map(|e| e.epoch.0)
+        .collect();
+    if epochs.windows(2).any(|w| w[1] <= w[0]) {
+        violations.push(format!("order {id}: claim epochs do not grow: {epochs:?}"));
+    }
+    // 5. FailureCount counts each timeout or failure exactly once.
+    let failures = view
+        .history
+        .iter()
+        .filter(|e| matches!(e.kind, HistoryKind::Recovered | HistoryKind::GaveUp | HistoryKind::Failed))
+        .count();
+    if usize::try_from(view.state.failure_count).unwrap_or(0) != failures {
+        violations.push(format!(
+            "order {id}: failure_count {} but {failures} timeouts/failures in its history",
+            view.state.failure_count
+        ));
+    }
+    // 3. A Processed order did every step exactly once, and each took effect once.
+    if state == ProcessState::Processed {
+        for (i, def) in workflow.steps.iter().enumerate() {
+            let succeeded = view
+                .history
+                .iter()
+                .filter(|e| e.kind == HistoryKind::StepSucceeded && e.step == Some(i as i32))
+                .count();
+            if succeeded != 1 {
+                violations.push(format!("order {id}: step {} recorded done {succeeded} times", def.name));
+            }
+            if !view.steps.iter().any(|s| s.index == i as i32 && s.status == StepStatus::Succeeded) {
+                violations.push(format!("order {id}: Processed but step {} is not done", def.name));
+            }
+            if let Some(effects) = effects {
+                let applied = effects.iter().filter(|e| e.action == def.name && e.kind == "do").count();
+                if applied != 1 {
+                    violations.push(format!("order {id}: {} took effect {applied} times", def.name));
+                }
+            }
+        }
+    }
+    // Every compensated step's undo took effect.
+    for s in view.steps.iter().filter(|s| s.status == StepStatus::Compensated) {
+        let undo = workflow.step(s.index).and_then(|d| d.compensation.clone());
+        if let Some(undo) = undo
+            && let Some(effects) = effects
+            && !effects.iter().any(|e| e.action == undo)
+        {
+            violations.push(format!("order {id}: step {} marked compensated but {undo} never took effect", s.name));
+        }
+    }
+    // 7. Every Error raised an alert.
+    if state == ProcessState::Error && alerts.unwrap_or(0) == 0 {
+        violations.push(format!("order {id} is in Error without an alert"));
+    }
+}
+
+/// Builds `n` sample orders with ids unique to this run.
+pub fn sample_orders(n: usize) -> Vec<NewOrder> {
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    (0..n as u64)
+        .map(|i| {
+            let mut o = crate::sample::order(i);
+            o.order_id = OrderId::parse(format!("demo-{run}-{i:06}")).unwrap_or(o.order_id);
+            o
+        })
+        .collect()
+}
+
+/// Ids of a set of orders.
+pub fn ids(orders: &[NewOrder]) -> HashSet<OrderId> {
+    orders.iter().map(|o| o.order_id.clone()).collect()
+}

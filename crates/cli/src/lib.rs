@@ -1,0 +1,7 @@
+//! The `orderly` command's library: the whole system in one process (`orderly up`,
+//! `orderly demo`, the end-to-end tests), the demo's report and invariant checks, and
+//! sample orders. The binary in `main.rs` only parses and dispatches.
+
+pub mod demo;
+pub mod sample;
+pub mod system;

@@ -1,0 +1,239 @@
+//! The whole system in one process: the remote-service simulator and any number of
+//! submitters, schedulers, agents and supervisors over one backend. What `orderly up`
+//! and `orderly demo` run, and what the end-to-end tests drive.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, HttpRemote};
+use orderly_core::messages::queues;
+use orderly_core::store::RecoveryPolicy;
+use orderly_core::transport::{QueueName, QueueSettings};
+use orderly_core::workflow::Workflow;
+use orderly_core::{Clock, InstanceId, SystemClock};
+use orderly_remote_sim::{Sim, SimConfig};
+use orderly_scheduler::{Scheduler, SchedulerConfig};
+use orderly_sql::Backend;
+use orderly_submitter::{Submitter, SubmitterConfig};
+use orderly_supervisor::{Supervisor, SupervisorConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SystemConfig {
+    /// Submitter instances.
+    pub submitters: usize,
+    /// Scheduler instances.
+    pub schedulers: usize,
+    /// Agent instances (each consumes every agent queue of the workflow).
+    pub agents: usize,
+    /// Supervisor instances.
+    pub supervisors: usize,
+    /// The workflow.
+    pub workflow: Workflow,
+    /// An order's deadline after its claim.
+    pub processing_timeout: Duration,
+    /// Time between supervisor sweeps.
+    pub sweep_interval: Duration,
+    /// Retry or give up after a timeout.
+    pub policy: RecoveryPolicy,
+    /// The simulator's latency and faults; `None` to use `remote_url` instead.
+    pub sim: Option<SimConfig>,
+    /// The remote services' base URL when no simulator runs here.
+    pub remote_url: Option<String>,
+    /// Lock duration of the agent queues (a request whose agent died comes back after it).
+    pub request_lock: Duration,
+}
+
+impl SystemConfig {
+    /// Two of each worker role, one submitter, the default workflow, and a simulator
+    /// answering at once without faults.
+    pub fn new() -> Self {
+        let workflow = Workflow::default();
+        Self {
+            submitters: 1,
+            schedulers: 2,
+            agents: 2,
+            supervisors: 2,
+            processing_timeout: workflow.total_budget(),
+            workflow,
+            sweep_interval: Duration::from_secs(1),
+            policy: RecoveryPolicy::default(),
+            sim: Some(SimConfig::default()),
+            remote_url: None,
+            request_lock: Duration::from_secs(30),
+        }
+    }
+
+    /// Short deadlines and back-offs so that faults resolve in seconds: steps of
+    /// 1 s, orders of 3 s, sweeps every 250 ms, back-off from 250 ms.
+    pub fn quick(mut self) -> Self {
+        for s in &mut self.workflow.steps {
+            s.timeout_ms = 1_000;
+            s.retry.initial_backoff_ms = 10;
+            s.retry.max_backoff_ms = 200;
+        }
+        self.processing_timeout = Duration::from_secs(3);
+        self.sweep_interval = Duration::from_millis(250);
+        self.policy = RecoveryPolicy {
+            max_failures: 5,
+            backoff_base: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(2),
+        };
+        self.request_lock = Duration::from_secs(5);
+        self
+    }
+}
+
+impl Default for SystemConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running system.
+pub struct System {
+    /// The backend everything shares.
+    pub backend: Backend,
+    /// The simulator, when one runs here.
+    pub sim: Option<Sim>,
+    /// Where the simulator listens.
+    pub sim_addr: Option<SocketAddr>,
+    /// The instances started, by role.
+    pub instances: Vec<InstanceId>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Declares the queues the system uses (idempotent).
+pub async fn declare_queues(backend: &Backend, workflow: &Workflow, request_lock: Duration) -> anyhow::Result<()> {
+    let fixed = [queues::ORDERS, queues::REPLIES, queues::ALERTS];
+    for q in fixed {
+        backend
+            .transport
+            .declare_queue(&QueueName::parse(q)?, &QueueSettings::default())
+            .await
+            .with_context(|| format!("cannot declare queue {q}"))?;
+    }
+    let agent_settings = QueueSettings {
+        lock_duration: request_lock,
+        ..QueueSettings::default()
+    };
+    for q in workflow.queues() {
+        backend
+            .transport
+            .declare_queue(&q, &agent_settings)
+            .await
+            .with_context(|| format!("cannot declare queue {q}"))?;
+    }
+    Ok(())
+}
+
+impl System {
+    /// Declares the queues and starts every instance.
+    pub async fn start(backend: Backend, cfg: SystemConfig) -> anyhow::Result<Self> {
+        cfg.workflow.validate().context("invalid workflow")?;
+        declare_queues(&backend, &cfg.workflow, cfg.request_lock).await?;
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let mut instances = Vec::new();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+
+        let (sim, sim_addr, remote_url) = match &cfg.sim {
+            Some(sim_cfg) => {
+                sim_cfg
+                    .validate()
+                    .map_err(|e| anyhow::anyhow!("invalid simulator setting: {e}"))?;
+                let sim = Sim::new(sim_cfg.clone());
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let addr = listener.local_addr()?;
+                let serve = sim.clone().serve(listener, shutdown.clone());
+                tasks.push(tokio::spawn(async move {
+                    if let Err(e) = serve.await {
+                        tracing::error!(error = %e, "simulator stopped");
+                    }
+                }));
+                (Some(sim), Some(addr), format!("http://{addr}/actions"))
+            }
+            None => (
+                None,
+                None,
+                cfg.remote_url
+                    .clone()
+                    .context("no simulator and no remote URL")?,
+            ),
+        };
+        let workflow = Arc::new(cfg.workflow.clone());
+
+        for _ in 0..cfg.submitters {
+            let s = Submitter::new(
+                backend.store.clone(),
+                backend.transport.clone(),
+                SubmitterConfig::new(InstanceId::generate("submitter")),
+            );
+            tasks.push(tokio::spawn(s.run(shutdown.clone())));
+        }
+        for _ in 0..cfg.schedulers {
+            let id = InstanceId::generate("scheduler");
+            instances.push(id.clone());
+            let mut sc = SchedulerConfig::new(id, workflow.clone());
+            sc.processing_timeout = cfg.processing_timeout;
+            let s = Scheduler::new(backend.store.clone(), backend.transport.clone(), clock.clone(), sc);
+            tasks.push(tokio::spawn(s.run(shutdown.clone())));
+        }
+        for _ in 0..cfg.agents {
+            let id = InstanceId::generate("agent");
+            instances.push(id.clone());
+            let remote = HttpRemote::new(Endpoints {
+                base_url: remote_url.clone(),
+                overrides: Default::default(),
+            })?;
+            let mut ac = AgentConfig::new(id, cfg.workflow.queues());
+            ac.lock_renewal = cfg.request_lock / 3;
+            ac.breaker = BreakerConfig {
+                failure_threshold: 20,
+                open_for: Duration::from_millis(500),
+            };
+            let a = Agent::new(backend.transport.clone(), Arc::new(remote), clock.clone(), ac);
+            tasks.push(tokio::spawn(a.run(shutdown.clone())));
+        }
+        for _ in 0..cfg.supervisors {
+            let id = InstanceId::generate("supervisor");
+            instances.push(id.clone());
+            let mut sc = SupervisorConfig::new(id);
+            sc.interval = cfg.sweep_interval;
+            sc.policy = cfg.policy.clone();
+            let s = Supervisor::new(backend.store.clone(), backend.transport.clone(), sc)?;
+            tasks.push(tokio::spawn(s.run(shutdown.clone())));
+        }
+        Ok(Self {
+            backend,
+            sim,
+            sim_addr,
+            instances,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// A token that stops the system when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops every instance and waits for them (at most `grace`).
+    pub async fn stop(self, grace: Duration) {
+        self.shutdown.cancel();
+        let all = futures_join(self.tasks);
+        let _ = tokio::time::timeout(grace, all).await;
+    }
+}
+
+async fn futures_join(tasks: Vec<JoinHandle<()>>) {
+    for t in tasks {
+        let _ = t.await;
+    }
+}
