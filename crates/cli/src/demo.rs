@@ -104,6 +104,14 @@ fn ms(d: Duration) -> f64 {
 
 /// Posts `orders` to the orders queue in batches; returns when each was sent.
 pub async fn submit(system: &System, orders: &[NewOrder]) -> anyhow::Result<HashMap<OrderId, DateTime<Utc>>> {
+    post(system.backend.transport.as_ref(), orders).await
+}
+
+/// Posts `orders` to the orders queue of `transport` in batches of 100.
+pub async fn post(
+    transport: &dyn orderly_core::transport::Transport,
+    orders: &[NewOrder],
+) -> anyhow::Result<HashMap<OrderId, DateTime<Utc>>> {
     let queue = QueueName::parse(queues::ORDERS)?;
     let mut sent_at = HashMap::with_capacity(orders.len());
     for chunk in orders.chunks(100) {
@@ -112,9 +120,7 @@ pub async fn submit(system: &System, orders: &[NewOrder]) -> anyhow::Result<Hash
             .map(|o| json_message(format!("submit:{}", o.order_id), o, Some(o.order_id.as_str())))
             .collect();
         let now = Utc::now();
-        system
-            .backend
-            .transport
+        transport
             .send(&queue, &messages)
             .await
             .context("cannot post to the orders queue")?;
@@ -128,11 +134,20 @@ pub async fn submit(system: &System, orders: &[NewOrder]) -> anyhow::Result<Hash
 /// Waits until every order in `ids` is Processed, Error or Cancelled (or `limit`
 /// passes), drawing progress on stderr.
 pub async fn wait_done(system: &System, total: usize, limit: Duration) -> anyhow::Result<bool> {
+    wait_done_on(system.backend.store.as_ref(), total, limit).await
+}
+
+/// [`wait_done`] on a store.
+pub async fn wait_done_on(
+    store: &dyn orderly_core::store::StateStore,
+    total: usize,
+    limit: Duration,
+) -> anyhow::Result<bool> {
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut last_line = Instant::now();
     loop {
-        let counts = system.backend.store.count_by_state().await?;
+        let counts = store.count_by_state().await?;
         let get = |s| counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n as usize);
         let done = get(ProcessState::Processed) + get(ProcessState::Error) + get(ProcessState::Cancelled);
         let line = format!(
@@ -179,24 +194,38 @@ pub async fn report(
     workflow: &orderly_core::workflow::Workflow,
     check: bool,
 ) -> anyhow::Result<Report> {
+    let effects = system.sim.as_ref().map(|s| s.effects());
+    report_on(system.backend.store.as_ref(), effects, sent_at, workflow, check).await
+}
+
+/// [`report`] for a system running elsewhere: its store, and the simulator's ledger
+/// if there is one.
+pub async fn report_on(
+    store: &dyn orderly_core::store::StateStore,
+    effects: Option<Vec<Effect>>,
+    sent_at: &HashMap<OrderId, DateTime<Utc>>,
+    workflow: &orderly_core::workflow::Workflow,
+    check: bool,
+) -> anyhow::Result<Report> {
+    let has_ledger = effects.is_some();
+    let effects = effects.unwrap_or_default();
     let mut r = Report {
         submitted: sent_at.len(),
         ..Report::default()
     };
     let first_sent = sent_at.values().min().copied().unwrap_or_else(Utc::now);
     let mut last_done = first_sent;
-    let effects: Vec<Effect> = system.sim.as_ref().map(|s| s.effects()).unwrap_or_default();
     let mut effects_by_order: HashMap<&str, Vec<&Effect>> = HashMap::new();
     for e in &effects {
         effects_by_order.entry(e.order_id.as_str()).or_default().push(e);
     }
-    let alerts = system.backend.store.alerts(false, orderly_core::store::MAX_BATCH).await?;
+    let alerts = store.alerts(false, orderly_core::store::MAX_BATCH).await?;
     let alerted: HashMap<&str, usize> = alerts.iter().fold(HashMap::new(), |mut m, a| {
         *m.entry(a.order_id.as_str()).or_default() += 1;
         m
     });
     for (id, sent) in sent_at {
-        let view = match system.backend.store.get(id).await {
+        let view = match store.get(id).await {
             Ok(v) => v,
             Err(orderly_core::Error::OrderNotFound(_)) => {
                 r.violations.push(format!("order {id} was posted but never recorded (lost)"));
@@ -226,14 +255,12 @@ pub async fn report(
             }
         }
         if check {
-            let order_effects = system
-                .sim
-                .as_ref()
-                .map(|_| effects_by_order.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]));
+            let order_effects = has_ledger
+                .then(|| effects_by_order.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]));
             check_order(&view, workflow, order_effects, alerted.get(id.as_str()).copied(), &mut r.violations);
         }
     }
-    if check && system.sim.is_some() {
+    if check && has_ledger {
         for (order, action, n) in double_effects(&effects) {
             r.violations.push(format!("order {order}: {action} took effect {n} times"));
         }

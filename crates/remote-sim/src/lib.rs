@@ -39,7 +39,9 @@ pub struct SimConfig {
     pub transient_rate: f64,
     /// Share of idempotency keys failing permanently (0.0 to 1.0; per key).
     pub permanent_rate: f64,
-    /// Share of calls that hang for `hang_for` and then fail.
+    /// Share of calls that hang for `hang_for` and then fail: half of them before
+    /// taking effect, half after (the caller cannot tell which: only the idempotency
+    /// key keeps a retry from applying the effect again).
     pub hang_rate: f64,
     /// How long a hanging call hangs.
     pub hang_for: Duration,
@@ -249,12 +251,13 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
         }
     }
     let roll = sim.roll();
-    if roll < sim.cfg.hang_rate {
+    let hang_after_effect = roll < sim.cfg.hang_rate / 2.0;
+    if roll < sim.cfg.hang_rate && !hang_after_effect {
         sim.ledger().stats.hangs += 1;
         tokio::time::sleep(sim.cfg.hang_for).await;
         return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
     }
-    if roll < sim.cfg.hang_rate + sim.cfg.transient_rate {
+    if !hang_after_effect && roll < sim.cfg.hang_rate + sim.cfg.transient_rate {
         sim.ledger().stats.transient += 1;
         return if roll * 1e6 % 2.0 < 1.0 {
             answer(StatusCode::SERVICE_UNAVAILABLE, "temporarily unavailable")
@@ -262,29 +265,41 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
             (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0")], "slow down").into_response()
         };
     }
-    if call.kind == "do" && sim.declines(&action, &key) {
+    if !hang_after_effect && call.kind == "do" && sim.declines(&action, &key) {
         sim.ledger().stats.permanent += 1;
         return answer(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("{action} declined for order {}", call.order_id),
         );
     }
+    if let Some(replay) = apply(&sim, &action, &key, call, hang_after_effect) {
+        return replay;
+    }
+    if hang_after_effect {
+        tokio::time::sleep(sim.cfg.hang_for).await;
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
+    }
+    answer(StatusCode::OK, format!("{action} {key}: applied"))
+}
+
+/// Applies the effect of `key` once; `Some(answer)` if it was applied already.
+fn apply(sim: &Sim, action: &str, key: &str, call: Call, hang_after_effect: bool) -> Option<Response> {
     let mut l = sim.ledger();
     // Checked again under the lock: two concurrent first calls apply once.
-    if let Some(e) = l.effects.get_mut(&key) {
+    if let Some(e) = l.effects.get_mut(key) {
         e.calls += 1;
         l.stats.replays += 1;
-        return answer(StatusCode::OK, format!("{action} {key}: already applied"));
+        return Some(answer(StatusCode::OK, format!("{action} {key}: already applied")));
     }
     if let Some(undone) = &call.compensates {
         l.tombstones.insert(undone.clone());
     }
     l.effects.insert(
-        key.clone(),
+        key.to_owned(),
         Effect {
-            key: key.clone(),
+            key: key.to_owned(),
             order_id: call.order_id,
-            action: action.clone(),
+            action: action.to_owned(),
             kind: call.kind,
             compensates: call.compensates,
             applied_at: Utc::now(),
@@ -292,7 +307,10 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
         },
     );
     l.stats.applied += 1;
-    answer(StatusCode::OK, format!("{action} {key}: applied"))
+    if hang_after_effect {
+        l.stats.hangs += 1;
+    }
+    None
 }
 
 async fn ledger(State(sim): State<Sim>) -> Json<Vec<Effect>> {
