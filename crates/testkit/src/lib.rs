@@ -9,4 +9,5 @@
 
 pub mod builders;
 pub mod store;
+mod store_workflow;
 pub mod transport;

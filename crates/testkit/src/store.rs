@@ -20,6 +20,8 @@ use orderly_core::{
 
 use crate::builders;
 
+pub use crate::store_workflow::*;
+
 /// Opens handles on one database under test.
 #[async_trait]
 pub trait StoreFactory: Send + Sync {
@@ -70,6 +72,11 @@ macro_rules! store_conformance {
             cancel_fences_out_the_owner_and_records_who_and_why,
             list_filters_by_state_and_error_text_and_pages_without_gaps,
             count_by_state_counts_every_state,
+            record_steps_applies_each_write_or_refuses_it_alone,
+            resume_owned_takes_back_live_orders_under_a_new_epoch,
+            a_compensating_order_ends_cancelled_only_through_its_owner,
+            request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
+            every_error_raises_one_alert_which_is_published_once,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -84,9 +91,9 @@ macro_rules! store_conformance {
     };
 }
 
-const MINUTE: Duration = Duration::from_secs(60);
+pub(crate) const MINUTE: Duration = Duration::from_secs(60);
 
-fn owner(name: &str) -> InstanceId {
+pub(crate) fn owner(name: &str) -> InstanceId {
     InstanceId::parse(format!("scheduler-{name}")).expect("valid instance id")
 }
 
@@ -98,7 +105,7 @@ fn claim_req(who: &InstanceId, limit: u32, timeout: Duration) -> ClaimRequest {
     }
 }
 
-async fn submit_n(store: &dyn StateStore, n: u64) -> Vec<OrderId> {
+pub(crate) async fn submit_n(store: &dyn StateStore, n: u64) -> Vec<OrderId> {
     let mut ids = Vec::new();
     for i in 0..n {
         let order = builders::order(i);
@@ -114,11 +121,11 @@ async fn submit_n(store: &dyn StateStore, n: u64) -> Vec<OrderId> {
     ids
 }
 
-async fn row(store: &dyn StateStore, id: &OrderId) -> StateRow {
+pub(crate) async fn row(store: &dyn StateStore, id: &OrderId) -> StateRow {
     store.get(id).await.expect("get").state
 }
 
-async fn claim_one(store: &dyn StateStore, who: &InstanceId, timeout: Duration) -> ClaimedOrder {
+pub(crate) async fn claim_one(store: &dyn StateStore, who: &InstanceId, timeout: Duration) -> ClaimedOrder {
     let mut claimed = store
         .claim(&claim_req(who, 1, timeout))
         .await
@@ -127,7 +134,7 @@ async fn claim_one(store: &dyn StateStore, who: &InstanceId, timeout: Duration) 
     claimed.remove(0)
 }
 
-fn policy(max_failures: i32, base_secs: u64) -> RecoveryPolicy {
+pub(crate) fn policy(max_failures: i32, base_secs: u64) -> RecoveryPolicy {
     RecoveryPolicy {
         max_failures,
         backoff_base: Duration::from_secs(base_secs),
@@ -135,7 +142,7 @@ fn policy(max_failures: i32, base_secs: u64) -> RecoveryPolicy {
     }
 }
 
-fn supervisor(n: usize) -> InstanceId {
+pub(crate) fn supervisor(n: usize) -> InstanceId {
     InstanceId::parse(format!("supervisor-{n}")).expect("valid instance id")
 }
 
