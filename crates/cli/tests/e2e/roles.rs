@@ -372,3 +372,64 @@ async fn agent_deadlines(dialect: Dialect) {
     let left = backend.transport.receive(&work, 100, Duration::from_millis(100)).await.unwrap();
     assert!(left.is_empty(), "{} requests left behind", left.len());
 }
+
+both!(
+    a_scheduler_restarted_with_its_instance_id_resumes_its_orders_without_a_timeout,
+    restarted_scheduler_resumes
+);
+async fn restarted_scheduler_resumes(dialect: Dialect) {
+    use orderly_scheduler::{Scheduler, SchedulerConfig};
+    let db = Db::new(dialect).await;
+    let backend = db.backend().await;
+    let workflow = Arc::new(orderly_core::workflow::Workflow::default());
+    orderly_cli::system::declare_queues(&backend, &workflow, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let orders = demo::sample_orders(20);
+    for o in &orders {
+        backend.store.submit(o, &Actor::operator("t"), &[]).await.unwrap();
+    }
+    let id = InstanceId::parse("scheduler-0").unwrap();
+    let make = || {
+        Scheduler::new(
+            backend.store.clone(),
+            backend.transport.clone(),
+            Arc::new(SystemClock),
+            SchedulerConfig::new(id.clone(), workflow.clone()),
+        )
+    };
+    // The first run claims everything and sends the first steps, then "crashes".
+    let first = make().claim_once().await.unwrap();
+    assert_eq!(first.claimed, 20);
+    // The requests of the first run are lost with it (say, purged by an operator).
+    let inventory = QueueName::parse("agent.inventory").unwrap();
+    let old = backend.transport.receive(&inventory, 100, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(old.len(), 20);
+    backend.transport.complete_messages(&old).await.unwrap();
+    // The restart takes its orders back under a new epoch and sends the steps again.
+    let second = make();
+    let resumed = second.resume().await.unwrap();
+    assert_eq!((resumed.claimed, resumed.requests), (20, 20));
+    let sim = Sim::new(SimConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
+    let agent = Agent::new(
+        backend.transport.clone(),
+        Arc::new(HttpRemote::new(Endpoints { base_url: format!("http://{addr}/actions"), overrides: HashMap::new() }).unwrap()),
+        Arc::new(SystemClock),
+        AgentConfig::new(InstanceId::generate("agent"), workflow.queues()),
+    );
+    tokio::spawn(agent.run(shutdown.clone()));
+    tokio::spawn(second.run(shutdown.clone()));
+    assert!(demo::wait_done_on(backend.store.as_ref(), 20, Duration::from_secs(60)).await.unwrap());
+    shutdown.cancel();
+    for o in &orders {
+        let view = backend.store.get(&o.order_id).await.unwrap();
+        assert_eq!(view.state.process_state, ProcessState::Processed);
+        assert_eq!(view.state.failure_count, 0, "no timeout was needed");
+        assert!(view.history.iter().any(|e| e.kind == HistoryKind::Resumed));
+    }
+    assert!(orderly_remote_sim::double_effects(&sim.effects()).is_empty());
+}
