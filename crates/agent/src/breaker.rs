@@ -27,8 +27,12 @@ impl Default for BreakerConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
     /// One probe is out; others wait for its outcome.
     HalfOpen,
 }
@@ -91,7 +95,10 @@ impl Breaker {
                 }
             }
             _ => {
-                tracing::warn!(open_for_ms = self.cfg.open_for.as_millis() as u64, "circuit opened: the remote service keeps failing");
+                tracing::warn!(
+                    open_for_ms = self.cfg.open_for.as_millis() as u64,
+                    "circuit opened: the remote service keeps failing"
+                );
                 State::Open {
                     until: Instant::now() + self.cfg.open_for,
                 }

@@ -113,7 +113,11 @@ impl Agent {
 
     /// Receives one batch from `queue` and handles every request in it to the end,
     /// returning what became of each.
-    pub async fn run_once(&self, queue: &QueueName, wait: Duration) -> orderly_core::Result<Vec<Handled>> {
+    pub async fn run_once(
+        &self,
+        queue: &QueueName,
+        wait: Duration,
+    ) -> orderly_core::Result<Vec<Handled>> {
         let batch = self.receive(queue, wait).await?;
         let mut handled = Vec::with_capacity(batch.len());
         let tasks: Vec<_> = batch
@@ -244,7 +248,9 @@ impl Agent {
         async move {
             let work = self.work(&req);
             let outcome =
-                match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work).await {
+                match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work)
+                    .await
+                {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         // The lock is gone: another agent may have the request now.
@@ -274,7 +280,11 @@ impl Agent {
                     attempts,
                     context: req.context.clone(),
                 };
-                let message = json_message(reply.message_id(), &reply, Some(req.fence.order_id.as_str()));
+                let message = json_message(
+                    reply.message_id(),
+                    &reply,
+                    Some(req.fence.order_id.as_str()),
+                );
                 if let Err(e) = self.transport.send(&req.reply_to, &[message]).await {
                     // Not settled: the request comes back and the call is repeated
                     // under the same idempotency key.
@@ -294,7 +304,8 @@ impl Agent {
     /// out, or the deadline passes. Returns the result and the number of calls.
     async fn work(&self, req: &StepRequest) -> (Handled, u32) {
         let started = self.clock.now();
-        let budget = chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
+        let budget =
+            chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
         let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
         let stop_at = (req.complete_by - margin).min(started + budget);
         let service = self.remote.service_of(&req.action);
@@ -304,7 +315,9 @@ impl Agent {
         let mut last_error = String::from("no attempt made");
         while attempts < req.retry.max_attempts {
             let now = self.clock.now();
-            let Ok(left) = (stop_at - now).to_std() else { break };
+            let Ok(left) = (stop_at - now).to_std() else {
+                break;
+            };
             if left.is_zero() {
                 break;
             }
@@ -319,7 +332,10 @@ impl Agent {
             match result {
                 Ok(Ok(detail)) => {
                     breaker.record_success();
-                    return (Handled::Replied(StepOutcome::Succeeded { detail }), attempts);
+                    return (
+                        Handled::Replied(StepOutcome::Succeeded { detail }),
+                        attempts,
+                    );
                 }
                 Ok(Err(CallError::Permanent(error))) => {
                     // The service answered: it is up, the request is bad.

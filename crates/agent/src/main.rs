@@ -15,13 +15,26 @@ struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,
     /// Agent queues to consume (comma-separated).
-    #[arg(long, env = "ORDERLY_AGENT_QUEUES", value_delimiter = ',', default_value = "agent.inventory,agent.payment,agent.shipping")]
+    #[arg(
+        long,
+        env = "ORDERLY_AGENT_QUEUES",
+        value_delimiter = ',',
+        default_value = "agent.inventory,agent.payment,agent.shipping"
+    )]
     queues: Vec<String>,
     /// Base URL of the remote services; an action is POSTed to BASE/ACTION.
-    #[arg(long, env = "ORDERLY_REMOTE_URL", default_value = "http://127.0.0.1:8080/actions")]
+    #[arg(
+        long,
+        env = "ORDERLY_REMOTE_URL",
+        default_value = "http://127.0.0.1:8080/actions"
+    )]
     remote_url: String,
     /// Per-action URL, ACTION=URL (repeatable, or comma-separated in the variable).
-    #[arg(long = "endpoint", env = "ORDERLY_AGENT_ENDPOINTS", value_delimiter = ',')]
+    #[arg(
+        long = "endpoint",
+        env = "ORDERLY_AGENT_ENDPOINTS",
+        value_delimiter = ','
+    )]
     endpoints: Vec<String>,
     /// Requests worked on at once.
     #[arg(long, env = "ORDERLY_AGENT_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -40,13 +53,15 @@ async fn main() -> anyhow::Result<()> {
         .context("invalid --queues / ORDERLY_AGENT_QUEUES")?;
     let mut overrides = std::collections::HashMap::new();
     for e in &args.endpoints {
-        let (action, url) = e
-            .split_once('=')
-            .with_context(|| format!("invalid --endpoint / ORDERLY_AGENT_ENDPOINTS {e:?}: expected ACTION=URL"))?;
+        let (action, url) = e.split_once('=').with_context(|| {
+            format!("invalid --endpoint / ORDERLY_AGENT_ENDPOINTS {e:?}: expected ACTION=URL")
+        })?;
         overrides.insert(action.to_owned(), url.to_owned());
     }
     if !args.remote_url.starts_with("http://") && !args.remote_url.starts_with("https://") {
-        anyhow::bail!("invalid --remote-url / ORDERLY_REMOTE_URL: must start with http:// or https://");
+        anyhow::bail!(
+            "invalid --remote-url / ORDERLY_REMOTE_URL: must start with http:// or https://"
+        );
     }
     let remote = HttpRemote::new(Endpoints {
         base_url: args.remote_url,
@@ -58,8 +73,13 @@ async fn main() -> anyhow::Result<()> {
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
-    Agent::new(backend.transport, Arc::new(remote), Arc::new(SystemClock), cfg)
-        .run(orderly_runtime::shutdown_on_signals())
-        .await;
+    Agent::new(
+        backend.transport,
+        Arc::new(remote),
+        Arc::new(SystemClock),
+        cfg,
+    )
+    .run(orderly_runtime::shutdown_on_signals())
+    .await;
     Ok(())
 }

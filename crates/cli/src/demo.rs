@@ -68,11 +68,19 @@ impl Report {
         println!("orders submitted     {}", self.submitted);
         for s in ProcessState::ALL {
             let n = self.count(s);
-            if n > 0 || matches!(s, ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled) {
+            if n > 0
+                || matches!(
+                    s,
+                    ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
+                )
+            {
                 println!("  {:<18} {n}", s.as_str());
             }
         }
-        println!("timeouts recovered   {} (given up: {})", self.recoveries, self.gave_up);
+        println!(
+            "timeouts recovered   {} (given up: {})",
+            self.recoveries, self.gave_up
+        );
         println!("step re-runs         {}", self.step_retries);
         println!("steps compensated    {}", self.compensated);
         println!(
@@ -103,7 +111,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Posts `orders` to the orders queue in batches; returns when each was sent.
-pub async fn submit(system: &System, orders: &[NewOrder]) -> anyhow::Result<HashMap<OrderId, DateTime<Utc>>> {
+pub async fn submit(
+    system: &System,
+    orders: &[NewOrder],
+) -> anyhow::Result<HashMap<OrderId, DateTime<Utc>>> {
     post(system.backend.transport.as_ref(), orders).await
 }
 
@@ -117,7 +128,13 @@ pub async fn post(
     for chunk in orders.chunks(100) {
         let messages: Vec<_> = chunk
             .iter()
-            .map(|o| json_message(format!("submit:{}", o.order_id), o, Some(o.order_id.as_str())))
+            .map(|o| {
+                json_message(
+                    format!("submit:{}", o.order_id),
+                    o,
+                    Some(o.order_id.as_str()),
+                )
+            })
             .collect();
         let now = Utc::now();
         transport
@@ -148,8 +165,14 @@ pub async fn wait_done_on(
     let mut last_line = Instant::now();
     loop {
         let counts = store.count_by_state().await?;
-        let get = |s| counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n as usize);
-        let done = get(ProcessState::Processed) + get(ProcessState::Error) + get(ProcessState::Cancelled);
+        let get = |s| {
+            counts
+                .iter()
+                .find(|(st, _)| *st == s)
+                .map_or(0, |(_, n)| *n as usize)
+        };
+        let done =
+            get(ProcessState::Processed) + get(ProcessState::Error) + get(ProcessState::Cancelled);
         let line = format!(
             "{} {done}/{total}  Processed {}  Error {}  Cancelled {}  in progress {}",
             bar(done, total),
@@ -183,7 +206,9 @@ pub async fn wait_done_on(
 
 fn bar(done: usize, total: usize) -> String {
     const WIDTH: usize = 30;
-    let filled = if total == 0 { WIDTH } else { (done * WIDTH / total).min(WIDTH) };
+    let filled = (done * WIDTH)
+        .checked_div(total)
+        .map_or(WIDTH, |f| f.min(WIDTH));
     format!("[{}{}]", "#".repeat(filled), ".".repeat(WIDTH - filled))
 }
 
@@ -195,7 +220,14 @@ pub async fn report(
     check: bool,
 ) -> anyhow::Result<Report> {
     let effects = system.sim.as_ref().map(|s| s.effects());
-    report_on(system.backend.store.as_ref(), effects, sent_at, workflow, check).await
+    report_on(
+        system.backend.store.as_ref(),
+        effects,
+        sent_at,
+        workflow,
+        check,
+    )
+    .await
 }
 
 /// [`report`] for a system running elsewhere: its store, and the simulator's ledger
@@ -217,7 +249,10 @@ pub async fn report_on(
     let mut last_done = first_sent;
     let mut effects_by_order: HashMap<&str, Vec<&Effect>> = HashMap::new();
     for e in &effects {
-        effects_by_order.entry(e.order_id.as_str()).or_default().push(e);
+        effects_by_order
+            .entry(e.order_id.as_str())
+            .or_default()
+            .push(e);
     }
     let alerts = store.alerts(false, orderly_core::store::MAX_BATCH).await?;
     let alerted: HashMap<&str, usize> = alerts.iter().fold(HashMap::new(), |mut m, a| {
@@ -228,7 +263,8 @@ pub async fn report_on(
         let view = match store.get(id).await {
             Ok(v) => v,
             Err(orderly_core::Error::OrderNotFound(_)) => {
-                r.violations.push(format!("order {id} was posted but never recorded (lost)"));
+                r.violations
+                    .push(format!("order {id} was posted but never recorded (lost)"));
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -243,26 +279,41 @@ pub async fn report_on(
             .iter()
             .map(|s| usize::try_from(s.attempts - 1).unwrap_or(0))
             .sum::<usize>();
-        if let Some(done) = view
-            .history
-            .iter()
-            .rev()
-            .find(|e| matches!(e.kind, HistoryKind::Completed | HistoryKind::Failed | HistoryKind::GaveUp | HistoryKind::Cancelled))
-        {
+        if let Some(done) = view.history.iter().rev().find(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Completed
+                    | HistoryKind::Failed
+                    | HistoryKind::GaveUp
+                    | HistoryKind::Cancelled
+            )
+        }) {
             last_done = last_done.max(done.at);
             if done.kind == HistoryKind::Completed {
-                r.latencies.push((done.at - *sent).to_std().unwrap_or_default());
+                r.latencies
+                    .push((done.at - *sent).to_std().unwrap_or_default());
             }
         }
         if check {
-            let order_effects = has_ledger
-                .then(|| effects_by_order.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]));
-            check_order(&view, workflow, order_effects, alerted.get(id.as_str()).copied(), &mut r.violations);
+            let order_effects = has_ledger.then(|| {
+                effects_by_order
+                    .get(id.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[])
+            });
+            check_order(
+                &view,
+                workflow,
+                order_effects,
+                alerted.get(id.as_str()).copied(),
+                &mut r.violations,
+            );
         }
     }
     if check && has_ledger {
         for (order, action, n) in double_effects(&effects) {
-            r.violations.push(format!("order {order}: {action} took effect {n} times"));
+            r.violations
+                .push(format!("order {order}: {action} took effect {n} times"));
         }
     }
     r.latencies.sort();
@@ -281,7 +332,10 @@ fn check_order(
     let id = &view.state.order_id;
     let state = view.state.process_state;
     // 1. Nothing lost or stuck.
-    if !matches!(state, ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled) {
+    if !matches!(
+        state,
+        ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
+    ) {
         violations.push(format!("order {id} is still {state}"));
     }
     // 2. Ownership terms only grow.
@@ -298,7 +352,12 @@ fn check_order(
     let failures = view
         .history
         .iter()
-        .filter(|e| matches!(e.kind, HistoryKind::Recovered | HistoryKind::GaveUp | HistoryKind::Failed))
+        .filter(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Recovered | HistoryKind::GaveUp | HistoryKind::Failed
+            )
+        })
         .count();
     if usize::try_from(view.state.failure_count).unwrap_or(0) != failures {
         violations.push(format!(
@@ -315,27 +374,50 @@ fn check_order(
                 .filter(|e| e.kind == HistoryKind::StepSucceeded && e.step == Some(i as i32))
                 .count();
             if succeeded != 1 {
-                violations.push(format!("order {id}: step {} recorded done {succeeded} times", def.name));
+                violations.push(format!(
+                    "order {id}: step {} recorded done {succeeded} times",
+                    def.name
+                ));
             }
-            if !view.steps.iter().any(|s| s.index == i as i32 && s.status == StepStatus::Succeeded) {
-                violations.push(format!("order {id}: Processed but step {} is not done", def.name));
+            if !view
+                .steps
+                .iter()
+                .any(|s| s.index == i as i32 && s.status == StepStatus::Succeeded)
+            {
+                violations.push(format!(
+                    "order {id}: Processed but step {} is not done",
+                    def.name
+                ));
             }
             if let Some(effects) = effects {
-                let applied = effects.iter().filter(|e| e.action == def.name && e.kind == "do").count();
+                let applied = effects
+                    .iter()
+                    .filter(|e| e.action == def.name && e.kind == "do")
+                    .count();
                 if applied != 1 {
-                    violations.push(format!("order {id}: {} took effect {applied} times", def.name));
+                    violations.push(format!(
+                        "order {id}: {} took effect {applied} times",
+                        def.name
+                    ));
                 }
             }
         }
     }
     // Every compensated step's undo took effect.
-    for s in view.steps.iter().filter(|s| s.status == StepStatus::Compensated) {
+    for s in view
+        .steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Compensated)
+    {
         let undo = workflow.step(s.index).and_then(|d| d.compensation.clone());
         if let Some(undo) = undo
             && let Some(effects) = effects
             && !effects.iter().any(|e| e.action == undo)
         {
-            violations.push(format!("order {id}: step {} marked compensated but {undo} never took effect", s.name));
+            violations.push(format!(
+                "order {id}: step {} marked compensated but {undo} never took effect",
+                s.name
+            ));
         }
     }
     // 7. Every Error raised an alert.

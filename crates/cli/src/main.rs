@@ -197,7 +197,11 @@ async fn run() -> anyhow::Result<()> {
                 .init();
         }
         _ => tracing_subscriber::fmt()
-            .with_env_filter(filter(if matches!(cli.command, Command::Up { .. }) { "info" } else { "warn" }))
+            .with_env_filter(filter(if matches!(cli.command, Command::Up { .. }) {
+                "info"
+            } else {
+                "warn"
+            }))
             .with_writer(std::io::stderr)
             .init(),
     }
@@ -352,18 +356,28 @@ async fn run_demo(
     eprintln!(
         "orderly demo: {orders} orders, faults {}, store {}",
         if faults == Faults::On { "on" } else { "off" },
-        if url.starts_with("sqlite:") { url.as_str() } else { "(given by --store)" }
+        if url.starts_with("sqlite:") {
+            url.as_str()
+        } else {
+            "(given by --store)"
+        }
     );
     let system = System::start(backend, cfg).await?;
     let batch = sample_batch(orders);
     let sent_at = demo::submit(&system, &batch).await?;
-    let finished = demo::wait_done(&system, orders, std::time::Duration::from_secs(timeout_secs)).await?;
+    let finished = demo::wait_done(
+        &system,
+        orders,
+        std::time::Duration::from_secs(timeout_secs),
+    )
+    .await?;
     let mut report = demo::report(&system, &sent_at, &workflow, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
     if !finished {
-        report
-            .violations
-            .insert(0, format!("not every order finished within {timeout_secs} s"));
+        report.violations.insert(
+            0,
+            format!("not every order finished within {timeout_secs} s"),
+        );
     }
     report.print();
     if url.starts_with("sqlite:") {
@@ -385,7 +399,11 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     let backend = orderly_sql::connect(&url, TimeSource::Database)
         .await
         .context("cannot open the benchmark's state store (--store)")?;
-    let dialect = if url.starts_with("sqlite:") { "SQLite" } else { "PostgreSQL" };
+    let dialect = if url.starts_with("sqlite:") {
+        "SQLite"
+    } else {
+        "PostgreSQL"
+    };
     let mut cfg = SystemConfig::new().quick();
     cfg.sim = Some(SimConfig::default());
     let workflow = cfg.workflow.clone();
@@ -397,7 +415,9 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
         bail!("the burst did not finish within 600 s");
     }
     let peak = demo::report(&system, &sent_at, &workflow, true).await?;
-    println!("== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)");
+    println!(
+        "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
+    );
     peak.print();
     // Paced: half the burst's throughput, for latency under a steady load.
     let rate = (peak.throughput() / 2.0).max(1.0);
@@ -411,7 +431,13 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
         sent_at.extend(demo::submit(&system, chunk).await?);
     }
     let before = peak.count(ProcessState::Processed) + peak.count(ProcessState::Error);
-    if !demo::wait_done(&system, before + paced_n, std::time::Duration::from_secs(600)).await? {
+    if !demo::wait_done(
+        &system,
+        before + paced_n,
+        std::time::Duration::from_secs(600),
+    )
+    .await?
+    {
         bail!("the paced run did not finish within 600 s");
     }
     let steady = demo::report(&system, &sent_at, &workflow, true).await?;

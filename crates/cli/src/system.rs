@@ -109,7 +109,11 @@ pub struct System {
 }
 
 /// Declares the queues the system uses (idempotent).
-pub async fn declare_queues(backend: &Backend, workflow: &Workflow, request_lock: Duration) -> anyhow::Result<()> {
+pub async fn declare_queues(
+    backend: &Backend,
+    workflow: &Workflow,
+    request_lock: Duration,
+) -> anyhow::Result<()> {
     let fixed = [queues::ORDERS, queues::REPLIES, queues::ALERTS];
     for q in fixed {
         backend
@@ -181,7 +185,12 @@ impl System {
             instances.push(id.clone());
             let mut sc = SchedulerConfig::new(id, workflow.clone());
             sc.processing_timeout = cfg.processing_timeout;
-            let s = Scheduler::new(backend.store.clone(), backend.transport.clone(), clock.clone(), sc);
+            let s = Scheduler::new(
+                backend.store.clone(),
+                backend.transport.clone(),
+                clock.clone(),
+                sc,
+            );
             tasks.push(tokio::spawn(s.run(shutdown.clone())));
         }
         for _ in 0..cfg.agents {
@@ -197,7 +206,12 @@ impl System {
                 failure_threshold: 20,
                 open_for: Duration::from_millis(500),
             };
-            let a = Agent::new(backend.transport.clone(), Arc::new(remote), clock.clone(), ac);
+            let a = Agent::new(
+                backend.transport.clone(),
+                Arc::new(remote),
+                clock.clone(),
+                ac,
+            );
             tasks.push(tokio::spawn(a.run(shutdown.clone())));
         }
         for _ in 0..cfg.supervisors {

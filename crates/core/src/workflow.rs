@@ -172,8 +172,8 @@ impl Workflow {
         let mut names = std::collections::HashSet::new();
         for (i, s) in self.steps.iter().enumerate() {
             let field = format!("steps[{i}]");
-            for (what, name) in
-                std::iter::once(("name", &s.name)).chain(s.compensation.iter().map(|c| ("compensation", c)))
+            for (what, name) in std::iter::once(("name", &s.name))
+                .chain(s.compensation.iter().map(|c| ("compensation", c)))
             {
                 if name.is_empty()
                     || name.len() > MAX_STEP_NAME_LEN
@@ -245,7 +245,10 @@ mod tests {
         w.validate().unwrap();
         let names: Vec<_> = w.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["reserve-inventory", "charge-payment", "ship"]);
-        assert_eq!(w.steps[0].compensation.as_deref(), Some("release-inventory"));
+        assert_eq!(
+            w.steps[0].compensation.as_deref(),
+            Some("release-inventory")
+        );
         assert_eq!(w.steps[1].compensation.as_deref(), Some("refund"));
         assert_eq!(w.steps[2].compensation, None);
     }

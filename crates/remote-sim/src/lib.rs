@@ -184,7 +184,11 @@ impl Sim {
     }
 
     /// Serves on `listener` until `shutdown`.
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
         axum::serve(listener, self.router())
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await
@@ -218,7 +222,12 @@ fn answer(status: StatusCode, text: impl Into<String>) -> Response {
     (status, text.into()).into_response()
 }
 
-async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: HeaderMap, body: String) -> Response {
+async fn act(
+    State(sim): State<Sim>,
+    Path(action): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
     if !sim.cfg.latency.is_zero() {
         tokio::time::sleep(sim.cfg.latency).await;
     }
@@ -228,7 +237,10 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
         .filter(|k| !k.is_empty())
         .map(str::to_owned)
     else {
-        return answer(StatusCode::BAD_REQUEST, "Idempotency-Key header is required");
+        return answer(
+            StatusCode::BAD_REQUEST,
+            "Idempotency-Key header is required",
+        );
     };
     let call: Call = match serde_json::from_str(&body) {
         Ok(c) => c,
@@ -247,7 +259,10 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
         }
         if l.tombstones.contains(&key) {
             l.stats.permanent += 1;
-            return answer(StatusCode::CONFLICT, format!("{action} {key}: already compensated"));
+            return answer(
+                StatusCode::CONFLICT,
+                format!("{action} {key}: already compensated"),
+            );
         }
     }
     let roll = sim.roll();
@@ -262,7 +277,12 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
         return if roll * 1e6 % 2.0 < 1.0 {
             answer(StatusCode::SERVICE_UNAVAILABLE, "temporarily unavailable")
         } else {
-            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0")], "slow down").into_response()
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "0")],
+                "slow down",
+            )
+                .into_response()
         };
     }
     if !hang_after_effect && call.kind == "do" && sim.declines(&action, &key) {
@@ -283,13 +303,22 @@ async fn act(State(sim): State<Sim>, Path(action): Path<String>, headers: Header
 }
 
 /// Applies the effect of `key` once; `Some(answer)` if it was applied already.
-fn apply(sim: &Sim, action: &str, key: &str, call: Call, hang_after_effect: bool) -> Option<Response> {
+fn apply(
+    sim: &Sim,
+    action: &str,
+    key: &str,
+    call: Call,
+    hang_after_effect: bool,
+) -> Option<Response> {
     let mut l = sim.ledger();
     // Checked again under the lock: two concurrent first calls apply once.
     if let Some(e) = l.effects.get_mut(key) {
         e.calls += 1;
         l.stats.replays += 1;
-        return Some(answer(StatusCode::OK, format!("{action} {key}: already applied")));
+        return Some(answer(
+            StatusCode::OK,
+            format!("{action} {key}: already applied"),
+        ));
     }
     if let Some(undone) = &call.compensates {
         l.tombstones.insert(undone.clone());

@@ -49,7 +49,8 @@ async fn main() -> anyhow::Result<()> {
         permanent_actions: args.permanent_actions,
         seed: args.seed,
     };
-    cfg.validate().map_err(|e| anyhow::anyhow!("invalid simulator setting: {e}"))?;
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("invalid simulator setting: {e}"))?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", args.listen))?;

@@ -39,8 +39,9 @@ impl Common {
     /// The instance id: the configured one, or a fresh one for `role`.
     pub fn instance(&self, role: &str) -> anyhow::Result<InstanceId> {
         match &self.instance_id {
-            Some(id) => InstanceId::parse(id.clone())
-                .context("invalid --instance-id / ORDERLY_INSTANCE_ID"),
+            Some(id) => {
+                InstanceId::parse(id.clone()).context("invalid --instance-id / ORDERLY_INSTANCE_ID")
+            }
             None => Ok(InstanceId::generate(role)),
         }
     }

@@ -18,7 +18,9 @@ use orderly_core::messages::{
     OrderStatus, StatusNotice, StepContext, StepKind, StepOutcome, StepReply, StepRequest,
     json_message,
 };
-use orderly_core::store::{ClaimRequest, ClaimedOrder, Completion, StateStore, StepUpdate, StepWrite};
+use orderly_core::store::{
+    ClaimRequest, ClaimedOrder, Completion, StateStore, StepUpdate, StepWrite,
+};
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage, Transport, receive_json};
 use orderly_core::workflow::Workflow;
 use orderly_core::{Clock, Error, Fence, InstanceId, ProcessState, StepRecord, StepStatus};
@@ -222,7 +224,11 @@ impl Scheduler {
             Err(e) => {
                 // Hand the batch back rather than leave it to time out.
                 for fence in &fences {
-                    if let Err(release) = self.store.release(fence, "scheduler could not start it").await {
+                    if let Err(release) = self
+                        .store
+                        .release(fence, "scheduler could not start it")
+                        .await
+                    {
                         debug!(order_id = %fence.order_id, error = %release, "release after a failed start");
                     }
                 }
@@ -640,32 +646,32 @@ impl Scheduler {
     /// How an order whose steps are undone ends.
     fn plan_finish(fence: &Fence, finish_as: Option<ProcessState>, steps: &[StepRecord]) -> Next {
         match finish_as {
-                Some(ProcessState::Cancelled) => Next::Cancel(fence.clone()),
-                _ => {
-                    let error = steps
-                        .iter()
-                        .filter(|s| s.status == StepStatus::Failed)
-                        .max_by_key(|s| s.index)
-                        .map(|s| {
-                            format!(
-                                "step {} failed: {}",
-                                s.name,
-                                s.detail.as_deref().unwrap_or("no detail")
-                            )
-                        })
-                        .unwrap_or_else(|| "order failed".to_owned());
-                    let undone: Vec<&str> = steps
-                        .iter()
-                        .filter(|s| s.status == StepStatus::Compensated)
-                        .map(|s| s.name.as_str())
-                        .collect();
-                    let error = if undone.is_empty() {
-                        error
-                    } else {
-                        format!("{error}; undone: {}", undone.join(", "))
-                    };
-                    Next::Fail(fence.clone(), error)
-                }
+            Some(ProcessState::Cancelled) => Next::Cancel(fence.clone()),
+            _ => {
+                let error = steps
+                    .iter()
+                    .filter(|s| s.status == StepStatus::Failed)
+                    .max_by_key(|s| s.index)
+                    .map(|s| {
+                        format!(
+                            "step {} failed: {}",
+                            s.name,
+                            s.detail.as_deref().unwrap_or("no detail")
+                        )
+                    })
+                    .unwrap_or_else(|| "order failed".to_owned());
+                let undone: Vec<&str> = steps
+                    .iter()
+                    .filter(|s| s.status == StepStatus::Compensated)
+                    .map(|s| s.name.as_str())
+                    .collect();
+                let error = if undone.is_empty() {
+                    error
+                } else {
+                    format!("{error}; undone: {}", undone.join(", "))
+                };
+                Next::Fail(fence.clone(), error)
+            }
         }
     }
 
@@ -709,7 +715,8 @@ impl Scheduler {
                         )
                         .await?;
                     context.finish_as = Some(ProcessState::Error);
-                    let next = self.plan_compensation(fence, reply.complete_by, &context, &steps, None);
+                    let next =
+                        self.plan_compensation(fence, reply.complete_by, &context, &steps, None);
                     self.execute(vec![next], pass).await
                 } else {
                     self.execute(
@@ -755,7 +762,8 @@ impl Scheduler {
                     reply.step,
                     left.join(", ")
                 );
-                self.execute(vec![Next::Fail(fence.clone(), error)], pass).await
+                self.execute(vec![Next::Fail(fence.clone(), error)], pass)
+                    .await
             }
             (StepKind::Do, StepOutcome::Succeeded { .. }) => Ok(()),
         }
@@ -835,7 +843,11 @@ impl Scheduler {
         Ok(())
     }
 
-    async fn complete(&self, completions: Vec<Completion>, pass: &mut Pass) -> orderly_core::Result<()> {
+    async fn complete(
+        &self,
+        completions: Vec<Completion>,
+        pass: &mut Pass,
+    ) -> orderly_core::Result<()> {
         let outcome = self.store.complete_many(&completions).await?;
         pass.completed += outcome.completed.len();
         for id in &outcome.completed {

@@ -452,7 +452,15 @@ impl SqliteStore {
         claimed
             .into_iter()
             .map(
-                |(order_id, epoch, complete_by, current_step, failure_count, reply_to, finish_as)| {
+                |(
+                    order_id,
+                    epoch,
+                    complete_by,
+                    current_step,
+                    failure_count,
+                    reply_to,
+                    finish_as,
+                )| {
                     let details = details.remove(order_id.as_str()).ok_or_else(|| {
                         corrupt(
                             "orders",

@@ -68,7 +68,11 @@ pub struct Submitter {
 
 impl Submitter {
     /// A submitter recording into `store`, reading from `transport`.
-    pub fn new(store: Arc<dyn IntakeStore>, transport: Arc<dyn Transport>, cfg: SubmitterConfig) -> Self {
+    pub fn new(
+        store: Arc<dyn IntakeStore>,
+        transport: Arc<dyn Transport>,
+        cfg: SubmitterConfig,
+    ) -> Self {
         Self {
             store,
             transport,
@@ -97,11 +101,13 @@ impl Submitter {
         let actor = Actor::instance(&self.cfg.instance);
         let mut done: Vec<ReceivedMessage> = Vec::with_capacity(batch.len());
         for (order, message) in batch {
-            let span = info_span!("submit", order_id = %order.order_id, instance_id = %self.cfg.instance);
+            let span =
+                info_span!("submit", order_id = %order.order_id, instance_id = %self.cfg.instance);
             let _g = span.enter();
             if let Err(invalid) = order.validate() {
                 warn!(problem = %invalid, "invalid order dead-lettered");
-                self.reject(&message, "InvalidOrder", &invalid.to_string()).await;
+                self.reject(&message, "InvalidOrder", &invalid.to_string())
+                    .await;
                 intake.rejected += 1;
                 continue;
             }
@@ -111,7 +117,10 @@ impl Submitter {
                 step: None,
                 detail: None,
             };
-            let sends: Vec<_> = received.envelope(order.reply_to.as_deref(), "0").into_iter().collect();
+            let sends: Vec<_> = received
+                .envelope(order.reply_to.as_deref(), "0")
+                .into_iter()
+                .collect();
             match self.store.submit(&order, &actor, &sends).await {
                 Ok(SubmitOutcome::Accepted) => {
                     debug!("order accepted");
@@ -125,11 +134,15 @@ impl Submitter {
                 }
                 Err(e @ Error::OrderIdConflict(_)) => {
                     warn!(error = %e, "order id reused with other details: dead-lettered");
-                    self.reject(&message, "OrderIdConflict", &e.to_string()).await;
+                    self.reject(&message, "OrderIdConflict", &e.to_string())
+                        .await;
                     intake.rejected += 1;
                 }
                 Err(Error::Send(inner))
-                    if matches!(*inner, orderly_core::transport::TransportError::QueueNotFound(_)) =>
+                    if matches!(
+                        *inner,
+                        orderly_core::transport::TransportError::QueueNotFound(_)
+                    ) =>
                 {
                     let problem = format!("invalid reply_to: {inner}");
                     warn!(problem = %problem, "order with an unknown reply queue dead-lettered");
@@ -157,7 +170,11 @@ impl Submitter {
     }
 
     async fn reject(&self, message: &ReceivedMessage, reason: &str, description: &str) {
-        if let Err(e) = self.transport.dead_letter(message, reason, description).await {
+        if let Err(e) = self
+            .transport
+            .dead_letter(message, reason, description)
+            .await
+        {
             // Left locked: it comes back, and the maximum delivery count keeps it.
             warn!(error = %e, "could not dead-letter the message; it will come back");
         }

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use orderly_core::InstanceId;
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
 use orderly_core::transport::{QueueName, Transport};
-use orderly_core::InstanceId;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
@@ -142,7 +142,9 @@ impl Supervisor {
                     step: a.step.clone(),
                     detail: a.last_error.clone(),
                 };
-                if let Some(env) = notice.envelope(a.reply_to.as_deref(), &format!("a{}", a.alert_id)) {
+                if let Some(env) =
+                    notice.envelope(a.reply_to.as_deref(), &format!("a{}", a.alert_id))
+                {
                     match by_queue.iter_mut().find(|(q, _)| *q == env.queue) {
                         Some((_, msgs)) => msgs.push(env.message),
                         None => by_queue.push((env.queue, vec![env.message])),
@@ -177,7 +179,10 @@ impl Supervisor {
     pub async fn run(self, shutdown: CancellationToken) {
         let span = info_span!("supervisor", instance_id = %self.cfg.instance);
         async move {
-            info!(interval_ms = self.cfg.interval.as_millis() as u64, "supervisor started");
+            info!(
+                interval_ms = self.cfg.interval.as_millis() as u64,
+                "supervisor started"
+            );
             let mut tick = tokio::time::interval(self.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

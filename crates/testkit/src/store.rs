@@ -125,7 +125,11 @@ pub(crate) async fn row(store: &dyn StateStore, id: &OrderId) -> StateRow {
     store.get(id).await.expect("get").state
 }
 
-pub(crate) async fn claim_one(store: &dyn StateStore, who: &InstanceId, timeout: Duration) -> ClaimedOrder {
+pub(crate) async fn claim_one(
+    store: &dyn StateStore,
+    who: &InstanceId,
+    timeout: Duration,
+) -> ClaimedOrder {
     let mut claimed = store
         .claim(&claim_req(who, 1, timeout))
         .await

@@ -44,7 +44,10 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
     let advance = write(
         &one.fence,
         Some(0),
-        vec![update(0, StepStatus::Succeeded), update(1, StepStatus::Started)],
+        vec![
+            update(0, StepStatus::Succeeded),
+            update(1, StepStatus::Started),
+        ],
     );
     let verdicts = store
         .record_steps(&[
@@ -55,31 +58,63 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
         .await
         .unwrap();
     assert!(verdicts[0].is_ok(), "{:?}", verdicts[0]);
-    assert!(matches!(verdicts[1], Err(Error::Fenced { .. })), "{:?}", verdicts[1]);
     assert!(
-        matches!(verdicts[2], Err(Error::StaleStep { expected: 5, current: 0, .. })),
+        matches!(verdicts[1], Err(Error::Fenced { .. })),
+        "{:?}",
+        verdicts[1]
+    );
+    assert!(
+        matches!(
+            verdicts[2],
+            Err(Error::StaleStep {
+                expected: 5,
+                current: 0,
+                ..
+            })
+        ),
         "{:?}",
         verdicts[2]
     );
     assert_eq!(row(&*store, &one.fence.order_id).await.current_step, 1);
     let view = store.get(&one.fence.order_id).await.unwrap();
     let statuses: Vec<_> = view.steps.iter().map(|s| (s.index, s.status)).collect();
-    assert_eq!(statuses, [(0, StepStatus::Succeeded), (1, StepStatus::Started)]);
+    assert_eq!(
+        statuses,
+        [(0, StepStatus::Succeeded), (1, StepStatus::Started)]
+    );
     for refused in [&two.fence.order_id, &three.fence.order_id] {
         let v = store.get(refused).await.unwrap();
         assert!(v.steps.is_empty(), "a refused write leaves no step behind");
         assert_eq!(v.state.current_step, 0);
-        assert!(!v.history.iter().any(|e| e.kind == HistoryKind::StepSucceeded));
+        assert!(
+            !v.history
+                .iter()
+                .any(|e| e.kind == HistoryKind::StepSucceeded)
+        );
     }
     // The same reply again (redelivered): refused, nothing recorded twice.
     let again = store.record_steps(&[advance]).await.unwrap();
-    assert!(matches!(again[0], Err(Error::StaleStep { expected: 0, current: 1, .. })), "{:?}", again[0]);
+    assert!(
+        matches!(
+            again[0],
+            Err(Error::StaleStep {
+                expected: 0,
+                current: 1,
+                ..
+            })
+        ),
+        "{:?}",
+        again[0]
+    );
     let after = store.get(&one.fence.order_id).await.unwrap();
     assert_eq!(after.history.len(), view.history.len());
     assert_eq!(store.steps(&one.fence.order_id).await.unwrap(), after.steps);
     // A write with no updates only checks the fence.
     let touch = store
-        .record_steps(&[write(&one.fence, Some(1), vec![]), write(&stolen, None, vec![])])
+        .record_steps(&[
+            write(&one.fence, Some(1), vec![]),
+            write(&stolen, None, vec![]),
+        ])
         .await
         .unwrap();
     assert!(touch[0].is_ok());
@@ -104,19 +139,37 @@ pub async fn resume_owned_takes_back_live_orders_under_a_new_epoch(ctx: &Ctx) {
     assert_eq!(r.complete_by, live.complete_by, "the deadline is kept");
     assert_eq!(r.details, live.details);
     let old = store
-        .record_steps(&[write(&live.fence, Some(0), vec![update(0, StepStatus::Started)])])
+        .record_steps(&[write(
+            &live.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
         .await
         .unwrap();
     assert!(matches!(old[0], Err(Error::Fenced { .. })), "{:?}", old[0]);
     let new = store
-        .record_steps(&[write(&r.fence, Some(0), vec![update(0, StepStatus::Started)])])
+        .record_steps(&[write(
+            &r.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
         .await
         .unwrap();
     assert!(new[0].is_ok());
     let history = store.get(&live.fence.order_id).await.unwrap().history;
-    assert!(history.iter().any(|e| e.kind == HistoryKind::Resumed && e.epoch == r.fence.epoch));
-    assert_eq!(row(&*store, &short.fence.order_id).await.lock_epoch, short.fence.epoch);
-    assert_eq!(row(&*store, &other.fence.order_id).await.lock_epoch, other.fence.epoch);
+    assert!(
+        history
+            .iter()
+            .any(|e| e.kind == HistoryKind::Resumed && e.epoch == r.fence.epoch)
+    );
+    assert_eq!(
+        row(&*store, &short.fence.order_id).await.lock_epoch,
+        short.fence.epoch
+    );
+    assert_eq!(
+        row(&*store, &other.fence.order_id).await.lock_epoch,
+        other.fence.epoch
+    );
 }
 
 /// Marking an order for compensation keeps it Processing under its owner; only the
@@ -130,7 +183,10 @@ pub async fn a_compensating_order_ends_cancelled_only_through_its_owner(ctx: &Ct
         .begin_compensation(&c.fence, ProcessState::Processed, "nope", &[])
         .await
         .unwrap_err();
-    assert!(matches!(bad, Error::Invalid(ref v) if v.field == "finish_as"), "{bad:?}");
+    assert!(
+        matches!(bad, Error::Invalid(ref v) if v.field == "finish_as"),
+        "{bad:?}"
+    );
     store
         .begin_compensation(&c.fence, ProcessState::Cancelled, "operator asked", &[])
         .await
@@ -146,10 +202,16 @@ pub async fn a_compensating_order_ends_cancelled_only_through_its_owner(ctx: &Ct
         store.finish_cancelled(&stale, "x", &[]).await,
         Err(Error::Fenced { .. })
     ));
-    store.finish_cancelled(&c.fence, "undone", &[]).await.unwrap();
+    store
+        .finish_cancelled(&c.fence, "undone", &[])
+        .await
+        .unwrap();
     let r = row(&*store, &c.fence.order_id).await;
     assert_eq!(r.process_state, ProcessState::Cancelled);
-    assert_eq!((r.locked_by, r.complete_by, r.finish_as), (None, None, None));
+    assert_eq!(
+        (r.locked_by, r.complete_by, r.finish_as),
+        (None, None, None)
+    );
     let kinds: Vec<_> = store
         .get(&c.fence.order_id)
         .await
@@ -178,20 +240,37 @@ pub async fn request_cancel_undoes_started_work_and_cancels_untouched_orders_at_
     let a = owner("a");
     let c = claim_one(&*store, &a, MINUTE).await;
     let untouched = ids.iter().find(|id| **id != c.fence.order_id).unwrap();
-    let r = store.request_cancel(untouched, &ops, "dup", &[]).await.unwrap();
-    assert_eq!(r.process_state, ProcessState::Cancelled);
-    store
-        .record_steps(&[write(&c.fence, Some(0), vec![update(0, StepStatus::Started)])])
+    let r = store
+        .request_cancel(untouched, &ops, "dup", &[])
         .await
         .unwrap();
-    let r = store.request_cancel(&c.fence.order_id, &ops, "customer", &[]).await.unwrap();
+    assert_eq!(r.process_state, ProcessState::Cancelled);
+    store
+        .record_steps(&[write(
+            &c.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
+        .await
+        .unwrap();
+    let r = store
+        .request_cancel(&c.fence.order_id, &ops, "customer", &[])
+        .await
+        .unwrap();
     assert_eq!(r.process_state, ProcessState::Pending);
     assert_eq!(r.finish_as, Some(ProcessState::Cancelled));
     assert_eq!(r.locked_by, None);
-    let again = store.request_cancel(&c.fence.order_id, &ops, "customer", &[]).await.unwrap();
+    let again = store
+        .request_cancel(&c.fence.order_id, &ops, "customer", &[])
+        .await
+        .unwrap();
     assert_eq!(again, r, "asking twice changes nothing");
     let late = store
-        .record_steps(&[write(&c.fence, Some(0), vec![update(0, StepStatus::Succeeded)])])
+        .record_steps(&[write(
+            &c.fence,
+            Some(0),
+            vec![update(0, StepStatus::Succeeded)],
+        )])
         .await
         .unwrap();
     assert!(late[0].is_err(), "the former owner is fenced out");
@@ -199,9 +278,13 @@ pub async fn request_cancel_undoes_started_work_and_cancels_untouched_orders_at_
     assert_eq!(next.fence.order_id, c.fence.order_id);
     assert_eq!(next.finish_as, Some(ProcessState::Cancelled));
     let history = store.get(&c.fence.order_id).await.unwrap().history;
-    assert!(history.iter().any(|e| e.kind == HistoryKind::CancelRequested
-        && e.actor == ops
-        && e.reason.as_deref() == Some("customer")));
+    assert!(
+        history
+            .iter()
+            .any(|e| e.kind == HistoryKind::CancelRequested
+                && e.actor == ops
+                && e.reason.as_deref() == Some("customer"))
+    );
 }
 
 /// Whatever moves an order to Error raises one alert carrying the step and the last
@@ -212,13 +295,23 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     let a = owner("a");
     let failed = claim_one(&*store, &a, MINUTE).await;
     store
-        .record_steps(&[write(&failed.fence, Some(0), vec![update(0, StepStatus::Started)])])
+        .record_steps(&[write(
+            &failed.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
         .await
         .unwrap();
-    store.fail(&failed.fence, "card declined", &[]).await.unwrap();
+    store
+        .fail(&failed.fence, "card declined", &[])
+        .await
+        .unwrap();
     let timed_out = claim_one(&*store, &a, Duration::from_secs(5)).await;
     ctx.clock.advance(Duration::from_secs(6));
-    store.recover_expired(&supervisor(1), &policy(1, 1), 10).await.unwrap();
+    store
+        .recover_expired(&supervisor(1), &policy(1, 1), 10)
+        .await
+        .unwrap();
     let alerts = store.alerts(true, 10).await.unwrap();
     assert_eq!(alerts.len(), 2, "{alerts:?}");
     let by_order = |id| alerts.iter().find(|x| &x.order_id == id).unwrap();
@@ -227,7 +320,10 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     assert_eq!((f.step_index, f.step.as_deref()), (0, Some("step-0")));
     assert_eq!(f.failure_count, 1);
     let t = by_order(&timed_out.fence.order_id);
-    assert!(t.last_error.as_deref().unwrap().contains("deadline passed"), "{t:?}");
+    assert!(
+        t.last_error.as_deref().unwrap().contains("deadline passed"),
+        "{t:?}"
+    );
     let pending = store.unpublished_alerts(10).await.unwrap();
     assert_eq!(pending.len(), 2);
     let ids: Vec<i64> = pending.iter().map(|x| x.alert_id).collect();
@@ -242,11 +338,19 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     assert!(store.unpublished_alerts(10).await.unwrap().is_empty());
     // A new Error episode after a resubmit raises a new alert.
     store
-        .resubmit(&failed.fence.order_id, &Actor::operator("ops"), "fixed", &[])
+        .resubmit(
+            &failed.fence.order_id,
+            &Actor::operator("ops"),
+            "fixed",
+            &[],
+        )
         .await
         .unwrap();
     let again = claim_one(&*store, &a, MINUTE).await;
-    store.fail(&again.fence, "declined again", &[]).await.unwrap();
+    store
+        .fail(&again.fence, "declined again", &[])
+        .await
+        .unwrap();
     assert_eq!(store.alerts(false, 10).await.unwrap().len(), 3);
     assert_eq!(store.unpublished_alerts(10).await.unwrap().len(), 1);
 }

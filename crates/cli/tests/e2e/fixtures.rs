@@ -81,7 +81,9 @@ impl Drop for Db {
                 let schema = schema.clone();
                 // Best effort, on a thread of its own: Drop may run inside a runtime.
                 let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
                     if let Ok(rt) = rt {
                         rt.block_on(async {
                             if let Ok(pool) = sqlx::PgPool::connect(&postgres_url()).await {

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use orderly_cli::demo;
 use orderly_cli::system::declare_queues;
+use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{OrderFilter, StateStore};
 use orderly_core::workflow::Workflow;
-use orderly_core::ProcessState;
 use orderly_remote_sim::Effect;
 use rand::Rng;
 
@@ -79,7 +79,12 @@ impl Drop for Proc {
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(&self.log);
         } else {
-            eprintln!("--- {} ({}) ---\n{}", self.name, self.log.display(), self.tail());
+            eprintln!(
+                "--- {} ({}) ---\n{}",
+                self.name,
+                self.log.display(),
+                self.tail()
+            );
         }
     }
 }
@@ -104,7 +109,10 @@ async fn ledger(port: u16) -> Vec<Effect> {
 async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !done().await {
-        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -127,7 +135,10 @@ fn start_sim(db: &str, port: u16, args: &[&str]) -> Proc {
     // Wait until it listens.
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(20), "simulator did not start");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "simulator did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     sim
@@ -151,41 +162,70 @@ async fn killed_scheduler(dialect: Dialect) {
     let _supervisor = Proc::start(
         "orderly-supervisor",
         &db.url,
-        &["--interval-ms", "200", "--backoff-base-ms", "200", "--backoff-max-ms", "1000"],
+        &[
+            "--interval-ms",
+            "200",
+            "--backoff-base-ms",
+            "200",
+            "--backoff-max-ms",
+            "1000",
+        ],
     );
     let a = Proc::start(
         "orderly-scheduler",
         &db.url,
-        &["--instance-id", "scheduler-a", "--processing-timeout-ms", "2500"],
+        &[
+            "--instance-id",
+            "scheduler-a",
+            "--processing-timeout-ms",
+            "2500",
+        ],
     );
     let orders = demo::sample_orders(40);
-    let sent = demo::post(backend.transport.as_ref(), &orders).await.unwrap();
+    let sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
 
     // Scheduler A claims every order and sends each its first step; no agent runs yet.
-    wait_for("scheduler A to claim every order", Duration::from_secs(60), async || {
-        let page = store
-            .list(&OrderFilter {
-                state: Some(ProcessState::Processing),
-                limit: 100,
-                ..OrderFilter::default()
-            })
-            .await
-            .unwrap();
-        page.orders.len() == 40
-            && page.orders.iter().all(|o| o.locked_by.as_ref().unwrap().as_str() == "scheduler-a")
-    })
+    wait_for(
+        "scheduler A to claim every order",
+        Duration::from_secs(60),
+        async || {
+            let page = store
+                .list(&OrderFilter {
+                    state: Some(ProcessState::Processing),
+                    limit: 100,
+                    ..OrderFilter::default()
+                })
+                .await
+                .unwrap();
+            page.orders.len() == 40
+                && page
+                    .orders
+                    .iter()
+                    .all(|o| o.locked_by.as_ref().unwrap().as_str() == "scheduler-a")
+        },
+    )
     .await;
     a.kill();
     // The supervisor finds A's deadlines passed and puts the orders back.
-    wait_for("the supervisor to recover A's orders", Duration::from_secs(60), async || {
-        count(store.as_ref(), ProcessState::Processing).await == 0
-    })
+    wait_for(
+        "the supervisor to recover A's orders",
+        Duration::from_secs(60),
+        async || count(store.as_ref(), ProcessState::Processing).await == 0,
+    )
     .await;
-    let _b = Proc::start("orderly-scheduler", &db.url, &["--instance-id", "scheduler-b"]);
+    let _b = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &["--instance-id", "scheduler-b"],
+    );
     let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
-    wait_for("every order to be Processed", Duration::from_secs(90), async || {
-        count(store.as_ref(), ProcessState::Processed).await == 40
-    })
+    wait_for(
+        "every order to be Processed",
+        Duration::from_secs(90),
+        async || count(store.as_ref(), ProcessState::Processed).await == 40,
+    )
     .await;
 
     for o in &orders {
@@ -199,7 +239,12 @@ async fn killed_scheduler(dialect: Dialect) {
                     HistoryKind::Claimed | HistoryKind::Recovered | HistoryKind::Completed
                 )
             })
-            .map(|e| (e.kind, e.actor.as_str().split('@').next().unwrap().to_owned()))
+            .map(|e| {
+                (
+                    e.kind,
+                    e.actor.as_str().split('@').next().unwrap().to_owned(),
+                )
+            })
             .collect();
         assert_eq!(
             story,
@@ -226,9 +271,15 @@ async fn killed_scheduler(dialect: Dialect) {
     let effects = ledger(port).await;
     assert_eq!(effects.len(), 120, "three effects per order");
     assert!(orderly_remote_sim::double_effects(&effects).is_empty());
-    let report = demo::report_on(store.as_ref(), Some(effects), &sent, &Workflow::default(), true)
-        .await
-        .unwrap();
+    let report = demo::report_on(
+        store.as_ref(),
+        Some(effects),
+        &sent,
+        &Workflow::default(),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.violations, Vec::<String>::new());
 }
 
@@ -245,47 +296,100 @@ async fn random_kills(dialect: Dialect) {
     let store = backend.store.clone();
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
-    let _sim = start_sim(&db.url, port, &["--latency-ms", "5", "--transient-rate", "0.05", "--hang-rate", "0.03", "--hang-ms", "10000"]);
+    let _sim = start_sim(
+        &db.url,
+        port,
+        &[
+            "--latency-ms",
+            "5",
+            "--transient-rate",
+            "0.05",
+            "--hang-rate",
+            "0.03",
+            "--hang-ms",
+            "10000",
+        ],
+    );
     let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
-    let sweep = ["--interval-ms", "200", "--backoff-base-ms", "200", "--backoff-max-ms", "1000", "--max-failures", "20"];
+    let sweep = [
+        "--interval-ms",
+        "200",
+        "--backoff-base-ms",
+        "200",
+        "--backoff-max-ms",
+        "1000",
+        "--max-failures",
+        "20",
+    ];
     let _supervisors = [
         Proc::start("orderly-supervisor", &db.url, &sweep),
         Proc::start("orderly-supervisor", &db.url, &sweep),
     ];
-    let scheduler = || Proc::start("orderly-scheduler", &db.url, &["--processing-timeout-ms", "3000"]);
+    let scheduler = || {
+        Proc::start(
+            "orderly-scheduler",
+            &db.url,
+            &["--processing-timeout-ms", "3000"],
+        )
+    };
     let agent = || Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
     let mut schedulers = vec![scheduler(), scheduler()];
     let mut agents = vec![agent(), agent()];
     let orders = demo::sample_orders(200);
-    let sent = demo::post(backend.transport.as_ref(), &orders).await.unwrap();
+    let sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
 
     // Eight kills at random moments, alternating roles; each victim is replaced.
     let mut kills = 0;
     for round in 0..8 {
         let pause = rand::rng().random_range(150..700);
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        let pool = if round % 2 == 0 { &mut schedulers } else { &mut agents };
+        let pool = if round % 2 == 0 {
+            &mut schedulers
+        } else {
+            &mut agents
+        };
         let victim = rand::rng().random_range(0..pool.len());
         pool.remove(victim).kill();
         kills += 1;
         pool.push(if round % 2 == 0 { scheduler() } else { agent() });
     }
     assert_eq!(kills, 8);
-    wait_for("every order to finish", Duration::from_secs(120), async || {
-        count(store.as_ref(), ProcessState::Processed).await + count(store.as_ref(), ProcessState::Error).await
-            == 200
-    })
+    wait_for(
+        "every order to finish",
+        Duration::from_secs(120),
+        async || {
+            count(store.as_ref(), ProcessState::Processed).await
+                + count(store.as_ref(), ProcessState::Error).await
+                == 200
+        },
+    )
     .await;
     let effects = ledger(port).await;
-    let report = demo::report_on(store.as_ref(), Some(effects.clone()), &sent, &Workflow::default(), true)
-        .await
-        .unwrap();
+    let report = demo::report_on(
+        store.as_ref(),
+        Some(effects.clone()),
+        &sent,
+        &Workflow::default(),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.violations, Vec::<String>::new());
-    assert_eq!(report.count(ProcessState::Processed), 200, "{:?}", report.by_state);
+    assert_eq!(
+        report.count(ProcessState::Processed),
+        200,
+        "{:?}",
+        report.by_state
+    );
     assert!(orderly_remote_sim::double_effects(&effects).is_empty());
     let per_order: HashMap<&str, usize> = effects.iter().fold(HashMap::new(), |mut m, e| {
         *m.entry(e.order_id.as_str()).or_default() += 1;
         m
     });
-    assert!(per_order.values().all(|n| *n == 3), "three effects per order");
+    assert!(
+        per_order.values().all(|n| *n == 3),
+        "three effects per order"
+    );
 }

@@ -10,13 +10,13 @@ use orderly_agent::{Agent, AgentConfig, Endpoints, HttpRemote};
 use orderly_cli::demo;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_core::history::HistoryKind;
-use orderly_core::messages::{
-    StepContext, StepKind, StepReply, StepRequest, json_message, queues,
-};
+use orderly_core::messages::{StepContext, StepKind, StepReply, StepRequest, json_message, queues};
 use orderly_core::store::NewOrder;
 use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings};
 use orderly_core::workflow::RetryPolicy;
-use orderly_core::{Actor, Epoch, Fence, InstanceId, OrderId, ProcessState, StepStatus, SystemClock};
+use orderly_core::{
+    Actor, Epoch, Fence, InstanceId, OrderId, ProcessState, StepStatus, SystemClock,
+};
 use orderly_remote_sim::{Sim, SimConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,11 @@ async fn run_to_the_end(system: &System, orders: &[NewOrder], limit: Duration) -
     let done = demo::wait_done(system, orders.len(), limit).await.unwrap();
     let workflow = orderly_core::workflow::Workflow::default();
     let report = demo::report(system, &sent, &workflow, true).await.unwrap();
-    assert!(done, "not every order finished within {limit:?}: {:?}", report.by_state);
+    assert!(
+        done,
+        "not every order finished within {limit:?}: {:?}",
+        report.by_state
+    );
     report
 }
 
@@ -38,16 +42,26 @@ both!(
 );
 async fn five_hundred_orders_without_faults(dialect: Dialect) {
     let db = Db::new(dialect).await;
-    let system = System::start(db.backend().await, SystemConfig::new()).await.unwrap();
+    let system = System::start(db.backend().await, SystemConfig::new())
+        .await
+        .unwrap();
     let orders = demo::sample_orders(500);
     let report = run_to_the_end(&system, &orders, Duration::from_secs(120)).await;
     let sim = system.sim.clone().unwrap();
     system.stop(Duration::from_secs(5)).await;
 
     assert_eq!(report.violations, Vec::<String>::new());
-    assert_eq!(report.count(ProcessState::Processed), 500, "{:?}", report.by_state);
+    assert_eq!(
+        report.count(ProcessState::Processed),
+        500,
+        "{:?}",
+        report.by_state
+    );
     assert_eq!(report.recoveries, 0);
-    assert_eq!(report.step_retries, 0, "without faults every step runs once");
+    assert_eq!(
+        report.step_retries, 0,
+        "without faults every step runs once"
+    );
     let effects = sim.effects();
     assert_eq!(effects.len(), 1500, "three effects per order, each once");
     // Every step of every order appears once in its history.
@@ -61,7 +75,12 @@ async fn five_hundred_orders_without_faults(dialect: Dialect) {
                 .filter(|e| e.kind == kind)
                 .map(|e| e.step)
                 .collect();
-            assert_eq!(steps, [Some(0), Some(1), Some(2)], "{kind} of {}", o.order_id);
+            assert_eq!(
+                steps,
+                [Some(0), Some(1), Some(2)],
+                "{kind} of {}",
+                o.order_id
+            );
         }
         assert_eq!(view.history.last().unwrap().kind, HistoryKind::Completed);
     }
@@ -90,14 +109,31 @@ async fn transient_failures_and_hangs(dialect: Dialect) {
     assert_eq!(report.violations, Vec::<String>::new());
     let processed = report.count(ProcessState::Processed);
     let error = report.count(ProcessState::Error);
-    assert_eq!(processed + error, 300, "every order ends Processed or Error: {:?}", report.by_state);
-    assert!(processed > 200, "most orders get through the faults: {processed}");
+    assert_eq!(
+        processed + error,
+        300,
+        "every order ends Processed or Error: {:?}",
+        report.by_state
+    );
+    assert!(
+        processed > 200,
+        "most orders get through the faults: {processed}"
+    );
     let stats = sim.stats();
-    assert!(stats.transient > 0 && stats.hangs > 0, "faults were injected: {stats:?}");
-    assert!(report.recoveries > 0, "hangs made the supervisor recover orders");
+    assert!(
+        stats.transient > 0 && stats.hangs > 0,
+        "faults were injected: {stats:?}"
+    );
+    assert!(
+        report.recoveries > 0,
+        "hangs made the supervisor recover orders"
+    );
     // The ledger: one effect per order and action, whatever the retries.
     assert!(orderly_remote_sim::double_effects(&sim.effects()).is_empty());
-    assert!(stats.replays > 0 || report.step_retries > 0, "retries happened: {stats:?}");
+    assert!(
+        stats.replays > 0 || report.step_retries > 0,
+        "retries happened: {stats:?}"
+    );
 }
 
 both!(
@@ -130,19 +166,34 @@ async fn permanent_failure_compensates(dialect: Dialect) {
     system.stop(Duration::from_secs(5)).await;
 
     assert_eq!(report.violations, Vec::<String>::new());
-    assert_eq!(report.count(ProcessState::Error), 10, "{:?}", report.by_state);
+    assert_eq!(
+        report.count(ProcessState::Error),
+        10,
+        "{:?}",
+        report.by_state
+    );
     let alerts = store.alerts(true, 100).await.unwrap();
     assert_eq!(alerts.len(), 10, "one alert per order");
     for a in &alerts {
         let error = a.last_error.as_deref().unwrap();
-        assert!(error.contains("step ship failed") && error.contains("ship declined"), "{error}");
-        assert!(error.contains("undone: reserve-inventory, charge-payment"), "{error}");
+        assert!(
+            error.contains("step ship failed") && error.contains("ship declined"),
+            "{error}"
+        );
+        assert!(
+            error.contains("undone: reserve-inventory, charge-payment"),
+            "{error}"
+        );
         assert_eq!(a.step.as_deref(), Some("ship"));
         assert!(a.published_at.is_some(), "published to the alerts queue");
     }
     // The alerts queue holds one message per alert, however many supervisors ran.
     let on_queue = transport
-        .receive(&QueueName::parse(queues::ALERTS).unwrap(), 100, Duration::from_millis(200))
+        .receive(
+            &QueueName::parse(queues::ALERTS).unwrap(),
+            100,
+            Duration::from_millis(200),
+        )
         .await
         .unwrap();
     assert_eq!(on_queue.len(), 10);
@@ -160,7 +211,11 @@ async fn permanent_failure_compensates(dialect: Dialect) {
         let statuses: Vec<_> = view.steps.iter().map(|s| s.status).collect();
         assert_eq!(
             statuses,
-            [StepStatus::Compensated, StepStatus::Compensated, StepStatus::Failed]
+            [
+                StepStatus::Compensated,
+                StepStatus::Compensated,
+                StepStatus::Failed
+            ]
         );
         let effects: Vec<_> = sim
             .effects()
@@ -170,18 +225,34 @@ async fn permanent_failure_compensates(dialect: Dialect) {
             .collect();
         assert_eq!(
             effects,
-            ["reserve-inventory", "charge-payment", "refund", "release-inventory"],
+            [
+                "reserve-inventory",
+                "charge-payment",
+                "refund",
+                "release-inventory"
+            ],
             "order {}",
             o.order_id
         );
     }
     // The client with a reply queue heard the whole story.
-    let notices = transport.receive(&alerts_queue, 100, Duration::from_millis(200)).await.unwrap();
+    let notices = transport
+        .receive(&alerts_queue, 100, Duration::from_millis(200))
+        .await
+        .unwrap();
     let statuses: Vec<String> = notices
         .iter()
-        .map(|m| serde_json::from_slice::<serde_json::Value>(&m.body).unwrap()["status"].as_str().unwrap().to_owned())
+        .map(|m| {
+            serde_json::from_slice::<serde_json::Value>(&m.body).unwrap()["status"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
-    assert_eq!(statuses, ["received", "processing", "step_done", "step_done", "failed"]);
+    assert_eq!(
+        statuses,
+        ["received", "processing", "step_done", "step_done", "failed"]
+    );
 }
 
 both!(
@@ -199,17 +270,31 @@ async fn operator_cancel_compensates(dialect: Dialect) {
     let system = System::start(db.backend().await, cfg).await.unwrap();
     let orders = demo::sample_orders(3);
     let report = run_to_the_end(&system, &orders, Duration::from_secs(60)).await;
-    assert_eq!(report.count(ProcessState::Error), 3, "without compensation on error: {:?}", report.by_state);
+    assert_eq!(
+        report.count(ProcessState::Error),
+        3,
+        "without compensation on error: {:?}",
+        report.by_state
+    );
     let store = system.backend.store.clone();
     for o in &orders {
         let row = store
-            .request_cancel(&o.order_id, &Actor::operator("ops"), "customer changed their mind", &[])
+            .request_cancel(
+                &o.order_id,
+                &Actor::operator("ops"),
+                "customer changed their mind",
+                &[],
+            )
             .await
             .unwrap();
         assert_eq!(row.process_state, ProcessState::Pending);
         assert_eq!(row.finish_as, Some(ProcessState::Cancelled));
     }
-    assert!(demo::wait_done(&system, 3, Duration::from_secs(60)).await.unwrap());
+    assert!(
+        demo::wait_done(&system, 3, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
     let sim = system.sim.clone().unwrap();
     for o in &orders {
         let view = store.get(&o.order_id).await.unwrap();
@@ -220,7 +305,15 @@ async fn operator_cancel_compensates(dialect: Dialect) {
             .filter(|e| e.order_id == o.order_id.as_str())
             .map(|e| e.action)
             .collect();
-        assert_eq!(effects, ["reserve-inventory", "charge-payment", "refund", "release-inventory"]);
+        assert_eq!(
+            effects,
+            [
+                "reserve-inventory",
+                "charge-payment",
+                "refund",
+                "release-inventory"
+            ]
+        );
     }
     system.stop(Duration::from_secs(5)).await;
 }
@@ -231,7 +324,9 @@ both!(
 );
 async fn bad_orders_are_dead_lettered(dialect: Dialect) {
     let db = Db::new(dialect).await;
-    let system = System::start(db.backend().await, SystemConfig::new()).await.unwrap();
+    let system = System::start(db.backend().await, SystemConfig::new())
+        .await
+        .unwrap();
     let orders_queue = QueueName::parse(queues::ORDERS).unwrap();
     let good = demo::sample_orders(2);
     let mut bad_quantity = serde_json::to_value(&good[0]).unwrap();
@@ -251,23 +346,50 @@ async fn bad_orders_are_dead_lettered(dialect: Dialect) {
         json_message("m-good-1".into(), &good[1], None),
         json_message("m-good-0-again".into(), &good[0], None),
     ];
-    system.backend.transport.send(&orders_queue, &messages).await.unwrap();
+    system
+        .backend
+        .transport
+        .send(&orders_queue, &messages)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     system
         .backend
         .transport
-        .send(&orders_queue, &[OutgoingMessage::new("m-conflict", serde_json::to_vec(&conflict).unwrap())])
+        .send(
+            &orders_queue,
+            &[OutgoingMessage::new(
+                "m-conflict",
+                serde_json::to_vec(&conflict).unwrap(),
+            )],
+        )
         .await
         .unwrap();
-    assert!(demo::wait_done(&system, 2, Duration::from_secs(60)).await.unwrap());
+    assert!(
+        demo::wait_done(&system, 2, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead = system.backend.transport.dead_letters(&orders_queue, 100).await.unwrap();
+    let dead = system
+        .backend
+        .transport
+        .dead_letters(&orders_queue, 100)
+        .await
+        .unwrap();
     let by_id: HashMap<&str, (&str, &str)> = dead
         .iter()
-        .map(|d| (d.message.message_id.as_str(), (d.reason.as_str(), d.description.as_str())))
+        .map(|d| {
+            (
+                d.message.message_id.as_str(),
+                (d.reason.as_str(), d.description.as_str()),
+            )
+        })
         .collect();
     let expect = |id: &str, reason: &str, names: &str| {
-        let (r, d) = by_id.get(id).unwrap_or_else(|| panic!("{id} not dead-lettered: {by_id:?}"));
+        let (r, d) = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} not dead-lettered: {by_id:?}"));
         assert_eq!(*r, reason, "{id}: {d}");
         assert!(d.contains(names), "{id}: {d:?} should name {names:?}");
     };
@@ -276,10 +398,21 @@ async fn bad_orders_are_dead_lettered(dialect: Dialect) {
     expect("m-reply", "InvalidOrder", "reply_to");
     expect("m-big", "PayloadTooLarge", "limit");
     expect("m-conflict", "OrderIdConflict", good[1].order_id.as_str());
-    assert_eq!(dead.len(), 5, "the good orders and the repeat are not dead letters");
+    assert_eq!(
+        dead.len(),
+        5,
+        "the good orders and the repeat are not dead letters"
+    );
     let counts = system.backend.store.count_by_state().await.unwrap();
-    let processed = counts.iter().find(|(s, _)| *s == ProcessState::Processed).unwrap().1;
-    assert_eq!(processed, 2, "the submitter kept going: the good orders were processed once");
+    let processed = counts
+        .iter()
+        .find(|(s, _)| *s == ProcessState::Processed)
+        .unwrap()
+        .1;
+    assert_eq!(
+        processed, 2,
+        "the submitter kept going: the good orders were processed once"
+    );
     system.stop(Duration::from_secs(5)).await;
 }
 
@@ -290,7 +423,11 @@ async fn agent_deadlines(dialect: Dialect) {
     let work = QueueName::parse("agent.test").unwrap();
     let replies = QueueName::parse("replies.test").unwrap();
     for q in [&work, &replies] {
-        backend.transport.declare_queue(q, &QueueSettings::default()).await.unwrap();
+        backend
+            .transport
+            .declare_queue(q, &QueueSettings::default())
+            .await
+            .unwrap();
     }
     // A slow service: every call takes 150 ms, a quarter fail transiently.
     let sim = Sim::new(SimConfig {
@@ -352,15 +489,28 @@ async fn agent_deadlines(dialect: Dialect) {
     }
     backend.transport.send(&work, &messages).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let got = backend.transport.receive(&replies, 100, Duration::from_millis(100)).await.unwrap();
+    let got = backend
+        .transport
+        .receive(&replies, 100, Duration::from_millis(100))
+        .await
+        .unwrap();
     shutdown.cancel();
     assert!(!got.is_empty(), "requests with room to spare were answered");
-    assert!(got.len() < 60, "requests with no room were not answered: {}", got.len());
+    assert!(
+        got.len() < 60,
+        "requests with no room were not answered: {}",
+        got.len()
+    );
     for m in &got {
         let reply: StepReply = serde_json::from_slice(&m.body).unwrap();
         let deadline = deadlines[&reply.fence.order_id];
         assert_eq!(reply.complete_by, deadline);
-        assert!(reply.replied_at < deadline, "{} replied at {} after {deadline}", reply.fence.order_id, reply.replied_at);
+        assert!(
+            reply.replied_at < deadline,
+            "{} replied at {} after {deadline}",
+            reply.fence.order_id,
+            reply.replied_at
+        );
         assert!(
             m.enqueued_at <= deadline,
             "{}: reply on the queue at {} after the deadline {deadline}",
@@ -369,7 +519,11 @@ async fn agent_deadlines(dialect: Dialect) {
         );
     }
     // Every request was taken off the work queue: answered or given up in silence.
-    let left = backend.transport.receive(&work, 100, Duration::from_millis(100)).await.unwrap();
+    let left = backend
+        .transport
+        .receive(&work, 100, Duration::from_millis(100))
+        .await
+        .unwrap();
     assert!(left.is_empty(), "{} requests left behind", left.len());
 }
 
@@ -387,7 +541,11 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
         .unwrap();
     let orders = demo::sample_orders(20);
     for o in &orders {
-        backend.store.submit(o, &Actor::operator("t"), &[]).await.unwrap();
+        backend
+            .store
+            .submit(o, &Actor::operator("t"), &[])
+            .await
+            .unwrap();
     }
     let id = InstanceId::parse("scheduler-0").unwrap();
     let make = || {
@@ -403,7 +561,11 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
     assert_eq!(first.claimed, 20);
     // The requests of the first run are lost with it (say, purged by an operator).
     let inventory = QueueName::parse("agent.inventory").unwrap();
-    let old = backend.transport.receive(&inventory, 100, Duration::from_millis(200)).await.unwrap();
+    let old = backend
+        .transport
+        .receive(&inventory, 100, Duration::from_millis(200))
+        .await
+        .unwrap();
     assert_eq!(old.len(), 20);
     backend.transport.complete_messages(&old).await.unwrap();
     // The restart takes its orders back under a new epoch and sends the steps again.
@@ -417,13 +579,23 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
     tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
     let agent = Agent::new(
         backend.transport.clone(),
-        Arc::new(HttpRemote::new(Endpoints { base_url: format!("http://{addr}/actions"), overrides: HashMap::new() }).unwrap()),
+        Arc::new(
+            HttpRemote::new(Endpoints {
+                base_url: format!("http://{addr}/actions"),
+                overrides: HashMap::new(),
+            })
+            .unwrap(),
+        ),
         Arc::new(SystemClock),
         AgentConfig::new(InstanceId::generate("agent"), workflow.queues()),
     );
     tokio::spawn(agent.run(shutdown.clone()));
     tokio::spawn(second.run(shutdown.clone()));
-    assert!(demo::wait_done_on(backend.store.as_ref(), 20, Duration::from_secs(60)).await.unwrap());
+    assert!(
+        demo::wait_done_on(backend.store.as_ref(), 20, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
     shutdown.cancel();
     for o in &orders {
         let view = backend.store.get(&o.order_id).await.unwrap();
