@@ -13,11 +13,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use orderly_core::messages::{StepOutcome, StepReply, StepRequest, json_message};
-use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json, while_holding};
+use orderly_core::transport::{
+    OutgoingMessage, QueueName, ReceivedMessage, Transport, receive_json, while_holding,
+};
 use orderly_core::{Clock, InstanceId};
 use rand::Rng;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -81,24 +84,65 @@ pub struct Agent {
     cfg: Arc<AgentConfig>,
     breakers: Arc<std::sync::Mutex<HashMap<String, Arc<Breaker>>>>,
     permits: Arc<Semaphore>,
+    settler: mpsc::UnboundedSender<Settle>,
+}
+
+/// A request to settle: send its reply (if any), then complete it.
+struct Settle {
+    reply: Option<(QueueName, OutgoingMessage)>,
+    complete_by: DateTime<Utc>,
+    request: ReceivedMessage,
+    done: oneshot::Sender<Result<(), String>>,
 }
 
 impl Agent {
-    /// An agent calling `remote`; `clock` decides when a deadline has passed.
+    /// An agent calling `remote`; `clock` decides when a deadline has passed. Must be
+    /// called within a Tokio runtime (it starts the task that settles requests).
     pub fn new(
         transport: Arc<dyn Transport>,
         remote: Arc<dyn RemoteService>,
         clock: Arc<dyn Clock>,
         cfg: AgentConfig,
     ) -> Self {
+        let (settler, settles) = mpsc::unbounded_channel();
+        let cfg = Arc::new(cfg);
+        tokio::spawn(settle_batches(
+            transport.clone(),
+            clock.clone(),
+            cfg.reply_margin,
+            settles,
+        ));
         Self {
             permits: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
             transport,
             remote,
             clock,
-            cfg: Arc::new(cfg),
+            cfg,
             breakers: Arc::default(),
+            settler,
         }
+    }
+
+    /// Hands a request to the settling task and waits for it to be settled.
+    async fn settle(
+        &self,
+        request: &ReceivedMessage,
+        complete_by: DateTime<Utc>,
+        reply: Option<(QueueName, OutgoingMessage)>,
+    ) -> Result<(), String> {
+        let (done, settled) = oneshot::channel();
+        let item = Settle {
+            reply,
+            complete_by,
+            request: request.clone(),
+            done,
+        };
+        if self.settler.send(item).is_err() {
+            return Err("the settling task has stopped".into());
+        }
+        settled
+            .await
+            .unwrap_or_else(|_| Err("the settling task has stopped".into()))
     }
 
     fn breaker(&self, service: &str) -> Arc<Breaker> {
@@ -285,15 +329,18 @@ impl Agent {
                     &reply,
                     Some(req.fence.order_id.as_str()),
                 );
-                if let Err(e) = self.transport.send(&req.reply_to, &[message]).await {
+                if let Err(e) = self
+                    .settle(&msg, req.complete_by, Some((req.reply_to.clone(), message)))
+                    .await
+                {
                     // Not settled: the request comes back and the call is repeated
                     // under the same idempotency key.
-                    warn!(error = %e, "could not send the reply; the request will be redelivered");
-                    let _ = self.transport.abandon(&msg).await;
+                    warn!(error = %e, "reply not sent; the request will be redelivered");
                     return Handled::Silent(format!("reply not sent: {e}"));
                 }
+                return handled;
             }
-            let _ = self.transport.complete(&msg).await;
+            let _ = self.settle(&msg, req.complete_by, None).await;
             handled
         }
         .instrument(span)
@@ -373,5 +420,75 @@ impl Agent {
         };
         info!(attempts, reason = %why, "giving up silently: the supervisor will retry the order");
         (Handled::Silent(why), attempts)
+    }
+}
+
+/// Most requests settled together.
+const SETTLE_BATCH: usize = 256;
+
+/// Settles requests in batches: the replies of a batch go out in one send per reply
+/// queue, then the requests are completed in one call. What waits while a batch is
+/// being written forms the next batch, so the batch grows with the load and a lone
+/// request is settled at once. A reply whose deadline has come meanwhile is not sent.
+async fn settle_batches(
+    transport: Arc<dyn Transport>,
+    clock: Arc<dyn Clock>,
+    margin: Duration,
+    mut settles: mpsc::UnboundedReceiver<Settle>,
+) {
+    let margin = chrono::Duration::from_std(margin).unwrap_or_default();
+    while let Some(first) = settles.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < SETTLE_BATCH {
+            match settles.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let now = clock.now();
+        let mut by_queue: Vec<(QueueName, Vec<OutgoingMessage>, Vec<usize>)> = Vec::new();
+        for (i, s) in batch.iter_mut().enumerate() {
+            let reply = s.reply.take();
+            if now + margin >= s.complete_by {
+                if reply.is_some() {
+                    debug!(message_id = %s.request.message_id, "deadline came while the reply waited: not sent");
+                }
+                continue;
+            }
+            if let Some((queue, message)) = reply {
+                match by_queue.iter_mut().find(|(q, _, _)| *q == queue) {
+                    Some((_, msgs, idx)) => {
+                        msgs.push(message);
+                        idx.push(i);
+                    }
+                    None => by_queue.push((queue, vec![message], vec![i])),
+                }
+            }
+        }
+        let mut failed: HashMap<usize, String> = HashMap::new();
+        for (queue, messages, idx) in &by_queue {
+            if let Err(e) = transport.send(queue, messages).await {
+                for i in idx {
+                    failed.insert(*i, e.to_string());
+                }
+            }
+        }
+        let (ok, not_sent): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| !failed.contains_key(i));
+        for (i, s) in not_sent {
+            let _ = transport.abandon(&s.request).await;
+            let _ = s.done.send(Err(failed.remove(&i).unwrap_or_default()));
+        }
+        let requests: Vec<ReceivedMessage> = ok.iter().map(|(_, s)| s.request.clone()).collect();
+        if let Err(e) = transport.complete_messages(&requests).await {
+            // The replies are out; the requests come back when their locks expire and
+            // are answered again under the same idempotency key and message id.
+            warn!(error = %e, "could not complete the requests; they will come back");
+        }
+        for (_, s) in ok {
+            let _ = s.done.send(Ok(()));
+        }
     }
 }

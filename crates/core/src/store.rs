@@ -64,6 +64,16 @@ pub enum SubmitOutcome {
     Duplicate,
 }
 
+/// One order of a [`IntakeStore::submit_many`] batch, with the messages its
+/// acceptance causes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    /// The order.
+    pub order: NewOrder,
+    /// Sent if, and only if, the order is new.
+    pub sends: Vec<Envelope>,
+}
+
 /// A scheduler's request for work.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
@@ -341,6 +351,15 @@ pub trait IntakeStore: Send + Sync {
         actor: &Actor,
         sends: &[Envelope],
     ) -> Result<SubmitOutcome>;
+
+    /// [`IntakeStore::submit`] for a batch, in one transaction: each order gets its
+    /// own outcome (an invalid order or an id conflict fails alone); a failure to
+    /// enqueue the messages fails the whole batch and commits nothing.
+    async fn submit_many(
+        &self,
+        batch: &[Submission],
+        actor: &Actor,
+    ) -> Result<Vec<Result<SubmitOutcome>>>;
 }
 
 /// Owning and advancing orders (the scheduler). Every write is fenced.

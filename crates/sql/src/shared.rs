@@ -84,7 +84,7 @@ macro_rules! store_ops {
         use ::orderly_core::store::{
             Alert, BatchOutcome, ClaimRequest, Completion, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
             OperatorStore, OrderFilter, OrderView, Page, Recovered, RecoveryPolicy, SchedulerStore,
-            StepUpdate, StepWrite, SubmitOutcome, SupervisorStore, bounded_text,
+            StepUpdate, StepWrite, Submission, SubmitOutcome, SupervisorStore, bounded_text,
         };
         use ::orderly_core::{
             Actor, Error, Fence, InstanceId, OrderDetails, OrderId, ProcessState, Result, StateRow,
@@ -335,6 +335,63 @@ macro_rules! store_ops {
                 Ok(None)
             }
 
+            /// Records one new order (details, Pending state row, first history entry)
+            /// in the caller's transaction; a repeat is `Duplicate`, the same id with
+            /// other details `OrderIdConflict`, and neither writes anything.
+            async fn insert_order(
+                conn: &mut Conn,
+                order: &NewOrder,
+                actor: &Actor,
+                now: ::chrono::DateTime<::chrono::Utc>,
+            ) -> Result<SubmitOutcome> {
+                let details = order.details.to_json();
+                let inserted = ::sqlx::query(sql::INSERT_ORDER)
+                    .bind(order.order_id.as_str())
+                    .bind(&details)
+                    .bind(Ts(now))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                if inserted == 0 {
+                    let stored: String = ::sqlx::query_scalar(sql::SELECT_DETAILS)
+                        .bind(order.order_id.as_str())
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                    let stored = OrderDetails::from_json(&stored)
+                        .map_err(|e| corrupt("orders.details", e))?;
+                    return if stored == order.details {
+                        Ok(SubmitOutcome::Duplicate)
+                    } else {
+                        Err(Error::OrderIdConflict(order.order_id.clone()))
+                    };
+                }
+                ::sqlx::query(st::INSERT_STATE)
+                    .bind(order.order_id.as_str())
+                    .bind(Ts(now))
+                    .bind(order.reply_to.as_deref())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                Self::append(
+                    conn,
+                    Event {
+                        order_id: &order.order_id,
+                        at: now,
+                        actor: actor.as_str(),
+                        kind: HistoryKind::Submitted,
+                        from: None,
+                        to: ProcessState::Pending,
+                        epoch: 0,
+                        step: None,
+                        reason: None,
+                    },
+                )
+                .await?;
+                Ok(SubmitOutcome::Accepted)
+            }
+
             /// An operator's move of `order_id` to `target`, allowed only from `from`:
             /// read, check, then a conditional update on (state, epoch), retried if the
             /// order changed in between.
@@ -393,55 +450,41 @@ macro_rules! store_ops {
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order.order_id, actor = %actor))]
             async fn submit(&self, order: &NewOrder, actor: &Actor, sends: &[Envelope]) -> Result<SubmitOutcome> {
                 order.validate()?;
-                let details = order.details.to_json();
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
-                let inserted = ::sqlx::query(sql::INSERT_ORDER)
-                    .bind(order.order_id.as_str())
-                    .bind(&details)
-                    .bind(Ts(now))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?
-                    .rows_affected();
-                if inserted == 0 {
-                    let stored: String = ::sqlx::query_scalar(sql::SELECT_DETAILS)
-                        .bind(order.order_id.as_str())
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    let stored = OrderDetails::from_json(&stored)
-                        .map_err(|e| corrupt("orders.details", e))?;
-                    return if stored == order.details {
-                        Ok(SubmitOutcome::Duplicate)
-                    } else {
-                        Err(Error::OrderIdConflict(order.order_id.clone()))
-                    };
+                let outcome = Self::insert_order(&mut tx, order, actor, now).await?;
+                if outcome == SubmitOutcome::Accepted {
+                    self.commit_with(tx, now, sends).await?;
                 }
-                ::sqlx::query(st::INSERT_STATE)
-                    .bind(order.order_id.as_str())
-                    .bind(Ts(now))
-                    .bind(order.reply_to.as_deref())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                Self::append(
-                    &mut tx,
-                    Event {
-                        order_id: &order.order_id,
-                        at: now,
-                        actor: actor.as_str(),
-                        kind: HistoryKind::Submitted,
-                        from: None,
-                        to: ProcessState::Pending,
-                        epoch: 0,
-                        step: None,
-                        reason: None,
-                    },
-                )
-                .await?;
-                self.commit_with(tx, now, sends).await?;
-                Ok(SubmitOutcome::Accepted)
+                Ok(outcome)
+            }
+
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, batch = batch.len(), actor = %actor))]
+            async fn submit_many(&self, batch: &[Submission], actor: &Actor) -> Result<Vec<Result<SubmitOutcome>>> {
+                if batch.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let mut outcomes = Vec::with_capacity(batch.len());
+                let mut sends = Vec::new();
+                for s in batch {
+                    if let Err(invalid) = s.order.validate() {
+                        outcomes.push(Err(invalid.into()));
+                        continue;
+                    }
+                    let outcome = match Self::insert_order(&mut tx, &s.order, actor, now).await {
+                        Err(e @ Error::OrderIdConflict(_)) => Err(e),
+                        Err(e) => return Err(e),
+                        Ok(o) => Ok(o),
+                    };
+                    if matches!(outcome, Ok(SubmitOutcome::Accepted)) {
+                        sends.extend(s.sends.iter().cloned());
+                    }
+                    outcomes.push(outcome);
+                }
+                self.commit_with(tx, now, &sends).await?;
+                Ok(outcomes)
             }
         }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
-use orderly_core::store::{IntakeStore, SubmitOutcome};
+use orderly_core::store::{IntakeStore, Submission, SubmitOutcome};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json};
 use orderly_core::{Actor, Error, InstanceId};
 use tokio_util::sync::CancellationToken;
@@ -100,12 +100,10 @@ impl Submitter {
         }
         let actor = Actor::instance(&self.cfg.instance);
         let mut done: Vec<ReceivedMessage> = Vec::with_capacity(batch.len());
+        let mut valid = Vec::with_capacity(batch.len());
         for (order, message) in batch {
-            let span =
-                info_span!("submit", order_id = %order.order_id, instance_id = %self.cfg.instance);
-            let _g = span.enter();
             if let Err(invalid) = order.validate() {
-                warn!(problem = %invalid, "invalid order dead-lettered");
+                warn!(order_id = %order.order_id, problem = %invalid, "invalid order dead-lettered");
                 self.reject(&message, "InvalidOrder", &invalid.to_string())
                     .await;
                 intake.rejected += 1;
@@ -117,56 +115,111 @@ impl Submitter {
                 step: None,
                 detail: None,
             };
-            let sends: Vec<_> = received
+            let sends = received
                 .envelope(order.reply_to.as_deref(), "0")
                 .into_iter()
                 .collect();
-            match self.store.submit(&order, &actor, &sends).await {
-                Ok(SubmitOutcome::Accepted) => {
-                    debug!("order accepted");
-                    intake.accepted += 1;
-                    done.push(message);
+            valid.push((Submission { order, sends }, message));
+        }
+        if valid.is_empty() {
+            return Ok(intake);
+        }
+        let submissions: Vec<Submission> = valid.iter().map(|(s, _)| s.clone()).collect();
+        match self.store.submit_many(&submissions, &actor).await {
+            Ok(outcomes) => {
+                for ((s, message), outcome) in valid.into_iter().zip(outcomes) {
+                    let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+                    if let Some(m) = self
+                        .settle(outcome, message, &mut intake)
+                        .instrument(span)
+                        .await
+                    {
+                        done.push(m);
+                    }
                 }
-                Ok(SubmitOutcome::Duplicate) => {
-                    debug!("repeated order absorbed");
-                    intake.duplicates += 1;
-                    done.push(message);
+            }
+            // One bad order (a reply queue that does not exist) fails the batch: take
+            // them one at a time to find it.
+            Err(Error::Send(_)) => {
+                for (s, message) in valid {
+                    let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+                    let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
+                    if let Some(m) = self
+                        .settle(outcome, message, &mut intake)
+                        .instrument(span)
+                        .await
+                    {
+                        done.push(m);
+                    }
                 }
-                Err(e @ Error::OrderIdConflict(_)) => {
-                    warn!(error = %e, "order id reused with other details: dead-lettered");
-                    self.reject(&message, "OrderIdConflict", &e.to_string())
-                        .await;
-                    intake.rejected += 1;
+            }
+            Err(e) => {
+                warn!(error = %e, "could not record the orders; they will be delivered again");
+                for (_, message) in &valid {
+                    let _ = self.transport.abandon(message).await;
                 }
-                Err(Error::Send(inner))
-                    if matches!(
-                        *inner,
-                        orderly_core::transport::TransportError::QueueNotFound(_)
-                    ) =>
-                {
-                    let problem = format!("invalid reply_to: {inner}");
-                    warn!(problem = %problem, "order with an unknown reply queue dead-lettered");
-                    self.reject(&message, "InvalidOrder", &problem).await;
-                    intake.rejected += 1;
-                }
-                Err(e @ Error::Invalid(_)) => {
-                    warn!(error = %e, "invalid order dead-lettered");
-                    self.reject(&message, "InvalidOrder", &e.to_string()).await;
-                    intake.rejected += 1;
-                }
-                Err(e) => {
-                    // Unavailable (or anything else): not settled, delivered again; the
-                    // queue's maximum delivery count dead-letters it in the end.
-                    warn!(error = %e, "could not record the order; it will be delivered again");
-                    let _ = self.transport.abandon(&message).await;
-                    intake.retried += 1;
-                }
+                intake.retried += valid.len();
             }
         }
         if !done.is_empty() {
             let _ = self.transport.complete_messages(&done).await;
         }
         Ok(intake)
+    }
+
+    /// Settles one message after its order's outcome: returns it if it is done (to be
+    /// completed), dead-letters or abandons it otherwise.
+    async fn settle(
+        &self,
+        outcome: orderly_core::Result<SubmitOutcome>,
+        message: ReceivedMessage,
+        intake: &mut Intake,
+    ) -> Option<ReceivedMessage> {
+        match outcome {
+            Ok(SubmitOutcome::Accepted) => {
+                debug!("order accepted");
+                intake.accepted += 1;
+                Some(message)
+            }
+            Ok(SubmitOutcome::Duplicate) => {
+                debug!("repeated order absorbed");
+                intake.duplicates += 1;
+                Some(message)
+            }
+            Err(e @ Error::OrderIdConflict(_)) => {
+                warn!(error = %e, "order id reused with other details: dead-lettered");
+                self.reject(&message, "OrderIdConflict", &e.to_string())
+                    .await;
+                intake.rejected += 1;
+                None
+            }
+            Err(Error::Send(inner))
+                if matches!(
+                    *inner,
+                    orderly_core::transport::TransportError::QueueNotFound(_)
+                ) =>
+            {
+                let problem = format!("invalid reply_to: {inner}");
+                warn!(problem = %problem, "order with an unknown reply queue dead-lettered");
+                self.reject(&message, "InvalidOrder", &problem).await;
+                intake.rejected += 1;
+                None
+            }
+            Err(e @ Error::Invalid(_)) => {
+                warn!(error = %e, "invalid order dead-lettered");
+                self.reject(&message, "InvalidOrder", &e.to_string()).await;
+                intake.rejected += 1;
+                None
+            }
+            Err(e) => {
+                // Unavailable (or anything else): not settled, delivered again; the
+                // queue's maximum delivery count dead-letters it in the end.
+                warn!(error = %e, "could not record the order; it will be delivered again");
+                let _ = self.transport.abandon(&message).await;
+                intake.retried += 1;
+                None
+            }
+        }
     }
 
     async fn reject(&self, message: &ReceivedMessage, reason: &str, description: &str) {
