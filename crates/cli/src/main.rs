@@ -404,7 +404,7 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     } else {
         "PostgreSQL"
     };
-    let mut cfg = SystemConfig::new().quick();
+    let mut cfg = SystemConfig::new();
     cfg.sim = Some(SimConfig::default());
     let workflow = cfg.workflow.clone();
     let system = System::start(backend, cfg).await?;

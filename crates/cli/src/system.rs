@@ -46,6 +46,8 @@ pub struct SystemConfig {
     pub remote_url: Option<String>,
     /// Lock duration of the agent queues (a request whose agent died comes back after it).
     pub request_lock: Duration,
+    /// Most orders one scheduler holds at once.
+    pub max_in_flight: u32,
 }
 
 impl SystemConfig {
@@ -65,6 +67,7 @@ impl SystemConfig {
             sim: Some(SimConfig::default()),
             remote_url: None,
             request_lock: Duration::from_secs(30),
+            max_in_flight: 1_000,
         }
     }
 
@@ -84,6 +87,8 @@ impl SystemConfig {
             backoff_max: Duration::from_secs(2),
         };
         self.request_lock = Duration::from_secs(5);
+        // What two schedulers hold must drain well within the 3 s deadline.
+        self.max_in_flight = 150;
         self
     }
 }
@@ -185,6 +190,7 @@ impl System {
             instances.push(id.clone());
             let mut sc = SchedulerConfig::new(id, workflow.clone());
             sc.processing_timeout = cfg.processing_timeout;
+            sc.max_in_flight = cfg.max_in_flight;
             let s = Scheduler::new(
                 backend.store.clone(),
                 backend.transport.clone(),

@@ -436,6 +436,11 @@ pub trait SchedulerStore: Send + Sync {
 
     /// The step records of one order, by position.
     async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>>;
+
+    /// How many orders `owner` holds (Processing, locked by it): a scheduler claims no
+    /// more while it holds its maximum, so orders do not wait out their deadline in
+    /// the agents' queues.
+    async fn count_owned(&self, owner: &InstanceId) -> Result<i64>;
 }
 
 /// Finding and recovering timed-out work (the supervisor).

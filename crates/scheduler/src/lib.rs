@@ -44,6 +44,8 @@ pub struct SchedulerConfig {
     pub processing_timeout: Duration,
     /// How long an idle loop waits before looking again.
     pub idle_wait: Duration,
+    /// Most orders this instance holds at once; it claims no more until some finish.
+    pub max_in_flight: u32,
 }
 
 impl SchedulerConfig {
@@ -57,8 +59,9 @@ impl SchedulerConfig {
             replies: QueueName::parse(orderly_core::messages::queues::REPLIES)
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
             claim_batch: 64,
-            reply_batch: 128,
-            idle_wait: Duration::from_millis(200),
+            reply_batch: 256,
+            idle_wait: Duration::from_millis(100),
+            max_in_flight: 1_000,
         }
     }
 }
@@ -161,13 +164,20 @@ impl Scheduler {
         self.advance_claimed(orders).await
     }
 
-    /// Claims one batch of due orders and sends each its next request.
+    /// Claims one batch of due orders (fewer if it holds nearly its maximum) and sends
+    /// each its next request.
     pub async fn claim_once(&self) -> orderly_core::Result<Pass> {
+        let held = self.store.count_owned(&self.cfg.instance).await?;
+        let room = i64::from(self.cfg.max_in_flight).saturating_sub(held);
+        let limit = u32::try_from(room.min(i64::from(self.cfg.claim_batch))).unwrap_or(0);
+        if limit == 0 {
+            return Ok(Pass::default());
+        }
         let claimed = self
             .store
             .claim(&ClaimRequest {
                 owner: self.cfg.instance.clone(),
-                limit: self.cfg.claim_batch,
+                limit,
                 timeout: self.cfg.processing_timeout,
             })
             .await?;
@@ -388,7 +398,7 @@ impl Scheduler {
                     let mut backoff = Backoff::new();
                     while !shutdown.is_cancelled() {
                         match me.claim_once().await {
-                            Ok(p) if p.claimed as u32 >= me.cfg.claim_batch => backoff.reset(),
+                            Ok(p) if p.claimed > 0 => backoff.reset(),
                             Ok(_) => {
                                 backoff.reset();
                                 tokio::select! {

@@ -24,6 +24,9 @@ struct Args {
     /// Most orders claimed at once.
     #[arg(long, env = "ORDERLY_CLAIM_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     claim_batch: u32,
+    /// Most orders this instance holds at once.
+    #[arg(long, env = "ORDERLY_MAX_IN_FLIGHT", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_in_flight: u32,
 }
 
 #[tokio::main]
@@ -36,6 +39,7 @@ async fn main() -> anyhow::Result<()> {
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
     let mut cfg = SchedulerConfig::new(args.common.instance("scheduler")?, workflow);
     cfg.claim_batch = args.claim_batch;
+    cfg.max_in_flight = args.max_in_flight;
     if let Some(t) = args.processing_timeout_ms {
         cfg.processing_timeout = t;
     }

@@ -746,6 +746,14 @@ macro_rules! store_ops {
                 self.finish_owned(fence, end).await
             }
 
+            async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
+                ::sqlx::query_scalar(st::COUNT_OWNED)
+                    .bind(owner.as_str())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db)
+            }
+
             async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
                 ::sqlx::query(st::SELECT_STEPS)
                     .bind(order_id.as_str())

@@ -87,6 +87,10 @@ pub(crate) const REQUEST_CANCEL: &str = concat!(
     state_columns!()
 );
 
+/// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
+pub(crate) const COUNT_OWNED: &str =
+    "SELECT count(*) FROM order_state WHERE process_state = 'Processing' AND locked_by = $1";
+
 /// Whether any step of order `$1` may have taken effect.
 pub(crate) const HAS_EFFECTS: &str =
     "SELECT count(*) FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";

@@ -77,6 +77,7 @@ macro_rules! store_conformance {
             a_compensating_order_ends_cancelled_only_through_its_owner,
             request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
             every_error_raises_one_alert_which_is_published_once,
+            submit_many_records_a_batch_and_judges_each_order_alone,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {

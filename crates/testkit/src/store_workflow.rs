@@ -354,3 +354,84 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     assert_eq!(store.alerts(false, 10).await.unwrap().len(), 3);
     assert_eq!(store.unpublished_alerts(10).await.unwrap().len(), 1);
 }
+
+/// A batch of orders in one transaction: each judged alone, repeats absorbed.
+pub async fn submit_many_records_a_batch_and_judges_each_order_alone(ctx: &Ctx) {
+    use orderly_core::store::{Submission, SubmitOutcome};
+    let store = ctx.store().await;
+    let sub = |order| Submission {
+        order,
+        sends: Vec::new(),
+    };
+    let (a, b, c) = (
+        crate::builders::order(1),
+        crate::builders::order(2),
+        crate::builders::order(3),
+    );
+    let first = store
+        .submit_many(
+            &[sub(a.clone()), sub(b.clone())],
+            &crate::builders::submitter(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        first[..],
+        [Ok(SubmitOutcome::Accepted), Ok(SubmitOutcome::Accepted)]
+    ));
+    let mut conflict = b.clone();
+    conflict.details = crate::builders::details(99);
+    let mut invalid = crate::builders::order(4);
+    invalid.reply_to = Some(String::new());
+    let second = store
+        .submit_many(
+            &[
+                sub(a.clone()),
+                sub(conflict),
+                sub(invalid.clone()),
+                sub(c.clone()),
+            ],
+            &crate::builders::submitter(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(second[0], Ok(SubmitOutcome::Duplicate)),
+        "{:?}",
+        second[0]
+    );
+    assert!(
+        matches!(second[1], Err(Error::OrderIdConflict(_))),
+        "{:?}",
+        second[1]
+    );
+    assert!(
+        matches!(second[2], Err(Error::Invalid(ref v)) if v.field == "reply_to"),
+        "{:?}",
+        second[2]
+    );
+    assert!(
+        matches!(second[3], Ok(SubmitOutcome::Accepted)),
+        "{:?}",
+        second[3]
+    );
+    let counts = store.count_by_state().await.unwrap();
+    assert!(counts.contains(&(ProcessState::Pending, 3)), "{counts:?}");
+    assert!(matches!(
+        store.get(&invalid.order_id).await,
+        Err(Error::OrderNotFound(_))
+    ));
+    let history = store.get(&a.order_id).await.unwrap().history;
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.kind == HistoryKind::Submitted)
+            .count(),
+        1
+    );
+    assert_eq!(
+        store.get(&b.order_id).await.unwrap().details,
+        b.details,
+        "the conflict changed nothing"
+    );
+}

@@ -1,0 +1,335 @@
+//! The agent against a scripted remote service (a double of our own `RemoteService`
+//! port) and a real SQL queue: retries, permanent failures, Retry-After, deadlines,
+//! the circuit breaker.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+use orderly_agent::{
+    Agent, AgentConfig, BreakerConfig, CallError, Handled, RemoteCall, RemoteService,
+};
+use orderly_core::messages::{
+    StepContext, StepKind, StepOutcome, StepReply, StepRequest, json_message,
+};
+use orderly_core::transport::{QueueName, QueueSettings, Transport};
+use orderly_core::workflow::RetryPolicy;
+use orderly_core::{Epoch, Fence, InstanceId, OrderId, SystemClock, TimeSource};
+
+/// Answers from a script; records the keys it was called with.
+struct Scripted {
+    script: Mutex<VecDeque<Result<String, CallError>>>,
+    keys: Mutex<Vec<String>>,
+    delay: Duration,
+}
+
+impl Scripted {
+    fn new(script: Vec<Result<String, CallError>>) -> Arc<Self> {
+        Arc::new(Self {
+            script: Mutex::new(script.into()),
+            keys: Mutex::default(),
+            delay: Duration::ZERO,
+        })
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl RemoteService for Scripted {
+    fn service_of(&self, _action: &str) -> String {
+        "inventory".into()
+    }
+
+    async fn call(&self, call: &RemoteCall, _timeout: Duration) -> Result<String, CallError> {
+        self.keys.lock().unwrap().push(call.idempotency_key.clone());
+        tokio::time::sleep(self.delay).await;
+        self.script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or_else(|| Err(transient("script ran out")))
+    }
+}
+
+fn transient(e: &str) -> CallError {
+    CallError::Transient {
+        error: e.into(),
+        retry_after: None,
+    }
+}
+
+struct Rig {
+    transport: Arc<dyn Transport>,
+    work: QueueName,
+    replies: QueueName,
+}
+
+async fn rig() -> Rig {
+    let store = orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+        .await
+        .unwrap();
+    let transport: Arc<dyn Transport> = Arc::new(store);
+    let work = QueueName::parse("agent.inventory").unwrap();
+    let replies = QueueName::parse("replies").unwrap();
+    for q in [&work, &replies] {
+        transport
+            .declare_queue(q, &QueueSettings::default())
+            .await
+            .unwrap();
+    }
+    Rig {
+        transport,
+        work,
+        replies,
+    }
+}
+
+fn agent(rig: &Rig, remote: Arc<dyn RemoteService>, breaker: BreakerConfig) -> Agent {
+    let mut cfg = AgentConfig::new(InstanceId::generate("agent"), vec![rig.work.clone()]);
+    cfg.breaker = breaker;
+    Agent::new(rig.transport.clone(), remote, Arc::new(SystemClock), cfg)
+}
+
+fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> StepRequest {
+    let order_id = OrderId::parse(order).unwrap();
+    StepRequest {
+        fence: Fence {
+            order_id: order_id.clone(),
+            owner: InstanceId::generate("scheduler"),
+            epoch: Epoch(3),
+        },
+        step_index: 0,
+        step: "reserve-inventory".into(),
+        action: "reserve-inventory".into(),
+        kind: StepKind::Do,
+        idempotency_key: format!("{order_id}/0/reserve-inventory"),
+        complete_by: Utc::now() + chrono::Duration::from_std(deadline_in).unwrap(),
+        timeout_ms: 60_000,
+        retry: RetryPolicy {
+            max_attempts: attempts,
+            initial_backoff_ms: 1,
+            max_backoff_ms: 5,
+            multiplier: 2.0,
+        },
+        reply_to: rig.replies.clone(),
+        context: StepContext {
+            details: orderly_core::OrderDetails::new(
+                "c-1",
+                orderly_core::Currency::parse("EUR").unwrap(),
+                vec![orderly_core::OrderLine {
+                    sku: "SKU-1".into(),
+                    quantity: 1,
+                    unit_price_minor: 100,
+                }],
+            )
+            .unwrap(),
+            notify_to: None,
+            finish_as: None,
+        },
+    }
+}
+
+/// Sends `req`, receives it as the agent would, and handles it.
+async fn handle(rig: &Rig, agent: &Agent, req: StepRequest) -> Handled {
+    rig.transport
+        .send(&rig.work, &[json_message(req.message_id(), &req, None)])
+        .await
+        .unwrap();
+    let mut got = rig
+        .transport
+        .receive(&rig.work, 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let msg = got.remove(0);
+    agent.handle(req, msg).await
+}
+
+async fn replies(rig: &Rig) -> Vec<StepReply> {
+    rig.transport
+        .receive(&rig.replies, 100, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::from_slice(&m.body).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_with_the_same_key_until_one_succeeds() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![
+        Err(transient("503")),
+        Err(transient("reset")),
+        Ok("reserved".into()),
+    ]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(&rig, &a, request(&rig, "o-1", Duration::from_secs(10), 5)).await;
+    assert_eq!(
+        handled,
+        Handled::Replied(StepOutcome::Succeeded {
+            detail: "reserved".into()
+        })
+    );
+    let keys = remote.calls();
+    assert_eq!(keys.len(), 3);
+    assert!(
+        keys.iter().all(|k| k == "o-1/0/reserve-inventory"),
+        "{keys:?}"
+    );
+    let r = replies(&rig).await;
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].attempts, 3);
+    assert_eq!(r[0].fence.epoch, Epoch(3), "the fence is echoed");
+    assert!(r[0].replied_at < r[0].complete_by);
+    assert!(
+        rig.transport
+            .receive(&rig.work, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the request is settled"
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_failure_is_replied_at_once_without_retrying() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![Err(CallError::Permanent(
+        "HTTP 422: card declined".into(),
+    ))]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(&rig, &a, request(&rig, "o-2", Duration::from_secs(10), 5)).await;
+    assert_eq!(
+        handled,
+        Handled::Replied(StepOutcome::Failed {
+            error: "HTTP 422: card declined".into()
+        })
+    );
+    assert_eq!(remote.calls().len(), 1);
+    assert_eq!(replies(&rig).await.len(), 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_before_the_next_try() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![
+        Err(CallError::Transient {
+            error: "429".into(),
+            retry_after: Some(Duration::from_millis(400)),
+        }),
+        Ok("ok".into()),
+    ]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let started = Instant::now();
+    let handled = handle(&rig, &a, request(&rig, "o-3", Duration::from_secs(10), 5)).await;
+    assert!(matches!(
+        handled,
+        Handled::Replied(StepOutcome::Succeeded { .. })
+    ));
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_deadline_ends_in_silence() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![
+        Err(CallError::Transient {
+            error: "429".into(),
+            retry_after: Some(Duration::from_secs(60)),
+        }),
+        Ok("ok".into()),
+    ]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(
+        &rig,
+        &a,
+        request(&rig, "o-4", Duration::from_millis(500), 5),
+    )
+    .await;
+    assert!(matches!(handled, Handled::Silent(_)), "{handled:?}");
+    assert_eq!(remote.calls().len(), 1);
+    assert!(
+        replies(&rig).await.is_empty(),
+        "nothing is sent after giving up"
+    );
+}
+
+#[tokio::test]
+async fn a_call_still_running_at_the_deadline_is_abandoned_and_nothing_is_sent() {
+    let rig = rig().await;
+    let remote = Arc::new(Scripted {
+        script: Mutex::new(vec![Ok("late".into())].into()),
+        keys: Mutex::default(),
+        delay: Duration::from_secs(5),
+    });
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let started = Instant::now();
+    let handled = handle(
+        &rig,
+        &a,
+        request(&rig, "o-5", Duration::from_millis(300), 5),
+    )
+    .await;
+    assert!(matches!(handled, Handled::Silent(_)), "{handled:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the call was cut at the deadline"
+    );
+    assert!(replies(&rig).await.is_empty());
+}
+
+#[tokio::test]
+async fn when_the_tries_run_out_the_agent_stays_silent_for_the_supervisor() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(&rig, &a, request(&rig, "o-6", Duration::from_secs(10), 3)).await;
+    assert!(
+        matches!(handled, Handled::Silent(ref why) if why.contains("3 calls")),
+        "{handled:?}"
+    );
+    assert_eq!(remote.calls().len(), 3);
+    assert!(replies(&rig).await.is_empty());
+}
+
+#[tokio::test]
+async fn an_open_breaker_stops_calls_to_a_service_that_keeps_failing() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![]);
+    let a = agent(
+        &rig,
+        remote.clone(),
+        BreakerConfig {
+            failure_threshold: 2,
+            open_for: Duration::from_secs(30),
+        },
+    );
+    // Two failures open the breaker; the rest of this request and the whole next
+    // one make no call until the deadline.
+    let first = handle(
+        &rig,
+        &a,
+        request(&rig, "o-7", Duration::from_millis(400), 10),
+    )
+    .await;
+    let second = handle(
+        &rig,
+        &a,
+        request(&rig, "o-8", Duration::from_millis(400), 10),
+    )
+    .await;
+    assert!(matches!(first, Handled::Silent(_)));
+    assert!(matches!(second, Handled::Silent(_)));
+    assert_eq!(remote.calls().len(), 2, "{:?}", remote.calls());
+}
