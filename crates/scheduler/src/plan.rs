@@ -1,0 +1,261 @@
+//! Planning an order's next move: the step request to send, the writes that record
+//! a reply, the compensation to run next, and how an undone order ends.
+
+use orderly_core::messages::{
+    OrderStatus, StatusNotice, StepContext, StepKind, StepReply, StepRequest, json_message,
+};
+use orderly_core::store::{Completion, StepUpdate, StepWrite};
+use orderly_core::transport::Envelope;
+use orderly_core::{Fence, ProcessState, StepRecord, StepStatus};
+
+use crate::{Next, Scheduler};
+
+impl Scheduler {
+    pub(crate) fn check_reply(&self, reply: &StepReply) -> Result<(), String> {
+        let Some(def) = self.cfg.workflow.step(reply.step_index) else {
+            return Err(format!(
+                "step index {} is outside workflow {:?} ({} steps)",
+                reply.step_index,
+                self.cfg.workflow.name,
+                self.cfg.workflow.len()
+            ));
+        };
+        let expected_action = match reply.kind {
+            StepKind::Do => Some(def.name.as_str()),
+            StepKind::Compensate => def.compensation.as_deref(),
+        };
+        if def.name != reply.step || expected_action != Some(reply.action.as_str()) {
+            return Err(format!(
+                "step {} is {:?} with action {:?} in workflow {:?}, the reply names step {:?} action {:?}",
+                reply.step_index,
+                def.name,
+                expected_action,
+                self.cfg.workflow.name,
+                reply.step,
+                reply.action
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn request(
+        &self,
+        fence: &Fence,
+        index: i32,
+        kind: StepKind,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+    ) -> Option<Envelope> {
+        let def = self.cfg.workflow.step(index)?;
+        let action = match kind {
+            StepKind::Do => def.name.clone(),
+            StepKind::Compensate => def.compensation.clone()?,
+        };
+        let request = StepRequest {
+            fence: fence.clone(),
+            step_index: index,
+            step: def.name.clone(),
+            idempotency_key: orderly_core::step::idempotency_key(&fence.order_id, index, &action),
+            action,
+            kind,
+            complete_by,
+            timeout_ms: def.timeout_ms,
+            retry: def.retry.clone(),
+            reply_to: self.cfg.replies.clone(),
+            context: context.clone(),
+        };
+        Some(Envelope {
+            queue: def.queue.clone(),
+            message: json_message(
+                request.message_id(),
+                &request,
+                Some(fence.order_id.as_str()),
+            ),
+        })
+    }
+
+    pub(crate) fn start_step(
+        &self,
+        fence: &Fence,
+        index: i32,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+    ) -> StepWrite {
+        let name = self
+            .cfg
+            .workflow
+            .step(index)
+            .map(|d| d.name.clone())
+            .unwrap_or_default();
+        StepWrite {
+            fence: fence.clone(),
+            expect_step: Some(index),
+            updates: vec![StepUpdate {
+                index,
+                name,
+                status: StepStatus::Started,
+                detail: None,
+            }],
+            sends: self
+                .request(fence, index, StepKind::Do, complete_by, context)
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    pub(crate) fn step_succeeded(&self, reply: &StepReply, detail: &str) -> StepWrite {
+        let notice = StatusNotice {
+            order_id: reply.fence.order_id.clone(),
+            status: OrderStatus::StepDone,
+            step: Some(reply.step.clone()),
+            detail: None,
+        };
+        let mut write = StepWrite {
+            fence: reply.fence.clone(),
+            expect_step: Some(reply.step_index),
+            updates: vec![StepUpdate {
+                index: reply.step_index,
+                name: reply.step.clone(),
+                status: StepStatus::Succeeded,
+                detail: Some(detail.to_owned()),
+            }],
+            sends: notice
+                .envelope(
+                    reply.context.notify_to.as_deref(),
+                    &format!("{}.{}", reply.fence.epoch, reply.step_index),
+                )
+                .into_iter()
+                .collect(),
+        };
+        let next = reply.step_index + 1;
+        if next < self.cfg.workflow.len() {
+            let start = self.start_step(&reply.fence, next, reply.complete_by, &reply.context);
+            write.updates.extend(start.updates);
+            write.sends.extend(start.sends);
+        }
+        write
+    }
+
+    pub(crate) fn completion(&self, fence: &Fence, context: &StepContext) -> Completion {
+        let notice = StatusNotice {
+            order_id: fence.order_id.clone(),
+            status: OrderStatus::Completed,
+            step: None,
+            detail: None,
+        };
+        Completion {
+            fence: fence.clone(),
+            sends: notice
+                .envelope(context.notify_to.as_deref(), &fence.epoch.to_string())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// The next move of an order whose steps are being undone: compensate the latest
+    /// step that may have taken effect and can be undone, or finish. `just_done` is a
+    /// step whose compensation was just confirmed (recorded in the same write).
+    pub(crate) fn plan_compensation(
+        &self,
+        fence: &Fence,
+        complete_by: chrono::DateTime<chrono::Utc>,
+        context: &StepContext,
+        steps: &[StepRecord],
+        just_done: Option<(i32, &str)>,
+    ) -> Next {
+        let pending = steps
+            .iter()
+            .filter(|s| Some(s.index) != just_done.map(|(i, _)| i))
+            .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+            .filter(|s| {
+                self.cfg
+                    .workflow
+                    .step(s.index)
+                    .is_some_and(|d| d.compensation.is_some())
+            })
+            .map(|s| s.index)
+            .max();
+        let mut updates = Vec::new();
+        if let Some((index, detail)) = just_done {
+            updates.push(StepUpdate {
+                index,
+                name: self
+                    .cfg
+                    .workflow
+                    .step(index)
+                    .map(|d| d.name.clone())
+                    .unwrap_or_default(),
+                status: StepStatus::Compensated,
+                detail: Some(detail.to_owned()),
+            });
+        }
+        match pending {
+            Some(index) => {
+                let def = self.cfg.workflow.step(index);
+                updates.push(StepUpdate {
+                    index,
+                    name: def.map(|d| d.name.clone()).unwrap_or_default(),
+                    status: StepStatus::Started,
+                    detail: def
+                        .and_then(|d| d.compensation.as_ref())
+                        .map(|c| format!("compensating with {c}")),
+                });
+                Next::Write(StepWrite {
+                    fence: fence.clone(),
+                    expect_step: None,
+                    updates,
+                    sends: self
+                        .request(fence, index, StepKind::Compensate, complete_by, context)
+                        .into_iter()
+                        .collect(),
+                })
+            }
+            None if !updates.is_empty() => Next::Finish(
+                StepWrite {
+                    fence: fence.clone(),
+                    expect_step: None,
+                    updates,
+                    sends: Vec::new(),
+                },
+                context.finish_as,
+            ),
+            None => Self::plan_finish(fence, context.finish_as, steps),
+        }
+    }
+
+    /// How an order whose steps are undone ends.
+    pub(crate) fn plan_finish(
+        fence: &Fence,
+        finish_as: Option<ProcessState>,
+        steps: &[StepRecord],
+    ) -> Next {
+        match finish_as {
+            Some(ProcessState::Cancelled) => Next::Cancel(fence.clone()),
+            _ => {
+                let error = steps
+                    .iter()
+                    .filter(|s| s.status == StepStatus::Failed)
+                    .max_by_key(|s| s.index)
+                    .map(|s| {
+                        format!(
+                            "step {} failed: {}",
+                            s.name,
+                            s.detail.as_deref().unwrap_or("no detail")
+                        )
+                    })
+                    .unwrap_or_else(|| "order failed".to_owned());
+                let undone: Vec<&str> = steps
+                    .iter()
+                    .filter(|s| s.status == StepStatus::Compensated)
+                    .map(|s| s.name.as_str())
+                    .collect();
+                let error = if undone.is_empty() {
+                    error
+                } else {
+                    format!("{error}; undone: {}", undone.join(", "))
+                };
+                Next::Fail(fence.clone(), error)
+            }
+        }
+    }
+}
