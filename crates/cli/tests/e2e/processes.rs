@@ -18,15 +18,16 @@ use rand::Rng;
 use crate::both;
 use crate::fixtures::{Db, Dialect};
 
-/// A binary of the workspace, built next to `orderly`.
+/// A role binary (built with the tests: they are targets of this package).
 fn bin(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_orderly")).with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace binaries first (cargo build --workspace, or run the tests with --workspace)",
-        path.display()
-    );
-    path
+    PathBuf::from(match name {
+        "orderly-scheduler" => env!("CARGO_BIN_EXE_orderly-scheduler"),
+        "orderly-agent" => env!("CARGO_BIN_EXE_orderly-agent"),
+        "orderly-supervisor" => env!("CARGO_BIN_EXE_orderly-supervisor"),
+        "orderly-submitter" => env!("CARGO_BIN_EXE_orderly-submitter"),
+        "orderly-remote-sim" => env!("CARGO_BIN_EXE_orderly-remote-sim"),
+        other => panic!("no binary {other}"),
+    })
 }
 
 /// A child process, killed (SIGKILL) when dropped.
