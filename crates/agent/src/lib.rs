@@ -56,8 +56,8 @@ impl AgentConfig {
         Self {
             instance,
             queues,
-            concurrency: 64,
-            receive_batch: 32,
+            concurrency: 256,
+            receive_batch: 64,
             idle_wait: Duration::from_millis(200),
             reply_margin: Duration::from_millis(20),
             lock_renewal: Duration::from_secs(10),
@@ -248,6 +248,9 @@ impl Agent {
             match received {
                 Ok(batch) => {
                     failures = 0;
+                    if !batch.is_empty() {
+                        debug!(queue = %queue, batch = batch.len(), "requests received");
+                    }
                     for (req, msg) in batch {
                         let Ok(permit) = self.permits.clone().acquire_owned().await else {
                             return;
@@ -445,6 +448,7 @@ async fn settle_batches(
                 Err(_) => break,
             }
         }
+        debug!(batch = batch.len(), "settling requests");
         let now = clock.now();
         let mut by_queue: Vec<(QueueName, Vec<OutgoingMessage>, Vec<usize>)> = Vec::new();
         for (i, s) in batch.iter_mut().enumerate() {

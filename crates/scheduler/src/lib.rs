@@ -64,7 +64,7 @@ impl SchedulerConfig {
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
             claim_batch: 64,
             reply_batch: 256,
-            idle_wait: Duration::from_millis(100),
+            idle_wait: Duration::from_millis(50),
             max_in_flight: 1_000,
         }
     }
@@ -196,6 +196,7 @@ impl Scheduler {
         if claimed.is_empty() {
             return Ok(pass);
         }
+        debug!(batch = claimed.len(), "claimed");
         let mut nexts = Vec::with_capacity(claimed.len());
         for order in &claimed {
             let context = StepContext {
@@ -273,6 +274,7 @@ impl Scheduler {
         if replies.is_empty() {
             return Ok(pass);
         }
+        debug!(batch = replies.len(), "replies received");
         let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(replies.len());
         let mut retry: Vec<ReceivedMessage> = Vec::new();
         let mut forward: Vec<(StepReply, ReceivedMessage)> = Vec::new();

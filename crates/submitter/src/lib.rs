@@ -124,6 +124,7 @@ impl Submitter {
         if valid.is_empty() {
             return Ok(intake);
         }
+        debug!(batch = valid.len(), "orders received");
         let submissions: Vec<Submission> = valid.iter().map(|(s, _)| s.clone()).collect();
         match self.store.submit_many(&submissions, &actor).await {
             Ok(outcomes) => {

@@ -37,7 +37,7 @@ struct Args {
     )]
     endpoints: Vec<String>,
     /// Requests worked on at once.
-    #[arg(long, env = "ORDERLY_AGENT_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, env = "ORDERLY_AGENT_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: u64,
 }
 
