@@ -140,3 +140,106 @@ fn an_unknown_database_url_names_the_setting() {
         "the password must not be printed: {err}"
     );
 }
+
+#[test]
+fn the_readme_demo_processes_its_orders_and_checks_the_invariants() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+        .args([
+            "demo",
+            "--orders",
+            "60",
+            "--timeout-secs",
+            "120",
+            "--store",
+            &url,
+        ])
+        .env_remove("ORDERLY_LOG")
+        .output()
+        .expect("run orderly demo");
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("orders submitted     60"), "{text}");
+    assert!(text.contains("invariants           all hold"), "{text}");
+    let processed: usize = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Processed"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let error: usize = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Error"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert_eq!(processed + error, 60, "{text}");
+}
+
+#[test]
+fn invalid_role_settings_stop_start_up_naming_the_setting() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let run = |bin: &str, args: &[&str]| {
+        let out = Command::new(bin)
+            .args(args)
+            .env("ORDERLY_DATABASE_URL", &url)
+            .env_remove("ORDERLY_WORKFLOW")
+            .output()
+            .expect("run the binary");
+        assert!(!out.status.success(), "{bin} {args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-supervisor"),
+        &["--max-failures", "0"],
+    );
+    assert!(
+        err.contains("max_failures") && err.contains("--max-failures"),
+        "{err}"
+    );
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-agent"),
+        &["--remote-url", "ftp://x"],
+    );
+    assert!(err.contains("--remote-url"), "{err}");
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-agent"),
+        &["--queues", "bad queue!"],
+    );
+    assert!(err.contains("ORDERLY_AGENT_QUEUES"), "{err}");
+    let wf =
+        std::env::temp_dir().join(format!("orderly-wf-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &wf,
+        "name = \"x\"\n[[steps]]\nname = \"a\"\nqueue = \"q\"\ntimeout_ms = 5\n",
+    )
+    .unwrap();
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        &["--workflow", wf.to_str().unwrap()],
+    );
+    let _ = std::fs::remove_file(&wf);
+    assert!(
+        err.contains("steps[0].timeout_ms") && err.contains("--workflow"),
+        "{err}"
+    );
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-remote-sim"),
+        &["--transient-rate", "2"],
+    );
+    assert!(err.contains("transient_rate"), "{err}");
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-submitter"),
+        &["--database-url", "mysql://nope"],
+    );
+    assert!(
+        err.contains("database_url") && !err.contains("nope"),
+        "the URL is not echoed: {err}"
+    );
+}
