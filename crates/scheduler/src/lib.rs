@@ -314,7 +314,14 @@ impl Scheduler {
         let verdicts = if writes.is_empty() {
             Vec::new()
         } else {
-            match self.store.record_steps(&writes).await {
+            let started = std::time::Instant::now();
+            let verdicts = self.store.record_steps(&writes).await;
+            debug!(
+                batch = writes.len(),
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "step writes applied"
+            );
+            match verdicts {
                 Ok(v) => v,
                 Err(e) if e.is_retryable() => {
                     retry.extend(write_msgs.drain(..).map(|(_, m)| m));

@@ -124,6 +124,43 @@ mod sql {
             SELECT order_id, at, owner, 'Completed', 'Processing', 'Processed', lock_epoch FROM done) \
         SELECT order_id FROM done";
 
+    /// The fenced, step-guarded touch of many step writes at once: `$1` now, then per
+    /// write order id, owner, epoch, expected step (-1: any), the step to move to (-1:
+    /// none), whether a step failed and its error. Returns the orders touched.
+    pub(super) const TOUCH_STEPS: &str = "UPDATE order_state s SET \
+            current_step = CASE WHEN w.new_step > s.current_step THEN w.new_step ELSE s.current_step END, \
+            last_error = CASE WHEN w.failed THEN w.err ELSE s.last_error END, \
+            updated_at = $1 \
+        FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[], $6::int[], $7::bool[], $8::text[]) \
+            AS w(order_id, owner, epoch, expect, new_step, failed, err) \
+        WHERE s.order_id = ANY($2::text[]) AND s.order_id = w.order_id \
+            AND s.locked_by = w.owner AND s.lock_epoch = w.epoch \
+            AND s.process_state = 'Processing' AND s.complete_by > $1 \
+            AND (w.expect < 0 OR s.current_step = w.expect) \
+        RETURNING s.order_id";
+
+    /// Many step records at once: `$1` now, then per update order id, index, name,
+    /// status, idempotency key, detail, epoch.
+    pub(super) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
+            (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+        SELECT u.order_id, u.idx, u.name, u.status, u.key, \
+            CASE WHEN u.status = 'Started' THEN 1 ELSE 0 END, u.detail, u.epoch, $1 \
+        FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[]) \
+            AS u(order_id, idx, name, status, key, detail, epoch) \
+        ON CONFLICT (order_id, step_index) DO UPDATE SET \
+            name = excluded.name, status = excluded.status, \
+            attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
+            epoch = excluded.epoch, updated_at = excluded.updated_at";
+
+    /// Many step history entries at once, in array order: `$1` now, then per update
+    /// order id, actor, kind, epoch, step, reason.
+    pub(super) const STEP_HISTORY: &str = "INSERT INTO order_history \
+            (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+        SELECT h.order_id, $1, h.actor, h.kind, 'Processing', 'Processing', h.epoch, h.step, h.reason \
+        FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[]) \
+            WITH ORDINALITY AS h(order_id, actor, kind, epoch, step, reason, n) \
+        ORDER BY h.n";
+
     pub(super) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
         failure_count FROM order_state \
         WHERE process_state = 'Processing' AND complete_by < coalesce($1::timestamptz, now()) \
@@ -499,6 +536,173 @@ impl PgStore {
 
 /// The write transaction of this dialect, for the shared operations.
 type WriteTxn = Transaction<'static, Postgres>;
+
+impl PgStore {
+    /// The writes of a `record_steps` batch as three set-based statements (a touch,
+    /// the step records, the history) instead of three round trips per update. A
+    /// write whose order already has a write in the batch, or that names one step
+    /// twice, is applied on its own after the others, in order; refused writes are
+    /// explained one by one. `Some(refusal)` for each refused write.
+    async fn apply_step_writes(
+        &self,
+        tx: &mut WriteTxn,
+        writes: &[orderly_core::store::StepWrite],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<orderly_core::Error>>> {
+        use orderly_core::StepStatus;
+        use orderly_core::history::HistoryKind;
+
+        let mut seen = std::collections::HashSet::new();
+        let (bulk, alone): (Vec<usize>, Vec<usize>) = (0..writes.len()).partition(|&i| {
+            let w = &writes[i];
+            let mut steps = std::collections::HashSet::new();
+            !w.updates.is_empty()
+                && w.updates.iter().all(|u| steps.insert(u.index))
+                && seen.insert(w.fence.order_id.as_str())
+        });
+        let mut refusals: Vec<Option<orderly_core::Error>> = writes.iter().map(|_| None).collect();
+        if !bulk.is_empty() {
+            let mut t = TouchArrays::default();
+            for &i in &bulk {
+                let w = &writes[i];
+                t.ids.push(w.fence.order_id.as_str());
+                t.owners.push(w.fence.owner.as_str());
+                t.epochs.push(w.fence.epoch.0);
+                t.expects.push(w.expect_step.unwrap_or(-1));
+                let new_step = w
+                    .updates
+                    .iter()
+                    .filter(|u| u.status == StepStatus::Succeeded)
+                    .map(|u| u.index + 1)
+                    .max()
+                    .unwrap_or(-1);
+                t.new_steps.push(new_step);
+                let failed = w
+                    .updates
+                    .iter()
+                    .rev()
+                    .find(|u| u.status == StepStatus::Failed);
+                t.failed.push(failed.is_some());
+                t.errors.push(
+                    failed
+                        .and_then(|u| u.detail.as_deref())
+                        .map(|d| orderly_core::store::bounded_text(d).to_owned()),
+                );
+            }
+            let touched: std::collections::HashSet<String> = sqlx::query_scalar(sql::TOUCH_STEPS)
+                .persistent(false)
+                .bind(Ts(now))
+                .bind(&t.ids)
+                .bind(&t.owners)
+                .bind(&t.epochs)
+                .bind(&t.expects)
+                .bind(&t.new_steps)
+                .bind(&t.failed)
+                .bind(&t.errors)
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(crate::error::db)?
+                .into_iter()
+                .collect();
+            let mut u = UpdateArrays::default();
+            for &i in &bulk {
+                let w = &writes[i];
+                if !touched.contains(w.fence.order_id.as_str()) {
+                    continue;
+                }
+                for step in &w.updates {
+                    let detail = step
+                        .detail
+                        .as_deref()
+                        .map(|d| orderly_core::store::bounded_text(d).to_owned());
+                    u.ids.push(w.fence.order_id.as_str().to_owned());
+                    u.indexes.push(step.index);
+                    u.names.push(step.name.clone());
+                    u.statuses.push(step.status.as_str().to_owned());
+                    u.keys.push(orderly_core::step::idempotency_key(
+                        &w.fence.order_id,
+                        step.index,
+                        &step.name,
+                    ));
+                    u.details.push(detail);
+                    u.epochs.push(w.fence.epoch.0);
+                    u.actors.push(w.fence.owner.as_str().to_owned());
+                    u.kinds.push(
+                        match step.status {
+                            StepStatus::Started => HistoryKind::StepStarted,
+                            StepStatus::Succeeded => HistoryKind::StepSucceeded,
+                            StepStatus::Failed => HistoryKind::StepFailed,
+                            StepStatus::Compensated => HistoryKind::StepCompensated,
+                        }
+                        .as_str()
+                        .to_owned(),
+                    );
+                }
+            }
+            if !u.ids.is_empty() {
+                sqlx::query(sql::UPSERT_STEPS)
+                    .persistent(false)
+                    .bind(Ts(now))
+                    .bind(&u.ids)
+                    .bind(&u.indexes)
+                    .bind(&u.names)
+                    .bind(&u.statuses)
+                    .bind(&u.keys)
+                    .bind(&u.details)
+                    .bind(&u.epochs)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(crate::error::db)?;
+                sqlx::query(sql::STEP_HISTORY)
+                    .persistent(false)
+                    .bind(Ts(now))
+                    .bind(&u.ids)
+                    .bind(&u.actors)
+                    .bind(&u.kinds)
+                    .bind(&u.epochs)
+                    .bind(&u.indexes)
+                    .bind(&u.details)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(crate::error::db)?;
+            }
+            for &i in &bulk {
+                let w = &writes[i];
+                if !touched.contains(w.fence.order_id.as_str()) {
+                    refusals[i] = Some(Self::explain_step(tx, &w.fence, now, w.expect_step).await);
+                }
+            }
+        }
+        for i in alone {
+            refusals[i] = Self::apply_step_write(tx, &writes[i], now).await?;
+        }
+        Ok(refusals)
+    }
+}
+
+#[derive(Default)]
+struct TouchArrays<'a> {
+    ids: Vec<&'a str>,
+    owners: Vec<&'a str>,
+    epochs: Vec<i64>,
+    expects: Vec<i32>,
+    new_steps: Vec<i32>,
+    failed: Vec<bool>,
+    errors: Vec<Option<String>>,
+}
+
+#[derive(Default)]
+struct UpdateArrays {
+    ids: Vec<String>,
+    indexes: Vec<i32>,
+    names: Vec<String>,
+    statuses: Vec<String>,
+    keys: Vec<String>,
+    details: Vec<Option<String>>,
+    epochs: Vec<i64>,
+    actors: Vec<String>,
+    kinds: Vec<String>,
+}
 
 crate::shared::store_ops!(PgStore, Postgres);
 crate::queue::queue_ops!(PgStore, Postgres);

@@ -650,10 +650,11 @@ macro_rules! store_ops {
                 }
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
+                let refusals = self.apply_step_writes(&mut tx, writes, now).await?;
                 let mut verdicts = Vec::with_capacity(writes.len());
                 let mut sends = Vec::new();
-                for w in writes {
-                    match Self::apply_step_write(&mut tx, w, now).await? {
+                for (w, refused) in writes.iter().zip(refusals) {
+                    match refused {
                         None => {
                             sends.extend(w.sends.iter().cloned());
                             verdicts.push(Ok(()));

@@ -626,6 +626,23 @@ impl SqliteStore {
 /// The write transaction of this dialect, for the shared operations.
 type WriteTxn = WriteTx;
 
+impl SqliteStore {
+    /// The writes of a `record_steps` batch, one after the other (statements cost no
+    /// round trip here): `Some(refusal)` for each refused write.
+    async fn apply_step_writes(
+        &self,
+        tx: &mut WriteTx,
+        writes: &[orderly_core::store::StepWrite],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<orderly_core::Error>>> {
+        let mut refusals = Vec::with_capacity(writes.len());
+        for w in writes {
+            refusals.push(Self::apply_step_write(tx, w, now).await?);
+        }
+        Ok(refusals)
+    }
+}
+
 crate::shared::store_ops!(SqliteStore, Sqlite);
 crate::queue::queue_ops!(SqliteStore, Sqlite);
 crate::outbox::outbox_ops!(SqliteStore, Sqlite);

@@ -109,6 +109,31 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
     let after = store.get(&one.fence.order_id).await.unwrap();
     assert_eq!(after.history.len(), view.history.len());
     assert_eq!(store.steps(&one.fence.order_id).await.unwrap(), after.steps);
+    // Two replies for one order in one batch: the first applies, the repeat is stale.
+    let dup = write(&two.fence, Some(0), vec![update(0, StepStatus::Succeeded)]);
+    let both = store.record_steps(&[dup.clone(), dup]).await.unwrap();
+    assert!(both[0].is_ok(), "{:?}", both[0]);
+    assert!(
+        matches!(
+            both[1],
+            Err(Error::StaleStep {
+                expected: 0,
+                current: 1,
+                ..
+            })
+        ),
+        "{:?}",
+        both[1]
+    );
+    let succeeded = store
+        .get(&two.fence.order_id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .filter(|e| e.kind == HistoryKind::StepSucceeded)
+        .count();
+    assert_eq!(succeeded, 1);
     // A write with no updates only checks the fence.
     let touch = store
         .record_steps(&[
