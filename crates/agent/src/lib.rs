@@ -450,8 +450,8 @@ async fn settle_batches(
         }
         debug!(batch = batch.len(), "settling requests");
         let now = clock.now();
-        let mut by_queue: Vec<(QueueName, Vec<OutgoingMessage>, Vec<usize>)> = Vec::new();
-        for (i, s) in batch.iter_mut().enumerate() {
+        let mut sends = Vec::new();
+        for s in &mut batch {
             let reply = s.reply.take();
             if now + margin >= s.complete_by {
                 if reply.is_some() {
@@ -460,39 +460,26 @@ async fn settle_batches(
                 continue;
             }
             if let Some((queue, message)) = reply {
-                match by_queue.iter_mut().find(|(q, _, _)| *q == queue) {
-                    Some((_, msgs, idx)) => {
-                        msgs.push(message);
-                        idx.push(i);
-                    }
-                    None => by_queue.push((queue, vec![message], vec![i])),
-                }
+                sends.push(orderly_core::transport::Envelope { queue, message });
             }
         }
-        let mut failed: HashMap<usize, String> = HashMap::new();
-        for (queue, messages, idx) in &by_queue {
-            if let Err(e) = transport.send(queue, messages).await {
-                for i in idx {
-                    failed.insert(*i, e.to_string());
+        let requests: Vec<ReceivedMessage> = batch.iter().map(|s| s.request.clone()).collect();
+        // On the SQL queue the replies and the completions commit together.
+        match transport.send_and_complete(&sends, &requests).await {
+            Ok(_) => {
+                // A lost lock after the reply went out is harmless: the request comes
+                // back and is answered again under the same idempotency key and id.
+                for s in batch {
+                    let _ = s.done.send(Ok(()));
                 }
             }
-        }
-        let (ok, not_sent): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .enumerate()
-            .partition(|(i, _)| !failed.contains_key(i));
-        for (i, s) in not_sent {
-            let _ = transport.abandon(&s.request).await;
-            let _ = s.done.send(Err(failed.remove(&i).unwrap_or_default()));
-        }
-        let requests: Vec<ReceivedMessage> = ok.iter().map(|(_, s)| s.request.clone()).collect();
-        if let Err(e) = transport.complete_messages(&requests).await {
-            // The replies are out; the requests come back when their locks expire and
-            // are answered again under the same idempotency key and message id.
-            warn!(error = %e, "could not complete the requests; they will come back");
-        }
-        for (_, s) in ok {
-            let _ = s.done.send(Ok(()));
+            Err(e) => {
+                warn!(error = %e, batch = batch.len(), "could not settle requests; they will come back");
+                for s in batch {
+                    let _ = transport.abandon(&s.request).await;
+                    let _ = s.done.send(Err(e.to_string()));
+                }
+            }
         }
     }
 }

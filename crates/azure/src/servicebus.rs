@@ -165,6 +165,8 @@ pub struct ServiceBusTransport {
     held: Mutex<Held>,
     admin: Arc<dyn QueueAdmin>,
     clock: Arc<dyn Clock>,
+    /// Retries of a send, each on a fresh sender (the client itself retries nothing).
+    send_retries: u32,
 }
 
 impl std::fmt::Debug for ServiceBusTransport {
@@ -249,12 +251,14 @@ impl ServiceBusTransport {
     ) -> Result<Self, TransportError> {
         // Both ring and aws-lc-rs end up in the dependency graph: pick one for the process.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        // A short try-timeout and few retries: the client's defaults can spend minutes on
-        // one failing call, and a lost settlement otherwise waits out the whole timeout.
+        // A short try-timeout, and no retries inside the client: its retry loop can poll
+        // a send's delivery future again after it completed (fe2o3-amqp 0.14), which
+        // panics ("called after complete"); seen on a loaded machine. Sends are retried
+        // here instead, each on a fresh sender; callers retry the rest.
         let options = ServiceBusClientOptions {
             retry_options: ServiceBusRetryOptions {
                 mode: ServiceBusRetryMode::Exponential,
-                max_retries: settings.max_retries,
+                max_retries: 0,
                 delay: Duration::from_millis(200),
                 max_delay: Duration::from_secs(2),
                 try_timeout: settings.try_timeout,
@@ -285,6 +289,7 @@ impl ServiceBusTransport {
             held: Mutex::default(),
             admin,
             clock,
+            send_retries: settings.max_retries,
         })
     }
 
@@ -470,17 +475,34 @@ impl Transport for ServiceBusTransport {
         if converted.is_empty() {
             return Ok(SendOutcome::default());
         }
-        let sender = self.sender(queue).await?;
-        let result = sender.lock().await.send_messages(converted).await;
-        match result {
-            // Service Bus drops duplicates silently: it cannot say how many there were.
-            Ok(()) => Ok(SendOutcome {
-                accepted: messages.len(),
-                duplicates: 0,
-            }),
-            Err(e) => {
-                self.drop_links(queue).await;
-                Err(classify(e, queue, None))
+        let mut batch = converted;
+        let mut attempt = 0;
+        loop {
+            let sender = self.sender(queue).await?;
+            let result = sender.lock().await.send_messages(batch).await;
+            match result {
+                // Service Bus drops duplicates silently: it cannot say how many there were.
+                Ok(()) => {
+                    return Ok(SendOutcome {
+                        accepted: messages.len(),
+                        duplicates: 0,
+                    });
+                }
+                Err(e) => {
+                    self.drop_links(queue).await;
+                    let error = classify(e, queue, None);
+                    attempt += 1;
+                    if !error.is_retryable() || attempt > self.send_retries {
+                        return Err(error);
+                    }
+                    // Safe to repeat: the broker drops a repeat by message id.
+                    tracing::debug!(queue = %queue, attempt, error = %error, "send failed; retrying on a fresh sender");
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                    batch = messages
+                        .iter()
+                        .map(to_service_bus)
+                        .collect::<Result<Vec<_>, _>>()?;
+                }
             }
         }
     }

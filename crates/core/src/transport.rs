@@ -315,6 +315,30 @@ pub trait Transport: Send + Sync {
         Ok(verdicts)
     }
 
+    /// Sends `sends` and completes `consumed`: in one transaction where the transport
+    /// can (the embedded SQL queue, where then neither happens without the other),
+    /// otherwise the sends first, then the completions (at-least-once: a failure in
+    /// between leaves the consumed messages to come back, and the repeated sends are
+    /// dropped by message id). One verdict per consumed message; a lost lock does not
+    /// hold back the sends.
+    async fn send_and_complete(
+        &self,
+        sends: &[Envelope],
+        consumed: &[ReceivedMessage],
+    ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        let mut by_queue: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
+        for e in sends {
+            match by_queue.iter_mut().find(|(q, _)| *q == &e.queue) {
+                Some((_, msgs)) => msgs.push(e.message.clone()),
+                None => by_queue.push((&e.queue, vec![e.message.clone()])),
+            }
+        }
+        for (queue, messages) in by_queue {
+            self.send(queue, &messages).await?;
+        }
+        self.complete_messages(consumed).await
+    }
+
     /// Gives a received message back: visible again at once.
     async fn abandon(&self, message: &ReceivedMessage) -> Result<(), TransportError>;
 

@@ -479,6 +479,41 @@ macro_rules! queue_ops {
                         .collect())
                 }
 
+                async fn send_and_complete(
+                    &self,
+                    sends: &[::orderly_core::transport::Envelope],
+                    consumed: &[ReceivedMessage],
+                ) -> Result<Vec<Result<()>>> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let woken = self.enqueue_all(&mut tx, now, sends).await?;
+                    let done: Vec<(i64, String)> = if consumed.is_empty() {
+                        Vec::new()
+                    } else {
+                        let (first, second) = Self::holds_params(consumed);
+                        ::sqlx::query_as(sql::Q_COMPLETE_MANY)
+                            .bind(first)
+                            .bind(second)
+                            .bind(Ts(now))
+                            .fetch_all(&mut *tx)
+                            .await
+                            .map_err(db)?
+                    };
+                    tx.commit().await.map_err(db)?;
+                    self.wake_queues(&woken);
+                    let done: ::std::collections::HashSet<(i64, String)> = done.into_iter().collect();
+                    Ok(consumed
+                        .iter()
+                        .map(|m| {
+                            if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
+                                Ok(())
+                            } else {
+                                Err(TransportError::LockLost { queue: m.queue.clone(), message_id: m.message_id.clone() })
+                            }
+                        })
+                        .collect())
+                }
+
                 async fn abandon(&self, message: &ReceivedMessage) -> Result<()> {
                     self.settle(q::Q_ABANDON, message, None).await
                 }

@@ -48,6 +48,7 @@ macro_rules! transport_conformance {
             scheduled_messages_stay_invisible_until_their_time,
             bad_requests_are_refused_with_typed_errors_and_send_nothing,
             complete_messages_settles_each_message_it_still_holds,
+            send_and_complete_sends_and_settles_in_one_call,
             poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
             long_work_keeps_its_message_by_renewing_the_lock,
         );
@@ -464,6 +465,70 @@ pub async fn complete_messages_settles_each_message_it_still_holds(ctx: &Transpo
     assert!(
         t.receive(&q, 10, NO_WAIT).await.unwrap().is_empty(),
         "all three settled exactly once"
+    );
+}
+
+/// Replies out and requests settled in one call; a stale hold gets `LockLost` and does
+/// not hold back the sends.
+pub async fn send_and_complete_sends_and_settles_in_one_call(ctx: &TransportCtx) {
+    use orderly_core::transport::Envelope;
+    let (t, work) = declared(ctx, "work", settings(30, 10)).await;
+    let replies = queue("replies");
+    t.declare_queue(&replies, &settings(30, 10)).await.unwrap();
+    t.send(&work, &[msg("w1", "1"), msg("w2", "2"), msg("w3", "3")])
+        .await
+        .unwrap();
+    let held = t.receive(&work, 2, NO_WAIT).await.unwrap();
+    assert_eq!(held.len(), 2);
+    let reply = |id: &str| Envelope {
+        queue: replies.clone(),
+        message: msg(id, "done"),
+    };
+    let verdicts = t
+        .send_and_complete(&[reply("r1"), reply("r2")], &held)
+        .await
+        .unwrap();
+    assert!(verdicts.iter().all(Result::is_ok), "{verdicts:?}");
+    let mut got = t
+        .receive(&replies, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    while got.len() < 2 {
+        let more = t
+            .receive(&replies, 10, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert!(!more.is_empty(), "the replies were sent: {got:?}");
+        got.extend(more);
+    }
+    t.complete_messages(&got).await.unwrap();
+    let mut ids: Vec<_> = got.iter().map(|m| m.message_id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["r1", "r2"]);
+    // A hold that lost its lock: the send still goes out, the verdict says LockLost.
+    let stale = t.receive(&work, 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(stale.message_id, "w3");
+    ctx.clock.advance(Duration::from_secs(31));
+    let fresh = t.receive(&work, 1, NO_WAIT).await.unwrap().remove(0);
+    let verdicts = t
+        .send_and_complete(&[reply("r3")], std::slice::from_ref(&stale))
+        .await
+        .unwrap();
+    assert!(
+        matches!(verdicts[0], Err(TransportError::LockLost { .. })),
+        "{verdicts:?}"
+    );
+    let r3 = t
+        .receive(&replies, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(r3.len(), 1);
+    assert_eq!(r3[0].message_id, "r3");
+    t.complete(&fresh).await.unwrap();
+    ctx.clock.advance(Duration::from_secs(3600));
+    assert!(
+        t.receive(&work, 10, NO_WAIT).await.unwrap().is_empty(),
+        "w1 and w2 were completed"
     );
 }
 
