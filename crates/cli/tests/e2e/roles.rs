@@ -159,7 +159,22 @@ async fn permanent_failure_compensates(dialect: Dialect) {
     orders[0].reply_to = Some("client-7".into());
     let report = run_to_the_end(&system, &orders, Duration::from_secs(60)).await;
     // Let the supervisors publish the alerts.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    while !system
+        .backend
+        .store
+        .unpublished_alerts(100)
+        .await
+        .unwrap()
+        .is_empty()
+        || system.backend.store.alerts(true, 100).await.unwrap().len() < 10
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "alerts not published"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let sim = system.sim.clone().unwrap();
     let store = system.backend.store.clone();
     let transport = system.backend.transport.clone();
@@ -352,7 +367,15 @@ async fn bad_orders_are_dead_lettered(dialect: Dialect) {
         .send(&orders_queue, &messages)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The conflicting message must come after the order it conflicts with is in.
+    let started = std::time::Instant::now();
+    while system.backend.store.get(&good[1].order_id).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "order not recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     system
         .backend
         .transport
@@ -370,13 +393,19 @@ async fn bad_orders_are_dead_lettered(dialect: Dialect) {
             .await
             .unwrap()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead = system
-        .backend
-        .transport
-        .dead_letters(&orders_queue, 100)
-        .await
-        .unwrap();
+    let started = std::time::Instant::now();
+    let dead = loop {
+        let dead = system
+            .backend
+            .transport
+            .dead_letters(&orders_queue, 100)
+            .await
+            .unwrap();
+        if dead.len() >= 5 || started.elapsed() > Duration::from_secs(30) {
+            break dead;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let by_id: HashMap<&str, (&str, &str)> = dead
         .iter()
         .map(|d| {
