@@ -453,30 +453,7 @@ macro_rules! queue_ops {
                     if messages.is_empty() {
                         return Ok(Vec::new());
                     }
-                    let (first, second) = Self::holds_params(messages);
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let done: Vec<(i64, String)> = ::sqlx::query_as(sql::Q_COMPLETE_MANY)
-                        .bind(first)
-                        .bind(second)
-                        .bind(Ts(now))
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)?;
-                    // A verdict belongs to a hold (seq and token), not to a message: a stale
-                    // hold on a message that a fresh hold completed has still lost its lock.
-                    let done: ::std::collections::HashSet<(i64, String)> = done.into_iter().collect();
-                    Ok(messages
-                        .iter()
-                        .map(|m| {
-                            if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
-                                Ok(())
-                            } else {
-                                Err(TransportError::LockLost { queue: m.queue.clone(), message_id: m.message_id.clone() })
-                            }
-                        })
-                        .collect())
+                    self.send_and_complete(&[], messages).await
                 }
 
                 async fn send_and_complete(
@@ -501,6 +478,8 @@ macro_rules! queue_ops {
                     };
                     tx.commit().await.map_err(db)?;
                     self.wake_queues(&woken);
+                    // A verdict belongs to a hold (seq and token), not to a message: a stale
+                    // hold on a message that a fresh hold completed has still lost its lock.
                     let done: ::std::collections::HashSet<(i64, String)> = done.into_iter().collect();
                     Ok(consumed
                         .iter()

@@ -70,6 +70,9 @@ pub(crate) struct OperatorMove<'a> {
     pub actor: &'a orderly_core::Actor,
     pub reason: &'a str,
     pub sends: &'a [orderly_core::transport::Envelope],
+    /// A cancel that undoes first: an order whose steps may have taken effect goes
+    /// back to Pending marked to end Cancelled once a scheduler has undone them.
+    pub undo_first: bool,
 }
 
 /// How often an operator's read-then-move is retried when the order keeps changing.
@@ -396,13 +399,19 @@ macro_rules! store_ops {
             /// read, check, then a conditional update on (state, epoch), retried if the
             /// order changed in between.
             async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
-                let OperatorMove { from, target, kind, actor, reason, sends } = mv;
+                let OperatorMove { from, target, kind, actor, reason, sends, undo_first } = mv;
                 for _ in 0..OPERATOR_ATTEMPTS {
                     let mut tx = self.begin_write().await?;
                     let now = self.tx_now(&mut tx).await?;
                     let Some(row) = Self::fetch_state(&mut tx, order_id).await? else {
                         return Err(Error::OrderNotFound(order_id.clone()));
                     };
+                    if undo_first
+                        && row.process_state == ProcessState::Pending
+                        && row.finish_as == Some(target)
+                    {
+                        return Ok(row); // already asked for
+                    }
                     if !from.contains(&row.process_state) || !row.process_state.can_become(target) {
                         return Err(Error::IllegalTransition {
                             order_id: order_id.clone(),
@@ -410,12 +419,26 @@ macro_rules! store_ops {
                             to: target,
                         });
                     }
+                    let undo = undo_first && {
+                        let effects: i64 = ::sqlx::query_scalar(st::HAS_EFFECTS)
+                            .bind(order_id.as_str())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                        effects > 0
+                    };
+                    let (to, kind, finish_as) = if undo {
+                        (ProcessState::Pending, HistoryKind::CancelRequested, Some(target.as_str()))
+                    } else {
+                        (target, kind, None)
+                    };
                     let moved = ::sqlx::query(st::OPERATOR_MOVE)
                         .bind(order_id.as_str())
                         .bind(row.process_state.as_str())
                         .bind(Ts(now))
                         .bind(row.lock_epoch.0)
-                        .bind(target.as_str())
+                        .bind(to.as_str())
+                        .bind(finish_as)
                         .fetch_optional(&mut *tx)
                         .await
                         .map_err(db)?;
@@ -429,7 +452,7 @@ macro_rules! store_ops {
                             actor: actor.as_str(),
                             kind,
                             from: Some(row.process_state),
-                            to: target,
+                            to,
                             epoch: moved.lock_epoch.0,
                             step: None,
                             reason: Some(reason),
@@ -942,6 +965,7 @@ macro_rules! store_ops {
                     actor,
                     reason,
                     sends,
+                    undo_first: false,
                 };
                 self.operator_move(order_id, mv)
                 .await
@@ -955,68 +979,16 @@ macro_rules! store_ops {
                 reason: &str,
                 sends: &[Envelope],
             ) -> Result<StateRow> {
-                for _ in 0..OPERATOR_ATTEMPTS {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let Some(row) = Self::fetch_state(&mut tx, order_id).await? else {
-                        return Err(Error::OrderNotFound(order_id.clone()));
-                    };
-                    if row.process_state == ProcessState::Pending
-                        && row.finish_as == Some(ProcessState::Cancelled)
-                    {
-                        return Ok(row); // already asked for
-                    }
-                    if !matches!(
-                        row.process_state,
-                        ProcessState::Pending | ProcessState::Processing | ProcessState::Error
-                    ) {
-                        return Err(Error::IllegalTransition {
-                            order_id: order_id.clone(),
-                            from: row.process_state,
-                            to: ProcessState::Cancelled,
-                        });
-                    }
-                    let effects: i64 = ::sqlx::query_scalar(st::HAS_EFFECTS)
-                        .bind(order_id.as_str())
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    let (sql, target, kind) = if effects > 0 {
-                        (st::REQUEST_CANCEL, ProcessState::Pending, HistoryKind::CancelRequested)
-                    } else {
-                        (st::OPERATOR_MOVE, ProcessState::Cancelled, HistoryKind::Cancelled)
-                    };
-                    let moved = ::sqlx::query(sql)
-                        .bind(order_id.as_str())
-                        .bind(row.process_state.as_str())
-                        .bind(Ts(now))
-                        .bind(row.lock_epoch.0);
-                    let moved = if effects > 0 { moved } else { moved.bind(target.as_str()) };
-                    let Some(moved) = moved.fetch_optional(&mut *tx).await.map_err(db)? else {
-                        continue;
-                    };
-                    let moved = Cols(&moved).state_row()?;
-                    Self::append(
-                        &mut tx,
-                        Event {
-                            order_id,
-                            at: now,
-                            actor: actor.as_str(),
-                            kind,
-                            from: Some(row.process_state),
-                            to: target,
-                            epoch: moved.lock_epoch.0,
-                            step: None,
-                            reason: Some(reason),
-                        },
-                    )
-                    .await?;
-                    self.commit_with(tx, now, sends).await?;
-                    return Ok(moved);
-                }
-                Err(Error::Unavailable(
-                    format!("order {order_id} kept changing; cancel not applied, retry").into(),
-                ))
+                let mv = OperatorMove {
+                    from: &[ProcessState::Pending, ProcessState::Processing, ProcessState::Error],
+                    target: ProcessState::Cancelled,
+                    kind: HistoryKind::Cancelled,
+                    actor,
+                    reason,
+                    sends,
+                    undo_first: true,
+                };
+                self.operator_move(order_id, mv).await
             }
 
             async fn alerts(&self, open_only: bool, limit: u32) -> Result<Vec<Alert>> {
@@ -1046,6 +1018,7 @@ macro_rules! store_ops {
                     actor,
                     reason,
                     sends,
+                    undo_first: false,
                 };
                 self.operator_move(order_id, mv)
                 .await

@@ -78,15 +78,6 @@ pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_
     WHERE locked_by = $1 AND process_state = 'Processing' AND complete_by > $2 \
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as";
 
-/// An operator's cancel request for an order read at state `$2` and epoch `$4`: back
-/// to Pending, to be undone and then Cancelled, due at `$3`.
-pub(crate) const REQUEST_CANCEL: &str = concat!(
-    "UPDATE order_state SET process_state = 'Pending', finish_as = 'Cancelled', \
-     locked_by = NULL, complete_by = NULL, next_attempt_at = $3, updated_at = $3 \
-     WHERE order_id = $1 AND process_state = $2 AND lock_epoch = $4 RETURNING ",
-    state_columns!()
-);
-
 /// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
 pub(crate) const COUNT_OWNED: &str =
     "SELECT count(*) FROM order_state WHERE process_state = 'Processing' AND locked_by = $1";
@@ -159,10 +150,11 @@ pub(crate) const RELEASE: &str = concat!(
 );
 
 /// An operator moves an order whose state (`$2`) and epoch (`$4`) were just read:
-/// to `$5`, at `$3`. Zero rows means it changed meanwhile.
+/// to `$5`, at `$3`, marked to end as `$6` once its steps are undone (NULL: not).
+/// Zero rows means it changed meanwhile.
 pub(crate) const OPERATOR_MOVE: &str = concat!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
-     finish_as = NULL, \
+     finish_as = $6, \
      failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
      next_attempt_at = CASE WHEN $5 = 'Pending' THEN $3 ELSE next_attempt_at END, \
      updated_at = $3 \
