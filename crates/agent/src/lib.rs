@@ -92,7 +92,8 @@ struct Settle {
     reply: Option<(QueueName, OutgoingMessage)>,
     complete_by: DateTime<Utc>,
     request: ReceivedMessage,
-    done: oneshot::Sender<Result<(), String>>,
+    /// Whether the reply went out (false: its deadline came first), or why not settled.
+    done: oneshot::Sender<Result<bool, String>>,
 }
 
 impl Agent {
@@ -123,18 +124,19 @@ impl Agent {
         }
     }
 
-    /// Hands a request to the settling task and waits for it to be settled.
+    /// Hands a request to the settling task and waits for it to be settled; says
+    /// whether the reply (if any) went out.
     async fn settle(
         &self,
-        request: &ReceivedMessage,
+        request: ReceivedMessage,
         complete_by: DateTime<Utc>,
         reply: Option<(QueueName, OutgoingMessage)>,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let (done, settled) = oneshot::channel();
         let item = Settle {
             reply,
             complete_by,
-            request: request.clone(),
+            request,
             done,
         };
         if self.settler.send(item).is_err() {
@@ -162,7 +164,7 @@ impl Agent {
         queue: &QueueName,
         wait: Duration,
     ) -> orderly_core::Result<Vec<Handled>> {
-        let batch = self.receive(queue, wait).await?;
+        let batch = self.receive(queue, self.cfg.receive_batch, wait).await?;
         let mut handled = Vec::with_capacity(batch.len());
         let tasks: Vec<_> = batch
             .into_iter()
@@ -182,12 +184,13 @@ impl Agent {
     async fn receive(
         &self,
         queue: &QueueName,
+        max: u32,
         wait: Duration,
     ) -> orderly_core::Result<Vec<(StepRequest, ReceivedMessage)>> {
         let (batch, poison) = receive_json::<StepRequest>(
             self.transport.as_ref(),
             queue,
-            self.cfg.receive_batch,
+            max,
             wait,
             orderly_core::transport::MAX_BODY_BYTES,
         )
@@ -233,18 +236,21 @@ impl Agent {
     async fn consume(&self, queue: QueueName, shutdown: CancellationToken) {
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
-            // Take a batch only when there is room to work on it.
-            let free = self.permits.available_permits();
-            if free == 0 {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(Duration::from_millis(5)) => continue,
-                }
-            }
+            // Take only as many requests as there is room to work on: one waiting for a
+            // permit would hold its lock without renewing it.
+            let first = tokio::select! {
+                () = shutdown.cancelled() => break,
+                permit = self.permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            let room = (self.permits.available_permits() + 1).min(self.cfg.receive_batch as usize);
             let received = tokio::select! {
                 () = shutdown.cancelled() => break,
-                r = self.receive(&queue, self.cfg.idle_wait) => r,
+                r = self.receive(&queue, room as u32, self.cfg.idle_wait) => r,
             };
+            let mut first = Some(first);
             match received {
                 Ok(batch) => {
                     failures = 0;
@@ -252,8 +258,12 @@ impl Agent {
                         debug!(queue = %queue, batch = batch.len(), "requests received");
                     }
                     for (req, msg) in batch {
-                        let Ok(permit) = self.permits.clone().acquire_owned().await else {
-                            return;
+                        let permit = match first.take() {
+                            Some(permit) => permit,
+                            None => match self.permits.clone().acquire_owned().await {
+                                Ok(permit) => permit,
+                                Err(_) => return,
+                            },
                         };
                         let me = self.clone();
                         let shutdown = shutdown.clone();
@@ -308,12 +318,6 @@ impl Agent {
             let (handled, attempts) = outcome;
             if let Handled::Replied(outcome) = &handled {
                 let now = self.clock.now();
-                let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
-                if now + margin >= req.complete_by {
-                    debug!("deadline reached before the reply could be sent: staying silent");
-                    let _ = self.transport.complete(&msg).await;
-                    return Handled::Silent("deadline passed before replying".into());
-                }
                 let reply = StepReply {
                     fence: req.fence.clone(),
                     step_index: req.step_index,
@@ -332,18 +336,21 @@ impl Agent {
                     &reply,
                     Some(req.fence.order_id.as_str()),
                 );
-                if let Err(e) = self
-                    .settle(&msg, req.complete_by, Some((req.reply_to.clone(), message)))
+                return match self
+                    .settle(msg, req.complete_by, Some((req.reply_to.clone(), message)))
                     .await
                 {
-                    // Not settled: the request comes back and the call is repeated
-                    // under the same idempotency key.
-                    warn!(error = %e, "reply not sent; the request will be redelivered");
-                    return Handled::Silent(format!("reply not sent: {e}"));
-                }
-                return handled;
+                    Ok(true) => handled,
+                    Ok(false) => Handled::Silent("deadline passed before replying".into()),
+                    Err(e) => {
+                        // Not settled: the request comes back and the call is repeated
+                        // under the same idempotency key.
+                        warn!(error = %e, "reply not sent; the request will be redelivered");
+                        Handled::Silent(format!("reply not sent: {e}"))
+                    }
+                };
             }
-            let _ = self.settle(&msg, req.complete_by, None).await;
+            let _ = self.settle(msg, req.complete_by, None).await;
             handled
         }
         .instrument(span)
@@ -451,33 +458,40 @@ async fn settle_batches(
         debug!(batch = batch.len(), "settling requests");
         let now = clock.now();
         let mut sends = Vec::new();
-        for s in &mut batch {
-            let reply = s.reply.take();
-            if now + margin >= s.complete_by {
-                if reply.is_some() {
-                    debug!(message_id = %s.request.message_id, "deadline came while the reply waited: not sent");
+        let mut requests = Vec::with_capacity(batch.len());
+        let mut waiting = Vec::with_capacity(batch.len());
+        for s in batch {
+            // The deadline is checked here, as close to the send as it can be.
+            let sent = match s.reply {
+                Some(_) if now + margin >= s.complete_by => {
+                    debug!(message_id = %s.request.message_id, "deadline came before the reply could go: not sent");
+                    false
                 }
-                continue;
-            }
-            if let Some((queue, message)) = reply {
-                sends.push(orderly_core::transport::Envelope { queue, message });
-            }
+                Some((queue, message)) => {
+                    sends.push(orderly_core::transport::Envelope { queue, message });
+                    true
+                }
+                None => false,
+            };
+            requests.push(s.request);
+            waiting.push((s.done, sent));
         }
-        let requests: Vec<ReceivedMessage> = batch.iter().map(|s| s.request.clone()).collect();
         // On the SQL queue the replies and the completions commit together.
         match transport.send_and_complete(&sends, &requests).await {
             Ok(_) => {
                 // A lost lock after the reply went out is harmless: the request comes
                 // back and is answered again under the same idempotency key and id.
-                for s in batch {
-                    let _ = s.done.send(Ok(()));
+                for (done, sent) in waiting {
+                    let _ = done.send(Ok(sent));
                 }
             }
             Err(e) => {
-                warn!(error = %e, batch = batch.len(), "could not settle requests; they will come back");
-                for s in batch {
-                    let _ = transport.abandon(&s.request).await;
-                    let _ = s.done.send(Err(e.to_string()));
+                warn!(error = %e, batch = requests.len(), "could not settle requests; they will come back");
+                for request in &requests {
+                    let _ = transport.abandon(request).await;
+                }
+                for (done, _) in waiting {
+                    let _ = done.send(Err(e.to_string()));
                 }
             }
         }

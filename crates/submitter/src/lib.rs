@@ -125,10 +125,11 @@ impl Submitter {
             return Ok(intake);
         }
         debug!(batch = valid.len(), "orders received");
-        let submissions: Vec<Submission> = valid.iter().map(|(s, _)| s.clone()).collect();
+        let (submissions, messages): (Vec<Submission>, Vec<ReceivedMessage>) =
+            valid.into_iter().unzip();
         match self.store.submit_many(&submissions, &actor).await {
             Ok(outcomes) => {
-                for ((s, message), outcome) in valid.into_iter().zip(outcomes) {
+                for ((s, message), outcome) in submissions.iter().zip(messages).zip(outcomes) {
                     let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
@@ -142,7 +143,7 @@ impl Submitter {
             // One bad order (a reply queue that does not exist) fails the batch: take
             // them one at a time to find it.
             Err(Error::Send(_)) => {
-                for (s, message) in valid {
+                for (s, message) in submissions.iter().zip(messages) {
                     let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
                     let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
                     if let Some(m) = self
@@ -156,10 +157,10 @@ impl Submitter {
             }
             Err(e) => {
                 warn!(error = %e, "could not record the orders; they will be delivered again");
-                for (_, message) in &valid {
+                for message in &messages {
                     let _ = self.transport.abandon(message).await;
                 }
-                intake.retried += valid.len();
+                intake.retried += messages.len();
             }
         }
         if !done.is_empty() {
