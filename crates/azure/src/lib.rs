@@ -1,10 +1,13 @@
-//! orderly's Azure adapters. Today: the Azure Service Bus implementation of the
-//! transport port, on the `azservicebus` AMQP client (see DESIGN.md §9 for why this
-//! crate and the client defects designed around here).
+//! orderly's Azure adapters: the Azure Service Bus implementation of the transport
+//! port, on the `azservicebus` AMQP client (see DESIGN.md §9 for why this crate and the
+//! client defects designed around here), and the Azure Blob lease behind the
+//! supervisors' leader election, on `azure_storage_blob` 1.x.
 //!
 //! This crate must not depend on the SQL store; the store reaches Service Bus through
 //! its transactional outbox and a relay that publishes with this transport.
 
+pub mod blob_lease;
 pub mod servicebus;
 
+pub use blob_lease::{BlobAuth, BlobConfigError, BlobLease, BlobLocation};
 pub use servicebus::{Provisioned, QueueAdmin, ServiceBusSettings, ServiceBusTransport};

@@ -48,6 +48,8 @@ pub struct SystemConfig {
     pub request_lock: Duration,
     /// Most orders one scheduler holds at once.
     pub max_in_flight: u32,
+    /// The supervisors' election over the SQL lease row.
+    pub elector: orderly_core::leader::ElectorTiming,
 }
 
 impl SystemConfig {
@@ -68,6 +70,7 @@ impl SystemConfig {
             remote_url: None,
             request_lock: Duration::from_secs(30),
             max_in_flight: 1_000,
+            elector: orderly_core::leader::ElectorTiming::default(),
         }
     }
 
@@ -223,11 +226,16 @@ impl System {
         for _ in 0..cfg.supervisors {
             let id = InstanceId::generate("supervisor");
             instances.push(id.clone());
-            let mut sc = SupervisorConfig::new(id);
+            let mut sc = SupervisorConfig::new(id.clone());
             sc.interval = cfg.sweep_interval;
             sc.policy = cfg.policy.clone();
+            let elector = orderly_supervisor::sql_elector(
+                backend.store.clone(),
+                id.clone(),
+                cfg.elector.clone(),
+            )?;
             let s = Supervisor::new(backend.store.clone(), backend.transport.clone(), sc)?;
-            tasks.push(tokio::spawn(s.run(shutdown.clone())));
+            tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
         Ok(Self {
             backend,

@@ -54,6 +54,18 @@ pub enum Error {
         state: ProcessState,
     },
 
+    /// A leader's write carried a term that is no longer the current one: another
+    /// leader took over. Nothing was written.
+    #[error("leadership {name}: term {epoch} of {holder} is over; the write was refused")]
+    Deposed {
+        /// What is led.
+        name: String,
+        /// The deposed leader.
+        holder: InstanceId,
+        /// Its term.
+        epoch: Epoch,
+    },
+
     /// The owner's deadline (CompleteBy) has passed: only the supervisor may act now.
     #[error("order {order_id}: deadline {complete_by} has passed")]
     DeadlinePassed {

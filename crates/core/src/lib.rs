@@ -9,6 +9,7 @@ pub mod clock;
 pub mod error;
 pub mod history;
 pub mod id;
+pub mod leader;
 pub mod messages;
 pub mod order;
 pub mod state;

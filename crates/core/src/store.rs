@@ -451,10 +451,11 @@ pub trait SupervisorStore: Send + Sync {
 
     /// Recovers up to `limit` expired orders: failure count + 1 and back to Pending
     /// after a back-off, or Error at the threshold. An expiry is counted once however
-    /// many supervisors race on it.
+    /// many supervisors race on it. Refused ([`crate::Error::Deposed`]) unless
+    /// `leader`'s term is the current one.
     async fn recover_expired(
         &self,
-        actor: &InstanceId,
+        leader: &crate::leader::LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
     ) -> Result<Vec<Recovered>>;
@@ -464,7 +465,12 @@ pub trait SupervisorStore: Send + Sync {
 
     /// Records that these alerts went to the alerts queue; returns the ones this call
     /// marked (not already marked by another publisher), so each is logged once.
-    async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<Vec<i64>>;
+    /// Refused unless `leader`'s term is the current one.
+    async fn mark_alerts_published(
+        &self,
+        leader: &crate::leader::LeaderFence,
+        alert_ids: &[i64],
+    ) -> Result<Vec<i64>>;
 }
 
 /// Looking at and repairing orders (operators).
@@ -516,9 +522,15 @@ pub trait OperatorStore: Send + Sync {
 }
 
 /// The whole state store.
-pub trait StateStore: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore {}
+pub trait StateStore:
+    IntakeStore + SchedulerStore + SupervisorStore + OperatorStore + crate::leader::LeadershipStore
+{
+}
 
-impl<T: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore> StateStore for T {}
+impl<T> StateStore for T where
+    T: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore + crate::leader::LeadershipStore
+{
+}
 
 /// Cuts free text to [`MAX_TEXT_LEN`] bytes on a character boundary.
 pub fn bounded_text(text: &str) -> &str {

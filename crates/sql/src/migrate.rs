@@ -51,6 +51,11 @@ pub const SQLITE: &[Migration] = &[
         name: "roles",
         sql: include_str!("../../../migrations/sqlite/0004_roles.sql"),
     },
+    Migration {
+        version: 5,
+        name: "leadership",
+        sql: include_str!("../../../migrations/sqlite/0005_leadership.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -74,6 +79,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 4,
         name: "roles",
         sql: include_str!("../../../migrations/postgres/0004_roles.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "leadership",
+        sql: include_str!("../../../migrations/postgres/0005_leadership.sql"),
     },
 ];
 

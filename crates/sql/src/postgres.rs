@@ -497,22 +497,26 @@ impl PgStore {
 
     async fn recover_batch(
         &self,
-        actor: &InstanceId,
+        leader: &orderly_core::leader::LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
     ) -> Result<Vec<Recovered>> {
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let mut tx = self.begin_write().await?;
+        let now = self.tx_now(&mut tx).await?;
+        Self::check_leader(&mut tx, leader, now).await?;
         let rows = sqlx::query(sql::RECOVER)
             .persistent(false)
-            .bind(self.now_param())
+            .bind(Some(Ts(now)))
             .bind(i64::from(limit))
             .bind(policy.max_failures)
             .bind(micros(policy.backoff_base))
             .bind(micros(policy.backoff_max))
-            .bind(actor.as_str())
-            .fetch_all(&self.pool)
+            .bind(leader.holder.as_str())
+            .fetch_all(&mut *tx)
             .await
             .map_err(db)?;
+        tx.commit().await.map_err(db)?;
         rows.iter()
             .map(|r| {
                 let c = Cols(r);

@@ -103,6 +103,33 @@ macro_rules! store_ops {
         type Conn = <$DB as ::sqlx::Database>::Connection;
 
         impl $Store {
+            /// Refuses the write unless `leader`'s term is the current one: the first
+            /// statement of every leader's transaction.
+            pub(crate) async fn check_leader(
+                conn: &mut Conn,
+                leader: &::orderly_core::leader::LeaderFence,
+                now: ::chrono::DateTime<::chrono::Utc>,
+            ) -> Result<()> {
+                let n = ::sqlx::query(st::LEADER_GUARD)
+                    .bind(&leader.name)
+                    .bind(leader.epoch.0)
+                    .bind(leader.holder.as_str())
+                    .bind(Ts(now))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(Error::Deposed {
+                        name: leader.name.clone(),
+                        holder: leader.holder.clone(),
+                        epoch: leader.epoch,
+                    })
+                }
+            }
+
             /// Applies pending migrations, each in the same transaction as its
             /// bookkeeping row and under the dialect's migration lock; returns the
             /// versions applied.
@@ -817,10 +844,10 @@ macro_rules! store_ops {
                     .collect()
             }
 
-            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %actor, limit))]
+            #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %leader.holder, epoch = %leader.epoch, limit))]
             async fn recover_expired(
                 &self,
-                actor: &InstanceId,
+                leader: &::orderly_core::leader::LeaderFence,
                 policy: &RecoveryPolicy,
                 limit: u32,
             ) -> Result<Vec<Recovered>> {
@@ -828,7 +855,7 @@ macro_rules! store_ops {
                 if limit == 0 {
                     return Ok(Vec::new());
                 }
-                self.recover_batch(actor, policy, limit.min(::orderly_core::store::MAX_BATCH))
+                self.recover_batch(leader, policy, limit.min(::orderly_core::store::MAX_BATCH))
                     .await
             }
 
@@ -843,12 +870,17 @@ macro_rules! store_ops {
                     .collect()
             }
 
-            async fn mark_alerts_published(&self, alert_ids: &[i64]) -> Result<Vec<i64>> {
+            async fn mark_alerts_published(
+                &self,
+                leader: &::orderly_core::leader::LeaderFence,
+                alert_ids: &[i64],
+            ) -> Result<Vec<i64>> {
                 if alert_ids.is_empty() {
                     return Ok(Vec::new());
                 }
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
+                Self::check_leader(&mut tx, leader, now).await?;
                 let mut marked = Vec::with_capacity(alert_ids.len());
                 for id in alert_ids {
                     let n = ::sqlx::query(st::MARK_ALERT_PUBLISHED)
@@ -864,6 +896,118 @@ macro_rules! store_ops {
                 }
                 tx.commit().await.map_err(db)?;
                 Ok(marked)
+            }
+        }
+
+        #[async_trait]
+        impl ::orderly_core::leader::LeadershipStore for $Store {
+            async fn begin_term(
+                &self,
+                name: &str,
+                holder: &InstanceId,
+            ) -> Result<::orderly_core::leader::LeaderFence> {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let epoch: i64 = ::sqlx::query_scalar(st::BEGIN_TERM)
+                    .bind(name)
+                    .bind(holder.as_str())
+                    .bind(Ts(now))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                tx.commit().await.map_err(db)?;
+                Ok(::orderly_core::leader::LeaderFence {
+                    name: name.to_owned(),
+                    holder: holder.clone(),
+                    epoch: ::orderly_core::Epoch(epoch),
+                })
+            }
+
+            async fn acquire_lease(
+                &self,
+                name: &str,
+                holder: &InstanceId,
+                lease: ::std::time::Duration,
+            ) -> Result<Option<::orderly_core::leader::LeaderFence>> {
+                let lease = ::chrono::Duration::from_std(lease)
+                    .map_err(|_| ::orderly_core::ValidationError::new("lease", "too long"))?;
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let epoch: Option<i64> = ::sqlx::query_scalar(st::ACQUIRE_LEASE)
+                    .bind(name)
+                    .bind(holder.as_str())
+                    .bind(Ts(now))
+                    .bind(Ts(now + lease))
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                tx.commit().await.map_err(db)?;
+                Ok(epoch.map(|epoch| ::orderly_core::leader::LeaderFence {
+                    name: name.to_owned(),
+                    holder: holder.clone(),
+                    epoch: ::orderly_core::Epoch(epoch),
+                }))
+            }
+
+            async fn renew_lease(
+                &self,
+                fence: &::orderly_core::leader::LeaderFence,
+                lease: ::std::time::Duration,
+            ) -> Result<bool> {
+                let lease = ::chrono::Duration::from_std(lease)
+                    .map_err(|_| ::orderly_core::ValidationError::new("lease", "too long"))?;
+                self.set_lease_expiry(fence, lease).await
+            }
+
+            async fn release_lease(&self, fence: &::orderly_core::leader::LeaderFence) -> Result<()> {
+                self.set_lease_expiry(fence, ::chrono::Duration::zero()).await.map(drop)
+            }
+
+            async fn term(&self, name: &str) -> Result<Option<::orderly_core::leader::Term>> {
+                let row = ::sqlx::query(st::SELECT_TERM)
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db)?;
+                row.map(|r| {
+                    let c = Cols(&r);
+                    Ok(::orderly_core::leader::Term {
+                        fence: ::orderly_core::leader::LeaderFence {
+                            name: c.get("name")?,
+                            holder: InstanceId::parse(c.get::<String>("holder")?)
+                                .map_err(|e| corrupt("leadership.holder", e))?,
+                            epoch: ::orderly_core::Epoch(c.get("epoch")?),
+                        },
+                        lease_expires_at: c.opt_ts("lease_expires_at")?,
+                        started_at: c.ts("started_at")?,
+                        renewed_at: c.ts("renewed_at")?,
+                    })
+                })
+                .transpose()
+            }
+        }
+
+        impl $Store {
+            /// Sets the SQL lease of a current term to expire `lease` from now.
+            async fn set_lease_expiry(
+                &self,
+                fence: &::orderly_core::leader::LeaderFence,
+                lease: ::chrono::Duration,
+            ) -> Result<bool> {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let n = ::sqlx::query(st::SET_LEASE_EXPIRY)
+                    .bind(&fence.name)
+                    .bind(fence.epoch.0)
+                    .bind(fence.holder.as_str())
+                    .bind(Ts(now))
+                    .bind(Ts(now + lease))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                tx.commit().await.map_err(db)?;
+                Ok(n == 1)
             }
         }
 

@@ -534,12 +534,14 @@ impl SqliteStore {
 
     async fn recover_batch(
         &self,
-        actor: &InstanceId,
+        leader: &orderly_core::leader::LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
     ) -> Result<Vec<Recovered>> {
         let mut tx = self.begin_write().await?;
         let now = self.tx_now(&mut tx).await?;
+        Self::check_leader(&mut tx, leader, now).await?;
+        let actor = &leader.holder;
         let rows = sqlx::query(sql::FIND_EXPIRED)
             .bind(Ts(now))
             .bind(i64::from(limit))

@@ -253,3 +253,39 @@ pub(crate) fn list_query(filter: &OrderFilter) -> (String, Vec<Arg>, u32) {
     ));
     (sql, args, limit)
 }
+
+/// The check every leader's write makes first, in its transaction: `$1` name, `$2`
+/// epoch, `$3` holder, `$4` now. One row: the term is current (and its SQL lease, if it
+/// has one, unexpired). The row lock it takes orders it against a new term's start.
+pub(crate) const LEADER_GUARD: &str = "UPDATE leadership SET last_write_at = $4 \
+     WHERE name = $1 AND epoch = $2 AND holder = $3 \
+       AND (lease_expires_at IS NULL OR lease_expires_at > $4)";
+
+/// A new term whose lease lives elsewhere: `$1` name, `$2` holder, `$3` now. Returns
+/// the epoch.
+pub(crate) const BEGIN_TERM: &str = "INSERT INTO leadership \
+     (name, epoch, holder, lease_expires_at, started_at, renewed_at) VALUES ($1, 1, $2, NULL, $3, $3) \
+     ON CONFLICT (name) DO UPDATE SET epoch = leadership.epoch + 1, holder = excluded.holder, \
+       lease_expires_at = NULL, started_at = excluded.started_at, \
+       renewed_at = excluded.renewed_at, last_write_at = NULL \
+     RETURNING epoch";
+
+/// The SQL elector's acquire: `$1` name, `$2` holder, `$3` now, `$4` expiry. A new term
+/// if none exists or the current one's SQL lease has expired or was released; no row
+/// otherwise.
+pub(crate) const ACQUIRE_LEASE: &str = "INSERT INTO leadership \
+     (name, epoch, holder, lease_expires_at, started_at, renewed_at) VALUES ($1, 1, $2, $4, $3, $3) \
+     ON CONFLICT (name) DO UPDATE SET epoch = leadership.epoch + 1, holder = excluded.holder, \
+       lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at, \
+       renewed_at = excluded.renewed_at, last_write_at = NULL \
+     WHERE leadership.lease_expires_at IS NOT NULL AND leadership.lease_expires_at <= $3 \
+     RETURNING epoch";
+
+/// Renews (`$5` new expiry) or, with `$5` = `$4`, releases the SQL lease of a current
+/// term: `$1` name, `$2` epoch, `$3` holder, `$4` now.
+pub(crate) const SET_LEASE_EXPIRY: &str = "UPDATE leadership SET lease_expires_at = $5, renewed_at = $4 \
+     WHERE name = $1 AND epoch = $2 AND holder = $3 AND lease_expires_at > $4";
+
+/// The current term of `$1`.
+pub(crate) const SELECT_TERM: &str = "SELECT name, epoch, holder, lease_expires_at, started_at, renewed_at \
+     FROM leadership WHERE name = $1";

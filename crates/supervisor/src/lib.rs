@@ -4,8 +4,10 @@
 //! publishes the operator alerts every Error raises: to the alerts queue, as a
 //! structured log event, and as a `failed` status to the client's reply queue.
 //!
-//! It never does business work. Correctness does not depend on there being one
-//! supervisor: the store counts each expiry once however many race.
+//! It never does business work, and it works only while it leads: the supervisor
+//! instances elect one leader ([`orderly_core::leader::Elector`]) and every write the
+//! leader makes carries its term, so a deposed leader's writes are refused by the
+//! store. (Even without that, the store counts each expiry once however many race.)
 //!
 //! Depends on `orderly-core` ports only.
 
@@ -13,11 +15,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::InstanceId;
+use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, StoreLease};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
 use orderly_core::transport::{QueueName, Transport};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
+
+/// The leadership the supervisors elect.
+pub const LEADERSHIP: &str = "supervisor";
+
+/// An elector over the SQL lease row in `store`: the embedded default.
+pub fn sql_elector(
+    store: Arc<dyn StateStore>,
+    instance: InstanceId,
+    timing: ElectorTiming,
+) -> Result<Elector, orderly_core::ValidationError> {
+    let lease = Arc::new(StoreLease::new(
+        store.clone(),
+        LEADERSHIP,
+        instance.clone(),
+        timing.lease,
+    ));
+    Elector::new(LEADERSHIP, instance, lease, store, timing)
+}
 
 /// How a supervisor works.
 #[derive(Debug, Clone)]
@@ -82,14 +103,19 @@ impl Supervisor {
         })
     }
 
-    /// One sweep: recovers every expired order (in batches), then publishes the
-    /// alerts not yet published.
-    pub async fn run_once(&self) -> orderly_core::Result<Sweep> {
+    /// One sweep under `leader`'s term: recovers every expired order (in batches),
+    /// then publishes the alerts not yet published.
+    pub async fn run_once(&self, leader: &LeaderFence) -> orderly_core::Result<Sweep> {
+        self.sweep(leader, &|| {}).await
+    }
+
+    async fn sweep(&self, leader: &LeaderFence, alive: &(dyn Fn() + Sync)) -> orderly_core::Result<Sweep> {
         let mut sweep = Sweep::default();
         loop {
+            alive();
             let recovered = self
                 .store
-                .recover_expired(&self.cfg.instance, &self.cfg.policy, self.cfg.batch)
+                .recover_expired(leader, &self.cfg.policy, self.cfg.batch)
                 .await?;
             for r in &recovered {
                 match r {
@@ -114,16 +140,21 @@ impl Supervisor {
                 break;
             }
         }
-        sweep.alerts = self.publish_alerts().await?;
+        sweep.alerts = self.publish_alerts(leader, alive).await?;
         Ok(sweep)
     }
 
     /// Publishes unpublished alerts: the alerts queue, a `failed` status to the
     /// client, and one structured error event each. At-least-once: a crash between
     /// sending and marking sends again, and the queue drops the repeat by message id.
-    pub async fn publish_alerts(&self) -> orderly_core::Result<usize> {
+    pub async fn publish_alerts(
+        &self,
+        leader: &LeaderFence,
+        alive: &(dyn Fn() + Sync),
+    ) -> orderly_core::Result<usize> {
         let mut published = 0;
         loop {
+            alive();
             let alerts = self.store.unpublished_alerts(self.cfg.batch).await?;
             if alerts.is_empty() {
                 return Ok(published);
@@ -161,7 +192,7 @@ impl Supervisor {
                 }
             }
             let ids: Vec<i64> = alerts.iter().map(|a| a.alert_id).collect();
-            let marked = self.store.mark_alerts_published(&ids).await?;
+            let marked = self.store.mark_alerts_published(leader, &ids).await?;
             // Another supervisor may have published some of them meanwhile: the queue
             // dropped the repeats by message id, and only the marker logs.
             for a in alerts.iter().filter(|a| marked.contains(&a.alert_id)) {
@@ -174,30 +205,55 @@ impl Supervisor {
         }
     }
 
-    /// Sweeps every interval until `shutdown`; an unavailable store is logged and
-    /// retried at the next interval.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let span = info_span!("supervisor", instance_id = %self.cfg.instance);
+    /// The leader task: sweeps every interval under `leadership`'s term until it is
+    /// cancelled, beating its heartbeat at every sweep and batch. A sweep the store
+    /// refuses because another term began ends the term at once; an unavailable store
+    /// is logged and retried at the next interval.
+    pub async fn lead(self, leadership: Leadership) -> LeaderExit {
+        let Leadership {
+            fence,
+            cancelled,
+            heartbeat,
+        } = leadership;
+        let span = info_span!("supervisor", instance_id = %self.cfg.instance, epoch = %fence.epoch);
         async move {
-            info!(
-                interval_ms = self.cfg.interval.as_millis() as u64,
-                "supervisor started"
-            );
+            info!(interval_ms = self.cfg.interval.as_millis() as u64, "supervising");
             let mut tick = tokio::time::interval(self.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let alive = || heartbeat.beat();
             loop {
                 tokio::select! {
-                    () = shutdown.cancelled() => break,
+                    biased;
+                    () = cancelled.cancelled() => return LeaderExit::Cancelled,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = self.run_once().await {
-                    warn!(error = %e, "sweep failed; retrying at the next interval");
+                alive();
+                let sweep = tokio::select! {
+                    biased;
+                    () = cancelled.cancelled() => return LeaderExit::Cancelled,
+                    sweep = self.sweep(&fence, &alive) => sweep,
+                };
+                match sweep {
+                    Ok(_) => {}
+                    Err(e @ orderly_core::Error::Deposed { .. }) => {
+                        warn!(error = %e, "the store refused this term's write: another leader took over");
+                        return LeaderExit::Deposed;
+                    }
+                    Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
                 }
             }
-            info!("supervisor stopped");
         }
         .instrument(span)
-        .await;
+        .await
+    }
+
+    /// Sweeps whenever `elector` makes this instance the leader, until `shutdown`.
+    pub async fn run(self, elector: Arc<Elector>, shutdown: CancellationToken) {
+        let instance = self.cfg.instance.clone();
+        elector
+            .run(move |leadership| self.clone().lead(leadership), shutdown)
+            .await;
+        info!(instance_id = %instance, "supervisor stopped");
     }
 }
 

@@ -7,7 +7,10 @@
 // A conformance suite is test code: a failed unwrap is a failed test, with its message.
 #![allow(clippy::unwrap_used)]
 
+pub mod azurite;
 pub mod builders;
+pub mod elector;
 pub mod store;
+mod store_leadership;
 mod store_workflow;
 pub mod transport;

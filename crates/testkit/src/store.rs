@@ -20,6 +20,7 @@ use orderly_core::{
 
 use crate::builders;
 
+pub use crate::store_leadership::*;
 pub use crate::store_workflow::*;
 
 /// Opens handles on one database under test.
@@ -78,6 +79,11 @@ macro_rules! store_conformance {
             request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
             every_error_raises_one_alert_which_is_published_once,
             submit_many_records_a_batch_and_judges_each_order_alone,
+            every_new_term_has_a_larger_epoch,
+            a_deposed_leaders_writes_are_refused_and_change_nothing,
+            the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,
+            a_released_sql_lease_is_taken_at_once,
+            eight_racing_acquirers_get_one_sql_lease,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -150,6 +156,17 @@ pub(crate) fn policy(max_failures: i32, base_secs: u64) -> RecoveryPolicy {
 pub(crate) fn supervisor(n: usize) -> InstanceId {
     InstanceId::parse(format!("supervisor-{n}")).expect("valid instance id")
 }
+
+/// Makes `supervisor(n)` the leader: a new term of the `supervisor` leadership.
+pub(crate) async fn leader(store: &dyn StateStore, n: usize) -> orderly_core::leader::LeaderFence {
+    store
+        .begin_term(SUPERVISOR, &supervisor(n))
+        .await
+        .expect("begin a term")
+}
+
+/// The leadership the supervisors elect.
+pub(crate) const SUPERVISOR: &str = "supervisor";
 
 /// Submit stores order, state row and the first history entry together.
 pub async fn submit_creates_a_pending_unlocked_row_with_its_first_history_event(ctx: &Ctx) {
@@ -245,7 +262,7 @@ pub async fn invalid_requests_are_refused_naming_the_field(ctx: &Ctx) {
         ..RecoveryPolicy::default()
     };
     assert!(matches!(
-        store.recover_expired(&supervisor(1), &bad, 10).await,
+        store.recover_expired(&leader(&*store, 1).await, &bad, 10).await,
         Err(Error::Invalid(e)) if e.field == "max_failures"
     ));
     assert_eq!(
@@ -400,7 +417,7 @@ pub async fn stale_owner_cannot_complete_fail_extend_release_or_record_a_step(ct
     let first = claim_one(&*store, &a, MINUTE).await;
     ctx.clock.advance(MINUTE + Duration::from_secs(1));
     let recovered = store
-        .recover_expired(&supervisor(1), &policy(5, 1), 10)
+        .recover_expired(&leader(&*store, 1).await, &policy(5, 1), 10)
         .await
         .unwrap();
     assert_eq!(recovered.len(), 1);
@@ -726,14 +743,17 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
             "round {round}: every order claimable again"
         );
         ctx.clock.advance(MINUTE + Duration::from_secs(1));
+        // Overlapping sweeps of one leader (a slow sweep and the next tick's): the
+        // store still counts each expiry once.
+        let term = leader(&*store, 0).await;
         let mut tasks = Vec::new();
-        for (n, handle) in handles.iter().enumerate() {
-            let handle = handle.clone();
+        for handle in &handles {
+            let (handle, term) = (handle.clone(), term.clone());
             tasks.push(tokio::spawn(async move {
                 let mut all = Vec::new();
                 loop {
                     let batch = handle
-                        .recover_expired(&supervisor(n), &policy(max, 1), 7)
+                        .recover_expired(&term, &policy(max, 1), 7)
                         .await
                         .unwrap();
                     if batch.is_empty() {
@@ -789,7 +809,7 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
     ctx.clock.advance(Duration::from_secs(3600));
     assert!(
         store
-            .recover_expired(&supervisor(0), &policy(max, 1), 100)
+            .recover_expired(&leader(&*store, 0).await, &policy(max, 1), 100)
             .await
             .unwrap()
             .is_empty()
@@ -831,7 +851,7 @@ pub async fn recovered_order_is_not_claimable_before_its_next_attempt_time(ctx: 
     for failures in 1..=2 {
         claim_one(&*store, &a, MINUTE).await;
         ctx.clock.advance(MINUTE + Duration::from_secs(1));
-        let recovered = store.recover_expired(&supervisor(1), &p, 10).await.unwrap();
+        let recovered = store.recover_expired(&leader(&*store, 1).await, &p, 10).await.unwrap();
         let now = ctx.clock.now();
         match &recovered[..] {
             [
@@ -953,7 +973,7 @@ pub async fn resubmit_sends_an_error_order_round_again_with_a_fresh_failure_budg
     let claimed = claim_one(&*store, &owner("a"), MINUTE).await;
     ctx.clock.advance(MINUTE + Duration::from_secs(1));
     store
-        .recover_expired(&supervisor(1), &policy(5, 1), 10)
+        .recover_expired(&leader(&*store, 1).await, &policy(5, 1), 10)
         .await
         .unwrap();
     ctx.clock.advance(Duration::from_secs(5));
@@ -1024,7 +1044,7 @@ pub async fn cancel_fences_out_the_owner_and_records_who_and_why(ctx: &Ctx) {
     ctx.clock.advance(MINUTE * 2);
     assert!(
         store
-            .recover_expired(&supervisor(1), &policy(5, 1), 10)
+            .recover_expired(&leader(&*store, 1).await, &policy(5, 1), 10)
             .await
             .unwrap()
             .is_empty()

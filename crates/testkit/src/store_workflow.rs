@@ -8,7 +8,7 @@ use orderly_core::step::StepStatus;
 use orderly_core::store::{StepUpdate, StepWrite};
 use orderly_core::{Actor, Error, Fence, ProcessState};
 
-use crate::store::{Ctx, MINUTE, claim_one, owner, policy, row, submit_n, supervisor};
+use crate::store::{Ctx, MINUTE, claim_one, leader, owner, policy, row, submit_n};
 
 fn update(index: i32, status: StepStatus) -> StepUpdate {
     StepUpdate {
@@ -334,7 +334,7 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     let timed_out = claim_one(&*store, &a, Duration::from_secs(5)).await;
     ctx.clock.advance(Duration::from_secs(6));
     store
-        .recover_expired(&supervisor(1), &policy(1, 1), 10)
+        .recover_expired(&leader(&*store, 1).await, &policy(1, 1), 10)
         .await
         .unwrap();
     let alerts = store.alerts(true, 10).await.unwrap();
@@ -352,9 +352,10 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     let pending = store.unpublished_alerts(10).await.unwrap();
     assert_eq!(pending.len(), 2);
     let ids: Vec<i64> = pending.iter().map(|x| x.alert_id).collect();
+    let term = leader(&*store, 1).await;
     let (first, second) = tokio::join!(
-        store.mark_alerts_published(&ids),
-        store.mark_alerts_published(&ids)
+        store.mark_alerts_published(&term, &ids),
+        store.mark_alerts_published(&term, &ids)
     );
     let mut marked = first.unwrap();
     marked.extend(second.unwrap());

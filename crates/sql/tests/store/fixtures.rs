@@ -181,3 +181,56 @@ pub async fn postgres_transport() -> TransportCtx {
         clock,
     }
 }
+
+/// The SQL elector's lease row, in the store under test.
+pub struct SqlLeases;
+
+#[async_trait]
+impl orderly_testkit::elector::LeaseMaker for SqlLeases {
+    async fn lease(
+        &self,
+        store: Arc<dyn StateStore>,
+        instance: &orderly_core::InstanceId,
+        timing: &orderly_core::leader::ElectorTiming,
+    ) -> Arc<dyn orderly_core::leader::Lease> {
+        Arc::new(orderly_core::leader::StoreLease::new(
+            store,
+            orderly_testkit::elector::NAME,
+            instance.clone(),
+            timing.lease,
+        ))
+    }
+}
+
+/// Timings for the SQL elector in tests: a 3 s lease, renewed every 300 ms, a 2 s
+/// renew deadline.
+pub fn sql_elector_timing() -> orderly_core::leader::ElectorTiming {
+    use std::time::Duration;
+    orderly_core::leader::ElectorTiming {
+        lease: Duration::from_secs(3),
+        renew_interval: Duration::from_millis(300),
+        renew_retry: Duration::from_millis(200),
+        renew_deadline: Duration::from_secs(2),
+        retry: Duration::from_millis(300),
+        retry_jitter: 0.2,
+        call_timeout: Duration::from_millis(500),
+        stop_grace: Duration::from_millis(500),
+        heartbeat_timeout: Duration::from_secs(1),
+    }
+}
+
+pub async fn sqlite_elector() -> orderly_testkit::elector::ElectorCtx {
+    orderly_testkit::elector::ElectorCtx {
+        factory: Box::new(sqlite_factory(TimeSource::Database)),
+        leases: Box::new(SqlLeases),
+        timing: sql_elector_timing(),
+    }
+}
+
+pub async fn postgres_elector() -> orderly_testkit::elector::ElectorCtx {
+    orderly_testkit::elector::ElectorCtx {
+        factory: Box::new(pg_factory(TimeSource::Database).await),
+        leases: Box::new(SqlLeases),
+        timing: sql_elector_timing(),
+    }
+}

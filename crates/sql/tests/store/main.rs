@@ -20,6 +20,14 @@ mod postgres_conformance {
     orderly_testkit::store_conformance!(crate::fixtures::postgres);
 }
 
+mod sqlite_elector {
+    orderly_testkit::elector_conformance!(crate::fixtures::sqlite_elector);
+}
+
+mod postgres_elector {
+    orderly_testkit::elector_conformance!(crate::fixtures::postgres_elector);
+}
+
 mod sqlite_transport {
     orderly_testkit::transport_conformance!(crate::fixtures::sqlite_transport);
 }
