@@ -22,9 +22,7 @@ use azure_core::credentials::{Secret, TokenCredential};
 use azure_core::error::ErrorKind;
 use azure_core::http::policies::{Policy, PolicyResult};
 use azure_core::http::{ClientOptions, Context, FixedRetryOptions, Request, RetryOptions, Url};
-use azure_storage_blob::models::{
-    AppendBlobClientCreateOptions, BlobClientAcquireLeaseOptions,
-};
+use azure_storage_blob::models::{AppendBlobClientCreateOptions, BlobClientAcquireLeaseOptions};
 use azure_storage_blob::{
     BlobClient, BlobClientOptions, BlobContainerClient, BlobContainerClientOptions,
 };
@@ -122,7 +120,10 @@ fn checked_names(container: &str, blob: &str) -> Result<(), BlobConfigError> {
         ));
     }
     if blob.is_empty() || blob.len() > 1024 || blob.contains(['?', '#']) {
-        return Err(config_err("lease blob", format!("{blob:?} is not a blob name")));
+        return Err(config_err(
+            "lease blob",
+            format!("{blob:?} is not a blob name"),
+        ));
     }
     Ok(())
 }
@@ -139,58 +140,69 @@ impl BlobLocation {
         const SETTING: &str = "lease storage connection string";
         checked_names(container, blob)?;
         let mut fields = std::collections::HashMap::new();
-        for part in connection_string.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in connection_string
+            .split(';')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             let Some((k, v)) = part.split_once('=') else {
-                return Err(config_err(SETTING, "expected Key=Value pairs separated by ';'"));
+                return Err(config_err(
+                    SETTING,
+                    "expected Key=Value pairs separated by ';'",
+                ));
             };
             fields.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
         }
         let get = |k: &str| fields.get(k).map(String::as_str);
-        let (endpoint, auth) = if get("usedevelopmentstorage")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        {
-            let endpoint = match get("developmentstorageproxyuri") {
-                Some(proxy) => format!("{}/{DEV_ACCOUNT}", proxy.trim_end_matches('/')),
-                None => DEV_ENDPOINT.to_string(),
+        let (endpoint, auth) =
+            if get("usedevelopmentstorage").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+                let endpoint = match get("developmentstorageproxyuri") {
+                    Some(proxy) => format!("{}/{DEV_ACCOUNT}", proxy.trim_end_matches('/')),
+                    None => DEV_ENDPOINT.to_string(),
+                };
+                (
+                    endpoint,
+                    BlobAuth::SharedKey {
+                        account: DEV_ACCOUNT.into(),
+                        key: Secret::new(DEV_KEY),
+                    },
+                )
+            } else if let Some(sas) = get("sharedaccesssignature") {
+                let endpoint = get("blobendpoint").ok_or_else(|| {
+                    config_err(SETTING, "a SharedAccessSignature needs a BlobEndpoint")
+                })?;
+                (
+                    format!(
+                        "{}?{}",
+                        endpoint.trim_end_matches('/'),
+                        sas.trim_start_matches('?')
+                    ),
+                    BlobAuth::Sas,
+                )
+            } else {
+                let account = get("accountname")
+                    .ok_or_else(|| config_err(SETTING, "AccountName is missing"))?;
+                let key = get("accountkey")
+                    .ok_or_else(|| config_err(SETTING, "AccountKey is missing"))?;
+                if azure_core::base64::decode(key).is_err() {
+                    return Err(config_err(SETTING, "AccountKey is not base64"));
+                }
+                let endpoint = match get("blobendpoint") {
+                    Some(e) => e.trim_end_matches('/').to_string(),
+                    None => format!(
+                        "{}://{account}.blob.{}",
+                        get("defaultendpointsprotocol").unwrap_or("https"),
+                        get("endpointsuffix").unwrap_or("core.windows.net")
+                    ),
+                };
+                (
+                    endpoint,
+                    BlobAuth::SharedKey {
+                        account: account.to_string(),
+                        key: Secret::new(key.to_string()),
+                    },
+                )
             };
-            (
-                endpoint,
-                BlobAuth::SharedKey {
-                    account: DEV_ACCOUNT.into(),
-                    key: Secret::new(DEV_KEY),
-                },
-            )
-        } else if let Some(sas) = get("sharedaccesssignature") {
-            let endpoint = get("blobendpoint").ok_or_else(|| {
-                config_err(SETTING, "a SharedAccessSignature needs a BlobEndpoint")
-            })?;
-            (
-                format!("{}?{}", endpoint.trim_end_matches('/'), sas.trim_start_matches('?')),
-                BlobAuth::Sas,
-            )
-        } else {
-            let account = get("accountname")
-                .ok_or_else(|| config_err(SETTING, "AccountName is missing"))?;
-            let key = get("accountkey").ok_or_else(|| config_err(SETTING, "AccountKey is missing"))?;
-            if azure_core::base64::decode(key).is_err() {
-                return Err(config_err(SETTING, "AccountKey is not base64"));
-            }
-            let endpoint = match get("blobendpoint") {
-                Some(e) => e.trim_end_matches('/').to_string(),
-                None => format!(
-                    "{}://{account}.blob.{}",
-                    get("defaultendpointsprotocol").unwrap_or("https"),
-                    get("endpointsuffix").unwrap_or("core.windows.net")
-                ),
-            };
-            (
-                endpoint,
-                BlobAuth::SharedKey {
-                    account: account.to_string(),
-                    key: Secret::new(key.to_string()),
-                },
-            )
-        };
         let container_url = container_url(&endpoint, container)
             .map_err(|e| config_err(SETTING, format!("the blob endpoint is not a URL: {e}")))?;
         Ok(Self {
@@ -203,9 +215,13 @@ impl BlobLocation {
     /// From a container URL carrying a SAS token (`https://acct.blob.core.windows.net/c?sv=...`).
     pub fn from_sas_url(sas_url: &str, blob: &str) -> Result<Self, BlobConfigError> {
         const SETTING: &str = "lease SAS URL";
-        let url = Url::parse(sas_url).map_err(|e| config_err(SETTING, format!("not a URL: {e}")))?;
+        let url =
+            Url::parse(sas_url).map_err(|e| config_err(SETTING, format!("not a URL: {e}")))?;
         if !url.query_pairs().any(|(k, _)| k == "sig") {
-            return Err(config_err(SETTING, "the URL carries no SAS token (no sig=)"));
+            return Err(config_err(
+                SETTING,
+                "the URL carries no SAS token (no sig=)",
+            ));
         }
         let container = url
             .path_segments()
@@ -233,7 +249,10 @@ impl BlobLocation {
         let url = container_url(account_url, container)
             .map_err(|e| config_err(SETTING, format!("not a URL: {e}")))?;
         if url.scheme() != "https" {
-            return Err(config_err(SETTING, "Entra ID tokens are sent over https only"));
+            return Err(config_err(
+                SETTING,
+                "Entra ID tokens are sent over https only",
+            ));
         }
         Ok(Self {
             container_url: url,
@@ -373,6 +392,42 @@ impl Policy for SharedKeyPolicy {
     }
 }
 
+/// Where an Entra ID token comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntraSource {
+    /// The host's managed identity (`AZURE_CLIENT_ID` picks a user-assigned one).
+    ManagedIdentity,
+    /// Kubernetes workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
+    /// `AZURE_FEDERATED_TOKEN_FILE`).
+    WorkloadIdentity,
+    /// The developer's Azure CLI / Azure Developer CLI login.
+    Developer,
+}
+
+/// The token credential of `source`.
+pub fn entra_credential(source: EntraSource) -> Result<Arc<dyn TokenCredential>, BlobConfigError> {
+    let failed = |e: azure_core::Error| config_err("lease credential", e.to_string());
+    Ok(match source {
+        EntraSource::ManagedIdentity => {
+            let options = std::env::var("AZURE_CLIENT_ID").ok().map(|id| {
+                azure_identity::ManagedIdentityCredentialOptions {
+                    user_assigned_id: Some(azure_identity::UserAssignedId::ClientId(id)),
+                    ..Default::default()
+                }
+            });
+            azure_identity::ManagedIdentityCredential::new(options).map_err(failed)?
+        }
+        EntraSource::WorkloadIdentity => azure_identity::WorkloadIdentityCredential::new(None)
+            .map_err(|e| {
+                config_err(
+                    "lease credential",
+                    format!("workload identity needs AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_FEDERATED_TOKEN_FILE: {e}"),
+                )
+            })?,
+        EntraSource::Developer => azure_identity::DeveloperToolsCredential::new(None).map_err(failed)?,
+    })
+}
+
 /// One instance's lease on the blob.
 pub struct BlobLease {
     container: BlobContainerClient,
@@ -404,7 +459,10 @@ impl BlobLease {
         if !(15..=60).contains(&secs) || duration.subsec_nanos() != 0 {
             return Err(config_err(
                 "lease",
-                format!("a blob lease lasts 15 to 60 whole seconds, not {} ms", duration.as_millis()),
+                format!(
+                    "a blob lease lasts 15 to 60 whole seconds, not {} ms",
+                    duration.as_millis()
+                ),
             ));
         }
         let mut options = ClientOptions {
@@ -412,7 +470,6 @@ impl BlobLease {
                 delay: Duration::from_millis(200).try_into().unwrap_or_default(),
                 max_retries: 1,
                 max_total_elapsed: call_timeout.try_into().unwrap_or_default(),
-                ..Default::default()
             }),
             ..Default::default()
         };
@@ -530,7 +587,9 @@ impl Lease for BlobLease {
         }
         match self.acquire_once().await {
             Ok(()) => Ok(Acquired::Yes(None)),
-            Err(e) if code(&e).as_deref() == Some("LeaseAlreadyPresent") => Ok(Acquired::HeldByOther),
+            Err(e) if code(&e).as_deref() == Some("LeaseAlreadyPresent") => {
+                Ok(Acquired::HeldByOther)
+            }
             Err(e) if status(&e) == Some(404) => {
                 // Deleted under us: create it again next time.
                 self.ensured.store(false, Ordering::Relaxed);
@@ -569,8 +628,9 @@ mod tests {
 
     #[test]
     fn connection_strings_give_the_endpoint_and_name_the_setting_when_wrong() {
-        let dev = BlobLocation::from_connection_string("UseDevelopmentStorage=true", "leases", "leader")
-            .unwrap();
+        let dev =
+            BlobLocation::from_connection_string("UseDevelopmentStorage=true", "leases", "leader")
+                .unwrap();
         assert_eq!(
             dev.container_url.as_str(),
             "http://127.0.0.1:10000/devstoreaccount1/leases"
@@ -589,13 +649,17 @@ mod tests {
             prod.container_url.as_str(),
             "https://acct.blob.core.windows.net/leases"
         );
-        assert!(!format!("{prod:?}").contains("a2V5"), "the key is never printed");
+        assert!(
+            !format!("{prod:?}").contains("a2V5"),
+            "the key is never printed"
+        );
         let err = BlobLocation::from_connection_string("AccountName=acct", "leases", "leader")
             .unwrap_err();
         assert_eq!(err.setting, "lease storage connection string");
         assert!(err.reason.contains("AccountKey"));
-        let err = BlobLocation::from_connection_string("UseDevelopmentStorage=true", "Bad_Name", "x")
-            .unwrap_err();
+        let err =
+            BlobLocation::from_connection_string("UseDevelopmentStorage=true", "Bad_Name", "x")
+                .unwrap_err();
         assert_eq!(err.setting, "lease container");
         let sas = BlobLocation::from_sas_url(
             "https://acct.blob.core.windows.net/leases?sv=2024&sig=abc",
@@ -606,7 +670,10 @@ mod tests {
             sas.blob_url().as_str(),
             "https://acct.blob.core.windows.net/leases/leader?sv=2024&sig=abc"
         );
-        assert!(!format!("{sas:?}").contains("sig"), "the SAS is never printed");
+        assert!(
+            !format!("{sas:?}").contains("sig"),
+            "the SAS is never printed"
+        );
         assert_eq!(
             BlobLocation::from_sas_url("https://acct.blob.core.windows.net/leases", "leader")
                 .unwrap_err()
@@ -617,8 +684,10 @@ mod tests {
 
     #[test]
     fn the_string_to_sign_follows_the_shared_key_layout() {
-        let url = Url::parse("http://127.0.0.1:10000/devstoreaccount1/leases/leader?comp=lease&timeout=3")
-            .unwrap();
+        let url = Url::parse(
+            "http://127.0.0.1:10000/devstoreaccount1/leases/leader?comp=lease&timeout=3",
+        )
+        .unwrap();
         let mut request = Request::new(url, azure_core::http::Method::Put);
         request.insert_header("x-ms-version", "2026-04-06");
         request.insert_header("x-ms-lease-action", "acquire");
@@ -634,8 +703,9 @@ mod tests {
 
     #[test]
     fn a_blob_lease_outside_15_to_60_whole_seconds_is_refused() {
-        let loc = BlobLocation::from_connection_string("UseDevelopmentStorage=true", "leases", "leader")
-            .unwrap();
+        let loc =
+            BlobLocation::from_connection_string("UseDevelopmentStorage=true", "leases", "leader")
+                .unwrap();
         for bad in [14_000, 61_000, 15_500] {
             let err = BlobLease::new(&loc, Duration::from_millis(bad), Duration::from_secs(3))
                 .unwrap_err();

@@ -9,5 +9,7 @@
 pub mod blob_lease;
 pub mod servicebus;
 
-pub use blob_lease::{BlobAuth, BlobConfigError, BlobLease, BlobLocation};
+pub use blob_lease::{
+    BlobAuth, BlobConfigError, BlobLease, BlobLocation, EntraSource, entra_credential,
+};
 pub use servicebus::{Provisioned, QueueAdmin, ServiceBusSettings, ServiceBusTransport};

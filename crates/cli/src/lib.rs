@@ -3,5 +3,6 @@
 //! sample orders. The binary in `main.rs` only parses and dispatches.
 
 pub mod demo;
+pub mod election;
 pub mod sample;
 pub mod system;

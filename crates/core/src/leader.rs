@@ -49,7 +49,11 @@ pub struct LeaderFence {
 
 impl fmt::Display for LeaderFence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} term {} held by {}", self.name, self.epoch, self.holder)
+        write!(
+            f,
+            "{} term {} held by {}",
+            self.name, self.epoch, self.holder
+        )
     }
 }
 
@@ -219,10 +223,7 @@ impl Lease for StoreLease {
 
     async fn release(&self) -> Result<(), LeaseError> {
         if let Some(fence) = self.current() {
-            self.store
-                .release_lease(&fence)
-                .await
-                .map_err(store_err)?;
+            self.store.release_lease(&fence).await.map_err(store_err)?;
             self.set(None);
         }
         Ok(())
@@ -339,7 +340,7 @@ impl ElectorTiming {
     pub fn validate_for_blob(&self) -> Result<(), ValidationError> {
         self.validate()?;
         let ms = self.lease.as_millis();
-        if !(15_000..=60_000).contains(&ms) || ms % 1000 != 0 {
+        if !(15_000..=60_000).contains(&ms) || !ms.is_multiple_of(1000) {
             return Err(ValidationError::new(
                 "lease",
                 format!("a blob lease lasts 15 to 60 whole seconds, not {ms} ms"),
@@ -532,7 +533,9 @@ impl Elector {
             let Some((fence, acquired_at)) = self.acquire(&span).await else {
                 continue;
             };
-            let reason = self.lead(&fence, acquired_at, &mut task, &shutdown, &span).await;
+            let reason = self
+                .lead(&fence, acquired_at, &mut task, &shutdown, &span)
+                .await;
             if reason == StepDown::Shutdown {
                 return;
             }

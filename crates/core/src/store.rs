@@ -528,7 +528,11 @@ pub trait StateStore:
 }
 
 impl<T> StateStore for T where
-    T: IntakeStore + SchedulerStore + SupervisorStore + OperatorStore + crate::leader::LeadershipStore
+    T: IntakeStore
+        + SchedulerStore
+        + SupervisorStore
+        + OperatorStore
+        + crate::leader::LeadershipStore
 {
 }
 

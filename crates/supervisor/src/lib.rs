@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::InstanceId;
-use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, StoreLease};
+use orderly_core::leader::{
+    Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, StoreLease,
+};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
 use orderly_core::transport::{QueueName, Transport};
@@ -109,7 +111,11 @@ impl Supervisor {
         self.sweep(leader, &|| {}).await
     }
 
-    async fn sweep(&self, leader: &LeaderFence, alive: &(dyn Fn() + Sync)) -> orderly_core::Result<Sweep> {
+    async fn sweep(
+        &self,
+        leader: &LeaderFence,
+        alive: &(dyn Fn() + Sync),
+    ) -> orderly_core::Result<Sweep> {
         let mut sweep = Sweep::default();
         loop {
             alive();

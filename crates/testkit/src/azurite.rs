@@ -33,8 +33,6 @@ impl Azurite {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let workdir = std::env::temp_dir().join(format!("orderly-azurite-{port}"));
-        let _ = std::fs::create_dir_all(&workdir);
         let child = Command::new(&bin)
             .args([
                 "--blobHost",
@@ -45,17 +43,20 @@ impl Azurite {
                 "--skipApiVersionCheck",
                 "--loose",
                 "--silent",
-                "--location",
             ])
-            .arg(&workdir)
+            // Its debug log and extent files, if any, go to a scratch directory.
+            .current_dir(std::env::temp_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start Azurite ({}): {e}", bin.display()));
-        let azurite = Self { child, port };
+        let mut azurite = Self { child, port };
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = azurite.child.try_wait() {
+                panic!("Azurite exited at start-up ({status}); its error is above");
+            }
             assert!(
                 t.elapsed() < Duration::from_secs(30),
                 "Azurite did not listen on port {port} within 30 s"

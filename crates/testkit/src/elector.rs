@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use orderly_core::leader::{
-    Acquired, Elector, ElectorTiming, LeaderExit, LeaderFence, Lease, LeaseError, Leadership,
+    Acquired, Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, Lease, LeaseError,
 };
 use orderly_core::store::{RecoveryPolicy, StateStore};
 use orderly_core::{Epoch, Error, InstanceId};
@@ -193,7 +193,10 @@ impl Recorder {
                 w[1].who,
                 w[1].fence.epoch
             );
-            assert!(w[1].fence.epoch > w[0].fence.epoch, "epochs only grow: {v:?}");
+            assert!(
+                w[1].fence.epoch > w[0].fence.epoch,
+                "epochs only grow: {v:?}"
+            );
         }
     }
 }
@@ -220,7 +223,10 @@ pub async fn member(ctx: &ElectorCtx, rec: &Recorder, who: usize, behaviour: Beh
     let instance = InstanceId::parse(format!("supervisor-{who}@test")).unwrap();
     let hang = Arc::new(AtomicBool::new(false));
     let lease = Arc::new(Hangable {
-        inner: ctx.leases.lease(store.clone(), &instance, &ctx.timing).await,
+        inner: ctx
+            .leases
+            .lease(store.clone(), &instance, &ctx.timing)
+            .await,
         hang: hang.clone(),
     });
     let stuck = Arc::new(AtomicBool::new(false));
@@ -312,7 +318,10 @@ pub async fn three_electors_over_many_terms_never_overlap(ctx: &ElectorCtx) {
     }
     rec.assert_no_overlap();
     let leaders: std::collections::HashSet<usize> = rec.intervals().iter().map(|i| i.who).collect();
-    assert!(leaders.len() >= 2, "leadership moved between electors: {leaders:?}");
+    assert!(
+        leaders.len() >= 2,
+        "leadership moved between electors: {leaders:?}"
+    );
     assert!(members.iter().all(|m| !m.stuck.load(Ordering::SeqCst)));
 }
 
@@ -361,7 +370,10 @@ pub async fn a_leader_whose_lease_calls_hang_stops_at_its_renew_deadline_and_no_
     // The follower takes over once the lease expired.
     let t = Instant::now();
     while !members[1].leads() {
-        assert!(t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3, "no takeover");
+        assert!(
+            t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3,
+            "no takeover"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     members[0].hang.store(false, Ordering::SeqCst);
@@ -389,7 +401,8 @@ pub async fn a_stalled_leader_task_loses_the_lease_and_a_follower_leads(ctx: &El
     let t = Instant::now();
     while !members[1].leads() {
         assert!(
-            t.elapsed() < ctx.timing.heartbeat_timeout + ctx.timing.renew_interval + ctx.timing.retry * 3,
+            t.elapsed()
+                < ctx.timing.heartbeat_timeout + ctx.timing.renew_interval + ctx.timing.retry * 3,
             "the follower never led"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -419,7 +432,10 @@ pub async fn a_deposed_leaders_writes_are_refused(ctx: &ElectorCtx) {
     members[0].hang.store(true, Ordering::SeqCst);
     let t = Instant::now();
     while !members[1].leads() {
-        assert!(t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3, "no takeover");
+        assert!(
+            t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3,
+            "no takeover"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let new = rec.intervals()[1].fence.clone();

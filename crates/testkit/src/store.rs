@@ -851,7 +851,10 @@ pub async fn recovered_order_is_not_claimable_before_its_next_attempt_time(ctx: 
     for failures in 1..=2 {
         claim_one(&*store, &a, MINUTE).await;
         ctx.clock.advance(MINUTE + Duration::from_secs(1));
-        let recovered = store.recover_expired(&leader(&*store, 1).await, &p, 10).await.unwrap();
+        let recovered = store
+            .recover_expired(&leader(&*store, 1).await, &p, 10)
+            .await
+            .unwrap();
         let now = ctx.clock.now();
         match &recovered[..] {
             [

@@ -22,10 +22,17 @@ pub async fn every_new_term_has_a_larger_epoch(ctx: &Ctx) {
         last = term.epoch;
         let stored = store.term(SUPERVISOR).await.unwrap().unwrap();
         assert_eq!(stored.fence, term);
-        assert_eq!(stored.lease_expires_at, None, "a blob term has no SQL lease");
+        assert_eq!(
+            stored.lease_expires_at, None,
+            "a blob term has no SQL lease"
+        );
     }
     let other = store.begin_term("other", &supervisor(0)).await.unwrap();
-    assert_eq!(other.epoch, Epoch(1), "each leadership counts its own terms");
+    assert_eq!(
+        other.epoch,
+        Epoch(1),
+        "each leadership counts its own terms"
+    );
 }
 
 /// A leader whose term is over can neither recover orders nor mark alerts, and its
@@ -62,11 +69,17 @@ pub async fn a_deposed_leaders_writes_are_refused_and_change_nothing(ctx: &Ctx) 
         store.recover_expired(&forged, &policy(5, 1), 10).await,
         Err(Error::Deposed { .. })
     ));
-    let recovered = store.recover_expired(&new, &policy(5, 1), 10).await.unwrap();
+    let recovered = store
+        .recover_expired(&new, &policy(5, 1), 10)
+        .await
+        .unwrap();
     assert_eq!(recovered.len(), 3);
     for r in &recovered {
         let state = row(&*store, r.order_id()).await;
-        assert_eq!((state.process_state, state.failure_count), (ProcessState::Pending, 1));
+        assert_eq!(
+            (state.process_state, state.failure_count),
+            (ProcessState::Pending, 1)
+        );
         let history = store.get(r.order_id()).await.unwrap().history;
         assert_eq!(
             history.last().unwrap().actor.as_str(),
@@ -87,7 +100,10 @@ pub async fn the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock(ct
         .await
         .unwrap()
         .expect("free: a takes it");
-    assert_eq!(store.acquire_lease(SUPERVISOR, &b, LEASE).await.unwrap(), None);
+    assert_eq!(
+        store.acquire_lease(SUPERVISOR, &b, LEASE).await.unwrap(),
+        None
+    );
     assert_eq!(
         store.acquire_lease(SUPERVISOR, &a, LEASE).await.unwrap(),
         None,
@@ -103,7 +119,10 @@ pub async fn the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock(ct
     ctx.clock.advance(Duration::from_secs(10));
     assert!(store.renew_lease(&ta, LEASE).await.unwrap());
     ctx.clock.advance(Duration::from_secs(10));
-    assert_eq!(store.acquire_lease(SUPERVISOR, &b, LEASE).await.unwrap(), None);
+    assert_eq!(
+        store.acquire_lease(SUPERVISOR, &b, LEASE).await.unwrap(),
+        None
+    );
     store.recover_expired(&ta, &policy(5, 1), 10).await.unwrap();
     // Expired at 25 s: a's writes are refused at once, and it cannot renew.
     ctx.clock.advance(Duration::from_secs(6));
@@ -111,7 +130,10 @@ pub async fn the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock(ct
         store.recover_expired(&ta, &policy(5, 1), 10).await,
         Err(Error::Deposed { .. })
     ));
-    assert!(!store.renew_lease(&ta, LEASE).await.unwrap(), "an expired lease stays lost");
+    assert!(
+        !store.renew_lease(&ta, LEASE).await.unwrap(),
+        "an expired lease stays lost"
+    );
     let tb = store
         .acquire_lease(SUPERVISOR, &b, LEASE)
         .await
@@ -142,7 +164,10 @@ pub async fn a_released_sql_lease_is_taken_at_once(ctx: &Ctx) {
         .unwrap()
         .expect("released: taken at once");
     store.release_lease(&ta).await.unwrap();
-    assert!(store.renew_lease(&tb, LEASE).await.unwrap(), "a stale release touched nothing");
+    assert!(
+        store.renew_lease(&tb, LEASE).await.unwrap(),
+        "a stale release touched nothing"
+    );
     // A blob term begun meanwhile ends the SQL lease's term.
     let blob = leader(&*store, 3).await;
     assert!(blob.epoch > tb.epoch);

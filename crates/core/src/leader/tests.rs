@@ -132,8 +132,10 @@ fn elector(service: &Arc<Service>, terms: &Arc<Terms>, name: &str) -> Elector {
 }
 
 /// What a leader task saw: when it started and when it noticed cancellation.
+type Held = (Epoch, Instant, Option<Instant>);
+
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<(Epoch, Instant, Option<Instant>)>>>);
+struct Log(Arc<Mutex<Vec<Held>>>);
 
 impl Log {
     /// A task that beats every second until cancelled (or, with `beat_until`, stops
@@ -168,14 +170,13 @@ impl Log {
         }
     }
 
-    fn terms(&self) -> Vec<(Epoch, Instant, Option<Instant>)> {
+    fn terms(&self) -> Vec<Held> {
         self.0.lock().unwrap().clone()
     }
 }
 
 mod futures_task {
-    pub type Boxed =
-        std::pin::Pin<Box<dyn std::future::Future<Output = super::LeaderExit> + Send>>;
+    pub type Boxed = std::pin::Pin<Box<dyn std::future::Future<Output = super::LeaderExit> + Send>>;
 }
 
 #[tokio::test(start_paused = true)]
@@ -214,12 +215,18 @@ async fn a_leader_whose_renewals_fail_stops_at_the_renew_deadline_before_the_lea
 async fn a_stalled_leader_task_loses_the_lease_and_a_follower_leads() {
     let service = Arc::new(Service::default());
     let terms = Arc::new(Terms::default());
-    let (a, b) = (elector(&service, &terms, "a"), elector(&service, &terms, "b"));
+    let (a, b) = (
+        elector(&service, &terms, "a"),
+        elector(&service, &terms, "b"),
+    );
     let (log_a, log_b) = (Log::default(), Log::default());
     let shutdown = CancellationToken::new();
     let mut status_a = a.status();
     let ra = {
-        let (task, s) = (log_a.task(Some(Duration::from_secs(3)), false), shutdown.clone());
+        let (task, s) = (
+            log_a.task(Some(Duration::from_secs(3)), false),
+            shutdown.clone(),
+        );
         tokio::spawn(async move { a.run(task, s).await })
     };
     status_a.wait_for(|s| s.is_leader).await.unwrap();
@@ -255,7 +262,10 @@ async fn a_leader_task_that_ignores_cancellation_triggers_the_stuck_hook_after_t
     let shutdown = CancellationToken::new();
     let t0 = Instant::now();
     let run = {
-        let (task, s) = (log.task(Some(Duration::from_millis(500)), true), shutdown.clone());
+        let (task, s) = (
+            log.task(Some(Duration::from_millis(500)), true),
+            shutdown.clone(),
+        );
         tokio::spawn(async move { e.run(task, s).await })
     };
     sleep(Duration::from_secs(20)).await;
@@ -270,7 +280,10 @@ async fn a_leader_task_that_ignores_cancellation_triggers_the_stuck_hook_after_t
 async fn shutdown_cancels_the_task_and_releases_the_lease_so_a_follower_leads_at_its_next_try() {
     let service = Arc::new(Service::default());
     let terms = Arc::new(Terms::default());
-    let (a, b) = (elector(&service, &terms, "a"), elector(&service, &terms, "b"));
+    let (a, b) = (
+        elector(&service, &terms, "a"),
+        elector(&service, &terms, "b"),
+    );
     let (log_a, log_b) = (Log::default(), Log::default());
     let (stop_a, stop_all) = (CancellationToken::new(), CancellationToken::new());
     let mut sa = a.status();
@@ -292,7 +305,10 @@ async fn shutdown_cancels_the_task_and_releases_the_lease_so_a_follower_leads_at
     assert_eq!(service.releases.load(Ordering::SeqCst), 1);
     sb.wait_for(|s| s.is_leader).await.unwrap();
     let took = Instant::now() - stopped;
-    assert!(took <= Duration::from_millis(2400), "b led {took:?} after a stopped: within one retry and its jitter");
+    assert!(
+        took <= Duration::from_millis(2400),
+        "b led {took:?} after a stopped: within one retry and its jitter"
+    );
     assert!(log_a.terms()[0].2.unwrap() <= log_b.terms()[0].1);
     stop_all.cancel();
     rb.await.unwrap();
@@ -332,7 +348,8 @@ async fn a_deposed_leader_task_ends_the_term() {
 #[tokio::test(start_paused = true)]
 async fn followers_retry_at_the_retry_interval_plus_at_most_the_jitter() {
     let service = Arc::new(Service::default());
-    *service.state.lock().unwrap() = Some(("other".into(), Instant::now() + Duration::from_secs(3600)));
+    *service.state.lock().unwrap() =
+        Some(("other".into(), Instant::now() + Duration::from_secs(3600)));
     let tries = Arc::new(Mutex::new(Vec::new()));
     struct Counting(MemLease, Arc<Mutex<Vec<Instant>>>);
     #[async_trait]
@@ -378,7 +395,11 @@ async fn followers_retry_at_the_retry_interval_plus_at_most_the_jitter() {
     let tries = tries.lock().unwrap();
     assert!(tries.len() >= 25, "{} tries in 60 s", tries.len());
     let gaps: Vec<Duration> = tries.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(gaps.iter().all(|g| *g >= Duration::from_secs(2) && *g <= Duration::from_millis(2400)), "{gaps:?}");
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= Duration::from_secs(2) && *g <= Duration::from_millis(2400)),
+        "{gaps:?}"
+    );
     assert!(gaps.iter().any(|g| *g != gaps[0]), "jittered: {gaps:?}");
 }
 
@@ -388,20 +409,41 @@ fn timings_under_which_a_leader_could_outlive_its_lease_are_refused_naming_the_s
     assert!(ElectorTiming::default().validate().is_ok());
     assert!(ElectorTiming::default().validate_for_blob().is_ok());
     let t = ElectorTiming::default();
-    assert_eq!(field(ElectorTiming { renew_deadline: t.lease, ..t.clone() }), "renew_deadline");
     assert_eq!(
-        field(ElectorTiming { stop_grace: Duration::from_secs(11), ..t.clone() }),
+        field(ElectorTiming {
+            renew_deadline: t.lease,
+            ..t.clone()
+        }),
+        "renew_deadline"
+    );
+    assert_eq!(
+        field(ElectorTiming {
+            stop_grace: Duration::from_secs(11),
+            ..t.clone()
+        }),
         "stop_grace"
     );
     assert_eq!(
-        field(ElectorTiming { renew_interval: t.renew_deadline, ..t.clone() }),
+        field(ElectorTiming {
+            renew_interval: t.renew_deadline,
+            ..t.clone()
+        }),
         "renew_interval"
     );
     assert_eq!(
-        field(ElectorTiming { call_timeout: t.renew_deadline, ..t.clone() }),
+        field(ElectorTiming {
+            call_timeout: t.renew_deadline,
+            ..t.clone()
+        }),
         "call_timeout"
     );
-    assert_eq!(field(ElectorTiming { retry: Duration::ZERO, ..t.clone() }), "retry");
+    assert_eq!(
+        field(ElectorTiming {
+            retry: Duration::ZERO,
+            ..t.clone()
+        }),
+        "retry"
+    );
     let blob = |lease: u64| {
         ElectorTiming {
             lease: Duration::from_millis(lease),

@@ -1,0 +1,210 @@
+//! The supervisors' election settings (flags and `ORDERLY_LEASE_*` variables) and the
+//! elector they build: the SQL lease row (embedded default) or an Azure blob lease.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use orderly_azure::{BlobLease, BlobLocation, EntraSource};
+use orderly_core::InstanceId;
+use orderly_core::leader::{Elector, ElectorTiming};
+use orderly_core::store::StateStore;
+use orderly_supervisor::LEADERSHIP;
+
+/// Which lease elects the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ElectorKind {
+    /// A lease row in the state store (the embedded default).
+    Sql,
+    /// A lease on an Azure blob (production).
+    Blob,
+}
+
+/// How to get an Entra ID token for the blob lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CredentialKind {
+    /// The managed identity of the host (`AZURE_CLIENT_ID` picks a user-assigned one).
+    ManagedIdentity,
+    /// Kubernetes workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
+    /// `AZURE_FEDERATED_TOKEN_FILE`).
+    WorkloadIdentity,
+    /// The developer's Azure CLI / Azure Developer CLI login.
+    Developer,
+}
+
+/// Election settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ElectionArgs {
+    /// Which lease elects the leader supervisor.
+    #[arg(long, env = "ORDERLY_ELECTOR", value_enum, default_value = "sql")]
+    pub elector: ElectorKind,
+    /// How long a lease lasts from its acquire or renewal, in ms (blob: 15000-60000, whole seconds).
+    #[arg(long, env = "ORDERLY_LEASE_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    pub lease_ms: Duration,
+    /// Time between renewals, in ms.
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_INTERVAL_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    pub renew_interval_ms: Duration,
+    /// Time before the next renewal after a failed one, in ms.
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_RETRY_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    pub renew_retry_ms: Duration,
+    /// Leader work stops this long after the send time of the last successful renewal, in ms; shorter than the lease.
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_DEADLINE_MS", default_value = "20000", value_parser = orderly_runtime::millis)]
+    pub renew_deadline_ms: Duration,
+    /// Followers try to acquire this often, in ms (plus jitter).
+    #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_RETRY_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    pub acquire_retry_ms: Duration,
+    /// Up to this fraction of the acquire retry is added at random.
+    #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_JITTER", default_value_t = 0.2)]
+    pub acquire_jitter: f64,
+    /// Each lease call is abandoned after this long, in ms.
+    #[arg(long, env = "ORDERLY_LEASE_CALL_TIMEOUT_MS", default_value = "3000", value_parser = orderly_runtime::millis)]
+    pub lease_call_timeout_ms: Duration,
+    /// A leader task still running this long after its cancellation ends the process, in ms.
+    #[arg(long, env = "ORDERLY_LEADER_STOP_GRACE_MS", default_value = "3000", value_parser = orderly_runtime::millis)]
+    pub leader_stop_grace_ms: Duration,
+    /// A leader task whose heartbeat is older than this is wedged and loses the lease, in ms.
+    #[arg(long, env = "ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS", default_value = "15000", value_parser = orderly_runtime::millis)]
+    pub leader_heartbeat_timeout_ms: Duration,
+    /// Blob lease: a storage connection string (AccountName/AccountKey, UseDevelopmentStorage=true, or BlobEndpoint + SharedAccessSignature).
+    #[arg(
+        long,
+        env = "ORDERLY_LEASE_STORAGE_CONNECTION_STRING",
+        hide_env_values = true
+    )]
+    pub lease_storage_connection_string: Option<String>,
+    /// Blob lease: a file holding the connection string (e.g. a mounted secret).
+    #[arg(long, env = "ORDERLY_LEASE_STORAGE_CONNECTION_STRING_FILE")]
+    pub lease_storage_connection_string_file: Option<PathBuf>,
+    /// Blob lease: a container URL carrying a SAS token.
+    #[arg(long, env = "ORDERLY_LEASE_SAS_URL", hide_env_values = true)]
+    pub lease_sas_url: Option<String>,
+    /// Blob lease with Entra ID: the account's blob endpoint, https://ACCOUNT.blob.core.windows.net.
+    #[arg(long, env = "ORDERLY_LEASE_ACCOUNT_URL")]
+    pub lease_account_url: Option<String>,
+    /// Blob lease with Entra ID: where the token comes from.
+    #[arg(
+        long,
+        env = "ORDERLY_LEASE_CREDENTIAL",
+        value_enum,
+        default_value = "managed-identity"
+    )]
+    pub lease_credential: CredentialKind,
+    /// Blob lease: the container (created if missing).
+    #[arg(
+        long,
+        env = "ORDERLY_LEASE_CONTAINER",
+        default_value = "orderly-leases"
+    )]
+    pub lease_container: String,
+    /// Blob lease: the blob (created if missing, used for nothing else).
+    #[arg(long, env = "ORDERLY_LEASE_BLOB", default_value = "supervisor-leader")]
+    pub lease_blob: String,
+}
+
+/// The flag and variable of each timing field, for error messages.
+fn setting_name(field: &str) -> &'static str {
+    match field {
+        "lease" => "--lease-ms / ORDERLY_LEASE_MS",
+        "renew_interval" => "--renew-interval-ms / ORDERLY_LEASE_RENEW_INTERVAL_MS",
+        "renew_retry" => "--renew-retry-ms / ORDERLY_LEASE_RENEW_RETRY_MS",
+        "renew_deadline" => "--renew-deadline-ms / ORDERLY_LEASE_RENEW_DEADLINE_MS",
+        "retry" => "--acquire-retry-ms / ORDERLY_LEASE_ACQUIRE_RETRY_MS",
+        "retry_jitter" => "--acquire-jitter / ORDERLY_LEASE_ACQUIRE_JITTER",
+        "call_timeout" => "--lease-call-timeout-ms / ORDERLY_LEASE_CALL_TIMEOUT_MS",
+        "stop_grace" => "--leader-stop-grace-ms / ORDERLY_LEADER_STOP_GRACE_MS",
+        "heartbeat_timeout" => {
+            "--leader-heartbeat-timeout-ms / ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS"
+        }
+        _ => "the election settings",
+    }
+}
+
+impl ElectionArgs {
+    /// The timing, validated for the chosen lease; errors name the setting.
+    pub fn timing(&self) -> anyhow::Result<ElectorTiming> {
+        let timing = ElectorTiming {
+            lease: self.lease_ms,
+            renew_interval: self.renew_interval_ms,
+            renew_retry: self.renew_retry_ms,
+            renew_deadline: self.renew_deadline_ms,
+            retry: self.acquire_retry_ms,
+            retry_jitter: self.acquire_jitter,
+            call_timeout: self.lease_call_timeout_ms,
+            stop_grace: self.leader_stop_grace_ms,
+            heartbeat_timeout: self.leader_heartbeat_timeout_ms,
+        };
+        let checked = match self.elector {
+            ElectorKind::Sql => timing.validate(),
+            ElectorKind::Blob => timing.validate_for_blob(),
+        };
+        checked.map_err(|e| anyhow::anyhow!("invalid {}: {}", setting_name(&e.field), e.reason))?;
+        Ok(timing)
+    }
+
+    fn blob_location(&self) -> anyhow::Result<BlobLocation> {
+        let from_file = match &self.lease_storage_connection_string_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| {
+                        format!(
+                            "cannot read --lease-storage-connection-string-file / ORDERLY_LEASE_STORAGE_CONNECTION_STRING_FILE {}",
+                            path.display()
+                        )
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let given = [
+            self.lease_storage_connection_string.is_some() || from_file.is_some(),
+            self.lease_sas_url.is_some(),
+            self.lease_account_url.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            bail!(
+                "--elector blob needs exactly one of ORDERLY_LEASE_STORAGE_CONNECTION_STRING (or _FILE), \
+                 ORDERLY_LEASE_SAS_URL, ORDERLY_LEASE_ACCOUNT_URL"
+            );
+        }
+        let location = if let Some(cs) = self.lease_storage_connection_string.clone().or(from_file)
+        {
+            BlobLocation::from_connection_string(&cs, &self.lease_container, &self.lease_blob)?
+        } else if let Some(sas) = &self.lease_sas_url {
+            BlobLocation::from_sas_url(sas, &self.lease_blob)?
+        } else {
+            let url = self.lease_account_url.as_deref().unwrap_or_default();
+            let credential = orderly_azure::entra_credential(match self.lease_credential {
+                CredentialKind::ManagedIdentity => EntraSource::ManagedIdentity,
+                CredentialKind::WorkloadIdentity => EntraSource::WorkloadIdentity,
+                CredentialKind::Developer => EntraSource::Developer,
+            })?;
+            BlobLocation::with_credential(url, &self.lease_container, &self.lease_blob, credential)?
+        };
+        Ok(location)
+    }
+
+    /// The elector for `instance`, its terms kept in `store`.
+    pub fn elector(
+        &self,
+        store: Arc<dyn StateStore>,
+        instance: InstanceId,
+    ) -> anyhow::Result<Elector> {
+        let timing = self.timing()?;
+        match self.elector {
+            ElectorKind::Sql => Ok(orderly_supervisor::sql_elector(store, instance, timing)?),
+            ElectorKind::Blob => {
+                let location = self.blob_location()?;
+                let lease = BlobLease::new(&location, timing.lease, timing.call_timeout)?;
+                Ok(Elector::new(
+                    LEADERSHIP,
+                    instance,
+                    Arc::new(lease),
+                    store,
+                    timing,
+                )?)
+            }
+        }
+    }
+}
