@@ -94,9 +94,9 @@ pub trait LeadershipStore: Send + Sync {
     /// over or its lease expired (it is then lost, never revived).
     async fn renew_lease(&self, fence: &LeaderFence, lease: Duration) -> Result<bool>;
 
-    /// Ends the SQL lease of `fence`'s term now, so a follower can take over at once.
-    /// Nothing happens if the term is already over.
-    async fn release_lease(&self, fence: &LeaderFence) -> Result<()>;
+    /// Ends the SQL lease of `fence`'s term now, so a follower can take over at once;
+    /// `false` (and nothing changes) if the term or its lease was already over.
+    async fn release_lease(&self, fence: &LeaderFence) -> Result<bool>;
 
     /// The current term of `name`, if there ever was one.
     async fn term(&self, name: &str) -> Result<Option<Term>>;
@@ -520,7 +520,8 @@ impl Elector {
         F: FnMut(Leadership) -> Fut,
         Fut: Future<Output = LeaderExit> + Send + 'static,
     {
-        let span = tracing::info_span!("elector", name = %self.name, instance_id = %self.instance);
+        let span =
+            tracing::info_span!("elector", leadership = %self.name, instance_id = %self.instance);
         tracing::info!(parent: &span, lease = %self.lease.describe(), "following");
         let mut wait = Duration::ZERO;
         loop {

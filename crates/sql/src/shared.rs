@@ -959,8 +959,8 @@ macro_rules! store_ops {
                 self.set_lease_expiry(fence, lease).await
             }
 
-            async fn release_lease(&self, fence: &::orderly_core::leader::LeaderFence) -> Result<()> {
-                self.set_lease_expiry(fence, ::chrono::Duration::zero()).await.map(drop)
+            async fn release_lease(&self, fence: &::orderly_core::leader::LeaderFence) -> Result<bool> {
+                self.set_lease_expiry(fence, ::chrono::Duration::zero()).await
             }
 
             async fn term(&self, name: &str) -> Result<Option<::orderly_core::leader::Term>> {

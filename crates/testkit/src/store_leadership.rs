@@ -153,7 +153,7 @@ pub async fn a_released_sql_lease_is_taken_at_once(ctx: &Ctx) {
         .await
         .unwrap()
         .unwrap();
-    store.release_lease(&ta).await.unwrap();
+    assert!(store.release_lease(&ta).await.unwrap());
     assert!(matches!(
         store.recover_expired(&ta, &policy(5, 1), 10).await,
         Err(Error::Deposed { .. })
@@ -163,7 +163,10 @@ pub async fn a_released_sql_lease_is_taken_at_once(ctx: &Ctx) {
         .await
         .unwrap()
         .expect("released: taken at once");
-    store.release_lease(&ta).await.unwrap();
+    assert!(
+        !store.release_lease(&ta).await.unwrap(),
+        "a stale release changes nothing"
+    );
     assert!(
         store.renew_lease(&tb, LEASE).await.unwrap(),
         "a stale release touched nothing"

@@ -5,5 +5,6 @@
 #![allow(clippy::unwrap_used)]
 
 mod fixtures;
+mod leader;
 mod processes;
 mod roles;

@@ -19,7 +19,7 @@ use crate::both;
 use crate::fixtures::{Db, Dialect};
 
 /// A role binary (built with the tests: they are targets of this package).
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     PathBuf::from(match name {
         "orderly-scheduler" => env!("CARGO_BIN_EXE_orderly-scheduler"),
         "orderly-agent" => env!("CARGO_BIN_EXE_orderly-agent"),
@@ -31,14 +31,14 @@ fn bin(name: &str) -> PathBuf {
 }
 
 /// A child process, killed (SIGKILL) when dropped.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     name: String,
     log: PathBuf,
 }
 
 impl Proc {
-    fn start(name: &str, db: &str, args: &[&str]) -> Self {
+    pub(crate) fn start(name: &str, db: &str, args: &[&str]) -> Self {
         let log = std::env::temp_dir().join(format!(
             "orderly-e2e-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
@@ -60,8 +60,38 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`, ...).
+    pub(crate) fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.name);
+    }
+
+    /// Waits until it exits by itself (after SIGTERM); its exit status.
+    pub(crate) fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{} did not exit within {limit:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Everything it logged so far.
+    pub(crate) fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// SIGKILL: no clean-up of any kind.
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -90,7 +120,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -107,7 +137,7 @@ async fn ledger(port: u16) -> Vec<Effect> {
         .unwrap()
 }
 
-async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !done().await {
         assert!(

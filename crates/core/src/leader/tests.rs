@@ -93,7 +93,7 @@ impl LeadershipStore for Terms {
     async fn renew_lease(&self, _: &LeaderFence, _: Duration) -> Result<bool> {
         unreachable!()
     }
-    async fn release_lease(&self, _: &LeaderFence) -> Result<()> {
+    async fn release_lease(&self, _: &LeaderFence) -> Result<bool> {
         unreachable!()
     }
     async fn term(&self, _: &str) -> Result<Option<Term>> {

@@ -1,0 +1,350 @@
+//! Leader election between real `orderly-supervisor` processes, with the SQL lease
+//! (SQLite and PostgreSQL) and the blob lease (Azurite): a graceful stop hands over
+//! within 3 s, a SIGKILLed leader is replaced within lease + retry, and a leader
+//! SIGSTOPped past its lease has its writes refused and steps down within 1 s of
+//! SIGCONT. Leadership is read from the processes' JSON logs.
+
+use std::time::{Duration, Instant};
+
+use orderly_cli::system::declare_queues;
+use orderly_core::history::HistoryKind;
+use orderly_core::leader::LeaderFence;
+use orderly_core::store::{ClaimRequest, RecoveryPolicy, StateStore};
+use orderly_core::workflow::Workflow;
+use orderly_core::{Epoch, Error, InstanceId, ProcessState};
+use orderly_testkit::azurite::Azurite;
+
+use crate::fixtures::{Db, Dialect};
+use crate::processes::Proc;
+
+/// Which elector the supervisors run, and its timings.
+pub(crate) enum Election {
+    /// The SQL lease row: 3 s lease, 2 s renew deadline.
+    Sql,
+    /// The blob lease on this Azurite: 15 s lease, 10 s renew deadline.
+    Blob(Azurite),
+}
+
+impl Election {
+    pub(crate) fn lease(&self) -> Duration {
+        match self {
+            Election::Sql => Duration::from_secs(3),
+            Election::Blob(_) => Duration::from_secs(15),
+        }
+    }
+
+    pub(crate) fn retry(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    pub(crate) fn args(&self, id: &str, acquire_retry: Option<Duration>) -> Vec<String> {
+        let retry = acquire_retry
+            .unwrap_or(self.retry())
+            .as_millis()
+            .to_string();
+        let mut args: Vec<String> = [
+            "--log-json",
+            "--instance-id",
+            id,
+            "--interval-ms",
+            "200",
+            "--backoff-base-ms",
+            "200",
+            "--backoff-max-ms",
+            "1000",
+            "--acquire-retry-ms",
+            &retry,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let timing: &[&str] = match self {
+            Election::Sql => &[
+                "--elector",
+                "sql",
+                "--lease-ms",
+                "3000",
+                "--renew-interval-ms",
+                "500",
+                "--renew-retry-ms",
+                "250",
+                "--renew-deadline-ms",
+                "2000",
+                "--lease-call-timeout-ms",
+                "500",
+                "--leader-stop-grace-ms",
+                "500",
+                "--leader-heartbeat-timeout-ms",
+                "1500",
+            ],
+            Election::Blob(_) => &[
+                "--elector",
+                "blob",
+                "--lease-ms",
+                "15000",
+                "--renew-interval-ms",
+                "1000",
+                "--renew-retry-ms",
+                "500",
+                "--renew-deadline-ms",
+                "10000",
+                "--lease-call-timeout-ms",
+                "1000",
+                "--leader-stop-grace-ms",
+                "2000",
+                "--leader-heartbeat-timeout-ms",
+                "5000",
+            ],
+        };
+        args.extend(timing.iter().map(|s| s.to_string()));
+        if let Election::Blob(azurite) = self {
+            args.push("--lease-storage-connection-string".into());
+            args.push(azurite.connection_string());
+        }
+        args
+    }
+
+    pub(crate) fn start(&self, db: &str, id: &str, acquire_retry: Option<Duration>) -> Proc {
+        let args = self.args(id, acquire_retry);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Proc::start("orderly-supervisor", db, &args)
+    }
+}
+
+/// A leadership change a supervisor logged.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    pub(crate) acquired: bool,
+    pub(crate) epoch: i64,
+    pub(crate) reason: Option<String>,
+}
+
+/// Every leadership change `p` logged so far.
+pub(crate) fn changes(p: &Proc) -> Vec<Change> {
+    p.output()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let f = v.get("fields")?;
+            let message = f.get("message")?.as_str()?;
+            let acquired = match message {
+                "LEADER: leadership acquired" => true,
+                "LEADER: leadership ended" => false,
+                _ => return None,
+            };
+            Some(Change {
+                acquired,
+                epoch: f.get("epoch")?.as_str()?.parse().ok()?,
+                reason: f.get("reason").and_then(|r| r.as_str()).map(str::to_string),
+            })
+        })
+        .collect()
+}
+
+/// Waits until `p` has logged `n` changes; the time it was seen and the last one.
+pub(crate) async fn wait_change(p: &Proc, n: usize, limit: Duration) -> (Instant, Change) {
+    let started = Instant::now();
+    loop {
+        let c = changes(p);
+        if c.len() >= n {
+            return (Instant::now(), c[n - 1].clone());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no leadership change #{n} within {limit:?}; output:\n{}",
+            p.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn setup(dialect: Dialect) -> (Db, std::sync::Arc<dyn StateStore>) {
+    let db = Db::new(dialect).await;
+    let backend = db.backend().await;
+    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    (db, backend.store)
+}
+
+/// A graceful stop (SIGTERM) of the leader: it releases the lease and the follower
+/// leads within 3 s, with the default acquire retry (2 s plus up to 20 %).
+async fn graceful(election: Election, dialect: Dialect) {
+    let (db, _store) = setup(dialect).await;
+    let a = election.start(&db.url, "supervisor-a", Some(Duration::from_secs(2)));
+    let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
+    assert!(first.acquired);
+    let mut b = election.start(&db.url, "supervisor-b", Some(Duration::from_secs(2)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(changes(&b).is_empty(), "b follows while a leads");
+    let stopped = Instant::now();
+    a.signal("TERM");
+    let (seen, took_over) = wait_change(&b, 1, Duration::from_secs(5)).await;
+    let failover = seen - stopped;
+    assert!(took_over.acquired && took_over.epoch > first.epoch);
+    assert!(
+        failover < Duration::from_secs(3),
+        "failover took {failover:?}"
+    );
+    let mut a = a;
+    assert!(a.wait(Duration::from_secs(5)).success(), "a exits cleanly");
+    let a_changes = changes(&a);
+    assert_eq!(
+        a_changes.last().unwrap().reason.as_deref(),
+        Some("shutdown")
+    );
+    b.signal("TERM");
+    b.wait(Duration::from_secs(5));
+}
+
+/// SIGKILL of the leader: nothing is released; the follower leads once the lease has
+/// expired, within lease + retry (+ jitter and a little slack).
+async fn killed(election: Election, dialect: Dialect) {
+    let (db, _store) = setup(dialect).await;
+    let a = election.start(&db.url, "supervisor-a", None);
+    let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
+    let b = election.start(&db.url, "supervisor-b", None);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Instant::now();
+    a.kill();
+    let limit = election.lease() + election.retry().mul_f64(1.2) + Duration::from_secs(1);
+    let (seen, took_over) = wait_change(&b, 1, limit + Duration::from_secs(5)).await;
+    let failover = seen - killed;
+    assert!(took_over.acquired && took_over.epoch > first.epoch);
+    assert!(
+        failover <= limit,
+        "failover took {failover:?}, limit {limit:?}"
+    );
+    drop(b);
+}
+
+/// A leader frozen (SIGSTOP) past its lease while work expires: the follower takes over
+/// and recovers it; when the old leader resumes (SIGCONT) it steps down within 1 s and
+/// none of its writes is accepted, including a write made directly with its old term.
+async fn frozen(election: Election, dialect: Dialect) {
+    let (db, store) = setup(dialect).await;
+    let mut ids = Vec::new();
+    for o in orderly_cli::demo::sample_orders(20) {
+        store
+            .submit(&o, &orderly_core::Actor::operator("test"), &[])
+            .await
+            .unwrap();
+        ids.push(o.order_id);
+    }
+    let a = election.start(&db.url, "supervisor-a", None);
+    let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
+    let b = election.start(&db.url, "supervisor-b", None);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    a.signal("STOP");
+    let ghost = InstanceId::parse("scheduler-ghost").unwrap();
+    let claim = |limit: u32| ClaimRequest {
+        owner: ghost.clone(),
+        limit,
+        timeout: Duration::from_millis(300),
+    };
+    assert_eq!(store.claim(&claim(10)).await.unwrap().len(), 10);
+    let (_, took_over) = wait_change(&b, 1, election.lease() + Duration::from_secs(10)).await;
+    assert!(took_over.acquired && took_over.epoch > first.epoch);
+    crate::processes::wait_for(
+        "the new leader's recoveries",
+        Duration::from_secs(10),
+        async || store.find_expired(100).await.unwrap().is_empty(),
+    )
+    .await;
+    // More work expires just as the old leader wakes: it and the new one race for it.
+    assert_eq!(store.claim(&claim(10)).await.unwrap().len(), 10);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let resumed = Instant::now();
+    a.signal("CONT");
+    let (seen, ended) = wait_change(&a, 2, Duration::from_secs(5)).await;
+    assert!(!ended.acquired && ended.epoch == first.epoch);
+    let stepped_down = seen - resumed;
+    assert!(
+        stepped_down <= Duration::from_secs(1),
+        "stepped down {stepped_down:?} after resuming ({:?})",
+        ended.reason
+    );
+    crate::processes::wait_for(
+        "every expiry recovered",
+        Duration::from_secs(10),
+        async || store.find_expired(100).await.unwrap().is_empty(),
+    )
+    .await;
+    // Every recovery is the new leader's.
+    for id in &ids {
+        let view = store.get(id).await.unwrap();
+        for h in view
+            .history
+            .iter()
+            .filter(|h| matches!(h.kind, HistoryKind::Recovered | HistoryKind::GaveUp))
+        {
+            assert_eq!(h.actor.as_str(), "supervisor-b", "{id}: {h:?}");
+        }
+        assert!(view.state.failure_count <= 2);
+        assert_ne!(view.state.process_state, ProcessState::Processing);
+    }
+    // A write under the old term, made now, is refused by the store.
+    let stale = LeaderFence {
+        name: orderly_supervisor::LEADERSHIP.into(),
+        holder: InstanceId::parse("supervisor-a").unwrap(),
+        epoch: Epoch(first.epoch),
+    };
+    let refused = store
+        .recover_expired(&stale, &RecoveryPolicy::default(), 10)
+        .await;
+    assert!(matches!(refused, Err(Error::Deposed { .. })), "{refused:?}");
+    // If the old leader's sweep ran before it noticed, the store refused it.
+    let out = a.output();
+    assert!(
+        !out.contains("deadline passed: order back to Pending"),
+        "the stale leader recovered an order:\n{out}"
+    );
+    drop((a, b));
+}
+
+mod sql_lease {
+    use super::*;
+
+    crate::both!(
+        a_gracefully_stopped_leader_hands_over_within_3_s,
+        graceful_sql
+    );
+    async fn graceful_sql(d: Dialect) {
+        graceful(Election::Sql, d).await
+    }
+
+    crate::both!(
+        a_sigkilled_leader_is_replaced_within_lease_and_retry,
+        killed_sql
+    );
+    async fn killed_sql(d: Dialect) {
+        killed(Election::Sql, d).await
+    }
+
+    crate::both!(
+        a_leader_frozen_past_its_lease_is_fenced_and_steps_down_on_resuming,
+        frozen_sql
+    );
+    async fn frozen_sql(d: Dialect) {
+        frozen(Election::Sql, d).await
+    }
+}
+
+mod blob_lease {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_gracefully_stopped_leader_hands_over_within_3_s() {
+        graceful(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_sigkilled_leader_is_replaced_within_lease_and_retry() {
+        killed(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_leader_frozen_past_its_lease_is_fenced_and_steps_down_on_resuming() {
+        frozen(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+    }
+}
