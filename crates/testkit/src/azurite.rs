@@ -41,6 +41,7 @@ impl Azurite {
                 &port.to_string(),
                 "--inMemoryPersistence",
                 "--skipApiVersionCheck",
+                "--disableTelemetry",
                 "--loose",
                 "--silent",
             ])

@@ -15,148 +15,7 @@ use orderly_core::{Epoch, Error, InstanceId, ProcessState};
 use orderly_testkit::azurite::Azurite;
 
 use crate::fixtures::{Db, Dialect};
-use crate::processes::Proc;
-
-/// Which elector the supervisors run, and its timings.
-pub(crate) enum Election {
-    /// The SQL lease row: 3 s lease, 2 s renew deadline.
-    Sql,
-    /// The blob lease on this Azurite: 15 s lease, 10 s renew deadline.
-    Blob(Azurite),
-}
-
-impl Election {
-    pub(crate) fn lease(&self) -> Duration {
-        match self {
-            Election::Sql => Duration::from_secs(3),
-            Election::Blob(_) => Duration::from_secs(15),
-        }
-    }
-
-    pub(crate) fn retry(&self) -> Duration {
-        Duration::from_millis(500)
-    }
-
-    pub(crate) fn args(&self, id: &str, acquire_retry: Option<Duration>) -> Vec<String> {
-        let retry = acquire_retry
-            .unwrap_or(self.retry())
-            .as_millis()
-            .to_string();
-        let mut args: Vec<String> = [
-            "--log-json",
-            "--instance-id",
-            id,
-            "--interval-ms",
-            "200",
-            "--backoff-base-ms",
-            "200",
-            "--backoff-max-ms",
-            "1000",
-            "--acquire-retry-ms",
-            &retry,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let timing: &[&str] = match self {
-            Election::Sql => &[
-                "--elector",
-                "sql",
-                "--lease-ms",
-                "3000",
-                "--renew-interval-ms",
-                "500",
-                "--renew-retry-ms",
-                "250",
-                "--renew-deadline-ms",
-                "2000",
-                "--lease-call-timeout-ms",
-                "500",
-                "--leader-stop-grace-ms",
-                "500",
-                "--leader-heartbeat-timeout-ms",
-                "1500",
-            ],
-            Election::Blob(_) => &[
-                "--elector",
-                "blob",
-                "--lease-ms",
-                "15000",
-                "--renew-interval-ms",
-                "1000",
-                "--renew-retry-ms",
-                "500",
-                "--renew-deadline-ms",
-                "10000",
-                "--lease-call-timeout-ms",
-                "1000",
-                "--leader-stop-grace-ms",
-                "2000",
-                "--leader-heartbeat-timeout-ms",
-                "5000",
-            ],
-        };
-        args.extend(timing.iter().map(|s| s.to_string()));
-        if let Election::Blob(azurite) = self {
-            args.push("--lease-storage-connection-string".into());
-            args.push(azurite.connection_string());
-        }
-        args
-    }
-
-    pub(crate) fn start(&self, db: &str, id: &str, acquire_retry: Option<Duration>) -> Proc {
-        let args = self.args(id, acquire_retry);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Proc::start("orderly-supervisor", db, &args)
-    }
-}
-
-/// A leadership change a supervisor logged.
-#[derive(Debug, Clone)]
-pub(crate) struct Change {
-    pub(crate) acquired: bool,
-    pub(crate) epoch: i64,
-    pub(crate) reason: Option<String>,
-}
-
-/// Every leadership change `p` logged so far.
-pub(crate) fn changes(p: &Proc) -> Vec<Change> {
-    p.output()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            let f = v.get("fields")?;
-            let message = f.get("message")?.as_str()?;
-            let acquired = match message {
-                "LEADER: leadership acquired" => true,
-                "LEADER: leadership ended" => false,
-                _ => return None,
-            };
-            Some(Change {
-                acquired,
-                epoch: f.get("epoch")?.as_str()?.parse().ok()?,
-                reason: f.get("reason").and_then(|r| r.as_str()).map(str::to_string),
-            })
-        })
-        .collect()
-}
-
-/// Waits until `p` has logged `n` changes; the time it was seen and the last one.
-pub(crate) async fn wait_change(p: &Proc, n: usize, limit: Duration) -> (Instant, Change) {
-    let started = Instant::now();
-    loop {
-        let c = changes(p);
-        if c.len() >= n {
-            return (Instant::now(), c[n - 1].clone());
-        }
-        assert!(
-            started.elapsed() < limit,
-            "no leadership change #{n} within {limit:?}; output:\n{}",
-            p.output()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use crate::procs::{Election, changes, wait_change};
 
 async fn setup(dialect: Dialect) -> (Db, std::sync::Arc<dyn StateStore>) {
     let db = Db::new(dialect).await;
@@ -171,10 +30,11 @@ async fn setup(dialect: Dialect) -> (Db, std::sync::Arc<dyn StateStore>) {
 /// leads within 3 s, with the default acquire retry (2 s plus up to 20 %).
 async fn graceful(election: Election, dialect: Dialect) {
     let (db, _store) = setup(dialect).await;
-    let a = election.start(&db.url, "supervisor-a", Some(Duration::from_secs(2)));
+    let election = election.with("--acquire-retry-ms", 2000);
+    let a = election.start(&db.url, "supervisor-a");
     let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
     assert!(first.acquired);
-    let mut b = election.start(&db.url, "supervisor-b", Some(Duration::from_secs(2)));
+    let mut b = election.start(&db.url, "supervisor-b");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(changes(&b).is_empty(), "b follows while a leads");
     let stopped = Instant::now();
@@ -201,9 +61,9 @@ async fn graceful(election: Election, dialect: Dialect) {
 /// expired, within lease + retry (+ jitter and a little slack).
 async fn killed(election: Election, dialect: Dialect) {
     let (db, _store) = setup(dialect).await;
-    let a = election.start(&db.url, "supervisor-a", None);
+    let a = election.start(&db.url, "supervisor-a");
     let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
-    let b = election.start(&db.url, "supervisor-b", None);
+    let b = election.start(&db.url, "supervisor-b");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let killed = Instant::now();
     a.kill();
@@ -231,9 +91,9 @@ async fn frozen(election: Election, dialect: Dialect) {
             .unwrap();
         ids.push(o.order_id);
     }
-    let a = election.start(&db.url, "supervisor-a", None);
+    let a = election.start(&db.url, "supervisor-a");
     let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
-    let b = election.start(&db.url, "supervisor-b", None);
+    let b = election.start(&db.url, "supervisor-b");
     tokio::time::sleep(Duration::from_millis(700)).await;
     a.signal("STOP");
     let ghost = InstanceId::parse("scheduler-ghost").unwrap();
@@ -245,7 +105,7 @@ async fn frozen(election: Election, dialect: Dialect) {
     assert_eq!(store.claim(&claim(10)).await.unwrap().len(), 10);
     let (_, took_over) = wait_change(&b, 1, election.lease() + Duration::from_secs(10)).await;
     assert!(took_over.acquired && took_over.epoch > first.epoch);
-    crate::processes::wait_for(
+    crate::procs::wait_for(
         "the new leader's recoveries",
         Duration::from_secs(10),
         async || store.find_expired(100).await.unwrap().is_empty(),
@@ -264,7 +124,7 @@ async fn frozen(election: Election, dialect: Dialect) {
         "stepped down {stepped_down:?} after resuming ({:?})",
         ended.reason
     );
-    crate::processes::wait_for(
+    crate::procs::wait_for(
         "every expiry recovered",
         Duration::from_secs(10),
         async || store.find_expired(100).await.unwrap().is_empty(),
@@ -310,7 +170,7 @@ mod sql_lease {
         graceful_sql
     );
     async fn graceful_sql(d: Dialect) {
-        graceful(Election::Sql, d).await
+        graceful(Election::sql(), d).await
     }
 
     crate::both!(
@@ -318,7 +178,7 @@ mod sql_lease {
         killed_sql
     );
     async fn killed_sql(d: Dialect) {
-        killed(Election::Sql, d).await
+        killed(Election::sql(), d).await
     }
 
     crate::both!(
@@ -326,7 +186,7 @@ mod sql_lease {
         frozen_sql
     );
     async fn frozen_sql(d: Dialect) {
-        frozen(Election::Sql, d).await
+        frozen(Election::sql(), d).await
     }
 }
 
@@ -335,16 +195,16 @@ mod blob_lease {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_gracefully_stopped_leader_hands_over_within_3_s() {
-        graceful(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+        graceful(Election::blob(Azurite::start()), Dialect::Sqlite).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_sigkilled_leader_is_replaced_within_lease_and_retry() {
-        killed(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+        killed(Election::blob(Azurite::start()), Dialect::Sqlite).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_leader_frozen_past_its_lease_is_fenced_and_steps_down_on_resuming() {
-        frozen(Election::Blob(Azurite::start()), Dialect::Sqlite).await
+        frozen(Election::blob(Azurite::start()), Dialect::Sqlite).await
     }
 }

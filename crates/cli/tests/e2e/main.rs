@@ -7,4 +7,6 @@
 mod fixtures;
 mod leader;
 mod processes;
+#[path = "../support/procs.rs"]
+mod procs;
 mod roles;

@@ -2,8 +2,6 @@
 //! with SIGKILL: nothing may be lost, nothing done twice.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orderly_cli::demo;
@@ -17,116 +15,12 @@ use rand::Rng;
 
 use crate::both;
 use crate::fixtures::{Db, Dialect};
+use crate::procs::{Proc, free_port, wait_for};
 
-/// A role binary (built with the tests: they are targets of this package).
-pub(crate) fn bin(name: &str) -> PathBuf {
-    PathBuf::from(match name {
-        "orderly-scheduler" => env!("CARGO_BIN_EXE_orderly-scheduler"),
-        "orderly-agent" => env!("CARGO_BIN_EXE_orderly-agent"),
-        "orderly-supervisor" => env!("CARGO_BIN_EXE_orderly-supervisor"),
-        "orderly-submitter" => env!("CARGO_BIN_EXE_orderly-submitter"),
-        "orderly-remote-sim" => env!("CARGO_BIN_EXE_orderly-remote-sim"),
-        other => panic!("no binary {other}"),
-    })
-}
 
-/// A child process, killed (SIGKILL) when dropped.
-pub(crate) struct Proc {
-    child: Child,
-    name: String,
-    log: PathBuf,
-}
 
-impl Proc {
-    pub(crate) fn start(name: &str, db: &str, args: &[&str]) -> Self {
-        let log = std::env::temp_dir().join(format!(
-            "orderly-e2e-{name}-{}.log",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin(name))
-            .args(args)
-            .env("ORDERLY_DATABASE_URL", db)
-            .env("ORDERLY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Proc {
-            child,
-            name: name.to_owned(),
-            log,
-        }
-    }
 
-    /// Sends `signal` (`STOP`, `CONT`, `TERM`, ...).
-    pub(crate) fn signal(&self, signal: &str) {
-        let ok = Command::new("kill")
-            .args([format!("-{signal}"), self.child.id().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{signal} {}", self.name);
-    }
 
-    /// Waits until it exits by itself (after SIGTERM); its exit status.
-    pub(crate) fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < limit,
-                "{} did not exit within {limit:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Everything it logged so far.
-    pub(crate) fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILL: no clean-up of any kind.
-    pub(crate) fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
-        } else {
-            eprintln!(
-                "--- {} ({}) ---\n{}",
-                self.name,
-                self.log.display(),
-                self.tail()
-            );
-        }
-    }
-}
-
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn ledger(port: u16) -> Vec<Effect> {
     reqwest::get(format!("http://127.0.0.1:{port}/ledger"))
@@ -137,16 +31,6 @@ async fn ledger(port: u16) -> Vec<Effect> {
         .unwrap()
 }
 
-pub(crate) async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
     store

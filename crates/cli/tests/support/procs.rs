@@ -1,0 +1,291 @@
+//! Real processes of the role binaries for the end-to-end tests and the failover
+//! bench (included by both with `#[path]`): start, signal, kill, read their logs.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use orderly_testkit::azurite::Azurite;
+
+/// A role binary (built with the tests: they are targets of this package).
+pub(crate) fn bin(name: &str) -> PathBuf {
+    PathBuf::from(match name {
+        "orderly-scheduler" => env!("CARGO_BIN_EXE_orderly-scheduler"),
+        "orderly-agent" => env!("CARGO_BIN_EXE_orderly-agent"),
+        "orderly-supervisor" => env!("CARGO_BIN_EXE_orderly-supervisor"),
+        "orderly-submitter" => env!("CARGO_BIN_EXE_orderly-submitter"),
+        "orderly-remote-sim" => env!("CARGO_BIN_EXE_orderly-remote-sim"),
+        other => panic!("no binary {other}"),
+    })
+}
+
+/// A child process, killed (SIGKILL) when dropped.
+pub(crate) struct Proc {
+    child: Child,
+    name: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub(crate) fn start(name: &str, db: &str, args: &[&str]) -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "orderly-e2e-{name}-{}.log",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin(name))
+            .args(args)
+            .env("ORDERLY_DATABASE_URL", db)
+            .env("ORDERLY_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc {
+            child,
+            name: name.to_owned(),
+            log,
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`, ...).
+    pub(crate) fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.name);
+    }
+
+    /// Waits until it exits by itself (after SIGTERM); its exit status.
+    pub(crate) fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{} did not exit within {limit:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Everything it logged so far.
+    pub(crate) fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no clean-up of any kind.
+    pub(crate) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!(
+                "--- {} ({}) ---\n{}",
+                self.name,
+                self.log.display(),
+                self.tail()
+            );
+        }
+    }
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub(crate) async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Which elector the supervisors run, and its timings (flag, value).
+pub(crate) struct Election {
+    /// The blob lease's Azurite; `None` for the SQL lease.
+    pub(crate) azurite: Option<Azurite>,
+    timing: Vec<(&'static str, u64)>,
+}
+
+impl Election {
+    /// The SQL lease for tests: 3 s lease, renewed every 500 ms, 2 s renew deadline.
+    pub(crate) fn sql() -> Self {
+        Self {
+            azurite: None,
+            timing: vec![
+                ("--lease-ms", 3000),
+                ("--renew-interval-ms", 500),
+                ("--renew-retry-ms", 250),
+                ("--renew-deadline-ms", 2000),
+                ("--lease-call-timeout-ms", 500),
+                ("--leader-stop-grace-ms", 500),
+                ("--leader-heartbeat-timeout-ms", 1500),
+                ("--acquire-retry-ms", 500),
+            ],
+        }
+    }
+
+    /// The blob lease for tests: the shortest lease (15 s), renewed every second, a
+    /// 10 s renew deadline.
+    pub(crate) fn blob(azurite: Azurite) -> Self {
+        Self {
+            azurite: Some(azurite),
+            timing: vec![
+                ("--lease-ms", 15000),
+                ("--renew-interval-ms", 1000),
+                ("--renew-retry-ms", 500),
+                ("--renew-deadline-ms", 10000),
+                ("--lease-call-timeout-ms", 1000),
+                ("--leader-stop-grace-ms", 2000),
+                ("--leader-heartbeat-timeout-ms", 5000),
+                ("--acquire-retry-ms", 500),
+            ],
+        }
+    }
+
+    /// The defaults of a production deployment, but for a 15 s lease (the shortest a
+    /// blob allows) and so a 10 s renew deadline: renew every 5 s (2 s after a
+    /// failure), acquire retry 2 s + up to 20 %, 3 s per call.
+    pub(crate) fn production(azurite: Option<Azurite>) -> Self {
+        Self {
+            azurite,
+            timing: vec![("--lease-ms", 15000), ("--renew-deadline-ms", 10000)],
+        }
+    }
+
+    /// Replaces (or adds) one timing flag.
+    pub(crate) fn with(mut self, flag: &'static str, ms: u64) -> Self {
+        self.timing.retain(|(f, _)| *f != flag);
+        self.timing.push((flag, ms));
+        self
+    }
+
+    fn ms(&self, flag: &str, default: u64) -> Duration {
+        Duration::from_millis(
+            self.timing
+                .iter()
+                .find(|(f, _)| *f == flag)
+                .map_or(default, |(_, v)| *v),
+        )
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.ms("--lease-ms", 30_000)
+    }
+
+    pub(crate) fn retry(&self) -> Duration {
+        self.ms("--acquire-retry-ms", 2_000)
+    }
+
+    pub(crate) fn args(&self, id: &str) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--log-json",
+            "--instance-id",
+            id,
+            "--interval-ms",
+            "200",
+            "--backoff-base-ms",
+            "200",
+            "--backoff-max-ms",
+            "1000",
+            "--elector",
+            if self.azurite.is_some() { "blob" } else { "sql" },
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (flag, ms) in &self.timing {
+            args.push(flag.to_string());
+            args.push(ms.to_string());
+        }
+        if let Some(azurite) = &self.azurite {
+            args.push("--lease-storage-connection-string".into());
+            args.push(azurite.connection_string());
+        }
+        args
+    }
+
+    pub(crate) fn start(&self, db: &str, id: &str) -> Proc {
+        let args = self.args(id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Proc::start("orderly-supervisor", db, &args)
+    }
+}
+
+/// A leadership change a supervisor logged.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    pub(crate) acquired: bool,
+    pub(crate) epoch: i64,
+    pub(crate) reason: Option<String>,
+}
+
+/// Every leadership change `p` logged so far.
+pub(crate) fn changes(p: &Proc) -> Vec<Change> {
+    p.output()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let f = v.get("fields")?;
+            let message = f.get("message")?.as_str()?;
+            let acquired = match message {
+                "LEADER: leadership acquired" => true,
+                "LEADER: leadership ended" => false,
+                _ => return None,
+            };
+            Some(Change {
+                acquired,
+                epoch: f.get("epoch")?.as_str()?.parse().ok()?,
+                reason: f.get("reason").and_then(|r| r.as_str()).map(str::to_string),
+            })
+        })
+        .collect()
+}
+
+/// Waits until `p` has logged `n` changes; the time it was seen and the last one.
+pub(crate) async fn wait_change(p: &Proc, n: usize, limit: Duration) -> (Instant, Change) {
+    let started = Instant::now();
+    loop {
+        let c = changes(p);
+        if c.len() >= n {
+            return (Instant::now(), c[n - 1].clone());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no leadership change #{n} within {limit:?}; output:\n{}",
+            p.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
