@@ -122,12 +122,9 @@ async fn main() {
 
     println!("lease-call latency, 1 instance acquiring/renewing, 1 told 'held' (sequential)");
     let azurite = Azurite::start();
-    let location = BlobLocation::from_connection_string(
-        &azurite.connection_string(),
-        "bench",
-        "leader",
-    )
-    .unwrap();
+    let location =
+        BlobLocation::from_connection_string(&azurite.connection_string(), "bench", "leader")
+            .unwrap();
     let (a, b) = (
         BlobLease::new(&location, lease, Duration::from_secs(3)).unwrap(),
         BlobLease::new(&location, lease, Duration::from_secs(3)).unwrap(),

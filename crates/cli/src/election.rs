@@ -185,26 +185,52 @@ impl ElectionArgs {
         Ok(location)
     }
 
+    /// Checks every election setting (and builds the blob lease's client), before
+    /// anything connects anywhere.
+    pub fn prepare(&self) -> anyhow::Result<PreparedElection> {
+        let timing = self.timing()?;
+        let blob = match self.elector {
+            ElectorKind::Sql => None,
+            ElectorKind::Blob => {
+                let location = self.blob_location()?;
+                Some(BlobLease::new(
+                    &location,
+                    timing.lease,
+                    timing.call_timeout,
+                )?)
+            }
+        };
+        Ok(PreparedElection { timing, blob })
+    }
+}
+
+/// Election settings that passed their checks.
+#[derive(Debug)]
+pub struct PreparedElection {
+    timing: ElectorTiming,
+    blob: Option<BlobLease>,
+}
+
+impl PreparedElection {
     /// The elector for `instance`, its terms kept in `store`.
     pub fn elector(
-        &self,
+        self,
         store: Arc<dyn StateStore>,
         instance: InstanceId,
     ) -> anyhow::Result<Elector> {
-        let timing = self.timing()?;
-        match self.elector {
-            ElectorKind::Sql => Ok(orderly_supervisor::sql_elector(store, instance, timing)?),
-            ElectorKind::Blob => {
-                let location = self.blob_location()?;
-                let lease = BlobLease::new(&location, timing.lease, timing.call_timeout)?;
-                Ok(Elector::new(
-                    LEADERSHIP,
-                    instance,
-                    Arc::new(lease),
-                    store,
-                    timing,
-                )?)
-            }
+        match self.blob {
+            None => Ok(orderly_supervisor::sql_elector(
+                store,
+                instance,
+                self.timing,
+            )?),
+            Some(lease) => Ok(Elector::new(
+                LEADERSHIP,
+                instance,
+                Arc::new(lease),
+                store,
+                self.timing,
+            )?),
         }
     }
 }

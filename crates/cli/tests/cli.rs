@@ -243,3 +243,83 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         "the URL is not echoed: {err}"
     );
 }
+
+#[test]
+fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_secrets() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_orderly-supervisor"))
+            .args(args)
+            .env("ORDERLY_DATABASE_URL", &url)
+            .output()
+            .expect("run the binary");
+        assert!(!out.status.success(), "started with {args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--renew-deadline-ms", "30000"]);
+    assert!(
+        err.contains("--renew-deadline-ms / ORDERLY_LEASE_RENEW_DEADLINE_MS")
+            && err.contains("before its lease can expire"),
+        "{err}"
+    );
+    let err = run(&["--leader-stop-grace-ms", "15000"]);
+    assert!(err.contains("ORDERLY_LEADER_STOP_GRACE_MS"), "{err}");
+    let err = run(&[
+        "--elector",
+        "blob",
+        "--lease-ms",
+        "10000",
+        "--renew-deadline-ms",
+        "5000",
+        "--renew-interval-ms",
+        "1000",
+        "--renew-retry-ms",
+        "500",
+    ]);
+    assert!(
+        err.contains("ORDERLY_LEASE_MS") && err.contains("15 to 60"),
+        "a 10 s lease is fine for the SQL lease, not for a blob: {err}"
+    );
+    assert!(
+        !err.contains("applied migration"),
+        "refused before touching the store: {err}"
+    );
+    let blob = [
+        "--elector",
+        "blob",
+        "--lease-ms",
+        "15000",
+        "--renew-deadline-ms",
+        "10000",
+    ];
+    let err = run(&blob);
+    assert!(
+        err.contains("ORDERLY_LEASE_STORAGE_CONNECTION_STRING"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("applied migration"),
+        "refused before touching the store: {err}"
+    );
+    let mut args = blob.to_vec();
+    args.extend([
+        "--lease-storage-connection-string",
+        "AccountName=acct;AccountKey=s3cr3t-not-base64!",
+    ]);
+    let err = run(&args);
+    assert!(
+        err.contains("lease storage connection string") && err.contains("AccountKey is not base64"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cr3t"), "the key is not echoed: {err}");
+    let mut args = blob.to_vec();
+    args.extend([
+        "--lease-sas-url",
+        "https://acct.blob.core.windows.net/c?sv=1&sig=s3cr3t",
+        "--lease-container",
+        "Bad_Name",
+    ]);
+    let err = run(&args);
+    assert!(!err.contains("s3cr3t"), "the SAS is not echoed: {err}");
+}

@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
     orderly_runtime::init_tracing(args.common.log_json);
     let instance = args.common.instance("supervisor")?;
     // Settings first: a wrong one stops start-up before any connection is made.
-    args.election.timing()?;
+    let election = args.election.prepare()?;
     let mut cfg = SupervisorConfig::new(instance.clone());
     cfg.interval = args.interval_ms;
     cfg.policy.max_failures = args.max_failures;
@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
-    let elector = args.election.elector(backend.store.clone(), instance)?;
+    let elector = election.elector(backend.store.clone(), instance)?;
     let supervisor = Supervisor::new(backend.store, backend.transport, cfg)
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     supervisor

@@ -17,11 +17,6 @@ use crate::both;
 use crate::fixtures::{Db, Dialect};
 use crate::procs::{Proc, free_port, wait_for};
 
-
-
-
-
-
 async fn ledger(port: u16) -> Vec<Effect> {
     reqwest::get(format!("http://127.0.0.1:{port}/ledger"))
         .await
@@ -30,7 +25,6 @@ async fn ledger(port: u16) -> Vec<Effect> {
         .await
         .unwrap()
 }
-
 
 async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
     store

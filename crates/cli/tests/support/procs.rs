@@ -219,7 +219,11 @@ impl Election {
             "--backoff-max-ms",
             "1000",
             "--elector",
-            if self.azurite.is_some() { "blob" } else { "sql" },
+            if self.azurite.is_some() {
+                "blob"
+            } else {
+                "sql"
+            },
         ]
         .iter()
         .map(|s| s.to_string())
@@ -288,4 +292,3 @@ pub(crate) async fn wait_change(p: &Proc, n: usize, limit: Duration) -> (Instant
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
-
