@@ -571,6 +571,10 @@ impl Elector {
                 self.note_holder().await;
                 return None;
             }
+            Ok(Err(e @ LeaseError::Misconfigured(_))) => {
+                tracing::error!(parent: span, error = %e, "acquiring the lease is refused: check the lease settings and credentials; will retry");
+                return None;
+            }
             Ok(Err(e)) => {
                 tracing::warn!(parent: span, error = %e, "acquiring the lease failed; will retry");
                 return None;
