@@ -510,6 +510,10 @@ pub trait OperatorStore: Send + Sync {
     /// Alerts, newest first; with `open_only`, those not yet acknowledged.
     async fn alerts(&self, open_only: bool, limit: u32) -> Result<Vec<Alert>>;
 
+    /// Acknowledges an alert ("an operator has seen it"); acknowledging again keeps the
+    /// first acknowledgement. `None` if there is no such alert.
+    async fn acknowledge_alert(&self, alert_id: i64, by: &Actor) -> Result<Option<Alert>>;
+
     /// Cancels a Pending, Processing or Error order at once, without compensation. A
     /// scheduler still working on it is fenced out from this moment.
     async fn cancel(

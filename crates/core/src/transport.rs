@@ -361,6 +361,37 @@ pub trait Transport: Send + Sync {
     ) -> Result<Vec<DeadLetter>, TransportError>;
 }
 
+/// How many messages a queue holds, by condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueDepth {
+    /// The queue.
+    pub queue: QueueName,
+    /// Visible to receivers now.
+    pub ready: i64,
+    /// Held by a receiver.
+    pub locked: i64,
+    /// Scheduled for later (or abandoned with a delay).
+    pub scheduled: i64,
+    /// Dead-lettered, kept for inspection.
+    pub dead_lettered: i64,
+}
+
+/// What operators need from a transport beyond messaging: depths, and dead letters put
+/// back on their queue once the cause is fixed.
+#[async_trait]
+pub trait QueueInspector: Send + Sync {
+    /// The depth of every declared queue, by name.
+    async fn depths(&self) -> Result<Vec<QueueDepth>, TransportError>;
+
+    /// Puts dead letters of `queue` back on it (all of them, or those with one message
+    /// id), as new deliveries visible at once; returns how many.
+    async fn requeue_dead_letters(
+        &self,
+        queue: &QueueName,
+        message_id: Option<&str>,
+    ) -> Result<usize, TransportError>;
+}
+
 /// Why a consumer refused a message it received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Poison {

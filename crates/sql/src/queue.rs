@@ -138,6 +138,26 @@ pub(crate) const Q_DEAD_LETTERS: &str = concat!(
     " FROM queue_dead_letters WHERE queue = $1 ORDER BY dead_lettered_at, seq LIMIT $2"
 );
 
+/// Every queue's depth at `$1`.
+pub(crate) const Q_DEPTHS: &str = "SELECT q.name AS queue, \
+    (SELECT count(*) FROM queue_messages m WHERE m.queue = q.name AND m.visible_at <= $1 \
+        AND (m.locked_until IS NULL OR m.locked_until <= $1)) AS ready, \
+    (SELECT count(*) FROM queue_messages m WHERE m.queue = q.name AND m.locked_until > $1) AS locked, \
+    (SELECT count(*) FROM queue_messages m WHERE m.queue = q.name AND m.visible_at > $1 \
+        AND (m.locked_until IS NULL OR m.locked_until <= $1)) AS scheduled, \
+    (SELECT count(*) FROM queue_dead_letters d WHERE d.queue = q.name) AS dead_lettered \
+    FROM queues q ORDER BY q.name";
+
+/// Dead letters of `$1` (all, or message id `$2`) back on the queue, visible at `$3`.
+pub(crate) const Q_REQUEUE: &str = "INSERT INTO queue_messages \
+    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+    SELECT queue, message_id, correlation_id, properties, body, enqueued_at, $3 \
+    FROM queue_dead_letters WHERE queue = $1 AND (CAST($2 AS TEXT) IS NULL OR message_id = $2) \
+    ORDER BY seq";
+
+pub(crate) const Q_FORGET_DEAD: &str = "DELETE FROM queue_dead_letters \
+    WHERE queue = $1 AND (CAST($2 AS TEXT) IS NULL OR message_id = $2)";
+
 macro_rules! queue_ops {
     ($Store:ident, $DB:ident) => {
         mod queue_impl {
@@ -534,6 +554,53 @@ macro_rules! queue_ops {
                         .await
                         .map_err(db)?;
                     Ok(rows.iter().map(|r| Cols(r).dead_letter()).collect::<::orderly_core::Result<Vec<_>>>()?)
+                }
+            }
+
+            #[async_trait]
+            impl ::orderly_core::transport::QueueInspector for $Store {
+                async fn depths(&self) -> Result<Vec<::orderly_core::transport::QueueDepth>> {
+                    let mut conn = self.pool.acquire().await.map_err(db)?;
+                    let now = self.tx_now(&mut conn).await?;
+                    let rows = ::sqlx::query(q::Q_DEPTHS)
+                        .bind(Ts(now))
+                        .fetch_all(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                    rows.iter()
+                        .map(|r| {
+                            use ::sqlx::Row;
+                            let name: String = r.try_get("queue").map_err(db)?;
+                            Ok(::orderly_core::transport::QueueDepth {
+                                queue: QueueName::parse(name)?,
+                                ready: r.try_get("ready").map_err(db)?,
+                                locked: r.try_get("locked").map_err(db)?,
+                                scheduled: r.try_get("scheduled").map_err(db)?,
+                                dead_lettered: r.try_get("dead_lettered").map_err(db)?,
+                            })
+                        })
+                        .collect()
+                }
+
+                async fn requeue_dead_letters(&self, queue: &QueueName, message_id: Option<&str>) -> Result<usize> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let n = ::sqlx::query(q::Q_REQUEUE)
+                        .bind(queue.as_str())
+                        .bind(message_id)
+                        .bind(Ts(now))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .rows_affected();
+                    ::sqlx::query(q::Q_FORGET_DEAD)
+                        .bind(queue.as_str())
+                        .bind(message_id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    tx.commit().await.map_err(db)?;
+                    Ok(n as usize)
                 }
             }
         }

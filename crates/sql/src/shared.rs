@@ -1147,6 +1147,26 @@ macro_rules! store_ops {
                     .collect()
             }
 
+            async fn acknowledge_alert(&self, alert_id: i64, by: &Actor) -> Result<Option<Alert>> {
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                ::sqlx::query(st::ACK_ALERT)
+                    .bind(alert_id)
+                    .bind(by.as_str())
+                    .bind(Ts(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let row = ::sqlx::query(st::ONE_ALERT)
+                    .bind(alert_id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let alert = row.map(|r| Cols(&r).alert()).transpose()?;
+                tx.commit().await.map_err(db)?;
+                Ok(alert)
+            }
+
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
             async fn cancel(
                 &self,

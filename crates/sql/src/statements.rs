@@ -108,6 +108,13 @@ pub(crate) const LIST_ALERTS: &str = concat!(
     "WHERE ($1 = 0 OR a.acknowledged_at IS NULL) ORDER BY a.alert_id DESC LIMIT $2"
 );
 
+/// Acknowledges alert `$1` by `$2` at `$3`, unless it already was.
+pub(crate) const ACK_ALERT: &str = "UPDATE alerts SET acknowledged_at = $3, acknowledged_by = $2 \
+     WHERE alert_id = $1 AND acknowledged_at IS NULL";
+
+/// One alert by id (`$1`).
+pub(crate) const ONE_ALERT: &str = concat!(alert_select!(), "WHERE a.alert_id = $1");
+
 /// Marks one alert (`$1`) published at `$2`.
 pub(crate) const MARK_ALERT_PUBLISHED: &str =
     "UPDATE alerts SET published_at = $2 WHERE alert_id = $1 AND published_at IS NULL";

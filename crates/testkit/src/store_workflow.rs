@@ -379,6 +379,30 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
         .unwrap();
     assert_eq!(store.alerts(false, 10).await.unwrap().len(), 3);
     assert_eq!(store.unpublished_alerts(10).await.unwrap().len(), 1);
+    // An operator acknowledges one: it leaves the open list, once and for all.
+    let ops = Actor::operator("ops");
+    let acked = store
+        .acknowledge_alert(ids[0], &ops)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(acked.acknowledged_by.as_deref(), Some("operator:ops"));
+    let at = acked.acknowledged_at.unwrap();
+    ctx.clock.advance(MINUTE);
+    let again = store
+        .acknowledge_alert(ids[0], &Actor::operator("other"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.acknowledged_at, again.acknowledged_by.as_deref()),
+        (Some(at), Some("operator:ops")),
+        "the first acknowledgement stands"
+    );
+    let open = store.alerts(true, 10).await.unwrap();
+    assert_eq!(open.len(), 2);
+    assert!(open.iter().all(|a| a.alert_id != ids[0]));
+    assert_eq!(store.acknowledge_alert(999_999, &ops).await.unwrap(), None);
 }
 
 /// A batch of orders in one transaction: each judged alone, repeats absorbed.

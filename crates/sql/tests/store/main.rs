@@ -8,6 +8,7 @@
 mod atomic;
 mod crash;
 mod fixtures;
+mod inspect;
 mod outbox;
 mod postgres_only;
 mod sql;
