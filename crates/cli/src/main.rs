@@ -6,6 +6,7 @@ use std::io::Read;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use orderly_core::store::{NewOrder, OrderFilter, SubmitOutcome};
+use orderly_core::transport::QueueName;
 use orderly_core::{Actor, OrderId, ProcessState, TimeSource};
 
 use orderly_cli::demo;
@@ -107,6 +108,52 @@ enum Command {
         /// How many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Acknowledge this alert ("seen, being handled") instead of listing.
+        #[arg(long, value_name = "ALERT_ID")]
+        ack: Option<i64>,
+        /// Who is acknowledging.
+        #[arg(long, env = "ORDERLY_OPERATOR", default_value = "cli")]
+        operator: String,
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the supervisors' current leader: holder, term (epoch), lease.
+    Leader {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show every queue's depth: ready, locked, scheduled, dead-lettered.
+    Queues {
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a queue's dead-lettered messages with why, oldest first.
+    DeadLetters {
+        /// The queue, e.g. orders.
+        queue: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON lines (with the body) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put dead-lettered messages back on their queue once the cause is fixed.
+    Requeue {
+        /// The queue.
+        queue: String,
+        /// The message id to requeue.
+        #[arg(required_unless_present = "all")]
+        message_id: Option<String>,
+        /// Requeue every dead letter of the queue.
+        #[arg(long, conflicts_with = "message_id")]
+        all: bool,
+        /// Confirm --all without asking.
+        #[arg(long)]
+        yes: bool,
     },
     /// Run the whole system in this process on one store (SQLite by default): the
     /// remote-service simulator, two schedulers, two agents, two supervisors and a
@@ -216,9 +263,10 @@ async fn run() -> anyhow::Result<()> {
         Command::Up { faults } => return run_up(&cli.database_url, *faults).await,
         _ => {}
     }
-    let store = orderly_sql::open(&cli.database_url, TimeSource::Database)
+    let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
+    let store = backend.store.clone();
 
     match cli.command {
         Command::Migrate => println!("migrations applied; the store is up to date"),
@@ -313,22 +361,76 @@ async fn run() -> anyhow::Result<()> {
                 println!("order {} is {}", row.order_id, row.process_state);
             }
         }
-        Command::Alerts { all, limit } => {
-            for a in store.alerts(!all, limit).await? {
-                println!(
-                    "#{:<6} {}  {:<40} step {:<18} failures {}  {}",
-                    a.alert_id,
-                    a.raised_at.format("%Y-%m-%d %H:%M:%S"),
-                    a.order_id,
-                    a.step.as_deref().unwrap_or("-"),
-                    a.failure_count,
-                    a.last_error.as_deref().unwrap_or("-")
-                );
+        Command::Alerts {
+            all,
+            limit,
+            ack: Some(id),
+            operator,
+            json,
+        } => {
+            let _ = (all, limit);
+            let Some(alert) = store
+                .acknowledge_alert(id, &Actor::operator(&operator))
+                .await?
+            else {
+                bail!("no alert #{id}");
+            };
+            print::alerts(std::slice::from_ref(&alert), json)?;
+        }
+        Command::Alerts {
+            all, limit, json, ..
+        } => print::alerts(&store.alerts(!all, limit).await?, json)?,
+        Command::Leader { json } => {
+            let term = store.term(orderly_supervisor::LEADERSHIP).await?;
+            print::leader(term.as_ref(), json)?;
+        }
+        Command::Queues { json } => print::depths(&backend.inspector.depths().await?, json)?,
+        Command::DeadLetters { queue, limit, json } => {
+            let queue = QueueName::parse(queue)?;
+            print::dead_letters(&backend.transport.dead_letters(&queue, limit).await?, json)?;
+        }
+        Command::Requeue {
+            queue,
+            message_id,
+            all,
+            yes,
+        } => {
+            let queue = QueueName::parse(queue)?;
+            if all && !yes {
+                let n = backend
+                    .transport
+                    .dead_letters(&queue, u32::MAX)
+                    .await?
+                    .len();
+                if !confirm(&format!("requeue all {n} dead letters of {queue}?"))? {
+                    bail!("nothing requeued");
+                }
             }
+            let n = backend
+                .inspector
+                .requeue_dead_letters(&queue, message_id.as_deref())
+                .await?;
+            if n == 0 {
+                bail!("no such dead letter on {queue}");
+            }
+            println!("requeued {n} message(s) on {queue}");
         }
         Command::Demo { .. } | Command::Up { .. } | Command::Bench { .. } => {}
     }
     Ok(())
+}
+
+/// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    use std::io::Write;
+    print!("{question} [y/N] ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
 }
 
 /// A fresh SQLite file for one run, in the temporary directory.

@@ -108,3 +108,141 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Alerts, newest first.
+pub fn alerts(alerts: &[orderly_core::store::Alert], json: bool) -> anyhow::Result<()> {
+    if json {
+        for a in alerts {
+            println!("{}", serde_json::to_string(a)?);
+        }
+        return Ok(());
+    }
+    for a in alerts {
+        let ack = match (&a.acknowledged_by, a.acknowledged_at) {
+            (Some(by), at) => format!("  [acknowledged by {by} at {}]", time(at)),
+            _ => String::new(),
+        };
+        println!(
+            "#{:<6} {}  {:<40} step {:<18} failures {}  {}{ack}",
+            a.alert_id,
+            a.raised_at.format("%Y-%m-%d %H:%M:%S"),
+            a.order_id,
+            a.step.as_deref().unwrap_or("-"),
+            a.failure_count,
+            a.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
+/// The supervisors' current term.
+pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::Result<()> {
+    let Some(t) = term else {
+        if json {
+            println!("null");
+        } else {
+            println!("no supervisor has led yet");
+        }
+        return Ok(());
+    };
+    let now = chrono::Utc::now();
+    let live = t.lease_expires_at.is_none_or(|e| e > now);
+    if json {
+        println!(
+            "{}",
+            json!({
+                "name": t.fence.name,
+                "holder": t.fence.holder.as_str(),
+                "epoch": t.fence.epoch.0,
+                "started_at": t.started_at,
+                "renewed_at": t.renewed_at,
+                "lease_expires_at": t.lease_expires_at,
+                "lease_in": if t.lease_expires_at.is_some() { "sql" } else { "blob" },
+                "live": live,
+            })
+        );
+        return Ok(());
+    }
+    println!("leader     {}", t.fence.holder);
+    println!("term       {} (epoch)", t.fence.epoch);
+    println!("since      {}", time(Some(t.started_at)));
+    match t.lease_expires_at {
+        Some(e) => println!(
+            "lease      SQL row, renewed {}, expires {}{}",
+            time(Some(t.renewed_at)),
+            time(Some(e)),
+            if live {
+                ""
+            } else {
+                " (EXPIRED: no leader now)"
+            }
+        ),
+        None => println!("lease      Azure blob (its expiry lives in the blob service)"),
+    }
+    Ok(())
+}
+
+/// Queue depths.
+pub fn depths(depths: &[orderly_core::transport::QueueDepth], json: bool) -> anyhow::Result<()> {
+    if json {
+        for d in depths {
+            println!("{}", serde_json::to_string(d)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:>8} {:>8} {:>10} {:>14}",
+        "queue", "ready", "locked", "scheduled", "dead-lettered"
+    );
+    for d in depths {
+        println!(
+            "{:<28} {:>8} {:>8} {:>10} {:>14}",
+            d.queue.as_str(),
+            d.ready,
+            d.locked,
+            d.scheduled,
+            d.dead_lettered
+        );
+    }
+    Ok(())
+}
+
+/// Dead letters, oldest first.
+pub fn dead_letters(
+    letters: &[orderly_core::transport::DeadLetter],
+    json: bool,
+) -> anyhow::Result<()> {
+    for d in letters {
+        let m = &d.message;
+        if json {
+            println!(
+                "{}",
+                json!({
+                    "queue": m.queue.as_str(),
+                    "message_id": m.message_id,
+                    "correlation_id": m.correlation_id,
+                    "reason": d.reason,
+                    "description": d.description,
+                    "dead_lettered_at": d.dead_lettered_at,
+                    "enqueued_at": m.enqueued_at,
+                    "delivery_count": m.delivery_count,
+                    "properties": m.properties,
+                    "body": String::from_utf8_lossy(&m.body),
+                })
+            );
+        } else {
+            println!(
+                "{}  {:<40} {:<26} deliveries {}  {}",
+                time(Some(d.dead_lettered_at)),
+                m.message_id,
+                d.reason,
+                m.delivery_count,
+                d.description
+            );
+        }
+    }
+    if !json {
+        println!("{} dead letters", letters.len());
+    }
+    Ok(())
+}

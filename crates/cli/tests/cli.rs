@@ -323,3 +323,143 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
     let err = run(&args);
     assert!(!err.contains("s3cr3t"), "the SAS is not echoed: {err}");
 }
+
+/// Operators' view of the machinery: the leader, queue depths, dead letters and their
+/// requeue, alert acknowledgement; on a store seeded through the library.
+#[test]
+fn operators_see_the_leader_queues_dead_letters_and_acknowledge_alerts() {
+    use orderly_core::leader::LeadershipStore;
+    use orderly_core::store::{ClaimRequest, IntakeStore, SchedulerStore};
+    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
+    use std::time::Duration;
+
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let out = db.orderly(&["leader"]);
+    assert!(
+        stdout(&out).contains("no supervisor has led yet"),
+        "{out:?}"
+    );
+    rt.block_on(async {
+        let b = orderly_sql::connect(&url, orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        let sup = orderly_core::InstanceId::parse("supervisor-7").unwrap();
+        b.store.begin_term("supervisor", &sup).await.unwrap();
+        b.store.begin_term("supervisor", &sup).await.unwrap();
+        let orders = QueueName::parse("orders").unwrap();
+        b.transport
+            .declare_queue(&orders, &QueueSettings::default())
+            .await
+            .unwrap();
+        b.transport
+            .send(
+                &orders,
+                &[OutgoingMessage::new("m-bad", b"{not json".to_vec())],
+            )
+            .await
+            .unwrap();
+        let got = b
+            .transport
+            .receive(&orders, 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        b.transport
+            .dead_letter(
+                &got[0],
+                "BodyUndecodable",
+                "expected value at line 1 column 2",
+            )
+            .await
+            .unwrap();
+        let order = orderly_cli::sample::order(1);
+        b.store
+            .submit(&order, &orderly_core::Actor::operator("t"), &[])
+            .await
+            .unwrap();
+        let owner = orderly_core::InstanceId::parse("scheduler-1").unwrap();
+        let claimed = b
+            .store
+            .claim(&ClaimRequest {
+                owner,
+                limit: 1,
+                timeout: Duration::from_secs(60),
+            })
+            .await
+            .unwrap();
+        b.store
+            .fail(&claimed[0].fence, "card declined", &[])
+            .await
+            .unwrap();
+    });
+
+    let out = db.orderly(&["leader", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(
+        (v["holder"].as_str(), v["epoch"].as_i64()),
+        (Some("supervisor-7"), Some(2))
+    );
+    assert_eq!(v["lease_in"], "blob");
+
+    let out = db.orderly(&["queues", "--json"]);
+    let orders_depth = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|d| d["queue"] == "orders")
+        .expect("the orders queue");
+    assert_eq!(orders_depth["dead_lettered"], 1);
+
+    let out = db.orderly(&["dead-letters", "orders"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("m-bad")
+            && text.contains("BodyUndecodable")
+            && text.contains("line 1 column 2"),
+        "{text}"
+    );
+    let out = db.orderly(&["dead-letters", "orders", "--json"]);
+    let dl: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(dl["body"], "{not json");
+
+    // --all asks first; a closed stdin is "no".
+    let out = db.orderly(&["requeue", "orders", "--all"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing requeued"));
+    let out = db.orderly(&["requeue", "orders", "m-bad"]);
+    assert!(
+        out.status.success() && stdout(&out).contains("requeued 1"),
+        "{out:?}"
+    );
+    let out = db.orderly(&["requeue", "orders", "m-bad"]);
+    assert!(!out.status.success(), "nothing left to requeue");
+    let out = db.orderly(&["queues", "--json"]);
+    assert!(
+        stdout(&out)
+            .contains(r#""queue":"orders","ready":1,"locked":0,"scheduled":0,"dead_lettered":0"#),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = db.orderly(&["alerts", "--json"]);
+    let alert: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(alert["last_error"], "card declined");
+    let id = alert["alert_id"].as_i64().unwrap().to_string();
+    let out = db.orderly(&["alerts", "--ack", &id, "--operator", "erin"]);
+    assert!(
+        stdout(&out).contains("acknowledged by operator:erin"),
+        "{out:?}"
+    );
+    let out = db.orderly(&["alerts"]);
+    assert!(
+        stdout(&out).trim().is_empty(),
+        "no open alerts: {}",
+        stdout(&out)
+    );
+    let out = db.orderly(&["alerts", "--all"]);
+    assert!(stdout(&out).contains("card declined"));
+    let out = db.orderly(&["alerts", "--ack", "999"]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no alert #999")
+    );
+}

@@ -43,6 +43,8 @@ pub struct Backend {
     pub store: Arc<dyn StateStore>,
     /// The embedded queue in the same database.
     pub transport: Arc<dyn orderly_core::transport::Transport>,
+    /// The queue's depths and dead letters, for operators.
+    pub inspector: Arc<dyn orderly_core::transport::QueueInspector>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -58,13 +60,15 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
         let store = Arc::new(SqliteStore::open(url, time).await?);
         Ok(Backend {
             store: store.clone(),
-            transport: store,
+            transport: store.clone(),
+            inspector: store,
         })
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = Arc::new(PgStore::open(url, time).await?);
         Ok(Backend {
             store: store.clone(),
-            transport: store,
+            transport: store.clone(),
+            inspector: store,
         })
     } else {
         Err(bad_url())
