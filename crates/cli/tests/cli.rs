@@ -328,9 +328,8 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
 /// requeue, alert acknowledgement; on a store seeded through the library.
 #[test]
 fn operators_see_the_leader_queues_dead_letters_and_acknowledge_alerts() {
-    use orderly_core::leader::LeadershipStore;
-    use orderly_core::store::{ClaimRequest, IntakeStore, SchedulerStore};
-    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
+    use orderly_core::store::ClaimRequest;
+    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings};
     use std::time::Duration;
 
     let db = Db::new();
