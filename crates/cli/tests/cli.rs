@@ -263,6 +263,11 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
             && err.contains("before its lease can expire"),
         "{err}"
     );
+    let err = run(&["--alert-webhook-url", "ftp://hooks.example/t0ken-s3cr3t"]);
+    assert!(
+        err.contains("ORDERLY_ALERT_WEBHOOK_URL") && !err.contains("s3cr3t"),
+        "{err}"
+    );
     let err = run(&["--leader-stop-grace-ms", "15000"]);
     assert!(err.contains("ORDERLY_LEADER_STOP_GRACE_MS"), "{err}");
     let err = run(&[

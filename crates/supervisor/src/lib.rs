@@ -24,6 +24,10 @@ use orderly_core::transport::{QueueName, Transport};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+pub mod webhook;
+
+pub use webhook::{AlertWebhook, WebhookConfig};
+
 /// The leadership the supervisors elect.
 pub const LEADERSHIP: &str = "supervisor";
 
@@ -88,6 +92,7 @@ pub struct Supervisor {
     store: Arc<dyn StateStore>,
     transport: Arc<dyn Transport>,
     cfg: SupervisorConfig,
+    webhook: Option<AlertWebhook>,
 }
 
 impl Supervisor {
@@ -102,7 +107,14 @@ impl Supervisor {
             store,
             transport,
             cfg,
+            webhook: None,
         })
+    }
+
+    /// Also POSTs every alert it publishes to a webhook (never waiting for it).
+    pub fn with_webhook(mut self, webhook: AlertWebhook) -> Self {
+        self.webhook = Some(webhook);
+        self
     }
 
     /// One sweep under `leader`'s term: recovers every expired order (in batches),
@@ -203,6 +215,9 @@ impl Supervisor {
             // dropped the repeats by message id, and only the marker logs.
             for a in alerts.iter().filter(|a| marked.contains(&a.alert_id)) {
                 log_alert(a);
+                if let Some(webhook) = &self.webhook {
+                    webhook.offer(a);
+                }
             }
             published += marked.len();
             if (alerts.len() as u32) < self.cfg.batch {

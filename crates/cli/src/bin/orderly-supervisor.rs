@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use orderly_cli::election::ElectionArgs;
 use orderly_core::TimeSource;
-use orderly_supervisor::{Supervisor, SupervisorConfig};
+use orderly_supervisor::{AlertWebhook, Supervisor, SupervisorConfig, WebhookConfig};
 
 /// orderly-supervisor: recovers orders whose deadline passed and publishes operator
 /// alerts, on the one instance elected leader.
@@ -31,6 +31,45 @@ struct Args {
     /// Longest back-off, in ms.
     #[arg(long, env = "ORDERLY_BACKOFF_MAX_MS", default_value = "300000", value_parser = orderly_runtime::millis)]
     backoff_max_ms: Duration,
+    /// Also POST every alert as JSON to this URL (http or https; it may carry a token and is never logged).
+    #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_URL", hide_env_values = true)]
+    alert_webhook_url: Option<String>,
+    /// Each webhook attempt is abandoned after this long, in ms.
+    #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_TIMEOUT_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    alert_webhook_timeout_ms: Duration,
+    /// Attempts per alert before the webhook gives up on it (it stays in the alerts table and queue).
+    #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
+    alert_webhook_max_attempts: u32,
+}
+
+/// The webhook's settings, checked; errors name the setting, never the URL.
+fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
+    let Some(raw) = &args.alert_webhook_url else {
+        return Ok(None);
+    };
+    let url = reqwest::Url::parse(raw)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "invalid --alert-webhook-url / ORDERLY_ALERT_WEBHOOK_URL: must be an http(s) URL (not echoed: it may hold a token)"
+            )
+        })?;
+    if args.alert_webhook_max_attempts == 0 {
+        anyhow::bail!(
+            "invalid --alert-webhook-max-attempts / ORDERLY_ALERT_WEBHOOK_MAX_ATTEMPTS: must be at least 1"
+        );
+    }
+    if args.alert_webhook_timeout_ms.is_zero() {
+        anyhow::bail!(
+            "invalid --alert-webhook-timeout-ms / ORDERLY_ALERT_WEBHOOK_TIMEOUT_MS: must be more than 0"
+        );
+    }
+    Ok(Some(WebhookConfig {
+        timeout: args.alert_webhook_timeout_ms,
+        max_attempts: args.alert_webhook_max_attempts,
+        ..WebhookConfig::new(url)
+    }))
 }
 
 #[tokio::main]
@@ -40,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let instance = args.common.instance("supervisor")?;
     // Settings first: a wrong one stops start-up before any connection is made.
     let election = args.election.prepare()?;
+    let webhook = webhook(&args)?;
     let mut cfg = SupervisorConfig::new(instance.clone());
     cfg.interval = args.interval_ms;
     cfg.policy.max_failures = args.max_failures;
@@ -52,10 +92,19 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
     let elector = election.elector(backend.store.clone(), instance)?;
-    let supervisor = Supervisor::new(backend.store, backend.transport, cfg)
+    let mut supervisor = Supervisor::new(backend.store, backend.transport, cfg)
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
-    supervisor
-        .run(Arc::new(elector), orderly_runtime::shutdown_on_signals())
-        .await;
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    let mut delivery = None;
+    if let Some(cfg) = webhook {
+        let (hook, task) = AlertWebhook::start(cfg, shutdown.clone())
+            .context("cannot set up the alert webhook client")?;
+        supervisor = supervisor.with_webhook(hook);
+        delivery = Some(task);
+    }
+    supervisor.run(Arc::new(elector), shutdown).await;
+    if let Some(task) = delivery {
+        let _ = task.await;
+    }
     Ok(())
 }

@@ -1,0 +1,182 @@
+//! Alerts to a webhook: each alert the leader publishes is also POSTed as JSON to an
+//! operator's URL (a chat hook, an incident tool), with retries and back-off, by a task
+//! of its own behind a bounded queue, so a slow or failing webhook never holds up a
+//! sweep. The webhook is an extra channel: the alerts table and the alerts queue stay
+//! the record (an alert whose delivery gives up, or that is offered to a full queue, is
+//! logged and remains there).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::store::Alert;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// Where and how alerts are POSTed.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// The URL (it may carry a token: it is never logged).
+    pub url: reqwest::Url,
+    /// Each attempt is abandoned after this long.
+    pub timeout: Duration,
+    /// Attempts per alert before giving up.
+    pub max_attempts: u32,
+    /// Back-off before the second attempt; doubles, with full jitter, up to `backoff_max`.
+    pub backoff_base: Duration,
+    /// Longest back-off.
+    pub backoff_max: Duration,
+    /// Alerts waiting for delivery, at most.
+    pub queue: usize,
+    /// Deliveries in flight, at most.
+    pub concurrency: usize,
+}
+
+impl WebhookConfig {
+    /// Defaults for `url`: 5 s per attempt, 8 attempts, back-off from 500 ms to 60 s,
+    /// 10,000 waiting, 4 in flight.
+    pub fn new(url: reqwest::Url) -> Self {
+        Self {
+            url,
+            timeout: Duration::from_secs(5),
+            max_attempts: 8,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(60),
+            queue: 10_000,
+            concurrency: 4,
+        }
+    }
+
+    fn host(&self) -> String {
+        format!(
+            "{}://{}",
+            self.url.scheme(),
+            self.url.host_str().unwrap_or("?")
+        )
+    }
+}
+
+/// The sending side: cheap to clone, never blocks.
+#[derive(Debug, Clone)]
+pub struct AlertWebhook {
+    tx: mpsc::Sender<Alert>,
+}
+
+impl AlertWebhook {
+    /// Starts the delivery task; it drains what is queued and stops at `shutdown`.
+    pub fn start(
+        cfg: WebhookConfig,
+        shutdown: CancellationToken,
+    ) -> Result<(Self, tokio::task::JoinHandle<()>), reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
+            .timeout(cfg.timeout)
+            .build()?;
+        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let task = tokio::spawn(deliver_all(client, Arc::new(cfg), rx, shutdown));
+        Ok((Self { tx }, task))
+    }
+
+    /// Queues `alert` for delivery; never waits. A full queue drops it with a warning
+    /// (the alert remains in the alerts table and on the alerts queue).
+    pub fn offer(&self, alert: &Alert) {
+        if let Err(e) = self.tx.try_send(alert.clone()) {
+            warn!(alert_id = alert.alert_id, order_id = %alert.order_id, error = %e, "alert not queued for the webhook; it stays in the alerts table and queue");
+        }
+    }
+}
+
+async fn deliver_all(
+    client: reqwest::Client,
+    cfg: Arc<WebhookConfig>,
+    mut rx: mpsc::Receiver<Alert>,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
+    loop {
+        let alert = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            alert = rx.recv() => match alert {
+                Some(a) => a,
+                None => break,
+            },
+        };
+        let permit = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (client, cfg, shutdown) = (client.clone(), cfg.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            deliver(&client, &cfg, &alert, &shutdown).await;
+            drop(permit);
+        });
+    }
+    let left = rx.len() + cfg.concurrency.max(1) - slots.available_permits();
+    if left > 0 {
+        warn!(
+            left,
+            "stopping with alerts not sent to the webhook; they stay in the alerts table and queue"
+        );
+    }
+}
+
+/// POSTs one alert until accepted (2xx), refused (4xx other than 408/429), out of
+/// attempts, or shut down.
+async fn deliver(
+    client: &reqwest::Client,
+    cfg: &WebhookConfig,
+    alert: &Alert,
+    shutdown: &CancellationToken,
+) {
+    let key = format!("alert:{}", alert.alert_id);
+    let body = serde_json::json!({ "kind": "orderly.alert", "alert": alert });
+    for attempt in 1..=cfg.max_attempts {
+        let post = client
+            .post(cfg.url.clone())
+            .header("Idempotency-Key", &key)
+            .json(&body)
+            .send();
+        let outcome = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            outcome = post => outcome,
+        };
+        let retryable = match outcome {
+            Ok(r) if r.status().is_success() => {
+                info!(alert_id = alert.alert_id, order_id = %alert.order_id, attempt, "alert delivered to the webhook");
+                return;
+            }
+            Ok(r) => {
+                let s = r.status();
+                let retry = s.is_server_error() || s.as_u16() == 408 || s.as_u16() == 429;
+                warn!(alert_id = alert.alert_id, webhook = %cfg.host(), status = s.as_u16(), attempt, "the webhook refused the alert");
+                retry
+            }
+            Err(e) => {
+                warn!(alert_id = alert.alert_id, webhook = %cfg.host(), error = %e.without_url(), attempt, "the webhook could not be reached");
+                true
+            }
+        };
+        if !retryable {
+            break;
+        }
+        if attempt == cfg.max_attempts {
+            break;
+        }
+        let cap = cfg
+            .backoff_base
+            .saturating_mul(1 << (attempt - 1).min(20))
+            .min(cfg.backoff_max);
+        let wait = cap.mul_f64(rand::random::<f64>());
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+    error!(alert_id = alert.alert_id, order_id = %alert.order_id, webhook = %cfg.host(), "giving up on the webhook for this alert; it stays in the alerts table and queue");
+}
