@@ -303,6 +303,7 @@ impl Agent {
             epoch = %req.fence.epoch,
         );
         async move {
+            let started = std::time::Instant::now();
             let work = self.work(&req);
             let outcome =
                 match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work)
@@ -316,6 +317,14 @@ impl Agent {
                     }
                 };
             let (handled, attempts) = outcome;
+            let result = match &handled {
+                Handled::Replied(StepOutcome::Succeeded { .. }) => "succeeded",
+                Handled::Replied(StepOutcome::Failed { .. }) => "failed",
+                Handled::Silent(_) => "silent",
+            };
+            metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => result)
+                .record(started.elapsed().as_secs_f64());
+            metrics::counter!("orderly_remote_calls_total", "action" => req.action.clone()).increment(u64::from(attempts));
             if let Handled::Replied(outcome) = &handled {
                 let now = self.clock.now();
                 let reply = StepReply {

@@ -4,5 +4,6 @@
 
 pub mod demo;
 pub mod election;
+pub mod ops;
 pub mod sample;
 pub mod system;

@@ -622,6 +622,11 @@ impl Elector {
             s.terms_led += 1;
         });
         tracing::info!(parent: span, epoch = %fence.epoch, "LEADER: leadership acquired");
+        metrics::gauge!("orderly_leader", "leadership" => self.name.clone()).set(1.0);
+        metrics::gauge!("orderly_leader_epoch", "leadership" => self.name.clone())
+            .set(fence.epoch.0 as f64);
+        metrics::counter!("orderly_leadership_changes_total", "leadership" => self.name.clone())
+            .increment(1);
         let cancelled = CancellationToken::new();
         let heartbeat = Heartbeat::new();
         let mut running = tokio::spawn(task(Leadership {
@@ -679,6 +684,7 @@ impl Elector {
                             };
                             let left = deadline.saturating_duration_since(Instant::now());
                             tracing::warn!(parent: span, epoch = %fence.epoch, %error, deadline_in_ms = left.as_millis() as u64, "lease renewal failed; retrying");
+                            metrics::counter!("orderly_lease_renewal_failures_total", "leadership" => self.name.clone()).increment(1);
                             next_renewal = Instant::now() + self.timing.renew_retry;
                         }
                     }
@@ -693,6 +699,7 @@ impl Elector {
             }
         });
         tracing::warn!(parent: span, epoch = %fence.epoch, reason = reason.as_str(), "LEADER: leadership ended");
+        metrics::gauge!("orderly_leader", "leadership" => self.name.clone()).set(0.0);
         if !task_done && timeout(self.timing.stop_grace, &mut running).await.is_err() {
             (self.on_stuck)(fence);
             running.abort();

@@ -33,6 +33,10 @@ pub struct Common {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "ORDERLY_LOG_JSON")]
     pub log_json: bool,
+
+    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address, e.g. 0.0.0.0:9090.
+    #[arg(long, env = "ORDERLY_HTTP_LISTEN")]
+    pub http_listen: Option<std::net::SocketAddr>,
 }
 
 impl Common {

@@ -196,6 +196,7 @@ impl Scheduler {
         if claimed.is_empty() {
             return Ok(pass);
         }
+        metrics::counter!("orderly_orders_claimed_total").increment(claimed.len() as u64);
         debug!(batch = claimed.len(), "claimed");
         let mut nexts = Vec::with_capacity(claimed.len());
         for order in &claimed {
@@ -316,6 +317,9 @@ impl Scheduler {
         } else {
             let started = std::time::Instant::now();
             let verdicts = self.store.record_steps(&writes).await;
+            metrics::histogram!("orderly_step_writes_seconds")
+                .record(started.elapsed().as_secs_f64());
+            metrics::counter!("orderly_steps_succeeded_total").increment(writes.len() as u64);
             debug!(
                 batch = writes.len(),
                 elapsed_us = started.elapsed().as_micros() as u64,
@@ -629,6 +633,10 @@ impl Scheduler {
     ) -> orderly_core::Result<()> {
         let outcome = self.store.complete_many(&completions).await?;
         pass.completed += outcome.completed.len();
+        metrics::counter!("orderly_orders_processed_total")
+            .increment(outcome.completed.len() as u64);
+        metrics::counter!("orderly_completions_refused_total")
+            .increment(outcome.refused.len() as u64);
         for id in &outcome.completed {
             debug!(order_id = %id, instance_id = %self.cfg.instance, "order processed");
         }

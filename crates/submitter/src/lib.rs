@@ -179,11 +179,15 @@ impl Submitter {
     ) -> Option<ReceivedMessage> {
         match outcome {
             Ok(SubmitOutcome::Accepted) => {
+                metrics::counter!("orderly_orders_submitted_total", "outcome" => "accepted")
+                    .increment(1);
                 debug!("order accepted");
                 intake.accepted += 1;
                 Some(message)
             }
             Ok(SubmitOutcome::Duplicate) => {
+                metrics::counter!("orderly_orders_submitted_total", "outcome" => "duplicate")
+                    .increment(1);
                 debug!("repeated order absorbed");
                 intake.duplicates += 1;
                 Some(message)
@@ -225,6 +229,8 @@ impl Submitter {
     }
 
     async fn reject(&self, message: &ReceivedMessage, reason: &str, description: &str) {
+        metrics::counter!("orderly_dead_lettered_total", "queue" => message.queue.as_str().to_owned(), "reason" => reason.to_owned())
+            .increment(1);
         if let Err(e) = self
             .transport
             .dead_letter(message, reason, description)

@@ -143,6 +143,10 @@ impl Supervisor {
                         next_attempt_at,
                     } => {
                         sweep.retried += 1;
+                        metrics::counter!("orderly_recoveries_total", "outcome" => "retried")
+                            .increment(1);
+                        metrics::histogram!("orderly_recovered_failure_count")
+                            .record(f64::from(*failure_count));
                         info!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
                     }
                     Recovered::GaveUp {
@@ -150,6 +154,10 @@ impl Supervisor {
                         failure_count,
                     } => {
                         sweep.gave_up += 1;
+                        metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up")
+                            .increment(1);
+                        metrics::histogram!("orderly_recovered_failure_count")
+                            .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
                     }
                 }
@@ -220,6 +228,7 @@ impl Supervisor {
                 }
             }
             published += marked.len();
+            metrics::counter!("orderly_alerts_published_total").increment(marked.len() as u64);
             if (alerts.len() as u32) < self.cfg.batch {
                 return Ok(published);
             }

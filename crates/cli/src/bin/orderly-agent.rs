@@ -73,13 +73,20 @@ async fn main() -> anyhow::Result<()> {
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    let ops =
+        orderly_cli::ops::maybe_serve(args.common.http_listen, "agent", &backend, None, &shutdown)
+            .await?;
     Agent::new(
         backend.transport,
         Arc::new(remote),
         Arc::new(SystemClock),
         cfg,
     )
-    .run(orderly_runtime::shutdown_on_signals())
+    .run(shutdown)
     .await;
+    if let Some(ops) = ops {
+        let _ = ops.await;
+    }
     Ok(())
 }

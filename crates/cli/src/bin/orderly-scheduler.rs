@@ -44,8 +44,19 @@ async fn main() -> anyhow::Result<()> {
         cfg.processing_timeout = t;
     }
     let shutdown = orderly_runtime::shutdown_on_signals();
+    let ops = orderly_cli::ops::maybe_serve(
+        args.common.http_listen,
+        "scheduler",
+        &backend,
+        None,
+        &shutdown,
+    )
+    .await?;
     Scheduler::new(backend.store, backend.transport, Arc::new(SystemClock), cfg)
         .run(shutdown)
         .await;
+    if let Some(ops) = ops {
+        let _ = ops.await;
+    }
     Ok(())
 }

@@ -92,9 +92,17 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
     let elector = election.elector(backend.store.clone(), instance)?;
-    let mut supervisor = Supervisor::new(backend.store, backend.transport, cfg)
-        .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     let shutdown = orderly_runtime::shutdown_on_signals();
+    let ops = orderly_cli::ops::maybe_serve(
+        args.common.http_listen,
+        "supervisor",
+        &backend,
+        Some(elector.status()),
+        &shutdown,
+    )
+    .await?;
+    let mut supervisor = Supervisor::new(backend.store.clone(), backend.transport.clone(), cfg)
+        .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     let mut delivery = None;
     if let Some(cfg) = webhook {
         let (hook, task) = AlertWebhook::start(cfg, shutdown.clone())
@@ -105,6 +113,9 @@ async fn main() -> anyhow::Result<()> {
     supervisor.run(Arc::new(elector), shutdown).await;
     if let Some(task) = delivery {
         let _ = task.await;
+    }
+    if let Some(ops) = ops {
+        let _ = ops.await;
     }
     Ok(())
 }

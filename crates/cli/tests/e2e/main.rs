@@ -6,6 +6,7 @@
 
 mod fixtures;
 mod leader;
+mod ops;
 mod processes;
 #[path = "../support/procs.rs"]
 mod procs;

@@ -17,7 +17,7 @@ use crate::both;
 use crate::fixtures::{Db, Dialect};
 use crate::procs::{Proc, free_port, wait_for};
 
-async fn ledger(port: u16) -> Vec<Effect> {
+pub(crate) async fn ledger(port: u16) -> Vec<Effect> {
     reqwest::get(format!("http://127.0.0.1:{port}/ledger"))
         .await
         .expect("the simulator answers")
@@ -26,7 +26,7 @@ async fn ledger(port: u16) -> Vec<Effect> {
         .unwrap()
 }
 
-async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
+pub(crate) async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
     store
         .count_by_state()
         .await
@@ -36,7 +36,7 @@ async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
         .map_or(0, |(_, n)| n as usize)
 }
 
-fn start_sim(db: &str, port: u16, args: &[&str]) -> Proc {
+pub(crate) fn start_sim(db: &str, port: u16, args: &[&str]) -> Proc {
     let listen = format!("127.0.0.1:{port}");
     let mut all = vec!["--listen", listen.as_str()];
     all.extend_from_slice(args);

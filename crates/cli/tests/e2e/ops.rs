@@ -1,0 +1,189 @@
+//! The operations endpoints of the real role binaries under load: `/healthz`,
+//! `/readyz`, and `/metrics` with the named series; then SIGTERM during load: each
+//! role exits cleanly, nothing is lost, nothing done twice.
+
+use std::time::Duration;
+
+use orderly_cli::demo;
+use orderly_cli::system::declare_queues;
+use orderly_core::ProcessState;
+use orderly_core::workflow::Workflow;
+
+use crate::both;
+use crate::fixtures::{Db, Dialect};
+use crate::processes::{count, ledger, start_sim};
+use crate::procs::{Proc, free_port, wait_for};
+
+async fn get(port: u16, path: &str) -> (u16, String) {
+    match reqwest::get(format!("http://127.0.0.1:{port}{path}")).await {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// The value of the first sample of `series` (name with labels, as rendered).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+both!(
+    every_role_serves_health_readiness_and_metrics_and_stops_cleanly_on_sigterm,
+    ops_endpoints
+);
+async fn ops_endpoints(dialect: Dialect) {
+    let db = Db::new(dialect).await;
+    let backend = db.backend().await;
+    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let store = backend.store.clone();
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
+    let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+    let listen = |i: usize| format!("127.0.0.1:{}", ports[i]);
+    let (l0, l1, l2, l3, l4) = (listen(0), listen(1), listen(2), listen(3), listen(4));
+    let _submitter = Proc::start("orderly-submitter", &db.url, &["--http-listen", &l0]);
+    let mut scheduler = Proc::start("orderly-scheduler", &db.url, &["--http-listen", &l1]);
+    let mut agent = Proc::start(
+        "orderly-agent",
+        &db.url,
+        &["--http-listen", &l2, "--remote-url", &remote],
+    );
+    let _supervisor = Proc::start("orderly-supervisor", &db.url, &["--http-listen", &l3]);
+    for &p in &ports[..4] {
+        wait_for("/healthz", Duration::from_secs(30), async || {
+            get(p, "/healthz").await.0 == 200
+        })
+        .await;
+        let (status, body) = get(p, "/readyz").await;
+        assert_eq!((status, body.as_str()), (200, "ready\n"));
+    }
+    let first = demo::sample_orders(100);
+    let mut sent = demo::post(backend.transport.as_ref(), &first)
+        .await
+        .unwrap();
+    wait_for(
+        "100 orders processed",
+        Duration::from_secs(60),
+        async || count(&*store, ProcessState::Processed).await == 100,
+    )
+    .await;
+
+    let (_, m) = get(ports[0], "/metrics").await;
+    assert_eq!(
+        sample(&m, "orderly_orders_submitted_total{outcome=\"accepted\"}"),
+        Some(100.0),
+        "{m}"
+    );
+    let (_, m) = get(ports[1], "/metrics").await;
+    assert!(
+        sample(&m, "orderly_orders_claimed_total").unwrap() >= 100.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "orderly_orders_processed_total"),
+        Some(100.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "orderly_orders{state=\"Processed\"}"),
+        Some(100.0),
+        "{m}"
+    );
+    assert!(
+        m.contains("orderly_queue_messages{queue=\"orders\",condition=\"ready\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("orderly_dead_letters{queue=\"orders\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("orderly_step_writes_seconds_bucket"), "{m}");
+    let (_, m) = get(ports[2], "/metrics").await;
+    assert!(
+        m.contains(
+            "orderly_step_duration_seconds_bucket{action=\"charge-payment\",outcome=\"succeeded\""
+        ),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "orderly_remote_calls_total{action=\"ship\"}"),
+        Some(100.0),
+        "{m}"
+    );
+    let (_, m) = get(ports[3], "/metrics").await;
+    assert_eq!(
+        sample(&m, "orderly_leader{leadership=\"supervisor\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "orderly_leadership_epoch{leadership=\"supervisor\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        m.contains("orderly_is_leader{instance=\"supervisor@"),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "orderly_store_up{role=\"supervisor\"}"),
+        Some(1.0),
+        "{m}"
+    );
+
+    // SIGTERM while 200 more orders are in flight: both stop cleanly, and a new pair
+    // finishes the work; nothing lost, nothing twice.
+    let second = demo::sample_orders(300).split_off(100);
+    sent.extend(
+        demo::post(backend.transport.as_ref(), &second)
+            .await
+            .unwrap(),
+    );
+    wait_for(
+        "the second batch under way",
+        Duration::from_secs(30),
+        async || count(&*store, ProcessState::Processed).await >= 130,
+    )
+    .await;
+    scheduler.signal("TERM");
+    agent.signal("TERM");
+    assert!(
+        scheduler.wait(Duration::from_secs(15)).success(),
+        "the scheduler exits 0"
+    );
+    assert!(
+        agent.wait(Duration::from_secs(15)).success(),
+        "the agent exits 0"
+    );
+    assert_eq!(
+        get(ports[1], "/healthz").await.0,
+        0,
+        "its endpoint is gone too"
+    );
+    let _scheduler = Proc::start("orderly-scheduler", &db.url, &["--http-listen", &l4]);
+    let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
+    wait_for("all 300 processed", Duration::from_secs(90), async || {
+        count(&*store, ProcessState::Processed).await == 300
+    })
+    .await;
+    let effects = ledger(sim_port).await;
+    assert_eq!(effects.len(), 900, "three effects per order");
+    assert!(orderly_remote_sim::double_effects(&effects).is_empty());
+    let report = demo::report_on(
+        store.as_ref(),
+        Some(effects),
+        &sent,
+        &Workflow::default(),
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+}
