@@ -467,3 +467,107 @@ fn operators_see_the_leader_queues_dead_letters_and_acknowledge_alerts() {
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no alert #999")
     );
 }
+
+/// The container files name only what exists: every `ORDERLY_*` variable is one some
+/// binary reads (its `--help` shows `[env: ...]`), every command is one of our
+/// binaries, and the compose file is well-formed YAML whose services run them. (No
+/// Docker engine runs here, so the images are not built by the tests.)
+#[test]
+fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let compose = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let bins = [
+        ("orderly", env!("CARGO_BIN_EXE_orderly")),
+        ("orderly-submitter", env!("CARGO_BIN_EXE_orderly-submitter")),
+        ("orderly-scheduler", env!("CARGO_BIN_EXE_orderly-scheduler")),
+        ("orderly-agent", env!("CARGO_BIN_EXE_orderly-agent")),
+        (
+            "orderly-supervisor",
+            env!("CARGO_BIN_EXE_orderly-supervisor"),
+        ),
+        (
+            "orderly-remote-sim",
+            env!("CARGO_BIN_EXE_orderly-remote-sim"),
+        ),
+    ];
+    let help: String = bins
+        .iter()
+        .map(|(_, path)| {
+            let out = Command::new(path).arg("--help").output().unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    let words = |text: &str| -> Vec<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut vars: Vec<String> = words(&compose)
+        .into_iter()
+        .chain(words(&dockerfile))
+        .filter(|w| w.starts_with("ORDERLY_"))
+        .collect();
+    vars.sort();
+    vars.dedup();
+    assert!(vars.len() >= 10, "{vars:?}");
+    for v in &vars {
+        assert!(
+            help.contains(&format!("[env: {v}")),
+            "{v} is read by no binary"
+        );
+    }
+    // The binaries the image copies.
+    let copied: Vec<&str> = dockerfile
+        .split("target/release/")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        copied.len(),
+        bins.len(),
+        "the image holds every binary: {copied:?}"
+    );
+    for c in &copied {
+        assert!(
+            bins.iter().any(|(name, _)| name == c),
+            "{c} is not one of our binaries"
+        );
+    }
+    // Well-formed YAML, with the roles scaled as documented (PyYAML, from PyPI).
+    let parsed = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, yaml, json; d = yaml.safe_load(open(sys.argv[1])); \
+             print(json.dumps({k: [v.get('command'), (v.get('deploy') or {}).get('replicas', 1)] \
+             for k, v in d['services'].items()}))",
+        ])
+        .arg(root.join("docker-compose.yml"))
+        .output()
+        .expect("python3");
+    assert!(
+        parsed.status.success(),
+        "docker-compose.yml does not parse: {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let services: serde_json::Value = serde_json::from_slice(&parsed.stdout).unwrap();
+    for (name, svc) in services.as_object().unwrap() {
+        if let Some(cmd) = svc[0][0].as_str().filter(|c| c.starts_with("orderly")) {
+            assert!(
+                bins.iter().any(|(b, _)| *b == cmd),
+                "{name} runs {cmd}: not one of our binaries"
+            );
+        }
+    }
+    for (service, bin, replicas) in [
+        ("submitter", "orderly-submitter", 1),
+        ("scheduler", "orderly-scheduler", 2),
+        ("agent", "orderly-agent", 2),
+        ("supervisor", "orderly-supervisor", 2),
+        ("remote-sim", "orderly-remote-sim", 1),
+    ] {
+        assert_eq!(services[service][0][0], bin, "{service}: {services}");
+        assert_eq!(services[service][1], replicas, "{service}: {services}");
+    }
+}
