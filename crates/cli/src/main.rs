@@ -118,6 +118,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Settings files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Show the supervisors' current leader: holder, term (epoch), lease.
     Leader {
         /// Print JSON instead of text.
@@ -192,6 +197,17 @@ enum Command {
     },
 }
 
+/// What `orderly config` does.
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a settings file (TOML) as each worker role would read it, with this
+    /// environment: unknown keys and invalid values are named; exits non-zero if any.
+    Check {
+        /// The file.
+        file: std::path::PathBuf,
+    },
+}
+
 /// Fault injection presets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Faults {
@@ -261,6 +277,9 @@ async fn run() -> anyhow::Result<()> {
         } => return run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
         Command::Bench { orders, store } => return run_bench(*orders, store.clone()).await,
         Command::Up { faults } => return run_up(&cli.database_url, *faults).await,
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => return check_config(file),
         _ => {}
     }
     let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
@@ -415,9 +434,49 @@ async fn run() -> anyhow::Result<()> {
             }
             println!("requeued {n} message(s) on {queue}");
         }
-        Command::Demo { .. } | Command::Up { .. } | Command::Bench { .. } => {}
+        Command::Demo { .. }
+        | Command::Up { .. }
+        | Command::Bench { .. }
+        | Command::Config { .. } => {}
     }
     Ok(())
+}
+
+/// Runs each worker role's binary (beside this one) with `--config FILE
+/// --check-config`: the same layering and checks it does at start-up, nothing started.
+fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    let dir = std::env::current_exe()
+        .context("cannot find this executable")?
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .context("cannot find this executable's directory")?;
+    let mut failed = Vec::new();
+    for role in ["submitter", "scheduler", "agent", "supervisor"] {
+        let bin = dir.join(format!("orderly-{role}"));
+        let out = std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(file)
+            .arg("--check-config")
+            .env_remove("ORDERLY_CONFIG")
+            .output()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        if out.status.success() {
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let first = err
+                .lines()
+                .find(|l| !l.trim().is_empty() && !l.contains(" INFO "))
+                .unwrap_or("failed");
+            println!("orderly-{role}: {}", first.trim_start_matches("Error: "));
+            failed.push(role);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("invalid settings for: {}", failed.join(", "))
+    }
 }
 
 /// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).

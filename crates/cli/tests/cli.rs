@@ -571,3 +571,111 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
         assert_eq!(services[service][1], replicas, "{service}: {services}");
     }
 }
+
+/// Settings in layers: defaults < file < environment < flags; `orderly config check`
+/// names what is wrong; values from the file never show in `--help`.
+#[test]
+fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
+    let dir = std::env::temp_dir();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(format!(
+            "orderly-cfg-{}-{name}.toml",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let orderly = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_orderly"));
+        c.args(args).env_remove("RUST_BACKTRACE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let good = write(
+        "good",
+        "database_url = \"sqlite://orderly-never-opened.db\"\nlog_json = true\n\
+         [scheduler]\nmax_in_flight = 50\n\
+         [agent]\nqueues = [\"agent.inventory\", \"agent.payment\"]\nremote_url = \"http://sim:8080/actions\"\n\
+         [supervisor]\nelector = \"blob\"\nlease_ms = 15000\nrenew_deadline_ms = 10000\n\
+         lease_storage_connection_string = \"AccountName=acct;AccountKey=c2VjcmV0LWtleQ==\"\n",
+    );
+    let out = orderly(&["config", "check", good.to_str().unwrap()], &[]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for role in ["submitter", "scheduler", "agent", "supervisor"] {
+        assert!(
+            text.contains(&format!("orderly-{role}: settings OK")),
+            "{text}"
+        );
+    }
+    // A wrong value and an unknown key are named.
+    let bad = write(
+        "bad",
+        "[scheduler]\nmax_in_flight = 0\n[agent]\nremote_uri = \"x\"\n[supervisor]\nrenew_deadline_ms = 40000\n",
+    );
+    let out = orderly(&["config", "check", bad.to_str().unwrap()], &[]);
+    let text = stdout(&out);
+    assert!(!out.status.success());
+    assert!(text.contains("orderly-submitter: settings OK"), "{text}");
+    assert!(
+        text.contains("orderly-scheduler") && text.contains("--max-in-flight"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unknown setting `remote_uri` in [agent]"),
+        "{text}"
+    );
+    assert!(text.contains("ORDERLY_LEASE_RENEW_DEADLINE_MS"), "{text}");
+    // The environment wins over the file, and a flag over the environment.
+    let sup = env!("CARGO_BIN_EXE_orderly-supervisor");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(sup);
+        c.args(args).arg("--check-config");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let bad_path = bad.to_str().unwrap();
+    assert!(!run(&["--config", bad_path], &[]).status.success());
+    assert!(
+        run(
+            &["--config", bad_path],
+            &[("ORDERLY_LEASE_RENEW_DEADLINE_MS", "20000")]
+        )
+        .status
+        .success(),
+        "the environment wins over the file"
+    );
+    assert!(
+        !run(
+            &["--config", bad_path, "--renew-deadline-ms", "35000"],
+            &[("ORDERLY_LEASE_RENEW_DEADLINE_MS", "20000")]
+        )
+        .status
+        .success(),
+        "a flag wins over the environment"
+    );
+    assert!(
+        run(&[], &[("ORDERLY_CONFIG", good.to_str().unwrap())])
+            .status
+            .success(),
+        "ORDERLY_CONFIG names the file too"
+    );
+    // Secrets from the file stay out of --help.
+    let help = Command::new(sup)
+        .args(["--config", good.to_str().unwrap(), "--help"])
+        .output()
+        .unwrap();
+    let help = stdout(&help);
+    assert!(help.contains("--lease-storage-connection-string"), "{help}");
+    assert!(!help.contains("c2VjcmV0LWtleQ"), "{help}");
+    let _ = std::fs::remove_file(good);
+    let _ = std::fs::remove_file(bad);
+}

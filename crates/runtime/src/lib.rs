@@ -4,6 +4,8 @@
 //!
 //! Depends on `orderly-core` only (no database, no queue client).
 
+pub mod settings;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -37,6 +39,20 @@ pub struct Common {
     /// Serve /healthz, /readyz and /metrics (Prometheus) on this address, e.g. 0.0.0.0:9090.
     #[arg(long, env = "ORDERLY_HTTP_LISTEN")]
     pub http_listen: Option<std::net::SocketAddr>,
+
+    /// Check the settings (flags, environment, config file) and exit without starting.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+impl Common {
+    /// With `--check-config`: says the settings of `role` are valid; `true` means "exit now".
+    pub fn checked(&self, role: &str) -> bool {
+        if self.check_config {
+            println!("{role}: settings OK");
+        }
+        self.check_config
+    }
 }
 
 impl Common {

@@ -43,7 +43,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = orderly_runtime::settings::parse("agent")?;
     orderly_runtime::init_tracing(args.common.log_json);
     let queues = args
         .queues
@@ -70,6 +70,9 @@ async fn main() -> anyhow::Result<()> {
     .context("cannot build the HTTP client")?;
     let mut cfg = AgentConfig::new(args.common.instance("agent")?, queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
+    if args.common.checked("orderly-agent") {
+        return Ok(());
+    }
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;

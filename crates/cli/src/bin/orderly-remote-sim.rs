@@ -38,7 +38,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = orderly_runtime::settings::parse("remote-sim")?;
     orderly_runtime::init_tracing(false);
     let cfg = SimConfig {
         latency: args.latency_ms,

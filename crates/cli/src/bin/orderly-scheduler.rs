@@ -31,9 +31,12 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = orderly_runtime::settings::parse("scheduler")?;
     orderly_runtime::init_tracing(args.common.log_json);
     let workflow = Arc::new(orderly_runtime::load_workflow(args.workflow.as_deref())?);
+    if args.common.checked("orderly-scheduler") {
+        return Ok(());
+    }
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;

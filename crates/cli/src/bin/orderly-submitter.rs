@@ -15,9 +15,12 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = orderly_runtime::settings::parse("submitter")?;
     orderly_runtime::init_tracing(args.common.log_json);
     let cfg = SubmitterConfig::new(args.common.instance("submitter")?);
+    if args.common.checked("orderly-submitter") {
+        return Ok(());
+    }
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;

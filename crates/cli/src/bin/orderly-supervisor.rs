@@ -74,7 +74,7 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = orderly_runtime::settings::parse("supervisor")?;
     orderly_runtime::init_tracing(args.common.log_json);
     let instance = args.common.instance("supervisor")?;
     // Settings first: a wrong one stops start-up before any connection is made.
@@ -88,6 +88,9 @@ async fn main() -> anyhow::Result<()> {
     cfg.policy
         .validate()
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
+    if args.common.checked("orderly-supervisor") {
+        return Ok(());
+    }
     let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
