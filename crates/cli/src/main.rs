@@ -51,12 +51,8 @@ enum Command {
     },
     /// List orders, oldest first.
     List {
-        /// Only this state (Pending, Processing, Processed, Error, Cancelled).
-        #[arg(long)]
-        state: Option<ProcessState>,
-        /// Only orders whose last error contains this text.
-        #[arg(long)]
-        error: Option<String>,
+        #[command(flatten)]
+        filter: Filter,
         /// Page size.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -77,7 +73,16 @@ enum Command {
     /// Send an Error order round again (Pending, fresh failure budget).
     Resubmit {
         /// The order id.
-        order_id: String,
+        #[arg(required_unless_present = "all")]
+        order_id: Option<String>,
+        /// Every Error order the filter selects (asks first unless --yes).
+        #[arg(long, conflicts_with = "order_id")]
+        all: bool,
+        #[command(flatten)]
+        filter: Filter,
+        /// Confirm --all without asking.
+        #[arg(long)]
+        yes: bool,
         /// Why, for the history.
         #[arg(long)]
         reason: String,
@@ -89,7 +94,16 @@ enum Command {
     /// are undone first (by a scheduler, in reverse order), then it is Cancelled.
     Cancel {
         /// The order id.
-        order_id: String,
+        #[arg(required_unless_present = "all")]
+        order_id: Option<String>,
+        /// Every order the filter selects (asks first unless --yes).
+        #[arg(long, conflicts_with = "order_id", requires = "state")]
+        all: bool,
+        #[command(flatten)]
+        filter: Filter,
+        /// Confirm --all without asking.
+        #[arg(long)]
+        yes: bool,
         /// Why, for the history.
         #[arg(long)]
         reason: String,
@@ -195,6 +209,78 @@ enum Command {
         #[arg(long = "store")]
         store: Option<String>,
     },
+}
+
+/// Which orders: by state, error text, step, age.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct Filter {
+    /// Only this state (Pending, Processing, Processed, Error, Cancelled).
+    #[arg(long)]
+    state: Option<ProcessState>,
+    /// Only orders whose last error contains this text.
+    #[arg(long)]
+    error: Option<String>,
+    /// Only orders at this step (0-based index).
+    #[arg(long)]
+    step: Option<i32>,
+    /// Only orders created more than this many seconds ago.
+    #[arg(long, value_name = "SECS")]
+    older_than: Option<u64>,
+}
+
+impl Filter {
+    fn to_store(&self, limit: u32) -> OrderFilter {
+        OrderFilter {
+            state: self.state,
+            error_contains: self.error.clone(),
+            current_step: self.step,
+            created_before: self.older_than.map(|s| {
+                chrono::Utc::now()
+                    - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 2))
+            }),
+            limit,
+            ..Default::default()
+        }
+    }
+}
+
+/// Every order `filter` selects, page by page.
+async fn select_all(
+    store: &dyn orderly_core::store::StateStore,
+    filter: &Filter,
+) -> anyhow::Result<Vec<OrderId>> {
+    let mut query = filter.to_store(500);
+    let mut ids = Vec::new();
+    loop {
+        let page = store.list(&query).await?;
+        ids.extend(page.orders.into_iter().map(|o| o.order_id));
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return Ok(ids),
+        }
+    }
+}
+
+/// The orders one command acts on: the one named, or all the filter selects once the
+/// operator confirmed.
+async fn targets(
+    store: &dyn orderly_core::store::StateStore,
+    order_id: Option<String>,
+    filter: &Filter,
+    yes: bool,
+    verb: &str,
+) -> anyhow::Result<Vec<OrderId>> {
+    if let Some(id) = order_id {
+        return Ok(vec![OrderId::parse(id)?]);
+    }
+    let ids = select_all(store, filter).await?;
+    if ids.is_empty() {
+        bail!("no order matches the filter");
+    }
+    if !yes && !confirm(&format!("{verb} {} orders?", ids.len()))? {
+        bail!("nothing done");
+    }
+    Ok(ids)
 }
 
 /// What `orderly config` does.
@@ -317,19 +403,11 @@ async fn run() -> anyhow::Result<()> {
             );
         }
         Command::List {
-            state,
-            error,
+            filter,
             limit,
             json,
         } => {
-            let page = store
-                .list(&OrderFilter {
-                    state,
-                    error_contains: error,
-                    limit,
-                    ..Default::default()
-                })
-                .await?;
+            let page = store.list(&filter.to_store(limit)).await?;
             print::orders(&page.orders, json)?;
             if page.next.is_some() && !json {
                 println!("(more orders: raise --limit or filter)");
@@ -346,38 +424,61 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Resubmit {
             order_id,
+            all: _,
+            mut filter,
+            yes,
             reason,
             operator,
         } => {
-            let row = store
-                .resubmit(
-                    &OrderId::parse(order_id)?,
-                    &Actor::operator(&operator),
-                    &reason,
-                    &[],
-                )
-                .await?;
-            println!("order {} is {} again", row.order_id, row.process_state);
+            filter.state = Some(ProcessState::Error);
+            let ids = targets(store.as_ref(), order_id, &filter, yes, "resubmit").await?;
+            let actor = Actor::operator(&operator);
+            let mut failed = 0;
+            for id in &ids {
+                match store.resubmit(id, &actor, &reason, &[]).await {
+                    Ok(row) => println!("order {} is {} again", row.order_id, row.process_state),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("order {id}: {e}");
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} of {} orders not resubmitted", ids.len());
+            }
         }
         Command::Cancel {
             order_id,
+            all: _,
+            filter,
+            yes,
             reason,
             operator,
             no_compensation,
         } => {
-            let (id, actor) = (OrderId::parse(order_id)?, Actor::operator(&operator));
-            let row = if no_compensation {
-                store.cancel(&id, &actor, &reason, &[]).await?
-            } else {
-                store.request_cancel(&id, &actor, &reason, &[]).await?
-            };
-            if row.finish_as == Some(ProcessState::Cancelled) {
-                println!(
-                    "order {} will be Cancelled once its completed steps are undone",
-                    row.order_id
-                );
-            } else {
-                println!("order {} is {}", row.order_id, row.process_state);
+            let ids = targets(store.as_ref(), order_id, &filter, yes, "cancel").await?;
+            let actor = Actor::operator(&operator);
+            let mut failed = 0;
+            for id in &ids {
+                let row = if no_compensation {
+                    store.cancel(id, &actor, &reason, &[]).await
+                } else {
+                    store.request_cancel(id, &actor, &reason, &[]).await
+                };
+                match row {
+                    Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => println!(
+                        "order {} will be Cancelled once its completed steps are undone",
+                        row.order_id
+                    ),
+                    Ok(row) => println!("order {} is {}", row.order_id, row.process_state),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("order {id}: {e}");
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} of {} orders not cancelled", ids.len());
             }
         }
         Command::Alerts {

@@ -679,3 +679,34 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
     let _ = std::fs::remove_file(good);
     let _ = std::fs::remove_file(bad);
 }
+
+#[test]
+fn bulk_actions_select_by_filter_and_ask_first() {
+    let db = Db::new();
+    assert!(db.orderly(&["submit", "--sample", "4"]).status.success());
+    let count = |args: &[&str]| {
+        let mut all = vec!["list", "--json"];
+        all.extend_from_slice(args);
+        stdout(&db.orderly(&all)).lines().count()
+    };
+    assert_eq!(count(&["--step", "0"]), 4);
+    assert_eq!(count(&["--older-than", "3600"]), 0, "all created just now");
+    assert_eq!(count(&["--step", "1"]), 0);
+    let out = db.orderly(&["cancel", "--all", "--state", "Pending", "--reason", "test"]);
+    assert!(!out.status.success(), "a closed stdin is no");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing done"));
+    assert_eq!(count(&["--state", "Pending"]), 4);
+    let out = db.orderly(&["cancel", "--all", "--reason", "test", "--yes"]);
+    assert!(!out.status.success(), "--all needs a state");
+    let out = db.orderly(&[
+        "cancel", "--all", "--state", "Pending", "--reason", "test", "--yes",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(count(&["--state", "Cancelled"]), 4);
+    let out = db.orderly(&["resubmit", "--all", "--reason", "retry", "--yes"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no order matches"),
+        "only Error orders are resubmitted"
+    );
+}
