@@ -132,6 +132,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the web dashboard: overview, Error triage, orders with their timeline,
+    /// retry and cancel, dead letters.
+    Dashboard {
+        /// Address to serve on; anything but loopback needs --token.
+        #[arg(
+            long,
+            env = "ORDERLY_DASHBOARD_LISTEN",
+            default_value = "127.0.0.1:8088"
+        )]
+        listen: std::net::SocketAddr,
+        /// Required for a non-loopback address; give it once as ?token=...
+        #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Settings files.
     Config {
         #[command(subcommand)]
@@ -198,6 +212,16 @@ enum Command {
         /// Fault injection in the simulator.
         #[arg(long, default_value = "off")]
         faults: Faults,
+        /// Serve the web dashboard here; anything but loopback needs --dashboard-token.
+        #[arg(
+            long,
+            env = "ORDERLY_DASHBOARD_LISTEN",
+            default_value = "127.0.0.1:8088"
+        )]
+        dashboard: std::net::SocketAddr,
+        /// The dashboard's token (required off loopback).
+        #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
+        dashboard_token: Option<String>,
     },
     /// Measure end-to-end throughput and submit->Processed latency with the simulator
     /// answering at once: a burst of N orders, then a paced run at half that rate.
@@ -362,10 +386,35 @@ async fn run() -> anyhow::Result<()> {
             store,
         } => return run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
         Command::Bench { orders, store } => return run_bench(*orders, store.clone()).await,
-        Command::Up { faults } => return run_up(&cli.database_url, *faults).await,
+        Command::Up {
+            faults,
+            dashboard,
+            dashboard_token,
+        } => {
+            return run_up(
+                &cli.database_url,
+                *faults,
+                *dashboard,
+                dashboard_token.clone(),
+            )
+            .await;
+        }
         Command::Config {
             command: ConfigCommand::Check { file },
         } => return check_config(file),
+        Command::Dashboard { listen, token } => {
+            let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
+                .await
+                .context(
+                    "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
+                )?;
+            let shutdown = orderly_runtime::shutdown_on_signals();
+            let (addr, task) =
+                orderly_cli::dashboard::serve(*listen, backend, token.clone(), shutdown).await?;
+            println!("dashboard on http://{addr}/");
+            task.await?;
+            return Ok(());
+        }
         _ => {}
     }
     let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
@@ -538,7 +587,8 @@ async fn run() -> anyhow::Result<()> {
         Command::Demo { .. }
         | Command::Up { .. }
         | Command::Bench { .. }
-        | Command::Config { .. } => {}
+        | Command::Config { .. }
+        | Command::Dashboard { .. } => {}
     }
     Ok(())
 }
@@ -712,21 +762,29 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_up(url: &str, faults: Faults) -> anyhow::Result<()> {
+async fn run_up(
+    url: &str,
+    faults: Faults,
+    dashboard: std::net::SocketAddr,
+    token: Option<String>,
+) -> anyhow::Result<()> {
     let backend = orderly_sql::connect(url, TimeSource::Database)
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    let (dash_addr, dash) =
+        orderly_cli::dashboard::serve(dashboard, backend.clone(), token, shutdown.clone()).await?;
     let mut cfg = SystemConfig::new();
     cfg.sim = Some(faults.sim());
     let system = System::start(backend, cfg).await?;
     eprintln!(
-        "orderly is up: post orders to the \"orders\" queue (or `orderly submit`); simulator on {}; Ctrl-C stops",
+        "orderly is up: post orders to the \"orders\" queue (or `orderly submit`); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
         system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
     );
-    let shutdown = tokio::signal::ctrl_c();
-    let _ = shutdown.await;
+    shutdown.cancelled().await;
     eprintln!("stopping...");
     system.stop(std::time::Duration::from_secs(10)).await;
+    let _ = dash.await;
     Ok(())
 }
 

@@ -710,3 +710,174 @@ fn bulk_actions_select_by_filter_and_ask_first() {
         "only Error orders are resubmitted"
     );
 }
+
+/// The dashboard end to end in a real headless browser (Debian's chromium, driven by
+/// playwright-core from `tests/browser`): the Error list, search, an order's page,
+/// Retry -> Pending; a forged POST refused. Then over plain HTTP: a non-loopback
+/// address needs a token, and requests without it are refused.
+#[test]
+fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() {
+    use orderly_core::store::ClaimRequest;
+    use std::time::Duration;
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let script = root.join("tests/browser/dashboard.mjs");
+    assert!(
+        root.join("tests/browser/node_modules/playwright-core")
+            .exists(),
+        "the browser test needs `npm ci --prefix tests/browser` (.ci/run does)"
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "the browser test needs Debian's chromium at {chromium} (apt-get install chromium; .ci/run does)"
+    );
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let order = orderly_cli::sample::order(7);
+    let id = order.order_id.as_str().to_owned();
+    rt.block_on(async {
+        let b = orderly_sql::connect(&url, orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        b.store
+            .submit(&order, &orderly_core::Actor::operator("t"), &[])
+            .await
+            .unwrap();
+        let owner = orderly_core::InstanceId::parse("scheduler-1").unwrap();
+        let claimed = b
+            .store
+            .claim(&ClaimRequest {
+                owner,
+                limit: 1,
+                timeout: Duration::from_secs(60),
+            })
+            .await
+            .unwrap();
+        b.store
+            .fail(&claimed[0].fence, "card declined", &[])
+            .await
+            .unwrap();
+    });
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut dash = Command::new(env!("CARGO_BIN_EXE_orderly"))
+        .args(["dashboard", "--listen", &format!("127.0.0.1:{port}")])
+        .env("ORDERLY_DATABASE_URL", &url)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the dashboard did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg(&id)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .expect("node");
+    let _ = dash.kill();
+    let _ = dash.wait();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The store agrees: Pending again, by the dashboard's operator.
+    let shown = db.orderly(&["show", &id, "--json"]);
+    let view: serde_json::Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(view["state"]["process_state"], "Pending");
+    let last = view["history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["actor"], "operator:dashboard");
+    assert_eq!(last["reason"], "fixed the card (browser test)");
+
+    // Not loopback: refused without a token; with one, only requests carrying it pass.
+    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+        .args(["dashboard", "--listen", "0.0.0.0:0"])
+        .env("ORDERLY_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ORDERLY_DASHBOARD_TOKEN"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut dash = Command::new(env!("CARGO_BIN_EXE_orderly"))
+        .args(["dashboard", "--listen", &format!("0.0.0.0:{port}")])
+        .env("ORDERLY_DATABASE_URL", &url)
+        .env("ORDERLY_DASHBOARD_TOKEN", "t0ken-for-test")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the dashboard did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rt.block_on(async {
+        let base = format!("http://127.0.0.1:{port}");
+        let c = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        assert_eq!(
+            c.get(format!("{base}/")).send().await.unwrap().status(),
+            401
+        );
+        assert_eq!(
+            c.get(format!("{base}/"))
+                .bearer_auth("wrong")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            401
+        );
+        let ok = c
+            .get(format!("{base}/"))
+            .bearer_auth("t0ken-for-test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+        let text = ok.text().await.unwrap();
+        assert!(
+            text.contains("Supervisor leader") && text.contains("count-Pending"),
+            "{text}"
+        );
+        let r = c
+            .get(format!("{base}/errors?token=t0ken-for-test"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            303,
+            "the token goes into a cookie and out of the URL"
+        );
+        assert!(
+            r.headers()["set-cookie"]
+                .to_str()
+                .unwrap()
+                .contains("HttpOnly")
+        );
+    });
+    let _ = dash.kill();
+    let _ = dash.wait();
+}

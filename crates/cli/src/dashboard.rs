@@ -1,0 +1,556 @@
+//! The web dashboard (`orderly dashboard`, and `orderly up --dashboard ADDR`): plain
+//! server-rendered HTML, no JavaScript needed.
+//!
+//! - `/` overview: orders by state, age of the oldest Pending order, the supervisors'
+//!   leader, queue depths;
+//! - `/errors` the Error triage list, searchable by error text and step;
+//! - `/orders/{id}` one order: details, steps, its timeline, the last error, and
+//!   Retry / Cancel (POST forms, CSRF-protected);
+//! - `/dead-letters` dead-lettered messages per queue, with why.
+//!
+//! On a loopback address it needs nothing; on any other it requires a token
+//! (`--token` / `ORDERLY_DASHBOARD_TOKEN`), given once as `?token=...` (kept in an
+//! HttpOnly cookie) or as `Authorization: Bearer ...`. State-changing requests must
+//! carry the CSRF token of the page's form, matched against a SameSite=Strict cookie.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use axum::extract::{Form, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use orderly_core::store::OrderFilter;
+use orderly_core::transport::QueueName;
+use orderly_core::{Actor, OrderId, ProcessState};
+use orderly_sql::Backend;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+struct Dash {
+    backend: Backend,
+    token: Option<String>,
+}
+
+/// Serves the dashboard on `listen` until `shutdown`. Refuses a non-loopback address
+/// without a token.
+pub async fn serve(
+    listen: SocketAddr,
+    backend: Backend,
+    token: Option<String>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    if !listen.ip().is_loopback() && token.as_deref().is_none_or(str::is_empty) {
+        anyhow::bail!(
+            "the dashboard on {listen} (not loopback) needs --token / ORDERLY_DASHBOARD_TOKEN"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} for the dashboard"))?;
+    let addr = listener.local_addr()?;
+    let state = Dash { backend, token };
+    let app = axum::Router::new()
+        .route("/", get(overview))
+        .route("/errors", get(errors))
+        .route("/orders/{id}", get(order))
+        .route("/orders/{id}/retry", post(retry))
+        .route("/orders/{id}/cancel", post(cancel))
+        .route("/dead-letters", get(dead_letters))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state);
+    tracing::info!(%addr, "dashboard");
+    Ok((
+        addr,
+        tokio::spawn(async move {
+            let stop = shutdown.clone();
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+            {
+                tracing::error!(error = %e, "the dashboard failed");
+            }
+        }),
+    ))
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// Constant-time comparison of two secrets.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// The token (when one is required) and a CSRF cookie on every response.
+async fn guard(State(dash): State<Dash>, req: Request, next: Next) -> Response {
+    if let Some(token) = dash.token.as_deref().filter(|t| !t.is_empty()) {
+        let headers = req.headers();
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let query = req.uri().query().and_then(|q| {
+            q.split('&')
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| *k == "token")
+                .map(|(_, v)| v.to_string())
+        });
+        if query.as_deref().is_some_and(|q| same(q, token)) {
+            // Keep it in a cookie and drop it from the address bar.
+            let path = req.uri().path().to_string();
+            return (
+                [(
+                    header::SET_COOKIE,
+                    format!("orderly_token={token}; HttpOnly; SameSite=Strict; Path=/"),
+                )],
+                Redirect::to(&path),
+            )
+                .into_response();
+        }
+        let ok = bearer.is_some_and(|b| same(b, token))
+            || cookie(headers, "orderly_token").is_some_and(|c| same(c, token));
+        if !ok {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "this dashboard needs its token: open it once with ?token=...\n",
+            )
+                .into_response();
+        }
+    }
+    let has_csrf = cookie(req.headers(), "orderly_csrf").is_some();
+    let mut res = next.run(req).await;
+    if !has_csrf
+        && let Ok(v) = format!(
+            "orderly_csrf={}; SameSite=Strict; Path=/",
+            uuid::Uuid::new_v4().simple()
+        )
+        .parse()
+    {
+        res.headers_mut().append(header::SET_COOKIE, v);
+    }
+    res
+}
+
+/// HTML-escapes `s`.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn page(title: &str, body: &str) -> Html<String> {
+    Html(format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>{t} - orderly</title>\
+         <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}nav a{{margin-right:1em}}\
+         table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}\
+         .Error{{color:#b00}}.Processed{{color:#080}}.muted{{color:#777}}form.inline{{display:inline}}</style></head>\
+         <body><nav><b>orderly</b> <a href=\"/\">Overview</a><a href=\"/errors\">Errors</a><a href=\"/dead-letters\">Dead letters</a></nav>\
+         <h1>{t}</h1>{body}</body></html>",
+        t = esc(title)
+    ))
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        page("Unavailable", &format!("<p>{}</p>", esc(&e.to_string()))),
+    )
+        .into_response()
+}
+
+fn ago(t: chrono::DateTime<chrono::Utc>) -> String {
+    let s = (chrono::Utc::now() - t).num_seconds().max(0);
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86400 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86400),
+    }
+}
+
+async fn overview(State(dash): State<Dash>) -> Response {
+    let store = &dash.backend.store;
+    let counts = match store.count_by_state().await {
+        Ok(c) => c,
+        Err(e) => return failed(e),
+    };
+    let mut body = String::from("<h2>Orders</h2><table><tr>");
+    for (state, _) in &counts {
+        let _ = write!(body, "<th class={0}>{0}</th>", state.as_str());
+    }
+    body.push_str("</tr><tr>");
+    for (state, n) in &counts {
+        let link = if *state == ProcessState::Error {
+            format!("<a href=\"/errors\">{n}</a>")
+        } else {
+            n.to_string()
+        };
+        let _ = write!(body, "<td id=\"count-{}\">{link}</td>", state.as_str());
+    }
+    body.push_str("</tr></table>");
+    let oldest = store
+        .list(&OrderFilter {
+            state: Some(ProcessState::Pending),
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .ok()
+        .and_then(|p| p.orders.into_iter().next());
+    let _ = write!(
+        body,
+        "<p>Oldest Pending order: {}</p>",
+        oldest.map_or("none".into(), |o| format!(
+            "<a href=\"/orders/{0}\">{0}</a>, waiting {1}",
+            esc(o.order_id.as_str()),
+            ago(o.created_at)
+        ))
+    );
+    match store.term(orderly_supervisor::LEADERSHIP).await {
+        Ok(Some(t)) => {
+            let expired = t.lease_expires_at.is_some_and(|e| e <= chrono::Utc::now());
+            let _ = write!(
+                body,
+                "<p>Supervisor leader: <b id=leader>{}</b>, term {} since {} ago{}</p>",
+                esc(t.fence.holder.as_str()),
+                t.fence.epoch,
+                ago(t.started_at),
+                if expired {
+                    " <b class=Error>(lease expired: no leader)</b>"
+                } else {
+                    ""
+                }
+            );
+        }
+        Ok(None) => body.push_str("<p>Supervisor leader: <b id=leader>none yet</b></p>"),
+        Err(e) => return failed(e),
+    }
+    if let Ok(depths) = dash.backend.inspector.depths().await {
+        body.push_str("<h2>Queues</h2><table><tr><th>queue</th><th>ready</th><th>locked</th><th>scheduled</th><th>dead-lettered</th></tr>");
+        for d in depths {
+            let _ = write!(
+                body,
+                "<tr><td>{0}</td><td>{1}</td><td>{2}</td><td>{3}</td><td><a href=\"/dead-letters?queue={0}\">{4}</a></td></tr>",
+                esc(d.queue.as_str()),
+                d.ready,
+                d.locked,
+                d.scheduled,
+                d.dead_lettered
+            );
+        }
+        body.push_str("</table>");
+    }
+    page("Overview", &body).into_response()
+}
+
+#[derive(Deserialize)]
+struct ErrorQuery {
+    q: Option<String>,
+    step: Option<String>,
+}
+
+async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQuery>) -> Response {
+    let text = query.q.unwrap_or_default();
+    let step = query
+        .step
+        .as_deref()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    let page_ = match dash
+        .backend
+        .store
+        .list(&OrderFilter {
+            state: Some(ProcessState::Error),
+            error_contains: Some(text.clone()).filter(|t| !t.is_empty()),
+            current_step: step,
+            limit: 200,
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => return failed(e),
+    };
+    let mut body = format!(
+        "<form method=get action=/errors>Error text <input name=q value=\"{}\"> Step <input name=step size=3 value=\"{}\"> <button>Search</button></form>",
+        esc(&text),
+        step.map(|s| s.to_string()).unwrap_or_default()
+    );
+    let _ = write!(
+        body,
+        "<table id=errors><tr><th>order</th><th>step</th><th>failures</th><th>since</th><th>last error</th></tr>"
+    );
+    for o in &page_.orders {
+        let _ = write!(
+            body,
+            "<tr><td><a href=\"/orders/{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3} ago</td><td>{4}</td></tr>",
+            esc(o.order_id.as_str()),
+            o.current_step,
+            o.failure_count,
+            ago(o.updated_at),
+            esc(o.last_error.as_deref().unwrap_or(""))
+        );
+    }
+    body.push_str("</table>");
+    if page_.orders.is_empty() {
+        body.push_str("<p class=muted>No order in Error matches.</p>");
+    } else if page_.next.is_some() {
+        body.push_str("<p class=muted>The first 200 shown: narrow the search.</p>");
+    }
+    page("Orders in Error", &body).into_response()
+}
+
+async fn order(State(dash): State<Dash>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let Ok(order_id) = OrderId::parse(id) else {
+        return (StatusCode::BAD_REQUEST, page("Bad order id", "")).into_response();
+    };
+    let view = match dash.backend.store.get(&order_id).await {
+        Ok(v) => v,
+        Err(orderly_core::Error::OrderNotFound(_)) => {
+            return (StatusCode::NOT_FOUND, page("No such order", "")).into_response();
+        }
+        Err(e) => return failed(e),
+    };
+    let s = &view.state;
+    let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
+    let mut body = format!(
+        "<p>State <b id=state class={0}>{0}</b>{1} &middot; step {2} &middot; failures {3} &middot; epoch {4} &middot; held by {5}</p>",
+        s.process_state.as_str(),
+        s.finish_as
+            .map(|f| format!(" (undoing its steps, then {f})"))
+            .unwrap_or_default(),
+        s.current_step,
+        s.failure_count,
+        s.lock_epoch,
+        esc(s.locked_by.as_ref().map_or("nobody", |l| l.as_str()))
+    );
+    if let Some(e) = &s.last_error {
+        let _ = write!(
+            body,
+            "<p>Last error: <b id=last-error class=Error>{}</b></p>",
+            esc(e)
+        );
+    }
+    let form = |action: &str, label: &str, reason: &str| {
+        format!(
+            "<form class=inline method=post action=\"/orders/{id}/{action}\"><input type=hidden name=csrf value=\"{csrf}\">\
+             <input name=reason value=\"{reason}\" size=24> <button id={action}>{label}</button></form> ",
+            id = esc(s.order_id.as_str()),
+            csrf = esc(csrf),
+        )
+    };
+    if s.process_state == ProcessState::Error {
+        body.push_str(&form(
+            "retry",
+            "Retry from the failed step",
+            "retried from the dashboard",
+        ));
+    }
+    if s.process_state.can_become(ProcessState::Cancelled) {
+        body.push_str(&form(
+            "cancel",
+            "Cancel (undo its steps)",
+            "cancelled from the dashboard",
+        ));
+    }
+    body.push_str("<h2>Steps</h2><table><tr><th>#</th><th>step</th><th>status</th><th>attempts</th><th>key</th><th>detail</th></tr>");
+    for st in &view.steps {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{:?}</td><td>{}</td><td class=muted>{}</td><td>{}</td></tr>",
+            st.index,
+            esc(&st.name),
+            st.status,
+            st.attempts,
+            esc(&st.idempotency_key),
+            esc(st.detail.as_deref().unwrap_or(""))
+        );
+    }
+    body.push_str("</table><h2>Timeline</h2><table id=timeline><tr><th>when</th><th>what</th><th>from</th><th>to</th><th>who</th><th>epoch</th><th>why</th></tr>");
+    for h in &view.history {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{:?}</td><td>{}</td><td class={3}>{3}</td><td>{4}</td><td>{5}</td><td>{6}</td></tr>",
+            h.at.format("%Y-%m-%d %H:%M:%S%.3f"),
+            h.kind,
+            h.from_state.map_or("", |f| f.as_str()),
+            h.to_state.as_str(),
+            esc(h.actor.as_str()),
+            h.epoch,
+            esc(h.reason.as_deref().unwrap_or(""))
+        );
+    }
+    body.push_str("</table><h2>Details</h2><pre>");
+    body.push_str(&esc(
+        &serde_json::to_string_pretty(&view.details).unwrap_or_default()
+    ));
+    body.push_str("</pre>");
+    page(&format!("Order {}", s.order_id), &body).into_response()
+}
+
+#[derive(Deserialize)]
+struct Action {
+    csrf: String,
+    reason: Option<String>,
+}
+
+/// The CSRF check: the form's token equals the cookie's.
+fn csrf_ok(headers: &HeaderMap, form: &Action) -> bool {
+    cookie(headers, "orderly_csrf").is_some_and(|c| !c.is_empty() && same(c, &form.csrf))
+}
+
+async fn act(dash: Dash, headers: HeaderMap, id: String, form: Action, retry: bool) -> Response {
+    if !csrf_ok(&headers, &form) {
+        return (
+            StatusCode::FORBIDDEN,
+            page(
+                "Refused",
+                "<p>The form's CSRF token does not match: reload the page and try again.</p>",
+            ),
+        )
+            .into_response();
+    }
+    let Ok(order_id) = OrderId::parse(id) else {
+        return (StatusCode::BAD_REQUEST, page("Bad order id", "")).into_response();
+    };
+    let actor = Actor::operator("dashboard");
+    let reason = form
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "from the dashboard".into());
+    let store = &dash.backend.store;
+    let done = if retry {
+        store.resubmit(&order_id, &actor, &reason, &[]).await
+    } else {
+        store.request_cancel(&order_id, &actor, &reason, &[]).await
+    };
+    match done {
+        Ok(_) => Redirect::to(&format!("/orders/{}", order_id.as_str())).into_response(),
+        Err(e @ orderly_core::Error::IllegalTransition { .. }) => (
+            StatusCode::CONFLICT,
+            page(
+                "Not done",
+                &format!(
+                    "<p>{}</p><p><a href=\"/orders/{}\">back</a></p>",
+                    esc(&e.to_string()),
+                    esc(order_id.as_str())
+                ),
+            ),
+        )
+            .into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+async fn retry(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<Action>,
+) -> Response {
+    act(dash, headers, id, form, true).await
+}
+
+async fn cancel(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<Action>,
+) -> Response {
+    act(dash, headers, id, form, false).await
+}
+
+#[derive(Deserialize)]
+struct DeadQuery {
+    queue: Option<String>,
+}
+
+async fn dead_letters(State(dash): State<Dash>, Query(query): Query<DeadQuery>) -> Response {
+    let depths = match dash.backend.inspector.depths().await {
+        Ok(d) => d,
+        Err(e) => return failed(e),
+    };
+    let mut body = String::from("<p>");
+    for d in &depths {
+        let _ = write!(
+            body,
+            "<a href=\"/dead-letters?queue={0}\">{0}</a> ({1}) ",
+            esc(d.queue.as_str()),
+            d.dead_lettered
+        );
+    }
+    body.push_str("</p>");
+    let queue = query.queue.or_else(|| {
+        depths
+            .iter()
+            .find(|d| d.dead_lettered > 0)
+            .map(|d| d.queue.as_str().to_owned())
+    });
+    if let Some(q) = queue.and_then(|q| QueueName::parse(q).ok()) {
+        let letters = match dash.backend.transport.dead_letters(&q, 200).await {
+            Ok(l) => l,
+            Err(e) => return failed(e),
+        };
+        let _ = write!(
+            body,
+            "<h2>{}</h2><table id=dead-letters><tr><th>when</th><th>message</th><th>reason</th><th>deliveries</th><th>description</th><th>body</th></tr>",
+            esc(q.as_str())
+        );
+        for d in &letters {
+            let text = String::from_utf8_lossy(&d.message.body);
+            let short: String = text.chars().take(200).collect();
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=muted>{}</td></tr>",
+                d.dead_lettered_at.format("%Y-%m-%d %H:%M:%S"),
+                esc(&d.message.message_id),
+                esc(&d.reason),
+                d.message.delivery_count,
+                esc(&d.description),
+                esc(&short)
+            );
+        }
+        body.push_str("</table><p class=muted>Requeue with <code>orderly requeue QUEUE MESSAGE_ID</code>.</p>");
+    }
+    page("Dead letters", &body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_and_secrets_compared_in_full() {
+        assert_eq!(
+            esc("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
+        assert!(same("abc", "abc"));
+        assert!(!same("abc", "abd"));
+        assert!(!same("abc", "ab"));
+    }
+}
