@@ -441,6 +441,10 @@ pub trait SchedulerStore: Send + Sync {
     /// more while it holds its maximum, so orders do not wait out their deadline in
     /// the agents' queues.
     async fn count_owned(&self, owner: &InstanceId) -> Result<i64>;
+
+    /// The fences of the Processing orders `owner` holds (to hand them back with
+    /// [`SchedulerStore::release`] when it stops).
+    async fn owned(&self, owner: &InstanceId) -> Result<Vec<Fence>>;
 }
 
 /// Finding and recovering timed-out work (the supervisor).

@@ -50,6 +50,9 @@ pub struct SchedulerConfig {
     pub idle_wait: Duration,
     /// Most orders this instance holds at once; it claims no more until some finish.
     pub max_in_flight: u32,
+    /// On shutdown: how long to keep applying replies to the orders it holds (claiming
+    /// nothing new) before handing the rest back.
+    pub shutdown_grace: Duration,
 }
 
 impl SchedulerConfig {
@@ -66,6 +69,7 @@ impl SchedulerConfig {
             reply_batch: 256,
             idle_wait: Duration::from_millis(50),
             max_in_flight: 1_000,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -431,9 +435,29 @@ impl Scheduler {
                     }
                 }
             };
+            // Replies go on after the shutdown signal, for the orders it holds, until
+            // none is left or the grace period ends; then the rest are handed back.
+            let drained = CancellationToken::new();
+            let drain = {
+                let me = self.clone();
+                let (shutdown, drained) = (shutdown.clone(), drained.clone());
+                async move {
+                    shutdown.cancelled().await;
+                    let until = tokio::time::Instant::now() + me.cfg.shutdown_grace;
+                    while tokio::time::Instant::now() < until {
+                        match me.store.count_owned(&me.cfg.instance).await {
+                            Ok(0) => break,
+                            Ok(n) => debug!(held = n, "draining before stopping"),
+                            Err(e) => debug!(error = %e, "cannot count held orders while draining"),
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    drained.cancel();
+                }
+            };
             let replies = {
                 let me = self.clone();
-                let shutdown = shutdown.clone();
+                let shutdown = drained.clone();
                 async move {
                     let mut backoff = Backoff::new();
                     while !shutdown.is_cancelled() {
@@ -451,11 +475,45 @@ impl Scheduler {
                     }
                 }
             };
-            tokio::join!(claims, replies);
+            tokio::join!(claims, replies, drain);
+            self.hand_back().await;
             info!("scheduler stopped");
         }
         .instrument(span)
         .await;
+    }
+
+    /// Releases every order it still holds (back to Pending, no failure counted) so
+    /// another scheduler takes them at once instead of after their deadline. A request
+    /// of theirs still out will get a fenced-out reply; the new owner re-sends the step
+    /// under the same idempotency key.
+    async fn hand_back(&self) {
+        let fences = match self.store.owned(&self.cfg.instance).await {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(error = %e, "cannot list held orders at shutdown: the supervisor will recover them after their deadline");
+                return;
+            }
+        };
+        let mut released = 0;
+        for fence in &fences {
+            match self
+                .store
+                .release(fence, "scheduler shutting down: handed back")
+                .await
+            {
+                Ok(()) => released += 1,
+                Err(e) => {
+                    debug!(order_id = %fence.order_id, error = %e, "not released (it moved on)")
+                }
+            }
+        }
+        if !fences.is_empty() {
+            info!(
+                held = fences.len(),
+                released, "orders handed back at shutdown"
+            );
+        }
     }
 
     /// Applies a reply other than a forward success: a permanent failure, or a

@@ -805,6 +805,24 @@ macro_rules! store_ops {
                     .map_err(db)
             }
 
+            async fn owned(&self, owner: &InstanceId) -> Result<Vec<Fence>> {
+                ::sqlx::query(st::OWNED)
+                    .bind(owner.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| {
+                        let c = Cols(r);
+                        Ok(Fence {
+                            order_id: c.order_id("order_id")?,
+                            owner: owner.clone(),
+                            epoch: ::orderly_core::Epoch(c.get("lock_epoch")?),
+                        })
+                    })
+                    .collect()
+            }
+
             async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
                 ::sqlx::query(st::SELECT_STEPS)
                     .bind(order_id.as_str())

@@ -82,6 +82,10 @@ pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_
 pub(crate) const COUNT_OWNED: &str =
     "SELECT count(*) FROM order_state WHERE process_state = 'Processing' AND locked_by = $1";
 
+/// The fences of the Processing orders `$1` holds.
+pub(crate) const OWNED: &str = "SELECT order_id, lock_epoch FROM order_state \
+     WHERE process_state = 'Processing' AND locked_by = $1 ORDER BY order_id";
+
 /// Whether any step of order `$1` may have taken effect.
 pub(crate) const HAS_EFFECTS: &str =
     "SELECT count(*) FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";

@@ -27,6 +27,9 @@ struct Args {
     /// Most orders this instance holds at once.
     #[arg(long, env = "ORDERLY_MAX_IN_FLIGHT", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_in_flight: u32,
+    /// On SIGTERM: how long to keep finishing the orders it holds (claiming none) before handing the rest back, in ms.
+    #[arg(long, env = "ORDERLY_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = orderly_runtime::millis)]
+    shutdown_grace_ms: Duration,
 }
 
 #[tokio::main]
@@ -43,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     let mut cfg = SchedulerConfig::new(args.common.instance("scheduler")?, workflow);
     cfg.claim_batch = args.claim_batch;
     cfg.max_in_flight = args.max_in_flight;
+    cfg.shutdown_grace = args.shutdown_grace_ms;
     if let Some(t) = args.processing_timeout_ms {
         cfg.processing_timeout = t;
     }

@@ -187,3 +187,83 @@ async fn ops_endpoints(dialect: Dialect) {
     .unwrap();
     assert_eq!(report.violations, Vec::<String>::new());
 }
+
+both!(
+    a_scheduler_stopped_with_sigterm_hands_its_orders_back_at_once,
+    scheduler_hands_back
+);
+async fn scheduler_hands_back(dialect: Dialect) {
+    use orderly_core::history::HistoryKind;
+    let db = Db::new(dialect).await;
+    let backend = db.backend().await;
+    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let store = backend.store.clone();
+    let orders = demo::sample_orders(20);
+    let sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
+    // No agent yet: the scheduler claims the orders and waits on their first step.
+    let mut a = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &["--instance-id", "scheduler-a", "--shutdown-grace-ms", "500"],
+    );
+    wait_for(
+        "scheduler-a holding all 20",
+        Duration::from_secs(30),
+        async || {
+            store
+                .count_owned(&orderly_core::InstanceId::parse("scheduler-a").unwrap())
+                .await
+                .unwrap()
+                == 20
+        },
+    )
+    .await;
+    a.signal("TERM");
+    assert!(a.wait(Duration::from_secs(10)).success(), "it exits 0");
+    assert_eq!(
+        count(&*store, ProcessState::Pending).await,
+        20,
+        "all handed back at once, no deadline waited"
+    );
+    for o in &orders {
+        let view = store.get(&o.order_id).await.unwrap();
+        let last = view.history.last().unwrap();
+        assert_eq!(
+            (last.kind, last.actor.as_str()),
+            (HistoryKind::Released, "scheduler-a")
+        );
+        assert_eq!(view.state.failure_count, 0, "a hand-back is not a failure");
+    }
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &[]);
+    let _b = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &["--instance-id", "scheduler-b"],
+    );
+    let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
+    wait_for(
+        "all 20 processed by b",
+        Duration::from_secs(60),
+        async || count(&*store, ProcessState::Processed).await == 20,
+    )
+    .await;
+    let effects = ledger(sim_port).await;
+    assert!(orderly_remote_sim::double_effects(&effects).is_empty());
+    let report = demo::report_on(
+        store.as_ref(),
+        Some(effects),
+        &sent,
+        &Workflow::default(),
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+}
