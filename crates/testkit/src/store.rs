@@ -79,6 +79,7 @@ macro_rules! store_conformance {
             request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
             every_error_raises_one_alert_which_is_published_once,
             submit_many_records_a_batch_and_judges_each_order_alone,
+            owned_lists_what_an_owner_holds_and_release_hands_it_back,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,

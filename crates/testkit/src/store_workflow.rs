@@ -485,3 +485,30 @@ pub async fn submit_many_records_a_batch_and_judges_each_order_alone(ctx: &Ctx) 
         "the conflict changed nothing"
     );
 }
+
+/// `owned` lists the fences of exactly the Processing orders an owner holds, and
+/// releasing them hands each back to Pending without a failure.
+pub async fn owned_lists_what_an_owner_holds_and_release_hands_it_back(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 3).await;
+    let a = owner("a");
+    let b = owner("b");
+    let held = claim_one(&*store, &a, MINUTE).await;
+    let held2 = claim_one(&*store, &a, MINUTE).await;
+    claim_one(&*store, &b, MINUTE).await;
+    let mut fences = store.owned(&a).await.unwrap();
+    fences.sort_by(|x, y| x.order_id.cmp(&y.order_id));
+    let mut expected = vec![held.fence.clone(), held2.fence.clone()];
+    expected.sort_by(|x, y| x.order_id.cmp(&y.order_id));
+    assert_eq!(fences, expected);
+    for f in &fences {
+        store.release(f, "shutting down").await.unwrap();
+    }
+    assert!(store.owned(&a).await.unwrap().is_empty());
+    assert_eq!(store.owned(&b).await.unwrap().len(), 1);
+    let r = row(&*store, &held.fence.order_id).await;
+    assert_eq!(
+        (r.process_state, r.failure_count),
+        (ProcessState::Pending, 0)
+    );
+}
