@@ -333,7 +333,6 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
 /// requeue, alert acknowledgement; on a store seeded through the library.
 #[test]
 fn operators_see_the_leader_queues_dead_letters_and_acknowledge_alerts() {
-    use orderly_core::store::ClaimRequest;
     use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings};
     use std::time::Duration;
 
@@ -378,24 +377,7 @@ fn operators_see_the_leader_queues_dead_letters_and_acknowledge_alerts() {
             .await
             .unwrap();
         let order = orderly_cli::sample::order(1);
-        b.store
-            .submit(&order, &orderly_core::Actor::operator("t"), &[])
-            .await
-            .unwrap();
-        let owner = orderly_core::InstanceId::parse("scheduler-1").unwrap();
-        let claimed = b
-            .store
-            .claim(&ClaimRequest {
-                owner,
-                limit: 1,
-                timeout: Duration::from_secs(60),
-            })
-            .await
-            .unwrap();
-        b.store
-            .fail(&claimed[0].fence, "card declined", &[])
-            .await
-            .unwrap();
+        error_order(&*b.store, &order).await;
     });
 
     let out = db.orderly(&["leader", "--json"]);
@@ -717,7 +699,6 @@ fn bulk_actions_select_by_filter_and_ask_first() {
 /// address needs a token, and requests without it are refused.
 #[test]
 fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() {
-    use orderly_core::store::ClaimRequest;
     use std::time::Duration;
 
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -741,24 +722,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
         let b = orderly_sql::connect(&url, orderly_core::TimeSource::Database)
             .await
             .unwrap();
-        b.store
-            .submit(&order, &orderly_core::Actor::operator("t"), &[])
-            .await
-            .unwrap();
-        let owner = orderly_core::InstanceId::parse("scheduler-1").unwrap();
-        let claimed = b
-            .store
-            .claim(&ClaimRequest {
-                owner,
-                limit: 1,
-                timeout: Duration::from_secs(60),
-            })
-            .await
-            .unwrap();
-        b.store
-            .fail(&claimed[0].fence, "card declined", &[])
-            .await
-            .unwrap();
+        error_order(&*b.store, &order).await;
     });
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -880,4 +844,28 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
     });
     let _ = dash.kill();
     let _ = dash.wait();
+}
+
+/// Submits `order`, claims it and fails it ("card declined"): an order in Error.
+async fn error_order(
+    store: &dyn orderly_core::store::StateStore,
+    order: &orderly_core::store::NewOrder,
+) {
+    store
+        .submit(order, &orderly_core::Actor::operator("t"), &[])
+        .await
+        .expect("submit");
+    let owner = orderly_core::InstanceId::parse("scheduler-1").expect("instance id");
+    let claimed = store
+        .claim(&orderly_core::store::ClaimRequest {
+            owner,
+            limit: 1,
+            timeout: std::time::Duration::from_secs(60),
+        })
+        .await
+        .expect("claim");
+    store
+        .fail(&claimed[0].fence, "card declined", &[])
+        .await
+        .expect("fail");
 }

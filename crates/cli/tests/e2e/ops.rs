@@ -11,7 +11,7 @@ use orderly_core::workflow::Workflow;
 
 use crate::both;
 use crate::fixtures::{Db, Dialect};
-use crate::processes::{count, ledger, start_sim};
+use crate::processes::{assert_invariants, count, start_sim};
 use crate::procs::{Proc, free_port, wait_for};
 
 async fn get(port: u16, path: &str) -> (u16, String) {
@@ -173,19 +173,7 @@ async fn ops_endpoints(dialect: Dialect) {
         count(&*store, ProcessState::Processed).await == 300
     })
     .await;
-    let effects = ledger(sim_port).await;
-    assert_eq!(effects.len(), 900, "three effects per order");
-    assert!(orderly_remote_sim::double_effects(&effects).is_empty());
-    let report = demo::report_on(
-        store.as_ref(),
-        Some(effects),
-        &sent,
-        &Workflow::default(),
-        true,
-    )
-    .await
-    .unwrap();
-    assert_eq!(report.violations, Vec::<String>::new());
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(900)).await;
 }
 
 both!(
@@ -254,16 +242,5 @@ async fn scheduler_hands_back(dialect: Dialect) {
         async || count(&*store, ProcessState::Processed).await == 20,
     )
     .await;
-    let effects = ledger(sim_port).await;
-    assert!(orderly_remote_sim::double_effects(&effects).is_empty());
-    let report = demo::report_on(
-        store.as_ref(),
-        Some(effects),
-        &sent,
-        &Workflow::default(),
-        true,
-    )
-    .await
-    .unwrap();
-    assert_eq!(report.violations, Vec::<String>::new());
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(60)).await;
 }

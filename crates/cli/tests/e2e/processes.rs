@@ -26,6 +26,27 @@ pub(crate) async fn ledger(port: u16) -> Vec<Effect> {
         .unwrap()
 }
 
+/// The invariants after a run against the simulator on `sim_port`: no (order, action)
+/// applied twice at the service, every invariant of the demo's report holds, and (if
+/// given) exactly `effects` effects applied. Returns the report.
+pub(crate) async fn assert_invariants(
+    store: &dyn StateStore,
+    sim_port: u16,
+    sent: &std::collections::HashMap<orderly_core::OrderId, chrono::DateTime<chrono::Utc>>,
+    effects: Option<usize>,
+) -> demo::Report {
+    let applied = ledger(sim_port).await;
+    if let Some(n) = effects {
+        assert_eq!(applied.len(), n, "effects applied at the service");
+    }
+    assert!(orderly_remote_sim::double_effects(&applied).is_empty());
+    let report = demo::report_on(store, Some(applied), sent, &Workflow::default(), true)
+        .await
+        .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+    report
+}
+
 pub(crate) async fn count(store: &dyn StateStore, state: ProcessState) -> usize {
     store
         .count_by_state()
@@ -177,19 +198,7 @@ async fn killed_scheduler(dialect: Dialect) {
                 .all(|e| e.epoch == b_epoch && e.actor.as_str() == "scheduler-b")
         );
     }
-    let effects = ledger(port).await;
-    assert_eq!(effects.len(), 120, "three effects per order");
-    assert!(orderly_remote_sim::double_effects(&effects).is_empty());
-    let report = demo::report_on(
-        store.as_ref(),
-        Some(effects),
-        &sent,
-        &Workflow::default(),
-        true,
-    )
-    .await
-    .unwrap();
-    assert_eq!(report.violations, Vec::<String>::new());
+    assert_invariants(store.as_ref(), port, &sent, Some(120)).await;
 }
 
 both!(
