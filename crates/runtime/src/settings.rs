@@ -144,11 +144,10 @@ mod tests {
     use super::*;
 
     fn file(text: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!(
-            "orderly-settings-{}-{}.toml",
-            std::process::id(),
-            text.len()
-        ));
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("orderly-settings-{}-{n}.toml", std::process::id()));
         std::fs::write(&p, text).unwrap();
         p
     }

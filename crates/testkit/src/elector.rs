@@ -116,8 +116,17 @@ pub struct Interval {
 }
 
 /// The intervals of every leader task of a case.
-#[derive(Clone, Default)]
-pub struct Recorder(Arc<Mutex<Vec<Interval>>>);
+#[derive(Clone)]
+pub struct Recorder(
+    Arc<Mutex<Vec<Interval>>>,
+    Arc<tokio::sync::watch::Sender<usize>>,
+);
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self(Arc::default(), Arc::new(tokio::sync::watch::channel(0).0))
+    }
+}
 
 /// How a recorded leader task behaves.
 #[derive(Clone, Copy)]
@@ -129,6 +138,21 @@ pub struct Behaviour {
 }
 
 impl Recorder {
+    /// Waits (no polling) until elector `who`'s task has started a term; panics after
+    /// `within`.
+    pub async fn wait_term(&self, who: usize, within: Duration, what: &str) {
+        let mut count = self.1.subscribe();
+        let found = tokio::time::timeout(
+            within,
+            count.wait_for(|_| self.0.lock().unwrap().iter().any(|i| i.who == who)),
+        )
+        .await;
+        assert!(
+            found.is_ok(),
+            "{what}: elector {who} did not lead within {within:?}"
+        );
+    }
+
     /// A leader task for elector `who` that records its interval.
     pub fn task(
         &self,
@@ -150,6 +174,7 @@ impl Recorder {
                         start,
                         end: None,
                     });
+                    rec.1.send_replace(v.len());
                     v.len() - 1
                 };
                 let exit = loop {
@@ -368,14 +393,12 @@ pub async fn a_leader_whose_lease_calls_hang_stops_at_its_renew_deadline_and_no_
         "stopped {stopped_after} after the last renewal; deadline {deadline}"
     );
     // The follower takes over once the lease expired.
-    let t = Instant::now();
-    while !members[1].leads() {
-        assert!(
-            t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3 + Duration::from_secs(2),
-            "no takeover"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    rec.wait_term(
+        1,
+        ctx.timing.lease + ctx.timing.retry * 3 + Duration::from_secs(2),
+        "takeover after the lease expired",
+    )
+    .await;
     members[0].hang.store(false, Ordering::SeqCst);
     for m in &mut members {
         m.stop().await;
@@ -398,21 +421,15 @@ pub async fn a_stalled_leader_task_loses_the_lease_and_a_follower_leads(ctx: &El
     let mut members = vec![member(ctx, &rec, 0, wedged).await];
     wait_for_leader(&members, Duration::from_secs(10)).await;
     members.push(member(ctx, &rec, 1, STEADY).await);
-    let t = Instant::now();
-    while !members[1].leads() {
-        // Stall noticed at the first renewal after the heartbeat timeout, then the
-        // release and the follower's next try; generous slack for a loaded machine.
-        let limit = ctx.timing.heartbeat_timeout
-            + ctx.timing.renew_interval
-            + ctx.timing.call_timeout * 2
-            + ctx.timing.retry * 3
-            + Duration::from_secs(2);
-        assert!(
-            t.elapsed() < limit,
-            "the follower never led within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Stall noticed at the first renewal after the heartbeat timeout, then the
+    // release and the follower's next try; generous slack for a loaded machine.
+    let limit = ctx.timing.heartbeat_timeout
+        + ctx.timing.renew_interval
+        + ctx.timing.call_timeout * 2
+        + ctx.timing.retry * 3
+        + Duration::from_secs(2);
+    rec.wait_term(1, limit, "the follower after the stall")
+        .await;
     for m in &mut members {
         m.stop().await;
     }
@@ -436,14 +453,12 @@ pub async fn a_deposed_leaders_writes_are_refused(ctx: &ElectorCtx) {
         .expect("the leader writes under its term");
     members.push(member(ctx, &rec, 1, STEADY).await);
     members[0].hang.store(true, Ordering::SeqCst);
-    let t = Instant::now();
-    while !members[1].leads() {
-        assert!(
-            t.elapsed() < ctx.timing.lease + ctx.timing.retry * 3 + Duration::from_secs(2),
-            "no takeover"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    rec.wait_term(
+        1,
+        ctx.timing.lease + ctx.timing.retry * 3 + Duration::from_secs(2),
+        "takeover after the lease expired",
+    )
+    .await;
     let new = rec.intervals()[1].fence.clone();
     assert!(new.epoch > old.epoch);
     let refused = store

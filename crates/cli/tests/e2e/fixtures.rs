@@ -62,6 +62,24 @@ impl Db {
         }
     }
 
+    /// A fresh database with the default workflow's queues declared (requests locked
+    /// for `request_lock`), and a backend on it.
+    pub async fn with_queues(
+        dialect: Dialect,
+        request_lock: std::time::Duration,
+    ) -> (Self, Backend) {
+        let db = Self::new(dialect).await;
+        let backend = db.backend().await;
+        orderly_cli::system::declare_queues(
+            &backend,
+            &orderly_core::workflow::Workflow::default(),
+            request_lock,
+        )
+        .await
+        .expect("declare the queues");
+        (db, backend)
+    }
+
     pub async fn backend(&self) -> Backend {
         orderly_sql::connect(&self.url, TimeSource::Database)
             .await

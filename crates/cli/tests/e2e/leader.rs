@@ -6,11 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use orderly_cli::system::declare_queues;
 use orderly_core::history::HistoryKind;
 use orderly_core::leader::LeaderFence;
 use orderly_core::store::{ClaimRequest, RecoveryPolicy, StateStore};
-use orderly_core::workflow::Workflow;
 use orderly_core::{Epoch, Error, InstanceId, ProcessState};
 use orderly_testkit::azurite::Azurite;
 
@@ -18,11 +16,7 @@ use crate::fixtures::{Db, Dialect};
 use crate::procs::{Election, changes, wait_change};
 
 async fn setup(dialect: Dialect) -> (Db, std::sync::Arc<dyn StateStore>) {
-    let db = Db::new(dialect).await;
-    let backend = db.backend().await;
-    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
     (db, backend.store)
 }
 

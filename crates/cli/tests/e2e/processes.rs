@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use orderly_cli::demo;
-use orderly_cli::system::declare_queues;
 use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{OrderFilter, StateStore};
@@ -79,11 +78,7 @@ both!(
     killed_scheduler
 );
 async fn killed_scheduler(dialect: Dialect) {
-    let db = Db::new(dialect).await;
-    let backend = db.backend().await;
-    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
     let store = backend.store.clone();
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
@@ -206,11 +201,7 @@ both!(
     random_kills
 );
 async fn random_kills(dialect: Dialect) {
-    let db = Db::new(dialect).await;
-    let backend = db.backend().await;
-    declare_queues(&backend, &Workflow::default(), Duration::from_secs(3))
-        .await
-        .unwrap();
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(3)).await;
     let store = backend.store.clone();
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
