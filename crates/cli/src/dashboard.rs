@@ -1,12 +1,15 @@
 //! The web dashboard (`orderly dashboard`, and `orderly up --dashboard ADDR`): plain
 //! server-rendered HTML, no JavaScript needed.
 //!
-//! - `/` overview: orders by state, age of the oldest Pending order, the supervisors'
-//!   leader, queue depths;
+//! - `/` overview: orders by state, throughput (orders finished in the last minute,
+//!   5 minutes and hour, by outcome, and per minute), age of the oldest Pending order,
+//!   the supervisors' leader, queue depths;
 //! - `/errors` the Error triage list, searchable by error text and step;
 //! - `/orders/{id}` one order: details, steps, its timeline, the last error, and
 //!   Retry / Cancel (POST forms, CSRF-protected);
-//! - `/dead-letters` dead-lettered messages per queue, with why.
+//! - `/dead-letters` dead-lettered messages per queue, with why;
+//! - `/metrics` (Prometheus, behind the token like the pages), `/healthz` and `/readyz`
+//!   (never behind it), as every role serves them.
 //!
 //! On a loopback address it needs nothing; on any other it requires a token
 //! (`--token` / `ORDERLY_DASHBOARD_TOKEN`), given once as `?token=...` (kept in an
@@ -41,6 +44,7 @@ pub async fn serve(
     listen: SocketAddr,
     backend: Backend,
     token: Option<String>,
+    ops: crate::ops::Endpoints,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     if !listen.ip().is_loopback() && token.as_deref().is_none_or(str::is_empty) {
@@ -60,8 +64,10 @@ pub async fn serve(
         .route("/orders/{id}/retry", post(retry))
         .route("/orders/{id}/cancel", post(cancel))
         .route("/dead-letters", get(dead_letters))
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
-        .with_state(state);
+        .with_state(state.clone())
+        .merge(ops.metrics)
+        .layer(middleware::from_fn_with_state(state, guard))
+        .merge(ops.probes);
     tracing::info!(%addr, "dashboard");
     Ok((
         addr,
@@ -112,8 +118,19 @@ async fn guard(State(dash): State<Dash>, req: Request, next: Next) -> Response {
                 .map(|(_, v)| v.to_string())
         });
         if query.as_deref().is_some_and(|q| same(q, token)) {
-            // Keep it in a cookie and drop it from the address bar.
-            let path = req.uri().path().to_string();
+            // Keep it in a cookie and drop it (only it) from the address bar.
+            let rest: Vec<&str> = req
+                .uri()
+                .query()
+                .unwrap_or("")
+                .split('&')
+                .filter(|p| !p.is_empty() && !p.starts_with("token="))
+                .collect();
+            let path = if rest.is_empty() {
+                req.uri().path().to_string()
+            } else {
+                format!("{}?{}", req.uri().path(), rest.join("&"))
+            };
             return (
                 [(
                     header::SET_COOKIE,
@@ -213,6 +230,10 @@ async fn overview(State(dash): State<Dash>) -> Response {
         let _ = write!(body, "<td id=\"count-{}\">{link}</td>", state.as_str());
     }
     body.push_str("</tr></table>");
+    match throughput(&**store).await {
+        Ok(table) => body.push_str(&table),
+        Err(e) => return failed(e),
+    }
     let oldest = store
         .list(&OrderFilter {
             state: Some(ProcessState::Pending),
@@ -266,6 +287,38 @@ async fn overview(State(dash): State<Dash>) -> Response {
         body.push_str("</table>");
     }
     page("Overview", &body).into_response()
+}
+
+/// Orders finished in the last minute, 5 minutes and hour, by final state, and the
+/// rate per minute.
+async fn throughput(store: &dyn orderly_core::store::StateStore) -> orderly_core::Result<String> {
+    let mut out = String::from(
+        "<h2>Throughput</h2><table><tr><th>finished in the last</th><th class=Processed>Processed</th>\
+         <th class=Error>Error</th><th class=Cancelled>Cancelled</th><th>per minute</th></tr>",
+    );
+    let now = chrono::Utc::now();
+    for (label, key, minutes) in [
+        ("minute", "1m", 1),
+        ("5 minutes", "5m", 5),
+        ("hour", "1h", 60),
+    ] {
+        let counts = store
+            .finished_since(now - chrono::Duration::minutes(minutes))
+            .await?;
+        let _ = write!(out, "<tr><td>{label}</td>");
+        let mut total = 0;
+        for (state, n) in &counts {
+            total += n;
+            let _ = write!(out, "<td id=\"finished-{key}-{}\">{n}</td>", state.as_str());
+        }
+        let _ = write!(
+            out,
+            "<td id=\"rate-{key}\">{:.1}</td></tr>",
+            total as f64 / minutes as f64
+        );
+    }
+    out.push_str("</table>");
+    Ok(out)
 }
 
 #[derive(Deserialize)]

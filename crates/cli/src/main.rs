@@ -409,8 +409,15 @@ async fn run() -> anyhow::Result<()> {
                     "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
                 )?;
             let shutdown = orderly_runtime::shutdown_on_signals();
+            let ops = orderly_cli::ops::endpoints(
+                "dashboard",
+                backend.clone(),
+                orderly_cli::ops::install_metrics()?,
+                Vec::new(),
+            );
             let (addr, task) =
-                orderly_cli::dashboard::serve(*listen, backend, token.clone(), shutdown).await?;
+                orderly_cli::dashboard::serve(*listen, backend, token.clone(), ops, shutdown)
+                    .await?;
             println!("dashboard on http://{addr}/");
             task.await?;
             return Ok(());
@@ -772,11 +779,22 @@ async fn run_up(
         .await
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let (dash_addr, dash) =
-        orderly_cli::dashboard::serve(dashboard, backend.clone(), token, shutdown.clone()).await?;
+    // Installed before the roles start, so that none of their measurements is lost.
+    let metrics = orderly_cli::ops::install_metrics()?;
     let mut cfg = SystemConfig::new();
     cfg.sim = Some(faults.sim());
-    let system = System::start(backend, cfg).await?;
+    let system = System::start(backend.clone(), cfg).await?;
+    let ops =
+        orderly_cli::ops::endpoints("embedded", backend.clone(), metrics, system.leaders.clone());
+    let (dash_addr, dash) =
+        match orderly_cli::dashboard::serve(dashboard, backend, token, ops, shutdown.clone()).await
+        {
+            Ok(served) => served,
+            Err(e) => {
+                system.stop(std::time::Duration::from_secs(10)).await;
+                return Err(e);
+            }
+        };
     eprintln!(
         "orderly is up: post orders to the \"orders\" queue (or `orderly submit`); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
         system.sim_addr.map(|a| a.to_string()).unwrap_or_default()

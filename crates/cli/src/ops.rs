@@ -26,7 +26,41 @@ struct Ops {
     role: &'static str,
     backend: Backend,
     metrics: PrometheusHandle,
-    leader: Option<watch::Receiver<LeaderStatus>>,
+    leaders: Vec<watch::Receiver<LeaderStatus>>,
+}
+
+/// The operations endpoints as routers, for a server of their own ([`serve`]) or to
+/// be mounted beside the dashboard.
+pub struct Endpoints {
+    /// `/healthz` and `/readyz`: for the orchestrator, never behind a token.
+    pub probes: axum::Router,
+    /// `/metrics`: behind the dashboard's token where there is one.
+    pub metrics: axum::Router,
+}
+
+/// The endpoints of `role` over `backend`; `leaders` are the electors of this process
+/// (none but in supervisors and the embedded system).
+pub fn endpoints(
+    role: &'static str,
+    backend: Backend,
+    metrics: PrometheusHandle,
+    leaders: Vec<watch::Receiver<LeaderStatus>>,
+) -> Endpoints {
+    let state = Ops {
+        role,
+        backend,
+        metrics,
+        leaders,
+    };
+    Endpoints {
+        probes: axum::Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .with_state(state.clone()),
+        metrics: axum::Router::new()
+            .route("/metrics", get(render))
+            .with_state(state),
+    }
 }
 
 /// Installs the process's metrics recorder (once per process).
@@ -54,17 +88,9 @@ pub async fn serve(
         .with_context(|| {
             format!("cannot listen on --http-listen / ORDERLY_HTTP_LISTEN {listen}")
         })?;
-    let state = Ops {
-        role,
-        backend,
-        metrics,
-        leader,
-    };
-    let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(render))
-        .with_state(state);
+    let Endpoints { probes, metrics } =
+        endpoints(role, backend, metrics, leader.into_iter().collect());
+    let app = probes.merge(metrics);
     tracing::info!(%listen, "serving /healthz, /readyz and /metrics");
     Ok(tokio::spawn(async move {
         let stop = shutdown.clone();
@@ -147,7 +173,7 @@ async fn refresh(ops: &Ops) -> anyhow::Result<()> {
         metrics::gauge!("orderly_leadership_epoch", "leadership" => term.fence.name)
             .set(term.fence.epoch.0 as f64);
     }
-    if let Some(status) = &ops.leader {
+    for status in &ops.leaders {
         let s = status.borrow().clone();
         metrics::gauge!("orderly_is_leader", "instance" => s.instance.as_str().to_owned())
             .set(if s.is_leader { 1.0 } else { 0.0 });

@@ -112,6 +112,8 @@ pub struct System {
     pub sim_addr: Option<SocketAddr>,
     /// The instances started, by role.
     pub instances: Vec<InstanceId>,
+    /// The leadership status of each supervisor here.
+    pub leaders: Vec<tokio::sync::watch::Receiver<orderly_core::leader::LeaderStatus>>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -152,6 +154,7 @@ impl System {
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let mut instances = Vec::new();
+        let mut leaders = Vec::new();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
 
         let (sim, sim_addr, remote_url) = match &cfg.sim {
@@ -234,6 +237,7 @@ impl System {
                 id.clone(),
                 cfg.elector.clone(),
             )?;
+            leaders.push(elector.status());
             let s = Supervisor::new(backend.store.clone(), backend.transport.clone(), sc)?;
             tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
@@ -242,6 +246,7 @@ impl System {
             sim,
             sim_addr,
             instances,
+            leaders,
             shutdown,
             tasks,
         })

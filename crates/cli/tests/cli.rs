@@ -826,7 +826,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
             "{text}"
         );
         let r = c
-            .get(format!("{base}/errors?token=t0ken-for-test"))
+            .get(format!("{base}/errors?token=t0ken-for-test&q=declined"))
             .send()
             .await
             .unwrap();
@@ -835,12 +835,42 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
             303,
             "the token goes into a cookie and out of the URL"
         );
+        assert_eq!(
+            r.headers()["location"],
+            "/errors?q=declined",
+            "the rest of the query stays"
+        );
         assert!(
             r.headers()["set-cookie"]
                 .to_str()
                 .unwrap()
                 .contains("HttpOnly")
         );
+        // The operations endpoints: probes open to the orchestrator, metrics behind the
+        // token, with the store's figures read at scrape time.
+        for probe in ["/healthz", "/readyz"] {
+            let r = c.get(format!("{base}{probe}")).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{probe} needs no token");
+        }
+        assert_eq!(
+            c.get(format!("{base}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            401
+        );
+        let m = c
+            .get(format!("{base}/metrics"))
+            .bearer_auth("t0ken-for-test")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(m.contains("orderly_orders{state=\"Pending\"} 1"), "{m}");
+        assert!(m.contains("orderly_store_up{role=\"dashboard\"} 1"), "{m}");
     });
     let _ = dash.kill();
     let _ = dash.wait();

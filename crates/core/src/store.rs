@@ -489,6 +489,11 @@ pub trait OperatorStore: Send + Sync {
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 
+    /// How many orders finished (reached Processed, Error or Cancelled, and are still
+    /// there) at or after `since`, by final state: the throughput an operator sees.
+    /// Every final state is listed, zero or not.
+    async fn finished_since(&self, since: DateTime<Utc>) -> Result<Vec<(ProcessState, i64)>>;
+
     /// Sends an Error order round again: Pending, failure count reset, due at once.
     /// Steps already done stay done.
     async fn resubmit(

@@ -1112,6 +1112,33 @@ macro_rules! store_ops {
                 Ok(counts)
             }
 
+            async fn finished_since(
+                &self,
+                since: ::chrono::DateTime<::chrono::Utc>,
+            ) -> Result<Vec<(ProcessState, i64)>> {
+                let rows = ::sqlx::query(st::FINISHED_SINCE)
+                    .bind(Ts(since))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+                let mut counts: Vec<(ProcessState, i64)> = [
+                    ProcessState::Processed,
+                    ProcessState::Error,
+                    ProcessState::Cancelled,
+                ]
+                .map(|s| (s, 0))
+                .to_vec();
+                for r in &rows {
+                    let c = Cols(r);
+                    let state = c.state("process_state")?;
+                    let n: i64 = c.get("n")?;
+                    if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+                        slot.1 = n;
+                    }
+                }
+                Ok(counts)
+            }
+
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
             async fn resubmit(
                 &self,

@@ -191,6 +191,11 @@ pub(crate) const SELECT_HISTORY: &str = concat!(
 pub(crate) const COUNT_BY_STATE: &str =
     "SELECT process_state, count(*) AS n FROM order_state GROUP BY process_state";
 
+/// Orders that reached a final state since `$1` (and are still in it), by state.
+pub(crate) const FINISHED_SINCE: &str = "SELECT process_state, count(*) AS n FROM order_state \
+    WHERE process_state IN ('Processed', 'Error', 'Cancelled') AND updated_at >= $1 \
+    GROUP BY process_state";
+
 /// A bound value of a query built at run time.
 pub(crate) enum Arg {
     Text(String),

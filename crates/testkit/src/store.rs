@@ -73,6 +73,7 @@ macro_rules! store_conformance {
             cancel_fences_out_the_owner_and_records_who_and_why,
             list_filters_by_state_and_error_text_and_pages_without_gaps,
             count_by_state_counts_every_state,
+            finished_since_counts_orders_that_finished_in_the_window,
             record_steps_applies_each_write_or_refuses_it_alone,
             resume_owned_takes_back_live_orders_under_a_new_epoch,
             a_compensating_order_ends_cancelled_only_through_its_owner,
@@ -1173,6 +1174,65 @@ pub async fn list_filters_by_state_and_error_text_and_pages_without_gaps(ctx: &C
         .await
         .unwrap();
     assert_eq!(early.orders.len(), 5);
+}
+
+/// Throughput: orders that reached a final state at or after a time, by state.
+pub async fn finished_since_counts_orders_that_finished_in_the_window(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 6).await;
+    let a = owner("a");
+    let early = claim_one(&*store, &a, MINUTE).await;
+    store.complete(&early.fence, &[]).await.unwrap();
+    ctx.clock.advance(MINUTE);
+    let since = ctx.clock.now();
+    for _ in 0..2 {
+        let c = claim_one(&*store, &a, MINUTE).await;
+        store.complete(&c.fence, &[]).await.unwrap();
+    }
+    let c = claim_one(&*store, &a, MINUTE).await;
+    store.fail(&c.fence, "boom", &[]).await.unwrap();
+    claim_one(&*store, &a, MINUTE).await;
+    let counts: HashMap<_, _> = store
+        .finished_since(since)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(counts.len(), 3, "every final state is listed, zero or not");
+    assert_eq!(
+        counts[&ProcessState::Processed],
+        2,
+        "the one before the window is not counted"
+    );
+    assert_eq!(counts[&ProcessState::Error], 1);
+    assert_eq!(counts[&ProcessState::Cancelled], 0);
+    let all: HashMap<_, _> = store
+        .finished_since(since - chrono::Duration::minutes(2))
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(all[&ProcessState::Processed], 3);
+    // An Error order sent round again is no longer finished.
+    store
+        .resubmit(&c.fence.order_id, &Actor::operator("dan"), "retry", &[])
+        .await
+        .unwrap();
+    let counts: HashMap<_, _> = store
+        .finished_since(since)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(counts[&ProcessState::Error], 0);
+    assert!(
+        store
+            .finished_since(ctx.clock.now() + chrono::Duration::seconds(1))
+            .await
+            .unwrap()
+            .iter()
+            .all(|(_, n)| *n == 0)
+    );
 }
 
 /// The overview counts.

@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use orderly_cli::demo;
-use orderly_cli::system::declare_queues;
 use orderly_core::ProcessState;
-use orderly_core::workflow::Workflow;
 
 use crate::both;
 use crate::fixtures::{Db, Dialect};
@@ -36,11 +34,7 @@ both!(
     ops_endpoints
 );
 async fn ops_endpoints(dialect: Dialect) {
-    let db = Db::new(dialect).await;
-    let backend = db.backend().await;
-    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
     let store = backend.store.clone();
     let sim_port = free_port();
     let remote = format!("http://127.0.0.1:{sim_port}/actions");
@@ -176,17 +170,72 @@ async fn ops_endpoints(dialect: Dialect) {
     assert_invariants(store.as_ref(), sim_port, &sent, Some(900)).await;
 }
 
+/// `orderly up` serves the same endpoints beside its dashboard, for all the roles it
+/// runs in its one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orderly_up_serves_metrics_beside_its_dashboard() {
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let port = free_port();
+    let mut up = Proc::start(
+        "orderly",
+        &db.url,
+        &["up", "--dashboard", &format!("127.0.0.1:{port}")],
+    );
+    wait_for("/readyz", Duration::from_secs(30), async || {
+        get(port, "/readyz").await.0 == 200
+    })
+    .await;
+    let orders = demo::sample_orders(30);
+    demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    wait_for("30 orders processed", Duration::from_secs(60), async || {
+        count(&*store, ProcessState::Processed).await == 30
+    })
+    .await;
+    let (status, m) = get(port, "/metrics").await;
+    assert_eq!(status, 200);
+    for (series, value) in [
+        ("orderly_orders_submitted_total{outcome=\"accepted\"}", 30.0),
+        ("orderly_orders_processed_total", 30.0),
+        ("orderly_orders{state=\"Processed\"}", 30.0),
+        ("orderly_remote_calls_total{action=\"ship\"}", 30.0),
+        ("orderly_leader{leadership=\"supervisor\"}", 1.0),
+        ("orderly_store_up{role=\"embedded\"}", 1.0),
+    ] {
+        assert_eq!(sample(&m, series), Some(value), "{series} in\n{m}");
+    }
+    assert!(
+        m.contains("orderly_is_leader{instance=\"supervisor@"),
+        "{m}"
+    );
+    assert!(
+        m.contains("orderly_step_duration_seconds_bucket{action=\"reserve-inventory\""),
+        "{m}"
+    );
+    // The dashboard's overview shows the throughput from the store.
+    let (status, page) = get(port, "/").await;
+    assert_eq!(status, 200);
+    for figure in [
+        "id=\"finished-1h-Processed\">30<",
+        "id=\"finished-5m-Processed\">30<",
+        "id=\"finished-1h-Error\">0<",
+        "id=\"rate-5m\">6.0<",
+    ] {
+        assert!(page.contains(figure), "{figure} in\n{page}");
+    }
+    up.signal("TERM");
+    assert!(up.wait(Duration::from_secs(20)).success(), "it exits 0");
+}
+
 both!(
     a_scheduler_stopped_with_sigterm_hands_its_orders_back_at_once,
     scheduler_hands_back
 );
 async fn scheduler_hands_back(dialect: Dialect) {
     use orderly_core::history::HistoryKind;
-    let db = Db::new(dialect).await;
-    let backend = db.backend().await;
-    declare_queues(&backend, &Workflow::default(), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
     let store = backend.store.clone();
     let orders = demo::sample_orders(20);
     let sent = demo::post(backend.transport.as_ref(), &orders)

@@ -17,6 +17,7 @@ pub(crate) fn bin(name: &str) -> PathBuf {
         "orderly-supervisor" => env!("CARGO_BIN_EXE_orderly-supervisor"),
         "orderly-submitter" => env!("CARGO_BIN_EXE_orderly-submitter"),
         "orderly-remote-sim" => env!("CARGO_BIN_EXE_orderly-remote-sim"),
+        "orderly" => env!("CARGO_BIN_EXE_orderly"),
         other => panic!("no binary {other}"),
     })
 }
