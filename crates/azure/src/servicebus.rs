@@ -91,6 +91,24 @@ impl ServiceBusSettings {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
+    /// Checks that `connection` looks like a Service Bus connection string; the error
+    /// names `setting`, never the value (it holds a secret).
+    pub fn check_connection(connection: &str, setting: &str) -> Result<(), ValidationError> {
+        let has = |key: &str| {
+            connection
+                .split(';')
+                .any(|part| part.trim().starts_with(key))
+        };
+        if !has("Endpoint=sb://") || !(has("SharedAccessKey=") || has("SharedAccessSignature=")) {
+            return Err(ValidationError::new(
+                setting.to_owned(),
+                "must look like Endpoint=sb://<namespace>/;SharedAccessKeyName=...;SharedAccessKey=... \
+                 (the value is not shown: it holds a secret)",
+            ));
+        }
+        Ok(())
+    }
+
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ValidationError> {
         const CONNECTION: &str = "ORDERLY_SERVICEBUS_CONNECTION";
         const UNSECURED: &str = "ORDERLY_SERVICEBUS_UNSECURED";
@@ -102,18 +120,7 @@ impl ServiceBusSettings {
                     "is not set: give the namespace's connection string",
                 )
             })?;
-        let has = |key: &str| {
-            connection
-                .split(';')
-                .any(|part| part.trim().starts_with(key))
-        };
-        if !has("Endpoint=sb://") || !(has("SharedAccessKey=") || has("SharedAccessSignature=")) {
-            return Err(ValidationError::new(
-                CONNECTION,
-                "must look like Endpoint=sb://<namespace>/;SharedAccessKeyName=...;SharedAccessKey=... \
-                 (the value is not shown: it holds a secret)",
-            ));
-        }
+        Self::check_connection(&connection, CONNECTION)?;
         let unsecured = match var(UNSECURED).as_deref().map(str::trim) {
             None | Some("") | Some("false") => false,
             Some("true") => true,

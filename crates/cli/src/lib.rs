@@ -2,6 +2,7 @@
 //! `orderly demo`, the end-to-end tests), the demo's report and invariant checks, and
 //! sample orders. The binary in `main.rs` only parses and dispatches.
 
+pub mod backend;
 pub mod dashboard;
 pub mod demo;
 pub mod election;

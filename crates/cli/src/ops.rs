@@ -112,7 +112,7 @@ async fn readiness(ops: &Ops) -> Result<(), String> {
             .map_err(|e| format!("state store: {e}"))?;
         ops.backend
             .inspector
-            .depths()
+            .ping()
             .await
             .map_err(|e| format!("queues: {e}"))?;
         Ok(())
@@ -152,7 +152,13 @@ async fn refresh(ops: &Ops) -> anyhow::Result<()> {
     for (state, n) in ops.backend.store.count_by_state().await? {
         metrics::gauge!("orderly_orders", "state" => state.as_str()).set(n as f64);
     }
-    for d in ops.backend.inspector.depths().await? {
+    let depths = match ops.backend.inspector.depths().await {
+        Ok(depths) => depths,
+        // Service Bus: depths are Azure Monitor's; the rest is still reported.
+        Err(orderly_core::transport::TransportError::Unsupported(_)) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    for d in depths {
         let queue = d.queue.as_str().to_owned();
         for (condition, n) in [
             ("ready", d.ready),

@@ -242,6 +242,38 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         err.contains("database_url") && !err.contains("nope"),
         "the URL is not echoed: {err}"
     );
+    // Service Bus: checked before anything is opened, the secret never echoed.
+    for bin in [
+        env!("CARGO_BIN_EXE_orderly-submitter"),
+        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        env!("CARGO_BIN_EXE_orderly-supervisor"),
+    ] {
+        let err = run(bin, &["--transport", "servicebus", "--check-config"]);
+        assert!(err.contains("ORDERLY_SERVICEBUS_CONNECTION"), "{err}");
+        let err = run(
+            bin,
+            &[
+                "--transport",
+                "servicebus",
+                "--servicebus-connection",
+                "Endpoint=https://wrong;SharedAccessKey=s3cr3t-k3y",
+                "--check-config",
+            ],
+        );
+        assert!(
+            err.contains("--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION")
+                && !err.contains("s3cr3t-k3y"),
+            "{err}"
+        );
+    }
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-agent"),
+        &["--transport", "kafka"],
+    );
+    assert!(
+        err.contains("--transport") && err.contains("servicebus"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -551,6 +583,44 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
     ] {
         assert_eq!(services[service][0][0], bin, "{service}: {services}");
         assert_eq!(services[service][1], replicas, "{service}: {services}");
+    }
+    // The Service Bus emulator and the SQL Edge it needs; the roles on Service Bus, with
+    // a connection string our check accepts.
+    for service in ["servicebus", "sqledge", "postgres", "azurite"] {
+        assert!(services.get(service).is_some(), "no {service}: {services}");
+    }
+    assert!(compose.contains("ORDERLY_TRANSPORT: servicebus"));
+    let connection = compose
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ORDERLY_SERVICEBUS_CONNECTION: "))
+        .expect("the roles' Service Bus connection string");
+    orderly_azure::ServiceBusSettings::check_connection(connection, "compose").unwrap();
+    // The emulator creates no queue at run time: its Config.json must declare every queue
+    // the default workflow uses, with duplicate detection (the outbox relay relies on it).
+    assert!(compose.contains("./deploy/servicebus-emulator/Config.json:"));
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/servicebus-emulator/Config.json")).unwrap(),
+    )
+    .unwrap();
+    let declared = config["UserConfig"]["Namespaces"][0]["Queues"]
+        .as_array()
+        .unwrap();
+    let mut needed: Vec<String> = ["orders", "replies", "alerts"].map(String::from).to_vec();
+    needed.extend(
+        orderly_core::workflow::Workflow::default()
+            .queues()
+            .iter()
+            .map(|q| q.as_str().to_owned()),
+    );
+    for q in &needed {
+        let queue = declared
+            .iter()
+            .find(|d| d["Name"] == q.as_str())
+            .unwrap_or_else(|| panic!("Config.json does not declare queue {q}"));
+        assert_eq!(
+            queue["Properties"]["RequiresDuplicateDetection"], true,
+            "{q}: duplicate detection"
+        );
     }
 }
 

@@ -251,6 +251,9 @@ pub enum TransportError {
     /// The request is invalid.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// The transport cannot do this (e.g. Service Bus queue depths over AMQP).
+    #[error("not supported by this transport: {0}")]
+    Unsupported(String),
     /// The transport could not be reached or failed; the call may be retried.
     #[error("transport unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -382,6 +385,11 @@ pub struct QueueDepth {
 pub trait QueueInspector: Send + Sync {
     /// The depth of every declared queue, by name.
     async fn depths(&self) -> Result<Vec<QueueDepth>, TransportError>;
+
+    /// Whether the transport answers (for readiness probes).
+    async fn ping(&self) -> Result<(), TransportError> {
+        self.depths().await.map(|_| ())
+    }
 
     /// Puts dead letters of `queue` back on it (all of them, or those with one message
     /// id), as new deliveries visible at once; returns how many.

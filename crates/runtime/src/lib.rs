@@ -40,9 +40,64 @@ pub struct Common {
     #[arg(long, env = "ORDERLY_HTTP_LISTEN")]
     pub http_listen: Option<std::net::SocketAddr>,
 
+    /// Where messages travel: `sql` (the queue in the state store's database) or
+    /// `servicebus` (Azure Service Bus; each state change writes its messages to the
+    /// store's outbox in its transaction, and a relay in every process publishes them).
+    #[arg(long, env = "ORDERLY_TRANSPORT", value_enum, default_value = "sql")]
+    pub transport: TransportKind,
+
+    /// Service Bus: the namespace's connection string, Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=... (a secret).
+    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION", hide_env_values = true)]
+    pub servicebus_connection: Option<String>,
+
+    /// Service Bus: a file holding the connection string (e.g. a mounted secret).
+    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION_FILE")]
+    pub servicebus_connection_file: Option<std::path::PathBuf>,
+
+    /// Service Bus: plain AMQP without TLS, for the local emulator only.
+    #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
+    pub servicebus_unsecured: bool,
+
     /// Check the settings (flags, environment, config file) and exit without starting.
     #[arg(long)]
     pub check_config: bool,
+}
+
+/// Where messages travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TransportKind {
+    /// The queue in the state store's database (one transaction for a change and its
+    /// messages).
+    #[default]
+    Sql,
+    /// Azure Service Bus, fed from the state store's transactional outbox.
+    Servicebus,
+}
+
+impl Common {
+    /// The Service Bus connection string, from the flag / variable or its file. Errors
+    /// name the setting, never the value.
+    pub fn servicebus_connection(&self) -> anyhow::Result<String> {
+        match (&self.servicebus_connection, &self.servicebus_connection_file) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "give either --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION or \
+                 --servicebus-connection-file / ORDERLY_SERVICEBUS_CONNECTION_FILE, not both"
+            ),
+            (Some(cs), None) => Ok(cs.clone()),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|cs| cs.trim().to_owned())
+                .with_context(|| {
+                    format!(
+                        "cannot read --servicebus-connection-file / ORDERLY_SERVICEBUS_CONNECTION_FILE {}",
+                        path.display()
+                    )
+                }),
+            (None, None) => anyhow::bail!(
+                "--transport servicebus needs --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION \
+                 (or its _FILE form)"
+            ),
+        }
+    }
 }
 
 impl Common {

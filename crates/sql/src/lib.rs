@@ -82,6 +82,43 @@ fn bad_url() -> Error {
     ))
 }
 
+/// A state store whose messages go to its transactional outbox, for an external
+/// transport (Azure Service Bus), and the outbox a relay publishes from.
+#[derive(Clone)]
+pub struct OutboxBackend {
+    /// The state store (writes its messages to the outbox in each transaction).
+    pub store: Arc<dyn StateStore>,
+    /// The outbox, for the relay.
+    pub outbox: Arc<dyn orderly_core::transport::Outbox>,
+}
+
+/// Opens the store a URL names (see [`open`]) with [`Delivery::Outbox`].
+pub async fn connect_outbox(url: &str, time: TimeSource) -> Result<OutboxBackend> {
+    if url.starts_with("sqlite:") {
+        let store = Arc::new(
+            SqliteStore::open(url, time)
+                .await?
+                .with_delivery(Delivery::Outbox),
+        );
+        Ok(OutboxBackend {
+            store: store.clone(),
+            outbox: store,
+        })
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = Arc::new(
+            PgStore::open(url, time)
+                .await?
+                .with_delivery(Delivery::Outbox),
+        );
+        Ok(OutboxBackend {
+            store: store.clone(),
+            outbox: store,
+        })
+    } else {
+        Err(bad_url())
+    }
+}
+
 /// Opens the store a URL names, running pending migrations first:
 /// `sqlite://path/to/file.db` (created if missing), `sqlite::memory:`, or
 /// `postgres://user@host:port/database`.

@@ -10,6 +10,7 @@
 pub mod azurite;
 pub mod builders;
 pub mod elector;
+pub mod servicebus_standin;
 pub mod store;
 mod store_leadership;
 mod store_workflow;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use orderly_agent::{Agent, AgentConfig, Endpoints, HttpRemote};
+use orderly_core::SystemClock;
 use orderly_core::transport::QueueName;
-use orderly_core::{SystemClock, TimeSource};
 
 /// orderly-agent: consumes step requests and calls the remote services.
 #[derive(Parser)]
@@ -68,26 +68,29 @@ async fn main() -> anyhow::Result<()> {
         overrides,
     })
     .context("cannot build the HTTP client")?;
-    let mut cfg = AgentConfig::new(args.common.instance("agent")?, queues);
+    let instance = args.common.instance("agent")?;
+    let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
+    let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-agent") {
         return Ok(());
     }
-    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
-        .await
-        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let opened = plan.open(&instance).await?;
+    let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops =
         orderly_cli::ops::maybe_serve(args.common.http_listen, "agent", &backend, None, &shutdown)
             .await?;
     Agent::new(
-        backend.transport,
+        backend.transport.clone(),
         Arc::new(remote),
         Arc::new(SystemClock),
         cfg,
     )
     .run(shutdown)
     .await;
+    // What the role wrote last still goes out (Service Bus: the outbox relay drains).
+    opened.finish().await;
     if let Some(ops) = ops {
         let _ = ops.await;
     }

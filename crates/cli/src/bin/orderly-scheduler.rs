@@ -4,9 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
-use orderly_core::{SystemClock, TimeSource};
+use orderly_core::SystemClock;
 use orderly_scheduler::{Scheduler, SchedulerConfig};
 
 /// orderly-scheduler: claims due orders and drives each through its workflow.
@@ -37,13 +36,14 @@ async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("scheduler")?;
     orderly_runtime::init_tracing(args.common.log_json);
     let workflow = Arc::new(orderly_runtime::load_workflow(args.workflow.as_deref())?);
+    let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-scheduler") {
         return Ok(());
     }
-    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
-        .await
-        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
-    let mut cfg = SchedulerConfig::new(args.common.instance("scheduler")?, workflow);
+    let instance = args.common.instance("scheduler")?;
+    let opened = plan.open(&instance).await?;
+    let backend = opened.backend.clone();
+    let mut cfg = SchedulerConfig::new(instance.clone(), workflow);
     cfg.claim_batch = args.claim_batch;
     cfg.max_in_flight = args.max_in_flight;
     cfg.shutdown_grace = args.shutdown_grace_ms;
@@ -62,6 +62,8 @@ async fn main() -> anyhow::Result<()> {
     Scheduler::new(backend.store, backend.transport, Arc::new(SystemClock), cfg)
         .run(shutdown)
         .await;
+    // What the role wrote last still goes out (Service Bus: the outbox relay drains).
+    opened.finish().await;
     if let Some(ops) = ops {
         let _ = ops.await;
     }

@@ -1,8 +1,6 @@
 //! `orderly-submitter`: accepts orders from the orders queue.
 
-use anyhow::Context;
 use clap::Parser;
-use orderly_core::TimeSource;
 use orderly_submitter::{Submitter, SubmitterConfig};
 
 /// orderly-submitter: records orders posted to the orders queue.
@@ -17,13 +15,14 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("submitter")?;
     orderly_runtime::init_tracing(args.common.log_json);
-    let cfg = SubmitterConfig::new(args.common.instance("submitter")?);
+    let instance = args.common.instance("submitter")?;
+    let cfg = SubmitterConfig::new(instance.clone());
+    let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-submitter") {
         return Ok(());
     }
-    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
-        .await
-        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let opened = plan.open(&instance).await?;
+    let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops = orderly_cli::ops::maybe_serve(
         args.common.http_listen,
@@ -36,6 +35,8 @@ async fn main() -> anyhow::Result<()> {
     Submitter::new(backend.store, backend.transport, cfg)
         .run(shutdown)
         .await;
+    // What the role wrote last still goes out (Service Bus: the outbox relay drains).
+    opened.finish().await;
     if let Some(ops) = ops {
         let _ = ops.await;
     }

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use orderly_cli::election::ElectionArgs;
-use orderly_core::TimeSource;
 use orderly_supervisor::{AlertWebhook, Supervisor, SupervisorConfig, WebhookConfig};
 
 /// orderly-supervisor: recovers orders whose deadline passed and publishes operator
@@ -88,13 +87,13 @@ async fn main() -> anyhow::Result<()> {
     cfg.policy
         .validate()
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
+    let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-supervisor") {
         return Ok(());
     }
-    let backend = orderly_sql::connect(&args.common.database_url, TimeSource::Database)
-        .await
-        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
-    let elector = election.elector(backend.store.clone(), instance)?;
+    let opened = plan.open(&instance).await?;
+    let backend = opened.backend.clone();
+    let elector = election.elector(backend.store.clone(), instance.clone())?;
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops = orderly_cli::ops::maybe_serve(
         args.common.http_listen,
@@ -117,6 +116,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(task) = delivery {
         let _ = task.await;
     }
+    // What the role wrote last still goes out (Service Bus: the outbox relay drains).
+    opened.finish().await;
     if let Some(ops) = ops {
         let _ = ops.await;
     }

@@ -11,3 +11,4 @@ mod processes;
 #[path = "../support/procs.rs"]
 mod procs;
 mod roles;
+mod servicebus;

@@ -31,6 +31,11 @@ pub(crate) struct Proc {
 
 impl Proc {
     pub(crate) fn start(name: &str, db: &str, args: &[&str]) -> Self {
+        Self::start_with(name, db, args, &[])
+    }
+
+    /// [`Proc::start`] with extra environment variables.
+    pub(crate) fn start_with(name: &str, db: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(format!(
             "orderly-e2e-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
@@ -40,6 +45,7 @@ impl Proc {
             .args(args)
             .env("ORDERLY_DATABASE_URL", db)
             .env("ORDERLY_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)

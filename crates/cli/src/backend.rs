@@ -1,0 +1,227 @@
+//! What a role binary runs on: the state store and the transport `--transport` names.
+//!
+//! - `sql` (default): the queue in the store's database; a state change and the
+//!   messages it causes commit in one transaction.
+//! - `servicebus`: Azure Service Bus. Each state change writes its messages to the
+//!   store's transactional outbox in its own transaction, and every process runs a
+//!   relay that publishes them (leasing batches, so relays share the work and a dead
+//!   one only delays its batch); Service Bus duplicate detection absorbs a message
+//!   published twice. Receiving, settling and dead-lettering are Service Bus's own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
+use orderly_core::messages::queues;
+use orderly_core::transport::{
+    Outbox, QueueDepth, QueueInspector, QueueName, Transport, TransportError,
+};
+use orderly_core::{InstanceId, SystemClock, TimeSource};
+use orderly_runtime::{Common, TransportKind};
+use orderly_sql::Backend;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// Messages one relay pass publishes at most.
+const RELAY_BATCH: u32 = 100;
+/// Longest pause between relay passes when the outbox is empty.
+const RELAY_IDLE_MAX: Duration = Duration::from_millis(200);
+/// How long a stopping process keeps relaying what is left.
+const RELAY_DRAIN: Duration = Duration::from_secs(5);
+
+/// The settings, checked, before anything is opened.
+pub struct Plan {
+    url: String,
+    servicebus: Option<ServiceBusSettings>,
+}
+
+/// What a role runs on.
+pub struct Opened {
+    /// The store, the transport and the operators' view of the queues.
+    pub backend: Backend,
+    relay: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Opened {
+    /// Call when the role has stopped writing: the outbox relay (Service Bus only)
+    /// publishes what is left, for up to a few seconds, and ends.
+    pub async fn finish(self) {
+        if let Some((stop, task)) = self.relay {
+            stop.cancel();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Plan {
+    /// Checks the store and transport settings; errors name the setting.
+    pub fn new(common: &Common) -> anyhow::Result<Self> {
+        let servicebus = match common.transport {
+            TransportKind::Sql => None,
+            TransportKind::Servicebus => {
+                let connection = common.servicebus_connection()?;
+                ServiceBusSettings::check_connection(
+                    &connection,
+                    "--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION",
+                )?;
+                let mut settings = ServiceBusSettings::new(connection);
+                settings.unsecured = common.servicebus_unsecured;
+                Some(settings)
+            }
+        };
+        Ok(Self {
+            url: common.database_url.clone(),
+            servicebus,
+        })
+    }
+
+    /// Opens the store (running migrations) and the transport; with Service Bus, starts
+    /// the outbox relay as `relay_as`, which runs until [`Opened::finish`].
+    pub async fn open(self, relay_as: &InstanceId) -> anyhow::Result<Opened> {
+        const STORE: &str = "cannot open the state store (--database-url / ORDERLY_DATABASE_URL)";
+        let Some(settings) = self.servicebus else {
+            let backend = orderly_sql::connect(&self.url, TimeSource::Database)
+                .await
+                .context(STORE)?;
+            return Ok(Opened {
+                backend,
+                relay: None,
+            });
+        };
+        let sql = orderly_sql::connect_outbox(&self.url, TimeSource::Database)
+            .await
+            .context(STORE)?;
+        let transport: Arc<dyn Transport> = Arc::new(
+            ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
+                .await
+                .context("cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)")?,
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(
+            relay(
+                sql.outbox.clone(),
+                transport.clone(),
+                relay_as.clone(),
+                stop.clone(),
+            )
+            .instrument(tracing::info_span!("outbox_relay", instance_id = %relay_as)),
+        );
+        Ok(Opened {
+            backend: Backend {
+                store: sql.store,
+                transport: transport.clone(),
+                inspector: Arc::new(ServiceBusInspector { transport }),
+            },
+            relay: Some((stop, task)),
+        })
+    }
+}
+
+/// Publishes the outbox to `target` until `stop`, then drains what is left for a few
+/// seconds. Idle passes back off up to [`RELAY_IDLE_MAX`]; failures are logged and
+/// retried with back-off (the messages stay in the outbox: nothing is lost).
+async fn relay(
+    outbox: Arc<dyn Outbox>,
+    target: Arc<dyn Transport>,
+    me: InstanceId,
+    stop: CancellationToken,
+) {
+    let mut idle = Duration::from_millis(5);
+    let mut failing = Duration::from_millis(100);
+    let mut last_backlog = tokio::time::Instant::now();
+    let mut draining_until: Option<tokio::time::Instant> = None;
+    loop {
+        if draining_until.is_none() && stop.is_cancelled() {
+            draining_until = Some(tokio::time::Instant::now() + RELAY_DRAIN);
+        }
+        let pass = outbox.relay_once(&me, &*target, RELAY_BATCH).await;
+        let pause = match pass {
+            Ok(outcome) => {
+                failing = Duration::from_millis(100);
+                metrics::counter!("orderly_outbox_relayed_total").increment(outcome.sent as u64);
+                if outcome.failed > 0 {
+                    metrics::counter!("orderly_outbox_relay_failures_total")
+                        .increment(outcome.failed as u64);
+                    tracing::warn!(
+                        failed = outcome.failed,
+                        "outbox: the transport refused messages; retried later"
+                    );
+                }
+                if outcome.sent as u32 == RELAY_BATCH {
+                    idle = Duration::from_millis(5);
+                    Duration::ZERO
+                } else if outcome.sent > 0 {
+                    idle = Duration::from_millis(5);
+                    idle
+                } else {
+                    if draining_until.is_some() {
+                        break;
+                    }
+                    idle = (idle * 2).min(RELAY_IDLE_MAX);
+                    idle
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay pass failed; retrying");
+                failing = (failing * 2).min(Duration::from_secs(5));
+                failing
+            }
+        };
+        if last_backlog.elapsed() >= Duration::from_secs(5) {
+            last_backlog = tokio::time::Instant::now();
+            if let Ok(n) = outbox.outbox_backlog().await {
+                metrics::gauge!("orderly_outbox_backlog").set(n as f64);
+            }
+        }
+        if let Some(until) = draining_until {
+            if tokio::time::Instant::now() >= until {
+                tracing::warn!(
+                    "outbox: stopping with messages left; another process's relay sends them"
+                );
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        } else if !pause.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+    }
+}
+
+/// Operators' view of Service Bus: reachability; depths live in Azure Monitor.
+struct ServiceBusInspector {
+    transport: Arc<dyn Transport>,
+}
+
+#[async_trait]
+impl QueueInspector for ServiceBusInspector {
+    async fn depths(&self) -> Result<Vec<QueueDepth>, TransportError> {
+        Err(TransportError::Unsupported(
+            "Service Bus queue depths are Azure Monitor metrics (ActiveMessageCount, \
+             DeadletteredMessageCount); AMQP does not expose them"
+                .into(),
+        ))
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        let orders = QueueName::parse(queues::ORDERS).map_err(TransportError::Invalid)?;
+        self.transport.dead_letters(&orders, 1).await.map(|_| ())
+    }
+
+    async fn requeue_dead_letters(
+        &self,
+        _queue: &QueueName,
+        _message_id: Option<&str>,
+    ) -> Result<usize, TransportError> {
+        Err(TransportError::Unsupported(
+            "requeue Service Bus dead letters with Service Bus Explorer (resubmit) or the \
+             Azure CLI; `orderly dead-letters QUEUE` lists them with the reason"
+                .into(),
+        ))
+    }
+}

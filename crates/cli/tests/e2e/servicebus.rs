@@ -1,0 +1,120 @@
+//! The production shape's messaging: the four role binaries with
+//! `ORDERLY_TRANSPORT=servicebus`, against the Service Bus STAND-IN (no Service Bus
+//! emulator runs on these machines; the stand-in passes the same transport
+//! conformance suite as our SQL queue). State changes go to the store's outbox and the
+//! relays publish them; orders arrive on Service Bus's `orders` queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
+use orderly_cli::demo;
+use orderly_core::messages::queues;
+use orderly_core::transport::QueueSettings;
+use orderly_core::workflow::Workflow;
+use orderly_core::{ProcessState, SystemClock};
+use orderly_testkit::servicebus_standin::Standin;
+
+use crate::fixtures::{Db, Dialect};
+use crate::processes::{assert_invariants, count, start_sim};
+use crate::procs::{Proc, free_port, wait_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
+    let standin = Standin::start();
+    let defaults = QueueSettings::default();
+    let mut names: Vec<String> = [queues::ORDERS, queues::REPLIES, queues::ALERTS]
+        .map(String::from)
+        .to_vec();
+    names.extend(
+        Workflow::default()
+            .queues()
+            .iter()
+            .map(|q| q.as_str().to_owned()),
+    );
+    for q in &names {
+        standin
+            .declare(
+                q,
+                defaults.lock_duration,
+                defaults.max_delivery_count,
+                defaults.duplicate_detection_window,
+            )
+            .unwrap();
+    }
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let connection = standin.connection_string();
+    let env = [
+        ("ORDERLY_TRANSPORT", "servicebus"),
+        ("ORDERLY_SERVICEBUS_CONNECTION", connection.as_str()),
+        ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
+    ];
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
+    let ops = free_port();
+    let listen = format!("127.0.0.1:{ops}");
+    let _submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    let _scheduler = Proc::start_with(
+        "orderly-scheduler",
+        &db.url,
+        &["--http-listen", &listen],
+        &env,
+    );
+    let _agent = Proc::start_with("orderly-agent", &db.url, &["--remote-url", &remote], &env);
+    let _supervisor = Proc::start_with("orderly-supervisor", &db.url, &[], &env);
+
+    let mut settings = ServiceBusSettings::new(connection.clone());
+    settings.unsecured = true;
+    let client =
+        ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
+            .await
+            .unwrap();
+    let orders = demo::sample_orders(40);
+    let sent = demo::post(&client, &orders).await.unwrap();
+    wait_for(
+        "40 orders processed over Service Bus",
+        Duration::from_secs(90),
+        async || count(&*store, ProcessState::Processed).await == 40,
+    )
+    .await;
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(120)).await;
+
+    // Every message went through the outbox and out; none took the SQL queue.
+    let outbox = orderly_sql::connect_outbox(&db.url, orderly_core::TimeSource::Database)
+        .await
+        .unwrap()
+        .outbox;
+    wait_for("the outbox drained", Duration::from_secs(10), async || {
+        outbox.outbox_backlog().await.unwrap() == 0
+    })
+    .await;
+    for d in backend.inspector.depths().await.unwrap() {
+        assert_eq!(
+            (d.ready, d.locked, d.dead_lettered),
+            (0, 0, 0),
+            "nothing on the SQL queue {}",
+            d.queue
+        );
+    }
+    // The scheduler's readiness covers Service Bus; its metrics the relay.
+    let ready = reqwest::get(format!("http://{listen}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let metrics = reqwest::get(format!("http://{listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("orderly_outbox_relayed_total"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("orderly_store_up{role=\"scheduler\"} 1"),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,113 @@
+//! The Service Bus STAND-IN of `tests/servicebus-standin` (a small AMQP 1.0 broker on
+//! Node.js and rhea, written for our tests because no Service Bus emulator runs on our
+//! machines): one per test, on a loopback address of its own (the client always dials
+//! port 5672), with an HTTP control endpoint to declare queues and move its clock.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running stand-in; stopped when dropped.
+pub struct Standin {
+    child: Child,
+    /// The loopback address its AMQP port 5672 listens on.
+    pub host: String,
+    /// Its control port on 127.0.0.1.
+    pub control: u16,
+}
+
+impl Standin {
+    /// Starts one. Panics, saying how to fix it, when its npm dependencies are missing:
+    /// the Service Bus tests never skip.
+    pub fn start() -> Standin {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/servicebus-standin");
+        assert!(
+            dir.join("node_modules/rhea").exists(),
+            "the Service Bus stand-in's dependencies are missing: run `npm ci --prefix tests/servicebus-standin` (.ci/run does)"
+        );
+        let r = uuid::Uuid::new_v4().into_bytes();
+        let host = format!("127.{}.{}.{}", 20 + r[0] % 200, r[1], 1 + r[2] % 250);
+        let mut child = Command::new("node")
+            .arg(dir.join("standin.js"))
+            .env("STANDIN_HOST", &host)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("Node.js is needed for the Service Bus stand-in (the machine's `node`)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("the stand-in's first line");
+        let control = line
+            .split("\"control\":")
+            .nth(1)
+            .and_then(|rest| {
+                rest.trim_start()
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()
+            })
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("the stand-in did not start: {line:?}"));
+        Standin {
+            child,
+            host,
+            control,
+        }
+    }
+
+    /// A connection string for it (the key is a dummy: the stand-in checks none).
+    pub fn connection_string(&self) -> String {
+        format!(
+            "Endpoint=sb://{};SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=c3RhbmQtaW4tb25seQ==",
+            self.host
+        )
+    }
+
+    /// Creates `queue` (as infrastructure does for Service Bus).
+    pub fn declare(
+        &self,
+        queue: &str,
+        lock: Duration,
+        max_delivery_count: u32,
+        duplicate_detection: Duration,
+    ) -> Result<(), String> {
+        let body = format!(
+            "{{\"lock_ms\":{},\"max_delivery_count\":{max_delivery_count},\"dedup_ms\":{}}}",
+            lock.as_millis(),
+            duplicate_detection.as_millis()
+        );
+        post(self.control, &format!("/queues/{queue}"), &body)
+    }
+
+    /// Sets its clock (milliseconds since the epoch).
+    pub fn set_clock_ms(&self, now_ms: i64) -> Result<(), String> {
+        post(self.control, "/clock", &format!("{{\"now_ms\":{now_ms}}}"))
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking HTTP/1.0 POST to a stand-in's control endpoint on `port`.
+pub fn post(port: u16, path: &str, body: &str) -> Result<(), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).map_err(|e| e.to_string())?;
+    if response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        Err(response)
+    }
+}
