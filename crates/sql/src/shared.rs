@@ -102,6 +102,22 @@ macro_rules! store_ops {
 
         type Conn = <$DB as ::sqlx::Database>::Connection;
 
+        /// Fills `slots` (every state to report, at zero) from `(process_state, n)` rows.
+        fn tally(
+            rows: &[<$DB as ::sqlx::Database>::Row],
+            mut slots: Vec<(ProcessState, i64)>,
+        ) -> Result<Vec<(ProcessState, i64)>> {
+            for r in rows {
+                let c = Cols(r);
+                let state = c.state("process_state")?;
+                let n: i64 = c.get("n")?;
+                if let Some(slot) = slots.iter_mut().find(|(s, _)| *s == state) {
+                    slot.1 = n;
+                }
+            }
+            Ok(slots)
+        }
+
         impl $Store {
             /// Refuses the write unless `leader`'s term is the current one: the first
             /// statement of every leader's transaction.
@@ -1099,17 +1115,7 @@ macro_rules! store_ops {
                     .fetch_all(&self.pool)
                     .await
                     .map_err(db)?;
-                let mut counts: Vec<(ProcessState, i64)> =
-                    ProcessState::ALL.iter().map(|s| (*s, 0)).collect();
-                for r in &rows {
-                    let c = Cols(r);
-                    let state = c.state("process_state")?;
-                    let n: i64 = c.get("n")?;
-                    if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
-                        slot.1 = n;
-                    }
-                }
-                Ok(counts)
+                tally(&rows, ProcessState::ALL.iter().map(|s| (*s, 0)).collect())
             }
 
             async fn finished_since(
@@ -1121,22 +1127,8 @@ macro_rules! store_ops {
                     .fetch_all(&self.pool)
                     .await
                     .map_err(db)?;
-                let mut counts: Vec<(ProcessState, i64)> = [
-                    ProcessState::Processed,
-                    ProcessState::Error,
-                    ProcessState::Cancelled,
-                ]
-                .map(|s| (s, 0))
-                .to_vec();
-                for r in &rows {
-                    let c = Cols(r);
-                    let state = c.state("process_state")?;
-                    let n: i64 = c.get("n")?;
-                    if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
-                        slot.1 = n;
-                    }
-                }
-                Ok(counts)
+                let finals = [ProcessState::Processed, ProcessState::Error, ProcessState::Cancelled];
+                tally(&rows, finals.map(|s| (s, 0)).to_vec())
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %order_id, actor = %actor))]
