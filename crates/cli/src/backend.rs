@@ -27,8 +27,16 @@ use tracing::Instrument;
 
 /// Messages one relay pass publishes at most.
 const RELAY_BATCH: u32 = 100;
-/// Longest pause between relay passes when the outbox is empty.
-const RELAY_IDLE_MAX: Duration = Duration::from_millis(200);
+/// Pause after a pass that sent something (lets a burst of writes gather).
+const RELAY_IDLE_MIN: Duration = Duration::from_millis(5);
+/// Longest wait between relay passes when the outbox is empty: local writes wake the
+/// relay at once, so this only bounds how late another process's leftovers are found.
+const RELAY_IDLE_MAX: Duration = Duration::from_secs(1);
+/// Back-off after a failed pass: from, and up to.
+const RELAY_RETRY_MIN: Duration = Duration::from_millis(100);
+const RELAY_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How often the relay reports the outbox backlog.
+const BACKLOG_EVERY: Duration = Duration::from_secs(5);
 /// How long a stopping process keeps relaying what is left.
 const RELAY_DRAIN: Duration = Duration::from_secs(5);
 
@@ -120,27 +128,44 @@ impl Plan {
     }
 }
 
-/// Publishes the outbox to `target` until `stop`, then drains what is left for a few
-/// seconds. Idle passes back off up to [`RELAY_IDLE_MAX`]; failures are logged and
-/// retried with back-off (the messages stay in the outbox: nothing is lost).
+/// Publishes the outbox to `target` until `stop`, then drains what is left for up to
+/// [`RELAY_DRAIN`]. Between passes it waits for a local write to the outbox (woken at
+/// once) or, idle, polls with back-off up to [`RELAY_IDLE_MAX`] for others' messages;
+/// failures are logged and retried with back-off (the messages stay in the outbox:
+/// nothing is lost).
 async fn relay(
     outbox: Arc<dyn Outbox>,
     target: Arc<dyn Transport>,
     me: InstanceId,
     stop: CancellationToken,
 ) {
-    let mut idle = Duration::from_millis(5);
-    let mut failing = Duration::from_millis(100);
-    let mut last_backlog = tokio::time::Instant::now();
-    let mut draining_until: Option<tokio::time::Instant> = None;
+    use tokio::time::Instant;
+    let mut idle = RELAY_IDLE_MIN;
+    let mut failing = RELAY_RETRY_MIN;
+    let mut backlog_read = Instant::now();
+    let mut drain_until: Option<Instant> = None;
     loop {
-        if draining_until.is_none() && stop.is_cancelled() {
-            draining_until = Some(tokio::time::Instant::now() + RELAY_DRAIN);
+        if drain_until.is_none() && stop.is_cancelled() {
+            drain_until = Some(Instant::now() + RELAY_DRAIN);
+        }
+        if let Some(until) = drain_until
+            && Instant::now() >= until
+        {
+            tracing::warn!(
+                "outbox: stopping with messages left; another process's relay sends them"
+            );
+            return;
+        }
+        if backlog_read.elapsed() >= BACKLOG_EVERY {
+            backlog_read = Instant::now();
+            if let Ok(n) = outbox.outbox_backlog().await {
+                metrics::gauge!("orderly_outbox_backlog").set(n as f64);
+            }
         }
         let pass = outbox.relay_once(&me, &*target, RELAY_BATCH).await;
-        let pause = match pass {
+        let wait = match pass {
             Ok(outcome) => {
-                failing = Duration::from_millis(100);
+                failing = RELAY_RETRY_MIN;
                 metrics::counter!("orderly_outbox_relayed_total").increment(outcome.sent as u64);
                 if outcome.failed > 0 {
                     metrics::counter!("orderly_outbox_relay_failures_total")
@@ -151,42 +176,30 @@ async fn relay(
                     );
                 }
                 if outcome.sent as u32 == RELAY_BATCH {
-                    idle = Duration::from_millis(5);
-                    Duration::ZERO
-                } else if outcome.sent > 0 {
-                    idle = Duration::from_millis(5);
-                    idle
-                } else {
-                    if draining_until.is_some() {
-                        break;
-                    }
-                    idle = (idle * 2).min(RELAY_IDLE_MAX);
-                    idle
+                    continue; // more may be waiting
                 }
+                if outcome.sent == 0 && drain_until.is_some() {
+                    return; // drained
+                }
+                idle = if outcome.sent > 0 {
+                    RELAY_IDLE_MIN
+                } else {
+                    (idle * 2).min(RELAY_IDLE_MAX)
+                };
+                outbox.wait_written(idle)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "outbox relay pass failed; retrying");
-                failing = (failing * 2).min(Duration::from_secs(5));
-                failing
+                let pause = failing;
+                failing = (failing * 2).min(RELAY_RETRY_MAX);
+                Box::pin(tokio::time::sleep(pause))
             }
         };
-        if last_backlog.elapsed() >= Duration::from_secs(5) {
-            last_backlog = tokio::time::Instant::now();
-            if let Ok(n) = outbox.outbox_backlog().await {
-                metrics::gauge!("orderly_outbox_backlog").set(n as f64);
-            }
-        }
-        if let Some(until) = draining_until {
-            if tokio::time::Instant::now() >= until {
-                tracing::warn!(
-                    "outbox: stopping with messages left; another process's relay sends them"
-                );
-                break;
-            }
-            tokio::time::sleep(pause).await;
-        } else if !pause.is_zero() {
+        if drain_until.is_some() {
+            wait.await;
+        } else {
             tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
+                _ = wait => {}
                 _ = stop.cancelled() => {}
             }
         }

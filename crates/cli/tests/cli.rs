@@ -769,8 +769,6 @@ fn bulk_actions_select_by_filter_and_ask_first() {
 /// address needs a token, and requests without it are refused.
 #[test]
 fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() {
-    use std::time::Duration;
-
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let script = root.join("tests/browser/dashboard.mjs");
     assert!(
@@ -794,25 +792,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
             .unwrap();
         error_order(&*b.store, &order).await;
     });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut dash = Command::new(env!("CARGO_BIN_EXE_orderly"))
-        .args(["dashboard", "--listen", &format!("127.0.0.1:{port}")])
-        .env("ORDERLY_DATABASE_URL", &url)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the dashboard did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mut dash, port) = start_dashboard(&url, "127.0.0.1", None);
     let out = Command::new("node")
         .arg(&script)
         .arg(format!("http://127.0.0.1:{port}"))
@@ -844,26 +824,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ORDERLY_DASHBOARD_TOKEN"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut dash = Command::new(env!("CARGO_BIN_EXE_orderly"))
-        .args(["dashboard", "--listen", &format!("0.0.0.0:{port}")])
-        .env("ORDERLY_DATABASE_URL", &url)
-        .env("ORDERLY_DASHBOARD_TOKEN", "t0ken-for-test")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the dashboard did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mut dash, port) = start_dashboard(&url, "0.0.0.0", Some("t0ken-for-test"));
     rt.block_on(async {
         let base = format!("http://127.0.0.1:{port}");
         let c = reqwest::Client::builder()
@@ -944,6 +905,34 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
     });
     let _ = dash.kill();
     let _ = dash.wait();
+}
+
+/// `orderly dashboard` on a free port of `host` (with `token`), once it accepts
+/// connections.
+fn start_dashboard(url: &str, host: &str, token: Option<&str>) -> (std::process::Child, u16) {
+    use std::time::Duration;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orderly"));
+    cmd.args(["dashboard", "--listen", &format!("{host}:{port}")])
+        .env("ORDERLY_DATABASE_URL", url)
+        .env_remove("ORDERLY_DASHBOARD_TOKEN")
+        .stdout(std::process::Stdio::null());
+    if let Some(token) = token {
+        cmd.env("ORDERLY_DASHBOARD_TOKEN", token);
+    }
+    let dash = cmd.spawn().expect("start orderly dashboard");
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the dashboard did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (dash, port)
 }
 
 /// Submits `order`, claims it and fails it ("card declined"): an order in Error.

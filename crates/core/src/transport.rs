@@ -490,6 +490,13 @@ pub trait Outbox: Send + Sync {
 
     /// How many messages are not yet published.
     async fn outbox_backlog(&self) -> Result<i64, TransportError>;
+
+    /// Waits until a state change through this process's handles on the store wrote to
+    /// the outbox (since the last wait), or until `within` passed: a relay sleeps here
+    /// between passes, woken at once by local writes; others' writes it finds by polling.
+    async fn wait_written(&self, within: std::time::Duration) {
+        tokio::time::sleep(within).await;
+    }
 }
 
 /// Runs `work` while holding `message`: its lock is renewed every `every` (choose about

@@ -170,26 +170,21 @@ mod tests {
                 ("max-in-flight".to_string(), "50".to_string()),
             ]
         );
-        let f = file("[scheduler]\nmax_in_flite = 50\n");
-        let e = file_settings(&f, "scheduler", &known)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("unknown setting `max_in_flite` in [scheduler]"),
-            "{e}"
-        );
-        let f = file("max_in_flight = 50\n");
-        let e = file_settings(&f, "scheduler", &known)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("unknown top-level setting `max_in_flight`"),
-            "{e}"
-        );
-        let f = file("[shceduler]\nx = 1\n");
-        let e = file_settings(&f, "scheduler", &known)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown table [shceduler]"), "{e}");
+        for (text, expected) in [
+            (
+                "[scheduler]\nmax_in_flite = 50\n",
+                "unknown setting `max_in_flite` in [scheduler]",
+            ),
+            (
+                "max_in_flight = 50\n",
+                "unknown top-level setting `max_in_flight`",
+            ),
+            ("[shceduler]\nx = 1\n", "unknown table [shceduler]"),
+        ] {
+            let e = file_settings(&file(text), "scheduler", &known)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{e}");
+        }
     }
 }

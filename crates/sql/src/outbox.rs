@@ -166,6 +166,10 @@ macro_rules! outbox_ops {
                 async fn outbox_backlog(&self) -> Result<i64> {
                     ::sqlx::query_scalar(o::O_BACKLOG).fetch_one(&self.pool).await.map_err(db)
                 }
+
+                async fn wait_written(&self, within: ::std::time::Duration) {
+                    let _ = ::tokio::time::timeout(within, self.wakeups.outbox.notified()).await;
+                }
             }
         }
     };

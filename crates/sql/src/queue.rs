@@ -28,6 +28,9 @@ pub(crate) struct Wakeups {
     /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
     /// expired duplicate-detection rows (housekeeping, kept off most sends).
     pub sends: std::sync::atomic::AtomicU64,
+    /// Signalled after each commit that wrote to the outbox (a permit is kept when no
+    /// relay waits, so a write during a relay pass is not missed).
+    pub outbox: Notify,
 }
 
 /// How often a send also sweeps expired duplicate-detection rows. Correctness does not
@@ -41,6 +44,7 @@ impl Wakeups {
             poll,
             listening: false.into(),
             sends: 0.into(),
+            outbox: Notify::new(),
         }
     }
 

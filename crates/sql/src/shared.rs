@@ -194,15 +194,20 @@ macro_rules! store_ops {
                 sends: &[Envelope],
             ) -> Result<()> {
                 let send_error = |e| Error::Send(Box::new(e));
-                let woken = match self.delivery {
-                    $crate::Delivery::Queue => self.enqueue_all(&mut tx, now, sends).await.map_err(send_error)?,
+                match self.delivery {
+                    $crate::Delivery::Queue => {
+                        let woken = self.enqueue_all(&mut tx, now, sends).await.map_err(send_error)?;
+                        tx.commit().await.map_err(db)?;
+                        self.wake_queues(&woken);
+                    }
                     $crate::Delivery::Outbox => {
                         self.write_outbox(&mut tx, now, sends).await.map_err(send_error)?;
-                        Vec::new()
+                        tx.commit().await.map_err(db)?;
+                        if !sends.is_empty() {
+                            self.wakeups.outbox.notify_one();
+                        }
                     }
-                };
-                tx.commit().await.map_err(db)?;
-                self.wake_queues(&woken);
+                }
                 Ok(())
             }
 

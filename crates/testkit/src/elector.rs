@@ -3,8 +3,8 @@
 //! in real time. Every case records the interval in which each leader task acted and
 //! checks that no two ever overlap (DESIGN.md invariant 6).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -115,16 +115,13 @@ pub struct Interval {
     pub end: Option<Instant>,
 }
 
-/// The intervals of every leader task of a case.
+/// The intervals of every leader task of a case, in a watch so a case can wait for one.
 #[derive(Clone)]
-pub struct Recorder(
-    Arc<Mutex<Vec<Interval>>>,
-    Arc<tokio::sync::watch::Sender<usize>>,
-);
+pub struct Recorder(Arc<tokio::sync::watch::Sender<Vec<Interval>>>);
 
 impl Default for Recorder {
     fn default() -> Self {
-        Self(Arc::default(), Arc::new(tokio::sync::watch::channel(0).0))
+        Self(Arc::new(tokio::sync::watch::channel(Vec::new()).0))
     }
 }
 
@@ -141,10 +138,10 @@ impl Recorder {
     /// Waits (no polling) until elector `who`'s task has started a term; panics after
     /// `within`.
     pub async fn wait_term(&self, who: usize, within: Duration, what: &str) {
-        let mut count = self.1.subscribe();
+        let mut intervals = self.0.subscribe();
         let found = tokio::time::timeout(
             within,
-            count.wait_for(|_| self.0.lock().unwrap().iter().any(|i| i.who == who)),
+            intervals.wait_for(|v| v.iter().any(|i| i.who == who)),
         )
         .await;
         assert!(
@@ -167,15 +164,17 @@ impl Recorder {
             Box::pin(async move {
                 let start = Instant::now();
                 let idx = {
-                    let mut v = rec.0.lock().unwrap();
-                    v.push(Interval {
-                        who,
-                        fence: l.fence.clone(),
-                        start,
-                        end: None,
+                    let mut idx = 0;
+                    rec.0.send_modify(|v| {
+                        v.push(Interval {
+                            who,
+                            fence: l.fence.clone(),
+                            start,
+                            end: None,
+                        });
+                        idx = v.len() - 1;
                     });
-                    rec.1.send_replace(v.len());
-                    v.len() - 1
+                    idx
                 };
                 let exit = loop {
                     if l.cancelled.is_cancelled() {
@@ -189,7 +188,7 @@ impl Recorder {
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 };
-                rec.0.lock().unwrap()[idx].end = Some(Instant::now());
+                rec.0.send_modify(|v| v[idx].end = Some(Instant::now()));
                 exit
             })
         }
@@ -197,7 +196,7 @@ impl Recorder {
 
     /// Every interval so far, by start.
     pub fn intervals(&self) -> Vec<Interval> {
-        let mut v = self.0.lock().unwrap().clone();
+        let mut v = self.0.borrow().clone();
         v.sort_by_key(|i| i.start);
         v
     }

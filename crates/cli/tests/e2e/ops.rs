@@ -29,6 +29,17 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Asserts each `(series, value)` in `metrics`.
+fn assert_samples(metrics: &str, expected: &[(&str, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(
+            sample(metrics, series),
+            Some(*value),
+            "{series} in\n{metrics}"
+        );
+    }
+}
+
 both!(
     every_role_serves_health_readiness_and_metrics_and_stops_cleanly_on_sigterm,
     ops_endpoints
@@ -70,25 +81,24 @@ async fn ops_endpoints(dialect: Dialect) {
     .await;
 
     let (_, m) = get(ports[0], "/metrics").await;
-    assert_eq!(
-        sample(&m, "orderly_orders_submitted_total{outcome=\"accepted\"}"),
-        Some(100.0),
-        "{m}"
+    assert_samples(
+        &m,
+        &[(
+            "orderly_orders_submitted_total{outcome=\"accepted\"}",
+            100.0,
+        )],
     );
     let (_, m) = get(ports[1], "/metrics").await;
     assert!(
         sample(&m, "orderly_orders_claimed_total").unwrap() >= 100.0,
         "{m}"
     );
-    assert_eq!(
-        sample(&m, "orderly_orders_processed_total"),
-        Some(100.0),
-        "{m}"
-    );
-    assert_eq!(
-        sample(&m, "orderly_orders{state=\"Processed\"}"),
-        Some(100.0),
-        "{m}"
+    assert_samples(
+        &m,
+        &[
+            ("orderly_orders_processed_total", 100.0),
+            ("orderly_orders{state=\"Processed\"}", 100.0),
+        ],
     );
     assert!(
         m.contains("orderly_queue_messages{queue=\"orders\",condition=\"ready\"}"),
@@ -106,31 +116,23 @@ async fn ops_endpoints(dialect: Dialect) {
         ),
         "{m}"
     );
-    assert_eq!(
-        sample(&m, "orderly_remote_calls_total{action=\"ship\"}"),
-        Some(100.0),
-        "{m}"
+    assert_samples(
+        &m,
+        &[("orderly_remote_calls_total{action=\"ship\"}", 100.0)],
     );
     let (_, m) = get(ports[3], "/metrics").await;
-    assert_eq!(
-        sample(&m, "orderly_leader{leadership=\"supervisor\"}"),
-        Some(1.0),
-        "{m}"
-    );
-    assert_eq!(
-        sample(&m, "orderly_leadership_epoch{leadership=\"supervisor\"}"),
-        Some(1.0),
-        "{m}"
+    assert_samples(
+        &m,
+        &[
+            ("orderly_leader{leadership=\"supervisor\"}", 1.0),
+            ("orderly_leadership_epoch{leadership=\"supervisor\"}", 1.0),
+        ],
     );
     assert!(
         m.contains("orderly_is_leader{instance=\"supervisor@"),
         "{m}"
     );
-    assert_eq!(
-        sample(&m, "orderly_store_up{role=\"supervisor\"}"),
-        Some(1.0),
-        "{m}"
-    );
+    assert_samples(&m, &[("orderly_store_up{role=\"supervisor\"}", 1.0)]);
 
     // SIGTERM while 200 more orders are in flight: both stop cleanly, and a new pair
     // finishes the work; nothing lost, nothing twice.
@@ -196,16 +198,17 @@ async fn orderly_up_serves_metrics_beside_its_dashboard() {
     .await;
     let (status, m) = get(port, "/metrics").await;
     assert_eq!(status, 200);
-    for (series, value) in [
-        ("orderly_orders_submitted_total{outcome=\"accepted\"}", 30.0),
-        ("orderly_orders_processed_total", 30.0),
-        ("orderly_orders{state=\"Processed\"}", 30.0),
-        ("orderly_remote_calls_total{action=\"ship\"}", 30.0),
-        ("orderly_leader{leadership=\"supervisor\"}", 1.0),
-        ("orderly_store_up{role=\"embedded\"}", 1.0),
-    ] {
-        assert_eq!(sample(&m, series), Some(value), "{series} in\n{m}");
-    }
+    assert_samples(
+        &m,
+        &[
+            ("orderly_orders_submitted_total{outcome=\"accepted\"}", 30.0),
+            ("orderly_orders_processed_total", 30.0),
+            ("orderly_orders{state=\"Processed\"}", 30.0),
+            ("orderly_remote_calls_total{action=\"ship\"}", 30.0),
+            ("orderly_leader{leadership=\"supervisor\"}", 1.0),
+            ("orderly_store_up{role=\"embedded\"}", 1.0),
+        ],
+    );
     assert!(
         m.contains("orderly_is_leader{instance=\"supervisor@"),
         "{m}"

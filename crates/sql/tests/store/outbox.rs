@@ -45,6 +45,47 @@ async fn drain(t: &dyn Transport, queue: &str) -> Vec<String> {
     }
 }
 
+/// A relay waiting between passes is woken by a state change that wrote to the outbox,
+/// also one committed before it began to wait; a change that sends nothing does not.
+async fn check_wakes(source: Arc<dyn StoreWithOutbox>) {
+    const LONG: Duration = Duration::from_secs(60);
+    const SOON: Duration = Duration::from_secs(10);
+    // A write before the wait: its signal is kept.
+    let sends = [envelope("client-replies", "wake-1")];
+    source
+        .submit(&builders::order(101), &builders::submitter(), &sends)
+        .await
+        .unwrap();
+    tokio::time::timeout(SOON, source.wait_written(LONG))
+        .await
+        .expect("woken by the write before the wait");
+    // A change without messages is no reason to wake.
+    source
+        .submit(&builders::order(102), &builders::submitter(), &[])
+        .await
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), source.wait_written(LONG))
+            .await
+            .is_err(),
+        "nothing was written to the outbox"
+    );
+    // A write while waiting.
+    let waiter = {
+        let source = source.clone();
+        tokio::spawn(async move { source.wait_written(LONG).await })
+    };
+    let sends = [envelope("client-replies", "wake-3")];
+    source
+        .submit(&builders::order(103), &builders::submitter(), &sends)
+        .await
+        .unwrap();
+    tokio::time::timeout(SOON, waiter)
+        .await
+        .expect("woken by the write during the wait")
+        .unwrap();
+}
+
 async fn check_all(
     open: impl Fn() -> Pin<Box<dyn Future<Output = Arc<dyn StoreWithOutbox>> + Send>>,
     clock: ManualClock,
@@ -212,7 +253,8 @@ async fn sqlite_outbox_messages_reach_the_target_once() {
             .unwrap();
         })
     });
-    check_all(open, clock, forget).await;
+    check_all(&open, clock, forget).await;
+    check_wakes(open().await).await;
     StoreFactory::cleanup(&*f).await;
 }
 
@@ -241,6 +283,7 @@ async fn postgres_outbox_messages_reach_the_target_once() {
             .unwrap();
         })
     });
-    check_all(open, clock, forget).await;
+    check_all(&open, clock, forget).await;
+    check_wakes(open().await).await;
     StoreFactory::cleanup(&*f).await;
 }
