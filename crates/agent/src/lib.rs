@@ -302,6 +302,8 @@ impl Agent {
             action = %req.action,
             epoch = %req.fence.epoch,
         );
+        // One trace per order: this step continues the scheduler's span that sent it.
+        orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
             let started = std::time::Instant::now();
             let work = self.work(&req);

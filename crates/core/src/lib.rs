@@ -15,6 +15,7 @@ pub mod order;
 pub mod state;
 pub mod step;
 pub mod store;
+pub mod tracecontext;
 pub mod transport;
 pub mod workflow;
 

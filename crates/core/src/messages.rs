@@ -225,7 +225,8 @@ impl StatusNotice {
 /// An operator alert as sent to the alerts queue.
 pub type AlertMessage = crate::store::Alert;
 
-/// A JSON message with an id and a correlation id.
+/// A JSON message with an id and a correlation id, carrying the current span's trace
+/// context when a [`crate::tracecontext::Propagator`] is installed.
 pub fn json_message<T: Serialize>(
     message_id: String,
     body: &T,
@@ -236,6 +237,8 @@ pub fn json_message<T: Serialize>(
     let body = serde_json::to_vec(body).unwrap_or_default();
     let mut m = OutgoingMessage::new(message_id, body);
     m.correlation_id = correlation_id.map(str::to_owned);
+    // The span it is built in continues in whoever receives it (when traces are exported).
+    crate::tracecontext::inject_current(&mut m.properties);
     m
 }
 

@@ -204,14 +204,27 @@ impl Scheduler {
         debug!(batch = claimed.len(), "claimed");
         let mut nexts = Vec::with_capacity(claimed.len());
         for order in &claimed {
+            // Each claim starts the order's trace; its requests carry it to the agents.
+            let step = self
+                .cfg
+                .workflow
+                .step(order.current_step)
+                .map_or("(complete)", |d| d.name.as_str());
+            let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step, epoch = %order.fence.epoch);
+            orderly_core::tracecontext::start_trace(&span);
+            let steps = match order.finish_as {
+                Some(_) => Some(self.store.steps(&order.fence.order_id).await?),
+                None => None,
+            };
+            // Not held across an await: the requests below are built in the span.
+            let _entered = span.enter();
             let context = StepContext {
                 details: order.details.clone(),
                 notify_to: order.reply_to.clone(),
                 finish_as: order.finish_as,
             };
-            let next = match order.finish_as {
-                Some(_) => {
-                    let steps = self.store.steps(&order.fence.order_id).await?;
+            let next = match steps {
+                Some(steps) => {
                     self.plan_compensation(&order.fence, order.complete_by, &context, &steps, None)
                 }
                 None if order.current_step >= self.cfg.workflow.len() => {
@@ -302,6 +315,8 @@ impl Scheduler {
         let mut write_msgs = Vec::new();
         let mut later = Vec::new();
         for (reply, message) in forward {
+            let span = self.reply_span(&reply, &message);
+            let _entered = span.enter();
             if self.clock.now() >= reply.complete_by {
                 debug!(order_id = %reply.fence.order_id, step = %reply.step, "reply after the deadline: the supervisor owns the order now");
                 pass.dropped += 1;
@@ -311,9 +326,9 @@ impl Scheduler {
             match (&reply.kind, &reply.outcome) {
                 (StepKind::Do, StepOutcome::Succeeded { detail }) => {
                     writes.push(self.step_succeeded(&reply, detail));
-                    write_msgs.push((reply, message));
+                    write_msgs.push((reply, message, span.clone()));
                 }
-                _ => later.push((reply, message)),
+                _ => later.push((reply, message, span.clone())),
             }
         }
         let verdicts = if writes.is_empty() {
@@ -332,16 +347,15 @@ impl Scheduler {
             match verdicts {
                 Ok(v) => v,
                 Err(e) if e.is_retryable() => {
-                    retry.extend(write_msgs.drain(..).map(|(_, m)| m));
+                    retry.extend(write_msgs.drain(..).map(|(_, m, _)| m));
                     Vec::new()
                 }
                 Err(e) => return Err(e),
             }
         };
         let mut completions = Vec::new();
-        for ((reply, message), verdict) in write_msgs.into_iter().zip(verdicts) {
-            let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step);
-            let _g = span.enter();
+        for ((reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
+            let _entered = span.enter();
             match verdict {
                 Ok(()) => {
                     pass.applied += 1;
@@ -363,8 +377,7 @@ impl Scheduler {
         if !completions.is_empty() {
             self.complete(completions, &mut pass).await?;
         }
-        for (reply, message) in later {
-            let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step);
+        for (reply, message, span) in later {
             match self.apply_other(&reply, &mut pass).instrument(span).await {
                 Ok(()) => settle.push(message),
                 Err(e) if e.is_retryable() => retry.push(message),
@@ -514,6 +527,14 @@ impl Scheduler {
                 released, "orders handed back at shutdown"
             );
         }
+    }
+
+    /// The span of everything a reply causes here: it continues the agent's span
+    /// that sent it, so the order's next request stays in the order's trace.
+    fn reply_span(&self, reply: &StepReply, message: &ReceivedMessage) -> tracing::Span {
+        let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step, action = %reply.action, epoch = %reply.fence.epoch);
+        orderly_core::tracecontext::continue_from(&span, &message.properties);
+        span
     }
 
     /// Applies a reply other than a forward success: a permanent failure, or a

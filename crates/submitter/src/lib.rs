@@ -130,7 +130,7 @@ impl Submitter {
         match self.store.submit_many(&submissions, &actor).await {
             Ok(outcomes) => {
                 for ((s, message), outcome) in submissions.iter().zip(messages).zip(outcomes) {
-                    let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+                    let span = self.submit_span(s, &message);
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
                         .instrument(span)
@@ -144,7 +144,7 @@ impl Submitter {
             // them one at a time to find it.
             Err(Error::Send(_)) => {
                 for (s, message) in submissions.iter().zip(messages) {
-                    let span = info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+                    let span = self.submit_span(s, &message);
                     let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
@@ -167,6 +167,15 @@ impl Submitter {
             let _ = self.transport.complete_messages(&done).await;
         }
         Ok(intake)
+    }
+
+    /// The span of one order's intake: it continues the trace the client's message
+    /// carries, if any.
+    fn submit_span(&self, s: &Submission, message: &ReceivedMessage) -> tracing::Span {
+        let span =
+            info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+        orderly_core::tracecontext::continue_from(&span, &message.properties);
+        span
     }
 
     /// Settles one message after its order's outcome: returns it if it is done (to be

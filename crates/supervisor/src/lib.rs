@@ -188,6 +188,10 @@ impl Supervisor {
             let mut by_queue: Vec<(QueueName, Vec<orderly_core::transport::OutgoingMessage>)> =
                 vec![(self.cfg.alerts.clone(), Vec::new())];
             for a in &alerts {
+                // The alert's messages start a trace of their own, not the term's.
+                let span = info_span!("alert", order_id = %a.order_id, instance_id = %self.cfg.instance, alert_id = a.alert_id);
+                orderly_core::tracecontext::start_trace(&span);
+                let _entered = span.enter();
                 by_queue[0].1.push(json_message(
                     format!("alert:{}", a.alert_id),
                     a,
