@@ -9,7 +9,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates crates
 COPY migrations migrations
-RUN cargo build --release --locked -p orderly-cli --bins \
+# With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
+RUN cargo build --release --locked -p orderly-cli --features otel --bins \
  && mkdir /out \
  && cp target/release/orderly target/release/orderly-submitter target/release/orderly-scheduler \
        target/release/orderly-agent target/release/orderly-supervisor target/release/orderly-remote-sim /out/

@@ -276,6 +276,57 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
     );
 }
 
+/// A build without the `otel` feature refuses an export it cannot do, rather than
+/// starting without the traces the operator asked for.
+#[cfg(not(feature = "otel"))]
+#[test]
+fn an_otel_endpoint_without_the_otel_feature_stops_start_up_naming_the_setting() {
+    for bin in [
+        env!("CARGO_BIN_EXE_orderly-submitter"),
+        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        env!("CARGO_BIN_EXE_orderly-agent"),
+        env!("CARGO_BIN_EXE_orderly-supervisor"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(["--check-config", "--otel-endpoint", "http://collector:4318"])
+            .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bin} started");
+        assert!(
+            err.contains("--otel-endpoint / ORDERLY_OTEL_ENDPOINT")
+                && err.contains("--features otel"),
+            "{bin}: {err}"
+        );
+    }
+    // Empty is unset (the compose file passes `${ORDERLY_OTEL_ENDPOINT:-}`).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-agent"))
+        .arg("--check-config")
+        .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
+        .env("ORDERLY_OTEL_ENDPOINT", "")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The standard variable, set cluster-wide perhaps, is only warned about.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-scheduler"))
+        .arg("--check-config")
+        .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && err.contains("feature `otel`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_secrets() {
     let db = Db::new();
@@ -532,6 +583,9 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
             "{v} is read by no binary"
         );
     }
+    // The image can export traces (the variable is in the compose file, on for no one).
+    assert!(dockerfile.contains("-p orderly-cli --features otel --bins"));
+    assert!(compose.contains("ORDERLY_OTEL_ENDPOINT: ${ORDERLY_OTEL_ENDPOINT:-}"));
     // The binaries the image copies.
     let copied: Vec<&str> = dockerfile
         .split("target/release/")

@@ -5,6 +5,9 @@
 //! Depends on `orderly-core` only (no database, no queue client).
 
 pub mod settings;
+pub mod telemetry;
+
+pub use telemetry::Telemetry;
 
 use std::path::Path;
 use std::time::Duration;
@@ -57,6 +60,17 @@ pub struct Common {
     /// Service Bus: plain AMQP without TLS, for the local emulator only.
     #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
     pub servicebus_unsecured: bool,
+
+    /// Export tracing spans to an OpenTelemetry collector at this OTLP/HTTP base URL,
+    /// e.g. http://otel-collector:4318 (spans go to /v1/traces). Needs a build with the
+    /// `otel` feature. The standard OTEL_EXPORTER_OTLP_* variables (headers, timeout, or
+    /// the endpoint itself), OTEL_SERVICE_NAME and OTEL_TRACES_SAMPLER apply too.
+    #[arg(long, env = "ORDERLY_OTEL_ENDPOINT")]
+    pub otel_endpoint: Option<String>,
+
+    /// Which spans go to OpenTelemetry, in tracing's filter syntax (ORDERLY_LOG filters the logs).
+    #[arg(long, env = "ORDERLY_OTEL_FILTER", default_value = "info")]
+    pub otel_filter: String,
 
     /// Check the settings (flags, environment, config file) and exit without starting.
     #[arg(long)]
@@ -123,6 +137,7 @@ impl Common {
 }
 
 /// Logs to stderr, filtered by `ORDERLY_LOG` (default `info`), as text or JSON lines.
+/// For tools; the role binaries use [`telemetry::init`], which can also export spans.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
         .unwrap_or_else(|_| "info".into());

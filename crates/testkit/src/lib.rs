@@ -10,6 +10,8 @@
 pub mod azurite;
 pub mod builders;
 pub mod elector;
+#[cfg(feature = "otel")]
+pub mod otlp;
 pub mod servicebus_standin;
 pub mod store;
 mod store_leadership;

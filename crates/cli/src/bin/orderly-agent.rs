@@ -44,7 +44,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("agent")?;
-    orderly_runtime::init_tracing(args.common.log_json);
+    let instance = args.common.instance("agent")?;
+    let _telemetry = orderly_runtime::telemetry::init("orderly-agent", &args.common, &instance)?;
     let queues = args
         .queues
         .iter()
@@ -68,7 +69,6 @@ async fn main() -> anyhow::Result<()> {
         overrides,
     })
     .context("cannot build the HTTP client")?;
-    let instance = args.common.instance("agent")?;
     let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
     let plan = orderly_cli::backend::Plan::new(&args.common)?;

@@ -34,13 +34,14 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("scheduler")?;
-    orderly_runtime::init_tracing(args.common.log_json);
+    let instance = args.common.instance("scheduler")?;
+    let _telemetry =
+        orderly_runtime::telemetry::init("orderly-scheduler", &args.common, &instance)?;
     let workflow = Arc::new(orderly_runtime::load_workflow(args.workflow.as_deref())?);
     let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-scheduler") {
         return Ok(());
     }
-    let instance = args.common.instance("scheduler")?;
     let opened = plan.open(&instance).await?;
     let backend = opened.backend.clone();
     let mut cfg = SchedulerConfig::new(instance.clone(), workflow);

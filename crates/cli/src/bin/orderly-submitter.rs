@@ -14,8 +14,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("submitter")?;
-    orderly_runtime::init_tracing(args.common.log_json);
     let instance = args.common.instance("submitter")?;
+    let _telemetry =
+        orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
     let cfg = SubmitterConfig::new(instance.clone());
     let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-submitter") {

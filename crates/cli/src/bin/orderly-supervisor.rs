@@ -74,8 +74,9 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("supervisor")?;
-    orderly_runtime::init_tracing(args.common.log_json);
     let instance = args.common.instance("supervisor")?;
+    let _telemetry =
+        orderly_runtime::telemetry::init("orderly-supervisor", &args.common, &instance)?;
     // Settings first: a wrong one stops start-up before any connection is made.
     let election = args.election.prepare()?;
     let webhook = webhook(&args)?;

@@ -7,6 +7,8 @@
 mod fixtures;
 mod leader;
 mod ops;
+#[cfg(feature = "otel")]
+mod otel;
 mod processes;
 #[path = "../support/procs.rs"]
 mod procs;
