@@ -300,6 +300,18 @@ fn an_otel_endpoint_without_the_otel_feature_stops_start_up_naming_the_setting()
             "{bin}: {err}"
         );
     }
+    // The span filter is checked even where nothing is exported.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-submitter"))
+        .args(["--check-config", "--otel-filter", "info,[bad"])
+        .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--otel-filter / ORDERLY_OTEL_FILTER"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Empty is unset (the compose file passes `${ORDERLY_OTEL_ENDPOINT:-}`).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-agent"))
         .arg("--check-config")

@@ -2,8 +2,6 @@
 //! collector over OTLP/HTTP (protobuf), with the W3C trace context carried in message
 //! properties so one order's spans form one trace across the processes it crosses.
 
-#[cfg(feature = "otel")]
-use anyhow::Context as _;
 use orderly_core::InstanceId;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -77,15 +75,16 @@ pub fn init(service: &str, common: &Common, instance: &InstanceId) -> anyhow::Re
         .as_deref()
         .filter(|s| !s.trim().is_empty());
     let wanted = endpoint.is_some() || standard.is_some();
+    // Checked in every build, exporting or not: a bad value is a bad setting.
+    let filter = EnvFilter::try_new(&common.otel_filter).map_err(|e| {
+        anyhow::anyhow!(
+            "invalid --otel-filter / ORDERLY_OTEL_FILTER {:?}: {e}",
+            common.otel_filter
+        )
+    })?;
     #[cfg(feature = "otel")]
     {
         let (otel, provider) = if wanted {
-            let filter = EnvFilter::try_new(&common.otel_filter).with_context(|| {
-                format!(
-                    "invalid --otel-filter / ORDERLY_OTEL_FILTER {:?}",
-                    common.otel_filter
-                )
-            })?;
             let provider = otel::provider(service, endpoint, instance)?;
             let layer = otel::layer(&provider).with_filter(filter).boxed();
             orderly_core::tracecontext::install(Box::new(otel::W3c::default()));
@@ -108,7 +107,7 @@ pub fn init(service: &str, common: &Common, instance: &InstanceId) -> anyhow::Re
     }
     #[cfg(not(feature = "otel"))]
     {
-        let _ = (service, instance);
+        let _ = (service, instance, filter);
         if endpoint.is_some() {
             anyhow::bail!(
                 "--otel-endpoint / ORDERLY_OTEL_ENDPOINT is set, but this build has no \
