@@ -142,12 +142,20 @@ impl RemoteService for HttpRemote {
 
     async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError> {
         let body = serde_json::to_vec(call).map_err(|e| CallError::Permanent(e.to_string()))?;
-        let response = self
+        let mut request = self
             .client
             .post(self.endpoints.url(&call.action))
             .timeout(timeout)
             .header("Idempotency-Key", &call.idempotency_key)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        // The remote service's spans join the order's trace (W3C `traceparent`), when
+        // this process exports traces.
+        let mut context = std::collections::BTreeMap::<String, String>::new();
+        orderly_core::tracecontext::inject_current(&mut context);
+        for (name, value) in &context {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let response = request
             .body(body)
             .send()
             .await

@@ -101,6 +101,9 @@ pub struct Effect {
     pub applied_at: DateTime<Utc>,
     /// Calls that carried this key (the applying one and every repeat).
     pub calls: u32,
+    /// The W3C `traceparent` the applying call carried, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// What the simulator counted.
@@ -292,7 +295,11 @@ async fn act(
             format!("{action} declined for order {}", call.order_id),
         );
     }
-    if let Some(replay) = apply(&sim, &action, &key, call, hang_after_effect) {
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(replay) = apply(&sim, &action, &key, call, traceparent, hang_after_effect) {
         return replay;
     }
     if hang_after_effect {
@@ -308,6 +315,7 @@ fn apply(
     action: &str,
     key: &str,
     call: Call,
+    traceparent: Option<String>,
     hang_after_effect: bool,
 ) -> Option<Response> {
     let mut l = sim.ledger();
@@ -333,6 +341,7 @@ fn apply(
             compensates: call.compensates,
             applied_at: Utc::now(),
             calls: 1,
+            traceparent,
         },
     );
     l.stats.applied += 1;

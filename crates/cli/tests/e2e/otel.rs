@@ -149,6 +149,7 @@ async fn otel_one_order_is_one_trace_across_the_role_processes() {
     }
     let by_id: HashMap<&str, &ExportedSpan> =
         spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let effects = crate::processes::ledger(port).await;
     for (order_id, (client_trace, client_span)) in &client {
         let of_order = |service: &str, name: &str| -> Vec<&ExportedSpan> {
             named(&spans, service, name)
@@ -205,6 +206,31 @@ async fn otel_one_order_is_one_trace_across_the_role_processes() {
         }
         let names: BTreeSet<_> = steps.iter().filter_map(|s| s.attr("step")).collect();
         assert_eq!(names.len(), STEPS, "{order_id}: one span per step");
+        // The agent's call to the remote service carries the step's context, so that
+        // service's own spans would join the order's trace.
+        let applied: Vec<_> = effects.iter().filter(|e| e.order_id == *order_id).collect();
+        assert_eq!(applied.len(), STEPS, "{order_id}: effects");
+        for effect in applied {
+            let traceparent = effect.traceparent.as_deref().unwrap_or_else(|| {
+                panic!(
+                    "{order_id}: the {} call carried no traceparent",
+                    effect.action
+                )
+            });
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(parts.len(), 4, "{traceparent}");
+            assert_eq!(parts[1], dispatch.trace_id, "{order_id}: {traceparent}");
+            let caller = by_id[parts[2]];
+            assert_eq!(
+                (
+                    caller.service(),
+                    caller.name.as_str(),
+                    caller.attr("action")
+                ),
+                ("orderly-agent", "step", Some(effect.action.as_str())),
+                "{order_id}: {traceparent}"
+            );
+        }
     }
 }
 
