@@ -1,6 +1,7 @@
 //! OpenTelemetry export (feature `otel`): the real role binaries export their spans
 //! over OTLP/HTTP to a real receiver, and one order's spans form one trace across the
-//! submitter, the scheduler and the agent, continued through the messages' properties.
+//! submitter, the scheduler and the agent, continued through the messages' properties,
+//! over the SQL queue and over Service Bus (the stand-in, through the outbox).
 //!
 //! Run with `cargo nextest run -p orderly-cli --features otel --test e2e -E 'test(/^otel::/)'`.
 
@@ -24,15 +25,18 @@ const STEPS: usize = 3;
 struct Roles(Vec<Proc>);
 
 impl Roles {
-    fn start(db: &str, remote: &str, endpoint: &str) -> Self {
+    /// `extra`: more environment for every role (the transport).
+    fn start(db: &str, remote: &str, endpoint: &str, extra: &[(&str, &str)]) -> Self {
         // Spans leave on the batch processor's schedule (1 h here) or at shutdown: what
         // arrives was sent by the shutdown flush.
         let env = |id: &'static str| {
-            vec![
+            let mut env = vec![
                 ("ORDERLY_OTEL_ENDPOINT", endpoint.to_owned()),
                 ("ORDERLY_INSTANCE_ID", id.to_owned()),
                 ("OTEL_BSP_SCHEDULE_DELAY", "3600000".to_owned()),
-            ]
+            ];
+            env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+            env
         };
         let start = |name: &str, args: &[&str], id: &'static str| {
             let env = env(id);
@@ -103,17 +107,37 @@ fn named<'a>(spans: &'a [ExportedSpan], service: &str, name: &str) -> Vec<&'a Ex
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otel_one_order_is_one_trace_across_the_role_processes() {
+    one_trace_per_order(false).await;
+}
+
+/// The same over Service Bus (the stand-in): the context goes through the store's
+/// outbox into the messages' application properties and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otel_one_order_is_one_trace_over_service_bus() {
+    one_trace_per_order(true).await;
+}
+
+async fn one_trace_per_order(over_service_bus: bool) {
     let receiver = OtlpReceiver::start().await.unwrap();
     let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
     let store = backend.store.clone();
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
     let _sim = start_sim(&db.url, port, &[]);
-    let roles = Roles::start(&db.url, &remote, receiver.endpoint());
-    let (sent, client) = post_traced(backend.transport.as_ref()).await;
+    let standin = over_service_bus.then(crate::servicebus::standin_with_queues);
+    let connection = standin.as_ref().map(|s| s.connection_string());
+    let extra: Vec<(&str, &str)> = match &connection {
+        Some(c) => crate::servicebus::role_env(c).to_vec(),
+        None => Vec::new(),
+    };
+    let roles = Roles::start(&db.url, &remote, receiver.endpoint(), &extra);
+    let (sent, client) = match &connection {
+        Some(c) => post_traced(&crate::servicebus::client(c).await).await,
+        None => post_traced(backend.transport.as_ref()).await,
+    };
     wait_for(
         "every order Processed",
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         async || count(store.as_ref(), ProcessState::Processed).await == ORDERS,
     )
     .await;
@@ -242,7 +266,7 @@ async fn otel_a_collector_that_is_down_does_not_hold_up_orders_or_shutdown() {
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
     let _sim = start_sim(&db.url, port, &[]);
-    let roles = Roles::start(&db.url, &remote, &dead);
+    let roles = Roles::start(&db.url, &remote, &dead, &[]);
     let sent = demo::post(backend.transport.as_ref(), &demo::sample_orders(ORDERS))
         .await
         .unwrap();

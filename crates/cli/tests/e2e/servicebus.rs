@@ -19,8 +19,8 @@ use crate::fixtures::{Db, Dialect};
 use crate::processes::{assert_invariants, count, start_sim};
 use crate::procs::{Proc, free_port, wait_for};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
+/// The stand-in, with every queue the default workflow uses declared.
+pub(crate) fn standin_with_queues() -> Standin {
     let standin = Standin::start();
     let defaults = QueueSettings::default();
     let mut names: Vec<String> = [queues::ORDERS, queues::REPLIES, queues::ALERTS]
@@ -42,14 +42,34 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
             )
             .unwrap();
     }
+    standin
+}
+
+/// The environment that puts a role on the stand-in's Service Bus.
+pub(crate) fn role_env(connection: &str) -> [(&'static str, &str); 3] {
+    [
+        ("ORDERLY_TRANSPORT", "servicebus"),
+        ("ORDERLY_SERVICEBUS_CONNECTION", connection),
+        ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
+    ]
+}
+
+/// A client of the stand-in's Service Bus, as a user posting orders has.
+pub(crate) async fn client(connection: &str) -> ServiceBusTransport {
+    let mut settings = ServiceBusSettings::new(connection.to_owned());
+    settings.unsecured = true;
+    ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
+    let standin = standin_with_queues();
     let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
     let store = backend.store.clone();
     let connection = standin.connection_string();
-    let env = [
-        ("ORDERLY_TRANSPORT", "servicebus"),
-        ("ORDERLY_SERVICEBUS_CONNECTION", connection.as_str()),
-        ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
-    ];
+    let env = role_env(&connection);
     let sim_port = free_port();
     let remote = format!("http://127.0.0.1:{sim_port}/actions");
     let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
@@ -65,12 +85,7 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
     let _agent = Proc::start_with("orderly-agent", &db.url, &["--remote-url", &remote], &env);
     let _supervisor = Proc::start_with("orderly-supervisor", &db.url, &[], &env);
 
-    let mut settings = ServiceBusSettings::new(connection.clone());
-    settings.unsecured = true;
-    let client =
-        ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
-            .await
-            .unwrap();
+    let client = client(&connection).await;
     let orders = demo::sample_orders(40);
     let sent = demo::post(&client, &orders).await.unwrap();
     wait_for(
