@@ -14,7 +14,8 @@
 // conformance suite runs against orderly's own SQL queue on SQLite and PostgreSQL.
 //
 // Control (HTTP on 127.0.0.1, port printed on start): POST /queues/<name> with
-// {"lock_ms", "max_delivery_count", "dedup_ms"} declares a queue; POST /clock with
+// {"lock_ms", "max_delivery_count", "dedup_ms"} declares a queue (with `?if-missing`
+// only when it does not exist; the answer's "created" says which); POST /clock with
 // {"now_ms"} sets the broker's clock (tests move time with a manual clock).
 
 const rhea = require('rhea');
@@ -333,7 +334,14 @@ const control = http.createServer((req, res) => {
     try {
       const body = data ? JSON.parse(data) : {};
       if (req.method === 'POST' && req.url.startsWith('/queues/')) {
-        declare(decodeURIComponent(req.url.slice('/queues/'.length)), body);
+        // `?if-missing`: create the queue only if it does not exist (an existing one
+        // keeps its settings); the answer says whether it was created.
+        const [path, query] = req.url.split('?');
+        const name = decodeURIComponent(path.slice('/queues/'.length));
+        const created = !(query === 'if-missing' && queues.has(name));
+        if (created) declare(name, body);
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ ok: true, created }));
       } else if (req.method === 'POST' && req.url === '/clock') {
         frozenAt = Number(body.now_ms);
         pumpAll();

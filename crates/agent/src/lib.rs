@@ -195,7 +195,7 @@ impl Agent {
             orderly_core::transport::MAX_BODY_BYTES,
         )
         .await
-        .map_err(|e| orderly_core::Error::Unavailable(Box::new(e)))?;
+        .map_err(|e| orderly_core::Error::Queue(Box::new(e)))?;
         for p in &poison {
             warn!(queue = %queue, message_id = %p.message_id, reason = p.reason, problem = %p.description, "step request dead-lettered");
         }

@@ -142,6 +142,16 @@ pub trait QueueAdmin: Send + Sync {
         queue: &QueueName,
         settings: &QueueSettings,
     ) -> Result<(), TransportError>;
+
+    /// Makes `queue` exist, leaving an existing one as it is where the admin can tell;
+    /// returns whether it created it. By default the same as [`QueueAdmin::declare`].
+    async fn ensure(
+        &self,
+        queue: &QueueName,
+        settings: &QueueSettings,
+    ) -> Result<bool, TransportError> {
+        self.declare(queue, settings).await.map(|()| false)
+    }
 }
 
 /// Queues provisioned outside orderly (the production case): `declare_queue` validates
@@ -174,6 +184,8 @@ pub struct ServiceBusTransport {
     clock: Arc<dyn Clock>,
     /// Retries of a send, each on a fresh sender (the client itself retries nothing).
     send_retries: u32,
+    /// The most one attempt of one call may take.
+    try_timeout: Duration,
 }
 
 impl std::fmt::Debug for ServiceBusTransport {
@@ -297,6 +309,7 @@ impl ServiceBusTransport {
             admin,
             clock,
             send_retries: settings.max_retries,
+            try_timeout: settings.try_timeout,
         })
     }
 
@@ -460,6 +473,28 @@ impl Transport for ServiceBusTransport {
     ) -> Result<(), TransportError> {
         settings.validate()?;
         self.admin.declare(queue, settings).await
+    }
+
+    async fn ensure_queue(
+        &self,
+        queue: &QueueName,
+        settings: &QueueSettings,
+    ) -> Result<bool, TransportError> {
+        settings.validate()?;
+        let created = self.admin.ensure(queue, settings).await?;
+        // Service Bus refuses a link to an entity that does not exist (amqp:not-found):
+        // a sender's attach is the check, and consumes nothing.
+        match tokio::time::timeout(self.try_timeout, self.sender(queue)).await {
+            Ok(Ok(_)) => Ok(created),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(TransportError::Unavailable(
+                format!(
+                    "Service Bus did not answer the attach of a sender to queue {queue} within {} ms",
+                    self.try_timeout.as_millis()
+                )
+                .into(),
+            )),
+        }
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]

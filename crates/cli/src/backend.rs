@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
 use orderly_core::messages::queues;
 use orderly_core::transport::{
-    Outbox, QueueDepth, QueueInspector, QueueName, Transport, TransportError,
+    Outbox, QueueDepth, QueueInspector, QueueName, QueueSettings, Transport, TransportError,
 };
 use orderly_core::{InstanceId, SystemClock, TimeSource};
 use orderly_runtime::{Common, TransportKind};
@@ -53,7 +53,65 @@ pub struct Opened {
     relay: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
+/// The queues every deployment has: `orders`, `replies` and `alerts`.
+pub fn fixed_queues() -> Vec<QueueName> {
+    [queues::ORDERS, queues::REPLIES, queues::ALERTS]
+        .into_iter()
+        .map(|q| QueueName::parse(q).unwrap_or_else(|_| unreachable!("literal queue name")))
+        .collect()
+}
+
+/// One of [`fixed_queues`] by name.
+pub fn queue(name: &'static str) -> QueueName {
+    QueueName::parse(name).unwrap_or_else(|_| unreachable!("literal queue name"))
+}
+
+/// Makes sure `wanted` exist before a role uses them. On the SQL transport a missing
+/// queue is created with the defaults (lock 30 s, dead-lettered after 10 deliveries,
+/// duplicate detection over 10 minutes: [`QueueSettings::default`]); an existing one
+/// keeps its settings. On Service Bus queues are infrastructure: a missing one is an
+/// error that names it and says how to provision it.
+pub async fn ensure_queues(
+    transport: &dyn Transport,
+    wanted: impl IntoIterator<Item = QueueName>,
+) -> anyhow::Result<()> {
+    let settings = QueueSettings::default();
+    for q in wanted {
+        match transport.ensure_queue(&q, &settings).await {
+            Ok(true) => tracing::info!(
+                queue = %q,
+                lock_ms = settings.lock_duration.as_millis() as u64,
+                max_delivery_count = settings.max_delivery_count,
+                dedup_window_ms = settings.duplicate_detection_window.as_millis() as u64,
+                "queue created"
+            ),
+            Ok(false) => tracing::debug!(queue = %q, "queue exists"),
+            Err(TransportError::QueueNotFound(_)) => anyhow::bail!(
+                "Service Bus queue {q} does not exist. Queues on Service Bus are \
+                 infrastructure: create it in the namespace with duplicate detection on \
+                 (e.g. az servicebus queue create --resource-group RG --namespace-name NS \
+                 --name {q} --enable-duplicate-detection true --lock-duration PT30S \
+                 --max-delivery-count 10), or list it in the emulator's Config.json \
+                 (deploy/servicebus-emulator/Config.json declares every queue of the \
+                 default workflow)"
+            ),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot declare queue {q}")));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Opened {
+    /// [`ensure_queues`] on this role's transport.
+    pub async fn ensure_queues(
+        &self,
+        wanted: impl IntoIterator<Item = QueueName>,
+    ) -> anyhow::Result<()> {
+        ensure_queues(self.backend.transport.as_ref(), wanted).await
+    }
+
     /// Call when the role has stopped writing: the outbox relay (Service Bus only)
     /// publishes what is left, for up to a few seconds, and ends.
     pub async fn finish(self) {
@@ -64,21 +122,27 @@ impl Opened {
     }
 }
 
+/// The Service Bus settings `args` give, checked; errors name the setting and never
+/// show the connection string.
+pub fn servicebus_settings(
+    args: &orderly_runtime::ServiceBusArgs,
+) -> anyhow::Result<ServiceBusSettings> {
+    let connection = args.connection()?;
+    ServiceBusSettings::check_connection(
+        &connection,
+        "--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION",
+    )?;
+    let mut settings = ServiceBusSettings::new(connection);
+    settings.unsecured = args.servicebus_unsecured;
+    Ok(settings)
+}
+
 impl Plan {
     /// Checks the store and transport settings; errors name the setting.
     pub fn new(common: &Common) -> anyhow::Result<Self> {
         let servicebus = match common.transport {
             TransportKind::Sql => None,
-            TransportKind::Servicebus => {
-                let connection = common.servicebus_connection()?;
-                ServiceBusSettings::check_connection(
-                    &connection,
-                    "--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION",
-                )?;
-                let mut settings = ServiceBusSettings::new(connection);
-                settings.unsecured = common.servicebus_unsecured;
-                Some(settings)
-            }
+            TransportKind::Servicebus => Some(servicebus_settings(&common.servicebus)?),
         };
         Ok(Self {
             url: common.database_url.clone(),

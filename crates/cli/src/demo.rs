@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
-use orderly_core::messages::{json_message, queues};
+use orderly_core::messages::queues;
 use orderly_core::store::{NewOrder, OrderView};
 use orderly_core::transport::QueueName;
 use orderly_core::{OrderId, ProcessState, StepStatus};
@@ -126,16 +126,12 @@ pub async fn post(
     let queue = QueueName::parse(queues::ORDERS)?;
     let mut sent_at = HashMap::with_capacity(orders.len());
     for chunk in orders.chunks(100) {
-        let messages: Vec<_> = chunk
+        // The message every client sends (the order id is its message id).
+        let messages = chunk
             .iter()
-            .map(|o| {
-                json_message(
-                    format!("submit:{}", o.order_id),
-                    o,
-                    Some(o.order_id.as_str()),
-                )
-            })
-            .collect();
+            .map(orderly_core::messages::order_submitted)
+            .collect::<Result<Vec<_>, _>>()
+            .context("invalid order")?;
         let now = Utc::now();
         transport
             .send(&queue, &messages)

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod dashboard;
 pub mod demo;
 pub mod election;
+pub mod intake;
 pub mod ops;
 pub mod sample;
 pub mod system;

@@ -14,6 +14,7 @@ use orderly_cli::sample;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_remote_sim::SimConfig;
 
+mod post;
 mod print;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
@@ -36,9 +37,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending migrations (they also run on every start).
-    Migrate,
-    /// Submit orders: a JSON file (`-` for stdin) of one order or an array, or samples.
+    /// Apply pending migrations and declare the queues of the SQL transport (both also
+    /// happen when a role starts): orders, replies, alerts and each workflow step's queue,
+    /// created with the defaults if missing, left as they are if present.
+    Migrate {
+        /// The workflow whose step queues to declare (default: the built-in order workflow).
+        #[arg(long, env = "ORDERLY_WORKFLOW")]
+        workflow: Option<std::path::PathBuf>,
+    },
+    /// Post orders to the orders queue as a client does (through the submitter): a JSON
+    /// file (`-` for stdin) of one order or an array, or samples; on the SQL queue or
+    /// Service Bus. `--wait` follows them to their end.
+    Post(post::PostArgs),
+    /// Import orders straight into the state store, BYPASSING the orders queue and the
+    /// submitter (no dead-lettering, no `received` notice): an operator's direct import.
+    /// Clients post with `orderly post`.
     Submit {
         /// File with `{"order_id": ..., "details": {...}, "reply_to": ...}` or an array of them.
         file: Option<String>,
@@ -378,6 +391,13 @@ async fn run() -> anyhow::Result<()> {
             .with_writer(std::io::stderr)
             .init(),
     }
+    let cli = match cli.command {
+        Command::Post(args) => return post::run(args, &cli.database_url).await,
+        command => Cli {
+            command,
+            database_url: cli.database_url,
+        },
+    };
     match &cli.command {
         Command::Demo {
             orders,
@@ -402,6 +422,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => return check_config(file),
+
         Command::Dashboard { listen, token } => {
             let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
                 .await
@@ -430,7 +451,19 @@ async fn run() -> anyhow::Result<()> {
     let store = backend.store.clone();
 
     match cli.command {
-        Command::Migrate => println!("migrations applied; the store is up to date"),
+        // Dispatched before the store is opened (it may not need it).
+        Command::Post(_) => unreachable!("orderly post returned above"),
+        Command::Migrate { workflow } => {
+            let workflow = orderly_runtime::load_workflow(workflow.as_deref())?;
+            let wanted: Vec<QueueName> = orderly_cli::backend::fixed_queues()
+                .into_iter()
+                .chain(workflow.queues())
+                .collect();
+            orderly_cli::backend::ensure_queues(backend.transport.as_ref(), wanted.clone()).await?;
+            println!("migrations applied; the store is up to date");
+            let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
+            println!("queues declared: {}", names.join(", "));
+        }
         Command::Submit {
             file,
             sample,
@@ -796,7 +829,7 @@ async fn run_up(
             }
         };
     eprintln!(
-        "orderly is up: post orders to the \"orders\" queue (or `orderly submit`); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
+        "orderly is up: post orders with `orderly post --sample 10 --wait` (through the \"orders\" queue); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
         system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
     );
     shutdown.cancelled().await;

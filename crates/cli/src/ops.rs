@@ -74,12 +74,14 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         .context("cannot install the metrics recorder")
 }
 
-/// Serves the operations endpoints of `role` on `listen` until `shutdown`.
+/// Serves the operations endpoints of `role` on `listen` until `shutdown`, and the
+/// routes of `extra` beside them (the submitter's HTTP intake).
 pub async fn serve(
     listen: SocketAddr,
     role: &'static str,
     backend: Backend,
     leader: Option<watch::Receiver<LeaderStatus>>,
+    extra: Option<axum::Router>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let metrics = install_metrics()?;
@@ -90,7 +92,10 @@ pub async fn serve(
         })?;
     let Endpoints { probes, metrics } =
         endpoints(role, backend, metrics, leader.into_iter().collect());
-    let app = probes.merge(metrics);
+    let mut app = probes.merge(metrics);
+    if let Some(extra) = extra {
+        app = app.merge(extra);
+    }
     tracing::info!(%listen, "serving /healthz, /readyz and /metrics");
     Ok(tokio::spawn(async move {
         let stop = shutdown.clone();
@@ -197,7 +202,7 @@ pub async fn maybe_serve(
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     match listen {
         Some(addr) => Ok(Some(
-            serve(addr, role, backend.clone(), leader, shutdown.clone()).await?,
+            serve(addr, role, backend.clone(), leader, None, shutdown.clone()).await?,
         )),
         None => Ok(None),
     }

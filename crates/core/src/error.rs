@@ -110,6 +110,11 @@ pub enum Error {
     #[error("state store unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 
+    /// A queue could not be read or settled (the transport failed, not the state store);
+    /// the call may be retried when the transport says so.
+    #[error("{0}")]
+    Queue(#[source] Box<crate::transport::TransportError>),
+
     /// A message this change causes could not be enqueued; nothing was committed.
     #[error("a message this change causes cannot be enqueued, so nothing was committed: {0}")]
     Send(#[source] Box<crate::transport::TransportError>),
@@ -124,7 +129,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Unavailable(_) => true,
-            Error::Send(inner) => inner.is_retryable(),
+            Error::Send(inner) | Error::Queue(inner) => inner.is_retryable(),
             _ => false,
         }
     }

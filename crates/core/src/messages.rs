@@ -25,6 +25,33 @@ pub mod queues {
 /// private queue for status notifications.
 pub type OrderSubmitted = crate::store::NewOrder;
 
+/// Largest order-submitted message body the submitter accepts (bytes); a larger one is
+/// dead-lettered, so clients refuse it before sending.
+pub const MAX_ORDER_MESSAGE: usize = 64 * 1024;
+
+/// The order-submitted message for `order`, as every client sends it: a JSON body,
+/// the order id as message id (a repeat within the queue's duplicate-detection window
+/// is dropped by the queue; a later one is absorbed by the submitter) and as
+/// correlation id. Refuses, before anything is sent, an order that is not valid and a
+/// body over [`MAX_ORDER_MESSAGE`].
+pub fn order_submitted(
+    order: &OrderSubmitted,
+) -> Result<OutgoingMessage, crate::transport::TransportError> {
+    order.validate()?;
+    let message = json_message(
+        order.order_id.as_str().to_owned(),
+        order,
+        Some(order.order_id.as_str()),
+    );
+    if message.body.len() > MAX_ORDER_MESSAGE {
+        return Err(crate::transport::TransportError::PayloadTooLarge {
+            size: message.body.len(),
+            limit: MAX_ORDER_MESSAGE,
+        });
+    }
+    Ok(message)
+}
+
 /// Whether a request does a step or undoes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

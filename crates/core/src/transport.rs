@@ -264,7 +264,7 @@ impl From<crate::Error> for TransportError {
         match e {
             crate::Error::Invalid(v) => TransportError::Invalid(v),
             crate::Error::Unavailable(source) => TransportError::Unavailable(source),
-            crate::Error::Send(inner) => *inner,
+            crate::Error::Send(inner) | crate::Error::Queue(inner) => *inner,
             other => TransportError::Unavailable(Box::new(other)),
         }
     }
@@ -286,6 +286,16 @@ pub trait Transport: Send + Sync {
         queue: &QueueName,
         settings: &QueueSettings,
     ) -> Result<(), TransportError>;
+
+    /// Makes sure `queue` exists: creates it with `settings` if it does not, and leaves
+    /// an existing queue's settings as they are (an operator may have tuned them).
+    /// Returns whether it was created. Where queues are infrastructure (Service Bus), a
+    /// missing queue is `QueueNotFound`.
+    async fn ensure_queue(
+        &self,
+        queue: &QueueName,
+        settings: &QueueSettings,
+    ) -> Result<bool, TransportError>;
 
     /// Sends messages to `queue`, all or none.
     async fn send(

@@ -49,17 +49,9 @@ pub struct Common {
     #[arg(long, env = "ORDERLY_TRANSPORT", value_enum, default_value = "sql")]
     pub transport: TransportKind,
 
-    /// Service Bus: the namespace's connection string, Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=... (a secret).
-    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION", hide_env_values = true)]
-    pub servicebus_connection: Option<String>,
-
-    /// Service Bus: a file holding the connection string (e.g. a mounted secret).
-    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION_FILE")]
-    pub servicebus_connection_file: Option<std::path::PathBuf>,
-
-    /// Service Bus: plain AMQP without TLS, for the local emulator only.
-    #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
-    pub servicebus_unsecured: bool,
+    /// How to reach Service Bus (`--transport servicebus`).
+    #[command(flatten)]
+    pub servicebus: ServiceBusArgs,
 
     /// Export tracing spans to an OpenTelemetry collector at this OTLP/HTTP base URL,
     /// e.g. http://otel-collector:4318 (spans go to /v1/traces). Needs a build with the
@@ -77,6 +69,22 @@ pub struct Common {
     pub check_config: bool,
 }
 
+/// How to reach Azure Service Bus (with `--transport servicebus`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServiceBusArgs {
+    /// Service Bus: the namespace's connection string, Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=... (a secret).
+    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION", hide_env_values = true)]
+    pub servicebus_connection: Option<String>,
+
+    /// Service Bus: a file holding the connection string (e.g. a mounted secret).
+    #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION_FILE")]
+    pub servicebus_connection_file: Option<std::path::PathBuf>,
+
+    /// Service Bus: plain AMQP without TLS, for the local emulator only.
+    #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
+    pub servicebus_unsecured: bool,
+}
+
 /// Where messages travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TransportKind {
@@ -88,10 +96,10 @@ pub enum TransportKind {
     Servicebus,
 }
 
-impl Common {
+impl ServiceBusArgs {
     /// The Service Bus connection string, from the flag / variable or its file. Errors
     /// name the setting, never the value.
-    pub fn servicebus_connection(&self) -> anyhow::Result<String> {
+    pub fn connection(&self) -> anyhow::Result<String> {
         match (&self.servicebus_connection, &self.servicebus_connection_file) {
             (Some(_), Some(_)) => anyhow::bail!(
                 "give either --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION or \

@@ -281,7 +281,7 @@ impl Scheduler {
             orderly_core::transport::MAX_BODY_BYTES,
         )
         .await
-        .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        .map_err(|e| Error::Queue(Box::new(e)))?;
         let mut pass = Pass {
             rejected: poison.len(),
             ..Pass::default()

@@ -92,6 +92,12 @@ pub(crate) const Q_DECLARE: &str = "INSERT INTO queues \
     ON CONFLICT (name) DO UPDATE SET lock_duration_ms = excluded.lock_duration_ms, \
     max_delivery_count = excluded.max_delivery_count, dedup_window_ms = excluded.dedup_window_ms";
 
+/// Creates queue `$1` unless it exists (an existing queue keeps its settings); a row
+/// back means it was created.
+pub(crate) const Q_ENSURE: &str = "INSERT INTO queues \
+    (name, lock_duration_ms, max_delivery_count, dedup_window_ms, created_at) VALUES ($1, $2, $3, $4, $5) \
+    ON CONFLICT (name) DO NOTHING RETURNING name";
+
 /// Records `$2` as seen in queue `$1` until `$3`, unless it was seen and that has not
 /// expired at `$4`: no row back means a duplicate.
 pub(crate) const Q_DEDUP: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
@@ -421,6 +427,24 @@ macro_rules! queue_ops {
                         .await
                         .map_err(db)?;
                     tx.commit().await.map_err(db)
+                }
+
+                async fn ensure_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<bool> {
+                    settings.validate()?;
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let created = ::sqlx::query(q::Q_ENSURE)
+                        .bind(queue.as_str())
+                        .bind(settings.lock_duration.as_millis() as i64)
+                        .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
+                        .bind(settings.duplicate_detection_window.as_millis() as i64)
+                        .bind(Ts(now))
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .is_some();
+                    tx.commit().await.map_err(db)?;
+                    Ok(created)
                 }
 
                 #[::tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]

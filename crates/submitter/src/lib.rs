@@ -16,8 +16,7 @@ use orderly_core::{Actor, Error, InstanceId};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-/// Largest order-submitted message accepted (bytes).
-pub const MAX_ORDER_MESSAGE: usize = 64 * 1024;
+pub use orderly_core::messages::MAX_ORDER_MESSAGE;
 
 /// How a submitter works.
 #[derive(Debug, Clone)]
@@ -90,7 +89,7 @@ impl Submitter {
             MAX_ORDER_MESSAGE,
         )
         .await
-        .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        .map_err(|e| Error::Queue(Box::new(e)))?;
         let mut intake = Intake {
             rejected: poison.len(),
             ..Intake::default()

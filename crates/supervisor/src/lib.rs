@@ -215,7 +215,7 @@ impl Supervisor {
             for (queue, msgs) in &by_queue {
                 if let Err(e) = self.transport.send(queue, msgs).await {
                     if e.is_retryable() {
-                        return Err(orderly_core::Error::Unavailable(Box::new(e)));
+                        return Err(orderly_core::Error::Queue(Box::new(e)));
                     }
                     // A client queue that cannot take messages must not hold up alerts.
                     warn!(queue = %queue, error = %e, "status notifications not delivered");

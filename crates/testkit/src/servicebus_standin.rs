@@ -96,6 +96,11 @@ impl Drop for Standin {
 
 /// A blocking HTTP/1.0 POST to a stand-in's control endpoint on `port`.
 pub fn post(port: u16, path: &str, body: &str) -> Result<(), String> {
+    post_for_body(port, path, body).map(|_| ())
+}
+
+/// [`post`], returning the answer's body.
+pub fn post_for_body(port: u16, path: &str, body: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     write!(
         s,
@@ -106,7 +111,10 @@ pub fn post(port: u16, path: &str, body: &str) -> Result<(), String> {
     let mut response = String::new();
     s.read_to_string(&mut response).map_err(|e| e.to_string())?;
     if response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200") {
-        Ok(())
+        Ok(response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default())
     } else {
         Err(response)
     }

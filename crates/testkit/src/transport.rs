@@ -51,6 +51,7 @@ macro_rules! transport_conformance {
             send_and_complete_sends_and_settles_in_one_call,
             poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
             long_work_keeps_its_message_by_renewing_the_lock,
+            ensure_queue_creates_a_missing_queue_and_keeps_an_existing_one,
         );
     };
     // Cases run only on request (`--run-ignored only`), e.g. against a real broker.
@@ -657,4 +658,38 @@ pub async fn long_work_keeps_its_message_by_renewing_the_lock(ctx: &TransportCtx
         }
     }
     assert_eq!(again.len(), 1, "delivered again after the lock ran out");
+}
+
+/// `ensure_queue` makes a missing queue usable, and leaves an existing queue's settings
+/// (here a 5 s lock) as they were: roles call it on every start.
+pub async fn ensure_queue_creates_a_missing_queue_and_keeps_an_existing_one(ctx: &TransportCtx) {
+    let t = ctx.factory.open().await;
+    let fresh = queue("ensured");
+    assert!(
+        t.ensure_queue(&fresh, &settings(30, 10)).await.unwrap(),
+        "a missing queue is created"
+    );
+    assert!(
+        !t.ensure_queue(&fresh, &settings(30, 10)).await.unwrap(),
+        "the second time it exists"
+    );
+    t.send(&fresh, &[msg("e-1", "x")]).await.unwrap();
+    let got = receive_one(t.as_ref(), &fresh).await;
+    t.complete(&got).await.unwrap();
+
+    let (t, tuned) = declared(ctx, "tuned", settings(5, 10)).await;
+    assert!(!t.ensure_queue(&tuned, &settings(60, 10)).await.unwrap());
+    t.send(&tuned, &[msg("t-1", "x")]).await.unwrap();
+    let first = receive_one(t.as_ref(), &tuned).await;
+    ctx.clock.advance(Duration::from_secs(6));
+    // Under the 60 s lock ensure_queue offered it would still be held.
+    let again = t.receive(&tuned, 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        again.len(),
+        1,
+        "the 5 s lock the queue was declared with still applies"
+    );
+    assert_eq!(again[0].message_id, first.message_id);
+    assert_eq!(again[0].delivery_count, 2);
+    t.complete(&again[0]).await.unwrap();
 }

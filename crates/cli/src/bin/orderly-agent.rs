@@ -76,6 +76,12 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;
+    // It reads its request queues and answers on the replies queue.
+    opened
+        .ensure_queues(cfg.queues.iter().cloned().chain(std::iter::once(
+            orderly_cli::backend::queue(orderly_core::messages::queues::REPLIES),
+        )))
+        .await?;
     let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops =

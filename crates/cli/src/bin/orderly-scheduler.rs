@@ -43,6 +43,15 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;
+    // It reads replies and sends each step's requests.
+    opened
+        .ensure_queues(
+            std::iter::once(orderly_cli::backend::queue(
+                orderly_core::messages::queues::REPLIES,
+            ))
+            .chain(workflow.queues()),
+        )
+        .await?;
     let backend = opened.backend.clone();
     let mut cfg = SchedulerConfig::new(instance.clone(), workflow);
     cfg.claim_batch = args.claim_batch;

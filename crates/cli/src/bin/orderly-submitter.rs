@@ -9,6 +9,14 @@ use orderly_submitter::{Submitter, SubmitterConfig};
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,
+    /// Also accept orders over HTTP on --http-listen: POST /orders (JSON order; 202 once
+    /// it is on the orders queue) and GET /orders/{id}. Off by default.
+    #[arg(long, env = "ORDERLY_HTTP_INTAKE")]
+    http_intake: bool,
+    /// The token HTTP clients send as `Authorization: Bearer` (required when
+    /// --http-listen is not loopback; a secret).
+    #[arg(long, env = "ORDERLY_INTAKE_TOKEN", hide_env_values = true)]
+    intake_token: Option<String>,
 }
 
 #[tokio::main]
@@ -19,20 +27,57 @@ async fn main() -> anyhow::Result<()> {
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
     let cfg = SubmitterConfig::new(instance.clone());
     let plan = orderly_cli::backend::Plan::new(&args.common)?;
+    let intake_on = match (args.http_intake, args.common.http_listen) {
+        (false, _) => None,
+        (true, None) => anyhow::bail!(
+            "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
+        ),
+        (true, Some(listen)) => {
+            orderly_cli::intake::check(listen, args.intake_token.as_deref())?;
+            Some(listen)
+        }
+    };
     if args.common.checked("orderly-submitter") {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;
+    opened.ensure_queues([cfg.orders.clone()]).await?;
     let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let ops = orderly_cli::ops::maybe_serve(
-        args.common.http_listen,
-        "submitter",
-        &backend,
-        None,
-        &shutdown,
-    )
-    .await?;
+    let ops = match intake_on {
+        Some(listen) => {
+            let intake = orderly_cli::intake::router(
+                backend.store.clone(),
+                backend.transport.clone(),
+                orderly_cli::intake::IntakeConfig {
+                    orders: cfg.orders.clone(),
+                    token: args.intake_token.clone(),
+                },
+            );
+            tracing::info!(%listen, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
+            Some(
+                orderly_cli::ops::serve(
+                    listen,
+                    "submitter",
+                    backend.clone(),
+                    None,
+                    Some(intake),
+                    shutdown.clone(),
+                )
+                .await?,
+            )
+        }
+        None => {
+            orderly_cli::ops::maybe_serve(
+                args.common.http_listen,
+                "submitter",
+                &backend,
+                None,
+                &shutdown,
+            )
+            .await?
+        }
+    };
     Submitter::new(backend.store, backend.transport, cfg)
         .run(shutdown)
         .await;

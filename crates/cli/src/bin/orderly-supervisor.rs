@@ -93,6 +93,8 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;
+    // It publishes alerts.
+    opened.ensure_queues([cfg.alerts.clone()]).await?;
     let backend = opened.backend.clone();
     let elector = election.elector(backend.store.clone(), instance.clone())?;
     let shutdown = orderly_runtime::shutdown_on_signals();

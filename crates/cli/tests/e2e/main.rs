@@ -6,6 +6,7 @@
 
 mod fixtures;
 mod leader;
+mod newcomer;
 mod ops;
 #[cfg(feature = "otel")]
 mod otel;

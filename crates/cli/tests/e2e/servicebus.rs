@@ -16,6 +16,7 @@ use orderly_core::{ProcessState, SystemClock};
 use orderly_testkit::servicebus_standin::Standin;
 
 use crate::fixtures::{Db, Dialect};
+use crate::newcomer::{orderly, posted_ids, wait_listening};
 use crate::processes::{assert_invariants, count, start_sim};
 use crate::procs::{Proc, free_port, wait_for};
 
@@ -75,7 +76,14 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
     let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
     let ops = free_port();
     let listen = format!("127.0.0.1:{ops}");
-    let _submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    let intake_port = free_port();
+    let intake = format!("127.0.0.1:{intake_port}");
+    let _submitter = Proc::start_with(
+        "orderly-submitter",
+        &db.url,
+        &["--http-listen", &intake, "--http-intake"],
+        &env,
+    );
     let _scheduler = Proc::start_with(
         "orderly-scheduler",
         &db.url,
@@ -94,7 +102,70 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
         async || count(&*store, ProcessState::Processed).await == 40,
     )
     .await;
-    assert_invariants(store.as_ref(), sim_port, &sent, Some(120)).await;
+    // A client posts with `orderly post` (the client library) on Service Bus and
+    // follows its orders on a reply queue of its own; another posts over HTTP.
+    standin
+        .declare(
+            "client-sb",
+            Duration::from_secs(30),
+            10,
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let (ok, stdout, stderr) = orderly(
+        &db.url,
+        &[
+            "post",
+            "--transport",
+            "servicebus",
+            "--sample",
+            "3",
+            "--reply-to",
+            "client-sb",
+            "--wait",
+            "--timeout-secs",
+            "90",
+        ],
+        &env[1..],
+    );
+    assert!(
+        ok,
+        "orderly post on Service Bus failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("completed 3, failed or cancelled 0"),
+        "{stdout}"
+    );
+    let mut sent = sent;
+    for id in posted_ids(&stdout) {
+        sent.insert(id, chrono::Utc::now());
+    }
+    wait_listening(intake_port).await;
+    for id in ["sb-http-1", "sb-http-2"] {
+        let r = reqwest::Client::new()
+            .post(format!("http://{intake}/orders"))
+            .json(&serde_json::json!({
+                "order_id": id,
+                "details": {"customer_id": "c-http", "currency": "EUR",
+                    "lines": [{"sku": "DOCK-04", "quantity": 1, "unit_price_minor": 4999}]}
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        sent.insert(
+            orderly_core::OrderId::parse(id).unwrap(),
+            chrono::Utc::now(),
+        );
+    }
+    assert_eq!(sent.len(), 45);
+    wait_for(
+        "45 orders processed over Service Bus",
+        Duration::from_secs(90),
+        async || count(&*store, ProcessState::Processed).await == 45,
+    )
+    .await;
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(135)).await;
 
     // Every message went through the outbox and out; none took the SQL queue.
     let outbox = orderly_sql::connect_outbox(&db.url, orderly_core::TimeSource::Database)
@@ -131,5 +202,28 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
     assert!(
         metrics.contains("orderly_store_up{role=\"scheduler\"} 1"),
         "{metrics}"
+    );
+}
+
+/// On Service Bus queues are infrastructure: a role whose queue is missing stops at
+/// start-up naming the queue and how to provision it, instead of looping on errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_whose_service_bus_queue_is_missing_stops_naming_it() {
+    let standin = Standin::start();
+    let db = Db::new(Dialect::Sqlite).await;
+    let connection = standin.connection_string();
+    let env = role_env(&connection);
+    let mut submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    let status = submitter.wait(Duration::from_secs(30));
+    assert!(!status.success());
+    let out = submitter.output();
+    assert!(
+        out.contains("Service Bus queue orders does not exist")
+            && out.contains("az servicebus queue create"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("c3RhbmQtaW4tb25seQ"),
+        "the key is never printed"
     );
 }

@@ -1,0 +1,272 @@
+//! The HTTP intake, for clients that speak neither AMQP nor SQL: served by
+//! `orderly-submitter` beside its operations endpoints when `--http-intake` is on.
+//!
+//! - `POST /orders`: a JSON order (`{"order_id", "details", "reply_to"}`; `order_id`
+//!   may instead come as the `Idempotency-Key` header). Answers `202 Accepted` with the
+//!   order id once its message is durably on the orders queue (the submitter then
+//!   records it as any other), `200` if that order was already accepted, `400` naming
+//!   the field at fault, `409` if the id is taken by an order with other details, `413`
+//!   for a body over the submitter's limit, `401` without the token, `503` (with
+//!   `Retry-After`) while the queue or the store is unavailable: posting again is safe.
+//! - `GET /orders/{id}`: the order's state row and its steps, or `404`.
+//!
+//! A token (`--intake-token` / `ORDERLY_INTAKE_TOKEN`, given as `Authorization: Bearer`)
+//! is required on any address but loopback, and checked on every request when set.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use orderly_core::messages::{MAX_ORDER_MESSAGE, order_submitted};
+use orderly_core::store::{NewOrder, OperatorStore};
+use orderly_core::transport::{QueueName, Transport, TransportError};
+use orderly_core::{Error, OrderId};
+use serde_json::{Value, json};
+
+/// The intake's settings.
+#[derive(Clone)]
+pub struct IntakeConfig {
+    /// The orders queue.
+    pub orders: QueueName,
+    /// Required as `Authorization: Bearer` when set.
+    pub token: Option<String>,
+}
+
+#[derive(Clone)]
+struct Intake {
+    store: Arc<dyn OperatorStore>,
+    transport: Arc<dyn Transport>,
+    cfg: Arc<IntakeConfig>,
+}
+
+/// Refuses a listen address off loopback without a token; the error names the settings.
+pub fn check(listen: std::net::SocketAddr, token: Option<&str>) -> anyhow::Result<()> {
+    if token.is_some_and(|t| t.trim().is_empty()) {
+        anyhow::bail!("--intake-token / ORDERLY_INTAKE_TOKEN is empty");
+    }
+    if !listen.ip().is_loopback() && token.is_none() {
+        anyhow::bail!(
+            "the HTTP intake on {listen} (--http-listen / ORDERLY_HTTP_LISTEN, not loopback) \
+             needs --intake-token / ORDERLY_INTAKE_TOKEN: clients send it as Authorization: Bearer"
+        );
+    }
+    Ok(())
+}
+
+/// The intake's routes.
+pub fn router(
+    store: Arc<dyn OperatorStore>,
+    transport: Arc<dyn Transport>,
+    cfg: IntakeConfig,
+) -> axum::Router {
+    let state = Intake {
+        store,
+        transport,
+        cfg: Arc::new(cfg),
+    };
+    axum::Router::new()
+        .route("/orders", post(post_order))
+        .route("/orders/{id}", get(get_order))
+        .layer(DefaultBodyLimit::max(MAX_ORDER_MESSAGE))
+        .with_state(state)
+}
+
+fn problem(status: StatusCode, error: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": error.into() }))).into_response()
+}
+
+fn unavailable(what: &str, e: &dyn std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "intake: {what} unavailable");
+    let mut r = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{what} unavailable, retry later (posting again is safe): {e}"),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
+}
+
+impl Intake {
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = &self.cfg.token else {
+            return true;
+        };
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), token.as_bytes()))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unauthorized() -> Response {
+    let mut r = problem(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong token: send Authorization: Bearer <token>",
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    r
+}
+
+/// The order in `body`, its id taken from `Idempotency-Key` when the body has none.
+fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Response> {
+    let mut value: Value = serde_json::from_slice(body).map_err(|e| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not JSON: {e}"),
+        )
+    })?;
+    let Some(fields) = value.as_object_mut() else {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "the body must be one JSON order object: {\"order_id\", \"details\", \"reply_to\"}",
+        ));
+    };
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map(str::trim).map_err(|_| {
+            problem(
+                StatusCode::BAD_REQUEST,
+                "invalid Idempotency-Key: not printable ASCII",
+            )
+        })?),
+    };
+    match (fields.get("order_id"), key) {
+        (None, Some(key)) => {
+            fields.insert("order_id".into(), Value::String(key.to_owned()));
+        }
+        (None, None) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "invalid order_id: missing; give it in the body or as the Idempotency-Key header",
+            ));
+        }
+        (Some(id), Some(key)) if id.as_str() != Some(key) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "invalid Idempotency-Key: it differs from the body's order_id (it is the order id)",
+            ));
+        }
+        _ => {}
+    }
+    let order: NewOrder = serde_json::from_value(value)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("invalid order: {e}")))?;
+    order
+        .validate()
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if let Some(q) = &order.reply_to
+        && let Err(e) = QueueName::parse(q.clone())
+    {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!("invalid reply_to: {}", e.reason),
+        ));
+    }
+    Ok(order)
+}
+
+async fn post_order(State(intake): State<Intake>, headers: HeaderMap, body: Bytes) -> Response {
+    if !intake.authorized(&headers) {
+        return unauthorized();
+    }
+    let order = match parse_order(&headers, &body) {
+        Ok(order) => order,
+        Err(response) => return response,
+    };
+    let id = order.order_id.clone();
+    // Already accepted? Answer at once; the same id with other details is a conflict
+    // (the submitter would dead-letter it).
+    match intake.store.get(&id).await {
+        Ok(view) if view.details == order.details => {
+            return (
+                StatusCode::OK,
+                Json(json!({
+                    "order_id": id,
+                    "status": "already accepted",
+                    "process_state": view.state.process_state,
+                })),
+            )
+                .into_response();
+        }
+        Ok(_) => {
+            return problem(
+                StatusCode::CONFLICT,
+                format!("order {id} already exists with different details"),
+            );
+        }
+        Err(Error::OrderNotFound(_)) => {}
+        Err(e) => return unavailable("the state store", &e),
+    }
+    let message = match order_submitted(&order) {
+        Ok(m) => m,
+        Err(TransportError::PayloadTooLarge { size, limit }) => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the order's message is {size} bytes, over the {limit}-byte limit"),
+            );
+        }
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    match intake.transport.send(&intake.cfg.orders, &[message]).await {
+        Ok(_) => {
+            tracing::info!(order_id = %id, "order posted over HTTP");
+            let mut r = (
+                StatusCode::ACCEPTED,
+                Json(json!({ "order_id": id, "status": "queued" })),
+            )
+                .into_response();
+            if let Ok(location) = header::HeaderValue::from_str(&format!("/orders/{id}")) {
+                r.headers_mut().insert(header::LOCATION, location);
+            }
+            r
+        }
+        Err(e) => unavailable(&format!("the orders queue {}", intake.cfg.orders), &e),
+    }
+}
+
+async fn get_order(
+    State(intake): State<Intake>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if !intake.authorized(&headers) {
+        return unauthorized();
+    }
+    let Ok(id) = OrderId::parse(id) else {
+        return problem(StatusCode::NOT_FOUND, "no such order");
+    };
+    match intake.store.get(&id).await {
+        Ok(view) => Json(json!({
+            "order_id": view.state.order_id,
+            "process_state": view.state.process_state,
+            "failure_count": view.state.failure_count,
+            "current_step": view.state.current_step,
+            "locked_by": view.state.locked_by,
+            "complete_by": view.state.complete_by,
+            "last_error": view.state.last_error,
+            "created_at": view.state.created_at,
+            "updated_at": view.state.updated_at,
+            "steps": view.steps.iter().map(|s| json!({
+                "index": s.index,
+                "name": s.name,
+                "status": s.status,
+                "attempts": s.attempts,
+                "detail": s.detail,
+            })).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(Error::OrderNotFound(_)) => problem(StatusCode::NOT_FOUND, format!("no order {id}")),
+        Err(e) => unavailable("the state store", &e),
+    }
+}
