@@ -17,8 +17,14 @@
 // {"lock_ms", "max_delivery_count", "dedup_ms"} declares a queue (with `?if-missing`
 // only when it does not exist; the answer's "created" says which); POST /clock with
 // {"now_ms"} sets the broker's clock (tests move time with a manual clock).
+// Misbehaviour on request, for the transport's robustness tests: POST /drop-connections
+// cuts every AMQP connection (no close frame); POST /hang-attach/<entity> leaves every
+// later attach to that entity unanswered; POST /hang-renew with {"on": true|false}
+// leaves renew-lock requests unanswered.
 
 const rhea = require('rhea');
+const Session = require('rhea/lib/session.js');
+const terminus = require('rhea/lib/terminus.js');
 const http = require('http');
 const crypto = require('crypto');
 const types = rhea.types;
@@ -33,6 +39,9 @@ let frozenAt = null;
 const now = () => (frozenAt === null ? Date.now() : frozenAt);
 
 const queues = new Map();   // name -> queue
+const connections = new Set(); // open AMQP connections (dropped on request)
+const hungAttach = new Set();  // entities whose attaches are never answered
+let hangRenew = false;         // renew-lock requests left unanswered while set
 const replyLinks = new WeakMap(); // connection -> (reply address -> sender link)
 const deliveries = new Map(); // rhea delivery -> { queue, seq, token }
 
@@ -171,6 +180,7 @@ function management(connection, entity, request) {
   if (!q) return respond(connection, request, 404, null, { 'status-description': `entity ${base} not found` });
   const body = request.body || {};
   if (op === 'com.microsoft:renew-lock') {
+    if (hangRenew) return; // misbehaving on purpose: never answered
     const expirations = [];
     for (const tok of body['lock-tokens'] || []) {
       const hex = Buffer.from(tok).toString('hex');
@@ -199,6 +209,17 @@ function management(connection, entity, request) {
   }
   return respond(connection, request, 400, null, { 'status-description': `operation ${op} is not supported by the stand-in` });
 }
+
+// Misbehaving on purpose: an attach to an entity in `hungAttach` is never answered
+// (as a broker whose session ended does), so the client's attach waits forever.
+const onAttach = Session.prototype.on_attach;
+Session.prototype.on_attach = function (frame) {
+  const p = frame.performative;
+  // role true: the peer is a receiver, so the entity is the source's address.
+  const t = terminus.unwrap(p.role ? p.source : p.target);
+  if (hungAttach.size && t && hungAttach.has(entityOf(t.address))) return;
+  return onAttach.call(this, frame);
+};
 
 const container = rhea.create_container({
   id: 'orderly-servicebus-standin', autosettle: false, autoaccept: false, treat_modified_as_released: false,
@@ -324,6 +345,10 @@ container.on('rejected', (context) => settle(context, (q, rec) => {
 }));
 
 container.on('error', (e) => console.error('stand-in error:', e && e.message));
+container.on('connection_open', (context) => connections.add(context.connection));
+for (const ev of ['connection_close', 'disconnected']) {
+  container.on(ev, (context) => connections.delete(context.connection));
+}
 
 setInterval(pumpAll, 20);
 
@@ -342,6 +367,17 @@ const control = http.createServer((req, res) => {
         if (created) declare(name, body);
         res.writeHead(200, { 'content-type': 'application/json' });
         return res.end(JSON.stringify({ ok: true, created }));
+      } else if (req.method === 'POST' && req.url === '/drop-connections') {
+        // A network blip: every AMQP connection cut at once, without a close frame.
+        for (const c of connections) {
+          for (const q of queues.values()) for (const l of q.consumers) if (l.connection === c) q.consumers.delete(l);
+          if (c.socket) c.socket.destroy();
+        }
+        connections.clear();
+      } else if (req.method === 'POST' && req.url.startsWith('/hang-attach/')) {
+        hungAttach.add(decodeURIComponent(req.url.slice('/hang-attach/'.length)));
+      } else if (req.method === 'POST' && req.url === '/hang-renew') {
+        hangRenew = body.on !== false;
       } else if (req.method === 'POST' && req.url === '/clock') {
         frozenAt = Number(body.now_ms);
         pumpAll();

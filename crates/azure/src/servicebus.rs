@@ -34,6 +34,8 @@ use orderly_core::transport::{
     ReceivedMessage, SendOutcome, Transport, TransportError,
 };
 use orderly_core::{Clock, ValidationError};
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use tokio::sync::Mutex;
 
 /// Messages a receiver may hold unsettled at once (fe2o3 grants new credit only as
@@ -45,8 +47,10 @@ pub const PREFETCH: u32 = 32;
 /// messages already in the queue had a chance to arrive.
 pub const MIN_RECEIVE_WAIT: Duration = Duration::from_millis(300);
 
-/// After the first messages of a receive, how long to wait for each further one.
-const DRAIN_WAIT: Duration = Duration::from_millis(50);
+/// After the first message of a receive, how long to wait for the rest: only what is
+/// already prefetched or arriving at once is taken, so a receive returns within a few
+/// milliseconds of its first message.
+const DRAIN_WAIT: Duration = Duration::from_millis(10);
 
 /// How to reach a Service Bus namespace.
 #[derive(Clone)]
@@ -171,32 +175,109 @@ impl QueueAdmin for Provisioned {
     }
 }
 
-type Held = HashMap<(String, String), (Arc<Mutex<ServiceBusReceiver>>, ServiceBusReceivedMessage)>;
+/// A receiver link shared by the receives and settlements of one queue.
+type Link<T> = Arc<Mutex<T>>;
 
-/// The Service Bus transport: one AMQP connection, a sender and a receiver per queue.
+/// One delivery this process holds: settled on the link it came from, and only while
+/// that link's connection is the current one.
+struct Held {
+    generation: u64,
+    receiver: Link<ServiceBusReceiver>,
+    /// Locked only by a renewal or a settlement of this very message.
+    message: Arc<Mutex<ServiceBusReceivedMessage>>,
+}
+
+/// One AMQP connection and the links opened on it. Replaced as a whole when it dies.
+struct Connection {
+    generation: u64,
+    /// Creating a link needs the client exclusively; held only for the (bounded) attach.
+    client: Mutex<Option<ServiceBusClient<azservicebus::core::BasicRetryPolicy>>>,
+    senders: StdMutex<HashMap<String, Link<ServiceBusSender>>>,
+    receivers: StdMutex<HashMap<String, Link<ServiceBusReceiver>>>,
+    dead_letter_receivers: StdMutex<HashMap<String, Link<ServiceBusReceiver>>>,
+    /// Set when a failure says the connection or its session is gone.
+    dead: AtomicBool,
+    /// Calls that failed in a row on this connection (any success resets it).
+    failures: AtomicU32,
+}
+
+impl Connection {
+    fn new(
+        generation: u64,
+        client: ServiceBusClient<azservicebus::core::BasicRetryPolicy>,
+    ) -> Self {
+        Self {
+            generation,
+            client: Mutex::new(Some(client)),
+            senders: StdMutex::default(),
+            receivers: StdMutex::default(),
+            dead_letter_receivers: StdMutex::default(),
+            dead: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    fn links<T>(
+        map: &StdMutex<HashMap<String, Link<T>>>,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Link<T>>> {
+        map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes a queue's links out of use: the next call opens fresh ones.
+    fn drop_links(&self, queue: &QueueName) {
+        Self::links(&self.senders).remove(queue.as_str());
+        Self::links(&self.receivers).remove(queue.as_str());
+        Self::links(&self.dead_letter_receivers).remove(queue.as_str());
+    }
+}
+
+/// The current connection, and when to try again after a failed attempt.
+struct ConnectionSlot {
+    current: Option<Arc<Connection>>,
+    generation: u64,
+    retry_at: Option<tokio::time::Instant>,
+    backoff: Duration,
+    last_cause: String,
+}
+
+/// First pause before reconnecting after a failed attempt, and the longest.
+const RECONNECT_MIN: Duration = Duration::from_millis(200);
+const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// A receive waits for its first message in slices of this long, letting settlements
+/// of the same queue in between (the link needs exclusive use for both).
+const RECEIVE_SLICE: Duration = Duration::from_millis(50);
+/// Failures in a row after which a connection is taken for dead even if no error said so.
+const FAILURES_BEFORE_RECONNECT: u32 = 2;
+
+/// The Service Bus transport: one AMQP connection at a time (rebuilt with back-off and
+/// jitter when it or its session dies, links re-created lazily), a sender and a
+/// receiver per queue. Every network call is bounded by the try-timeout; no lock is
+/// held across a network call but a link's own (for that link's calls) and the
+/// client's (for an attach).
 pub struct ServiceBusTransport {
-    client: Mutex<ServiceBusClient<azservicebus::core::BasicRetryPolicy>>,
-    senders: Mutex<HashMap<String, Arc<Mutex<ServiceBusSender>>>>,
-    receivers: Mutex<HashMap<String, Arc<Mutex<ServiceBusReceiver>>>>,
-    dead_letter_receivers: Mutex<HashMap<String, Arc<Mutex<ServiceBusReceiver>>>>,
-    held: Mutex<Held>,
+    settings: ServiceBusSettings,
+    slot: Mutex<ConnectionSlot>,
+    held: StdMutex<HashMap<(String, String), Held>>,
     admin: Arc<dyn QueueAdmin>,
     clock: Arc<dyn Clock>,
-    /// Retries of a send, each on a fresh sender (the client itself retries nothing).
-    send_retries: u32,
-    /// The most one attempt of one call may take.
-    try_timeout: Duration,
+    reconnects: AtomicU64,
 }
 
 impl std::fmt::Debug for ServiceBusTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceBusTransport")
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
-fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
-    TransportError::Unavailable(Box::new(e))
+/// A Service Bus failure, worded so that an operator looks at Service Bus.
+fn unavailable(queue: Option<&QueueName>, what: impl std::fmt::Display) -> TransportError {
+    let text = match queue {
+        Some(q) => format!("Service Bus unavailable (queue {q}): {what}"),
+        None => format!("Service Bus unavailable: {what}"),
+    };
+    TransportError::Unavailable(text.into())
 }
 
 /// The client reports a refused link or a lost lock only in its error text.
@@ -222,7 +303,45 @@ where
     {
         return TransportError::QueueNotFound(queue.clone());
     }
-    unavailable(e)
+    unavailable(Some(queue), format!("{e}"))
+}
+
+/// Whether a failure's text says the connection or its session is gone (as opposed to
+/// one link or one message): then the whole connection is rebuilt at once.
+fn connection_gone(e: &TransportError) -> bool {
+    let TransportError::Unavailable(source) = e else {
+        return false;
+    };
+    let text = format!("{source:?} {source}").to_lowercase();
+    [
+        "illegalsessionstate",
+        "illegal session state",
+        "expectimmediatedetach",
+        "session",
+        "connection",
+        "broken pipe",
+        "reset by peer",
+        "closed",
+        "io error",
+        "cbs",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+/// Runs a network call with a time limit; a call that outlasts it is an error.
+async fn bounded<T, E>(
+    limit: Duration,
+    queue: &QueueName,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<Result<T, E>, TransportError> {
+    tokio::time::timeout(limit, call).await.map_err(|_| {
+        unavailable(
+            Some(queue),
+            format!("{what} did not answer within {} ms", limit.as_millis()),
+        )
+    })
 }
 
 /// `text` with the shared access key of `connection_string` blanked out.
@@ -260,31 +379,28 @@ fn properties(p: Option<&ApplicationProperties>) -> BTreeMap<String, String> {
     .unwrap_or_default()
 }
 
-impl ServiceBusTransport {
-    /// Connects to the namespace of `settings`. `clock` judges lock expiry of
-    /// prefetched messages (the system clock, or a test's manual clock).
-    pub async fn connect(
-        settings: &ServiceBusSettings,
-        admin: Arc<dyn QueueAdmin>,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, TransportError> {
-        // Both ring and aws-lc-rs end up in the dependency graph: pick one for the process.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        // A short try-timeout, and no retries inside the client: its retry loop can poll
-        // a send's delivery future again after it completed (fe2o3-amqp 0.14), which
-        // panics ("called after complete"); seen on a loaded machine. Sends are retried
-        // here instead, each on a fresh sender; callers retry the rest.
-        let options = ServiceBusClientOptions {
-            retry_options: ServiceBusRetryOptions {
-                mode: ServiceBusRetryMode::Exponential,
-                max_retries: 0,
-                delay: Duration::from_millis(200),
-                max_delay: Duration::from_secs(2),
-                try_timeout: settings.try_timeout,
-            },
-            ..Default::default()
-        };
-        let client = if settings.unsecured {
+/// Opens a client on the namespace of `settings`, within its try-timeout.
+async fn open_client(
+    settings: &ServiceBusSettings,
+) -> Result<ServiceBusClient<azservicebus::core::BasicRetryPolicy>, TransportError> {
+    // Both ring and aws-lc-rs end up in the dependency graph: pick one for the process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // A short try-timeout, and no retries inside the client: its retry loop can poll a
+    // send's delivery future again after it completed (fe2o3-amqp 0.14), which panics
+    // ("called after complete"); seen on a loaded machine. Sends are retried here
+    // instead, each on a fresh sender; a dead connection is replaced here too.
+    let options = ServiceBusClientOptions {
+        retry_options: ServiceBusRetryOptions {
+            mode: ServiceBusRetryMode::Exponential,
+            max_retries: 0,
+            delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(2),
+            try_timeout: settings.try_timeout,
+        },
+        ..Default::default()
+    };
+    let connecting = async {
+        if settings.unsecured {
             ServiceBusClient::unsecured()
                 .new_from_connection_string(settings.connection_string.as_str(), options)
                 .await
@@ -295,57 +411,193 @@ impl ServiceBusTransport {
             )
             .await
         }
-        .map_err(|e| {
-            // The error may quote the connection string: never its key.
-            let text = redact(&e.to_string(), &settings.connection_string);
-            TransportError::Unavailable(format!("cannot connect to Service Bus: {text}").into())
-        })?;
+    };
+    match tokio::time::timeout(settings.try_timeout, connecting).await {
+        Ok(Ok(client)) => Ok(client),
+        // The error may quote the connection string: never its key.
+        Ok(Err(e)) => Err(unavailable(
+            None,
+            format!(
+                "cannot connect: {}",
+                redact(&e.to_string(), &settings.connection_string)
+            ),
+        )),
+        Err(_) => Err(unavailable(
+            None,
+            format!(
+                "cannot connect: no answer within {} ms",
+                settings.try_timeout.as_millis()
+            ),
+        )),
+    }
+}
+
+impl ServiceBusTransport {
+    /// Connects to the namespace of `settings` (an error if it cannot, so that a role
+    /// with wrong settings stops at start-up). `clock` judges lock expiry of
+    /// prefetched messages (the system clock, or a test's manual clock).
+    pub async fn connect(
+        settings: &ServiceBusSettings,
+        admin: Arc<dyn QueueAdmin>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, TransportError> {
+        let client = open_client(settings).await?;
+        metrics::gauge!("orderly_servicebus_connected").set(1.0);
         Ok(Self {
-            client: Mutex::new(client),
-            senders: Mutex::default(),
-            receivers: Mutex::default(),
-            dead_letter_receivers: Mutex::default(),
-            held: Mutex::default(),
+            settings: settings.clone(),
+            slot: Mutex::new(ConnectionSlot {
+                current: Some(Arc::new(Connection::new(1, client))),
+                generation: 1,
+                retry_at: None,
+                backoff: RECONNECT_MIN,
+                last_cause: String::new(),
+            }),
+            held: StdMutex::default(),
             admin,
             clock,
-            send_retries: settings.max_retries,
-            try_timeout: settings.try_timeout,
+            reconnects: AtomicU64::new(0),
         })
+    }
+
+    /// Connections rebuilt after one was lost, so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Whether a connection is up now (none while reconnecting).
+    pub async fn is_connected(&self) -> bool {
+        self.slot
+            .lock()
+            .await
+            .current
+            .as_ref()
+            .is_some_and(|c| !c.dead.load(Ordering::Relaxed))
+    }
+
+    /// The current connection, opening a new one if the last died (not before the
+    /// back-off after a failed attempt has passed).
+    async fn connection(&self) -> Result<Arc<Connection>, TransportError> {
+        let mut slot = self.slot.lock().await;
+        if let Some(c) = &slot.current
+            && !c.dead.load(Ordering::Relaxed)
+        {
+            return Ok(c.clone());
+        }
+        let now = tokio::time::Instant::now();
+        if let Some(at) = slot.retry_at
+            && now < at
+        {
+            return Err(unavailable(
+                None,
+                format!(
+                    "connection lost ({}); reconnecting in {} ms",
+                    slot.last_cause,
+                    (at - now).as_millis()
+                ),
+            ));
+        }
+        if let Some(old) = slot.current.take() {
+            // Close the dead client in the background; its links go with it.
+            tokio::spawn(async move {
+                let client = old.client.lock().await.take();
+                if let Some(client) = client {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), client.dispose()).await;
+                }
+            });
+        }
+        match open_client(&self.settings).await {
+            Ok(client) => {
+                slot.generation += 1;
+                slot.retry_at = None;
+                slot.backoff = RECONNECT_MIN;
+                let c = Arc::new(Connection::new(slot.generation, client));
+                slot.current = Some(c.clone());
+                self.reconnects.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("orderly_servicebus_reconnects_total").increment(1);
+                metrics::gauge!("orderly_servicebus_connected").set(1.0);
+                tracing::info!(
+                    generation = slot.generation,
+                    "Service Bus connection re-established"
+                );
+                Ok(c)
+            }
+            Err(e) => {
+                // Exponential back-off with full jitter on the upper half.
+                let jitter = rand_fraction();
+                let pause = slot.backoff.mul_f64(0.5 + 0.5 * jitter);
+                slot.retry_at = Some(now + pause);
+                slot.backoff = (slot.backoff * 2).min(RECONNECT_MAX);
+                slot.last_cause = e.to_string();
+                tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "Service Bus reconnect failed; retrying");
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the outcome of a call on `conn`: a success resets its failure count; a
+    /// failure that says the connection or session is gone, or the second in a row,
+    /// takes the connection out of use (holds on it become lost locks: those messages
+    /// come back by themselves when their locks expire).
+    fn judge<T>(&self, conn: &Connection, queue: &QueueName, result: &Result<T, TransportError>) {
+        match result {
+            Ok(_) | Err(TransportError::LockLost { .. }) | Err(TransportError::Invalid(_)) => {
+                conn.failures.store(0, Ordering::Relaxed);
+            }
+            Err(TransportError::QueueNotFound(_)) => {
+                conn.drop_links(queue);
+            }
+            Err(e) => {
+                conn.drop_links(queue);
+                let failures = conn.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if (connection_gone(e) || failures >= FAILURES_BEFORE_RECONNECT)
+                    && !conn.dead.swap(true, Ordering::Relaxed)
+                {
+                    metrics::gauge!("orderly_servicebus_connected").set(0.0);
+                    tracing::warn!(queue = %queue, cause = %e, generation = conn.generation, "Service Bus connection lost, reconnecting");
+                }
+            }
+        }
     }
 
     async fn sender(
         &self,
+        conn: &Connection,
         queue: &QueueName,
-    ) -> Result<Arc<Mutex<ServiceBusSender>>, TransportError> {
-        if let Some(s) = self.senders.lock().await.get(queue.as_str()) {
+    ) -> Result<Link<ServiceBusSender>, TransportError> {
+        if let Some(s) = Connection::links(&conn.senders).get(queue.as_str()) {
             return Ok(s.clone());
         }
-        let sender = self
-            .client
-            .lock()
-            .await
-            .create_sender(queue.as_str(), ServiceBusSenderOptions::default())
-            .await
-            .map_err(|e| classify(e, queue, None))?;
-        let sender = Arc::new(Mutex::new(sender));
-        self.senders
-            .lock()
-            .await
-            .insert(queue.as_str().to_owned(), sender.clone());
+        let limit = self.settings.try_timeout;
+        let attached = bounded(limit, queue, "the attach of a sender", async {
+            let mut client = conn.client.lock().await;
+            match client.as_mut() {
+                Some(c) => c
+                    .create_sender(queue.as_str(), ServiceBusSenderOptions::default())
+                    .await
+                    .map_err(|e| classify(e, queue, None)),
+                None => Err(unavailable(Some(queue), "the connection is closing")),
+            }
+        })
+        .await
+        .and_then(|r| r)?;
+        let sender = Arc::new(Mutex::new(attached));
+        Connection::links(&conn.senders).insert(queue.as_str().to_owned(), sender.clone());
         Ok(sender)
     }
 
     async fn receiver(
         &self,
+        conn: &Connection,
         queue: &QueueName,
         sub_queue: SubQueue,
-    ) -> Result<Arc<Mutex<ServiceBusReceiver>>, TransportError> {
-        let cache = if matches!(sub_queue, SubQueue::DeadLetter) {
-            &self.dead_letter_receivers
+    ) -> Result<Link<ServiceBusReceiver>, TransportError> {
+        let dead_letters = matches!(sub_queue, SubQueue::DeadLetter);
+        let cache = if dead_letters {
+            &conn.dead_letter_receivers
         } else {
-            &self.receivers
+            &conn.receivers
         };
-        if let Some(r) = cache.lock().await.get(queue.as_str()) {
+        if let Some(r) = Connection::links(cache).get(queue.as_str()) {
             return Ok(r.clone());
         }
         let options = ServiceBusReceiverOptions {
@@ -354,55 +606,76 @@ impl ServiceBusTransport {
             sub_queue,
             ..Default::default()
         };
-        let receiver = self
-            .client
-            .lock()
-            .await
-            .create_receiver_for_queue(queue.as_str(), options)
-            .await
-            .map_err(|e| classify(e, queue, None))?;
-        let receiver = Arc::new(Mutex::new(receiver));
-        cache
-            .lock()
-            .await
-            .insert(queue.as_str().to_owned(), receiver.clone());
+        let limit = self.settings.try_timeout;
+        let attached = bounded(limit, queue, "the attach of a receiver", async {
+            let mut client = conn.client.lock().await;
+            match client.as_mut() {
+                Some(c) => c
+                    .create_receiver_for_queue(queue.as_str(), options)
+                    .await
+                    .map_err(|e| classify(e, queue, None)),
+                None => Err(unavailable(Some(queue), "the connection is closing")),
+            }
+        })
+        .await
+        .and_then(|r| r)?;
+        let receiver = Arc::new(Mutex::new(attached));
+        Connection::links(cache).insert(queue.as_str().to_owned(), receiver.clone());
         Ok(receiver)
     }
 
-    /// Takes a failed link out of use: the next call opens a fresh one.
-    async fn drop_links(&self, queue: &QueueName) {
-        self.senders.lock().await.remove(queue.as_str());
-        self.receivers.lock().await.remove(queue.as_str());
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Held>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The delivery of `message` this transport holds, if its lock has not run out.
-    /// (The client does not wait for the broker's answer to a settlement, so a lock
-    /// that ran out is caught here, on the injected clock; a settlement that races the
-    /// broker's own expiry is undetectable and ends in a redelivery.)
+    /// The delivery of `message` this transport holds, if its lock has not run out and
+    /// its connection is still the current one. (The client does not wait for the
+    /// broker's answer to a settlement, so a lock that ran out is caught here, on the
+    /// injected clock; a settlement that races the broker's own expiry is undetectable
+    /// and ends in a redelivery.)
     async fn take_held(
         &self,
         message: &ReceivedMessage,
-    ) -> Result<(Arc<Mutex<ServiceBusReceiver>>, ServiceBusReceivedMessage), TransportError> {
+    ) -> Result<(Arc<Connection>, Held), TransportError> {
         let lost = || TransportError::LockLost {
             queue: message.queue.clone(),
             message_id: message.message_id.clone(),
         };
-        let (receiver, m) = self
-            .held
-            .lock()
-            .await
+        let held = self
+            .held()
             .remove(&(
                 message.queue.as_str().to_owned(),
                 message.lock_token.0.clone(),
             ))
             .ok_or_else(lost)?;
-        if m.locked_until()
+        if held
+            .message
+            .lock()
+            .await
+            .locked_until()
             .map(from_offset)
             .is_some_and(|until| until <= self.clock.now())
         {
             return Err(lost());
         }
-        Ok((receiver, m))
+        let conn = self.current().await.ok_or_else(lost)?;
+        if conn.generation != held.generation {
+            // Received on a connection since lost: the broker let go of it.
+            return Err(lost());
+        }
+        Ok((conn, held))
+    }
+
+    /// The current connection if it is up (no reconnect attempt).
+    async fn current(&self) -> Option<Arc<Connection>> {
+        self.slot
+            .lock()
+            .await
+            .current
+            .clone()
+            .filter(|c| !c.dead.load(Ordering::Relaxed))
     }
 
     fn convert(queue: &QueueName, m: &ServiceBusReceivedMessage) -> ReceivedMessage {
@@ -443,6 +716,44 @@ impl ServiceBusTransport {
             dead_lettered_at: enqueued_at,
         }
     }
+
+    /// Settles a held delivery with `call` on its link, bounded.
+    async fn settle<F, E>(
+        &self,
+        message: &ReceivedMessage,
+        what: &str,
+        call: F,
+    ) -> Result<(), TransportError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        F: for<'a> FnOnce(
+            &'a mut ServiceBusReceiver,
+            &'a ServiceBusReceivedMessage,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), E>> + Send + 'a>,
+        >,
+    {
+        let (conn, held) = self.take_held(message).await?;
+        let limit = self.settings.try_timeout;
+        let result = bounded(limit, &message.queue, what, async {
+            let m = held.message.lock().await;
+            let mut link = held.receiver.lock().await;
+            call(&mut link, &m).await
+        })
+        .await
+        .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))));
+        self.judge(&conn, &message.queue, &result);
+        result
+    }
+}
+
+/// A fraction in [0, 1) for jitter, without a random-number dependency.
+fn rand_fraction() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    f64::from(nanos % 1_000_000) / 1_000_000.0
 }
 
 fn to_service_bus(m: &OutgoingMessage) -> Result<ServiceBusMessage, TransportError> {
@@ -484,17 +795,10 @@ impl Transport for ServiceBusTransport {
         let created = self.admin.ensure(queue, settings).await?;
         // Service Bus refuses a link to an entity that does not exist (amqp:not-found):
         // a sender's attach is the check, and consumes nothing.
-        match tokio::time::timeout(self.try_timeout, self.sender(queue)).await {
-            Ok(Ok(_)) => Ok(created),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(TransportError::Unavailable(
-                format!(
-                    "Service Bus did not answer the attach of a sender to queue {queue} within {} ms",
-                    self.try_timeout.as_millis()
-                )
-                .into(),
-            )),
-        }
+        let conn = self.connection().await?;
+        let result = self.sender(&conn, queue).await.map(|_| ());
+        self.judge(&conn, queue, &result);
+        result.map(|()| created)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]
@@ -510,18 +814,32 @@ impl Transport for ServiceBusTransport {
             )
             .into());
         }
-        let converted = messages
-            .iter()
-            .map(|m| m.validate().and_then(|()| to_service_bus(m)))
-            .collect::<Result<Vec<_>, _>>()?;
-        if converted.is_empty() {
+        for m in messages {
+            m.validate()?;
+            to_service_bus(m)?;
+        }
+        if messages.is_empty() {
             return Ok(SendOutcome::default());
         }
-        let mut batch = converted;
+        let limit = self.settings.try_timeout;
         let mut attempt = 0;
         loop {
-            let sender = self.sender(queue).await?;
-            let result = sender.lock().await.send_messages(batch).await;
+            let conn = self.connection().await?;
+            let result = match self.sender(&conn, queue).await {
+                Ok(sender) => {
+                    let batch = messages
+                        .iter()
+                        .map(to_service_bus)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    bounded(limit, queue, "a send", async {
+                        sender.lock().await.send_messages(batch).await
+                    })
+                    .await
+                    .and_then(|r| r.map_err(|e| classify(e, queue, None)))
+                }
+                Err(e) => Err(e),
+            };
+            self.judge(&conn, queue, &result);
             match result {
                 // Service Bus drops duplicates silently: it cannot say how many there were.
                 Ok(()) => {
@@ -530,20 +848,14 @@ impl Transport for ServiceBusTransport {
                         duplicates: 0,
                     });
                 }
-                Err(e) => {
-                    self.drop_links(queue).await;
-                    let error = classify(e, queue, None);
+                Err(error) => {
                     attempt += 1;
-                    if !error.is_retryable() || attempt > self.send_retries {
+                    if !error.is_retryable() || attempt > self.settings.max_retries {
                         return Err(error);
                     }
                     // Safe to repeat: the broker drops a repeat by message id.
                     tracing::debug!(queue = %queue, attempt, error = %error, "send failed; retrying on a fresh sender");
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                    batch = messages
-                        .iter()
-                        .map(to_service_bus)
-                        .collect::<Result<Vec<_>, _>>()?;
                 }
             }
         }
@@ -558,50 +870,74 @@ impl Transport for ServiceBusTransport {
         if max == 0 || max > MAX_MESSAGES {
             return Err(ValidationError::new("max", format!("must be 1 to {MAX_MESSAGES}")).into());
         }
-        let receiver = self.receiver(queue, SubQueue::None).await?;
-        let got =
-            {
-                let mut link = receiver.lock().await;
-                let mut got = Vec::new();
-                // The client returns as soon as it holds a message; keep collecting while
-                // more arrive promptly, up to `max`.
-                let mut wait = wait.max(MIN_RECEIVE_WAIT);
-                loop {
-                    let want = max - got.len() as u32;
-                    match link.receive_messages_with_max_wait_time(want, wait).await {
-                        Ok(batch) if batch.is_empty() => break,
-                        Ok(batch) => {
-                            // A prefetched message whose lock ran out while it waited in the
-                            // buffer has been (or will be) delivered again: drop the stale copy.
-                            let now = self.clock.now();
-                            got.extend(batch.into_iter().filter(|m| {
-                                m.locked_until().map(from_offset).is_none_or(|t| t > now)
-                            }));
-                        }
-                        Err(e) => {
-                            drop(link);
-                            // A stalled or broken link is replaced on the next receive; what
-                            // it held comes back when its locks expire.
-                            self.drop_links(queue).await;
-                            return Err(classify(e, queue, None));
-                        }
+        let conn = self.connection().await?;
+        let receiver = match self.receiver(&conn, queue, SubQueue::None).await {
+            Ok(r) => r,
+            Err(e) => {
+                let failed = Err::<(), _>(e);
+                self.judge(&conn, queue, &failed);
+                return Err(failed.unwrap_err());
+            }
+        };
+        let limit = self.settings.try_timeout;
+        let deadline = tokio::time::Instant::now() + wait.max(MIN_RECEIVE_WAIT);
+        let mut got: Vec<ServiceBusReceivedMessage> = Vec::new();
+        let result: Result<(), TransportError> = async {
+            // Wait for the first message, slice by slice (a settlement of this queue
+            // gets the link between two slices), then take what else is already here.
+            loop {
+                let now = tokio::time::Instant::now();
+                let (want, slice) = if got.is_empty() {
+                    if now >= deadline {
+                        return Ok(());
                     }
-                    if got.len() as u32 >= max {
-                        break;
-                    }
-                    wait = DRAIN_WAIT;
+                    (1, (deadline - now).min(RECEIVE_SLICE))
+                } else {
+                    (max - got.len() as u32, DRAIN_WAIT)
+                };
+                let batch = bounded(slice + limit, queue, "a receive", async {
+                    receiver
+                        .lock()
+                        .await
+                        .receive_messages_with_max_wait_time(want, slice)
+                        .await
+                })
+                .await
+                .and_then(|r| r.map_err(|e| classify(e, queue, None)))?;
+                let first = got.is_empty();
+                let arrived = batch.len();
+                // A prefetched message whose lock ran out while it waited in the
+                // buffer has been (or will be) delivered again: drop the stale copy.
+                let now = self.clock.now();
+                got.extend(
+                    batch
+                        .into_iter()
+                        .filter(|m| m.locked_until().map(from_offset).is_none_or(|t| t > now)),
+                );
+                if got.len() as u32 >= max || (!first && arrived == 0) {
+                    return Ok(());
                 }
-                got
-            };
-        let mut held = self.held.lock().await;
+            }
+        }
+        .await;
+        self.judge(&conn, queue, &result);
+        // What was received before a failure is still handed out: settling it on a
+        // dead link fails as a lost lock, and the broker delivers it again.
+        if got.is_empty() {
+            result?;
+        }
+        let mut held = self.held();
         // Forget holds whose lock has passed: settling them is refused anyway, and a
         // consumer that lets a lock run out on purpose (an agent past its deadline
         // sends nothing) would otherwise leave them here forever.
         let now = self.clock.now();
-        held.retain(|_, (_, m)| {
-            m.locked_until()
-                .map(from_offset)
-                .is_none_or(|until| until > now)
+        held.retain(|_, h| {
+            // One being renewed right now stays.
+            h.message.try_lock().map_or(true, |m| {
+                m.locked_until()
+                    .map(from_offset)
+                    .is_none_or(|until| until > now)
+            })
         });
         Ok(got
             .into_iter()
@@ -609,7 +945,11 @@ impl Transport for ServiceBusTransport {
                 let converted = Self::convert(queue, &m);
                 held.insert(
                     (queue.as_str().to_owned(), converted.lock_token.0.clone()),
-                    (receiver.clone(), m),
+                    Held {
+                        generation: conn.generation,
+                        receiver: receiver.clone(),
+                        message: Arc::new(Mutex::new(m)),
+                    },
                 );
                 converted
             })
@@ -617,15 +957,17 @@ impl Transport for ServiceBusTransport {
     }
 
     async fn complete(&self, message: &ReceivedMessage) -> Result<(), TransportError> {
-        let (receiver, m) = self.take_held(message).await?;
-        let result = receiver.lock().await.complete_message(&m).await;
-        result.map_err(|e| classify(e, &message.queue, Some(&message.message_id)))
+        self.settle(message, "a completion", |link, m| {
+            Box::pin(link.complete_message(m))
+        })
+        .await
     }
 
     async fn abandon(&self, message: &ReceivedMessage) -> Result<(), TransportError> {
-        let (receiver, m) = self.take_held(message).await?;
-        let result = receiver.lock().await.abandon_message(&m, None).await;
-        result.map_err(|e| classify(e, &message.queue, Some(&message.message_id)))
+        self.settle(message, "an abandon", |link, m| {
+            Box::pin(link.abandon_message(m, None))
+        })
+        .await
     }
 
     async fn dead_letter(
@@ -637,14 +979,15 @@ impl Transport for ServiceBusTransport {
         if reason.is_empty() {
             return Err(ValidationError::new("reason", "a dead letter needs a reason").into());
         }
-        let (receiver, m) = self.take_held(message).await?;
         let options = DeadLetterOptions {
             dead_letter_reason: Some(reason.to_owned()),
             dead_letter_error_description: Some(description.to_owned()),
             properties_to_modify: None,
         };
-        let result = receiver.lock().await.dead_letter_message(&m, options).await;
-        result.map_err(|e| classify(e, &message.queue, Some(&message.message_id)))
+        self.settle(message, "a dead-lettering", move |link, m| {
+            Box::pin(link.dead_letter_message(m, options))
+        })
+        .await
     }
 
     async fn renew_lock(&self, message: &ReceivedMessage) -> Result<DateTime<Utc>, TransportError> {
@@ -652,21 +995,35 @@ impl Transport for ServiceBusTransport {
             message.queue.as_str().to_owned(),
             message.lock_token.0.clone(),
         );
-        let mut held = self.held.lock().await;
-        let Some((receiver, m)) = held.get_mut(&key) else {
-            return Err(TransportError::LockLost {
-                queue: message.queue.clone(),
-                message_id: message.message_id.clone(),
-            });
+        let lost = || TransportError::LockLost {
+            queue: message.queue.clone(),
+            message_id: message.message_id.clone(),
         };
-        let result = receiver.lock().await.renew_message_lock(m).await;
-        match result {
-            Ok(()) => Ok(m.locked_until().map(from_offset).unwrap_or_default()),
-            Err(e) => {
-                held.remove(&key);
-                Err(classify(e, &message.queue, Some(&message.message_id)))
-            }
+        // Take what the renewal needs and let go of the holds: no lock on them is kept
+        // across the network call, only this message's own.
+        let (generation, receiver, held_message) = {
+            let held = self.held();
+            let h = held.get(&key).ok_or_else(lost)?;
+            (h.generation, h.receiver.clone(), h.message.clone())
+        };
+        let conn = self.current().await.ok_or_else(lost)?;
+        if conn.generation != generation {
+            self.held().remove(&key);
+            return Err(lost());
         }
+        let limit = self.settings.try_timeout;
+        let result = bounded(limit, &message.queue, "a lock renewal", async {
+            let mut m = held_message.lock().await;
+            let renewed = receiver.lock().await.renew_message_lock(&mut m).await;
+            renewed.map(|()| m.locked_until().map(from_offset).unwrap_or_default())
+        })
+        .await
+        .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))));
+        self.judge(&conn, &message.queue, &result);
+        if result.is_err() {
+            self.held().remove(&key);
+        }
+        result
     }
 
     async fn dead_letters(
@@ -674,25 +1031,26 @@ impl Transport for ServiceBusTransport {
         queue: &QueueName,
         limit: u32,
     ) -> Result<Vec<DeadLetter>, TransportError> {
-        let receiver = self.receiver(queue, SubQueue::DeadLetter).await?;
-        let peeked = receiver
-            .lock()
-            .await
-            .peek_messages(limit.clamp(1, MAX_MESSAGES), Some(0))
-            .await;
-        match peeked {
-            Ok(peeked) => Ok(peeked
-                .iter()
-                .map(|m| Self::convert_dead(queue, m))
-                .collect()),
-            Err(e) => {
-                self.dead_letter_receivers
+        let conn = self.connection().await?;
+        let try_timeout = self.settings.try_timeout;
+        let result = async {
+            let receiver = self.receiver(&conn, queue, SubQueue::DeadLetter).await?;
+            bounded(try_timeout, queue, "a peek of the dead letters", async {
+                receiver
                     .lock()
                     .await
-                    .remove(queue.as_str());
-                Err(classify(e, queue, None))
-            }
+                    .peek_messages(limit.clamp(1, MAX_MESSAGES), Some(0))
+                    .await
+            })
+            .await
+            .and_then(|r| r.map_err(|e| classify(e, queue, None)))
         }
+        .await;
+        self.judge(&conn, queue, &result);
+        Ok(result?
+            .iter()
+            .map(|m| Self::convert_dead(queue, m))
+            .collect())
     }
 }
 

@@ -221,3 +221,285 @@ mod real_servicebus_transport {
         poison_messages_are_dead_lettered_with_the_problem_and_consuming_goes_on,
     );
 }
+
+/// The robustness cases: the stand-in misbehaves on purpose (drops connections,
+/// restarts, never answers an attach or a renewal) and the transport rides it out.
+mod misbehaving_broker {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use orderly_azure::{ServiceBusSettings, ServiceBusTransport};
+    use orderly_core::SystemClock;
+    use orderly_core::transport::{
+        OutgoingMessage, QueueName, QueueSettings, Transport, TransportError,
+    };
+    use orderly_testkit::servicebus_standin::Standin;
+
+    use super::StandinAdmin;
+
+    async fn transport(standin: &Standin, try_timeout: Duration) -> ServiceBusTransport {
+        let mut settings = ServiceBusSettings::new(standin.connection_string());
+        settings.unsecured = true;
+        settings.try_timeout = try_timeout;
+        ServiceBusTransport::connect(
+            &settings,
+            Arc::new(StandinAdmin(standin.control)),
+            Arc::new(SystemClock),
+        )
+        .await
+        .expect("connect to the stand-in")
+    }
+
+    async fn declared(t: &ServiceBusTransport, name: &str) -> QueueName {
+        let q = QueueName::parse(name).unwrap();
+        t.declare_queue(&q, &QueueSettings::default())
+            .await
+            .unwrap();
+        q
+    }
+
+    fn msg(id: &str) -> OutgoingMessage {
+        OutgoingMessage::new(id, id.as_bytes().to_vec())
+    }
+
+    /// Sends until one goes through (each call may fail while the transport finds its
+    /// connection gone and builds a new one); how long it took.
+    async fn send_until_through(t: &ServiceBusTransport, q: &QueueName, id: &str) -> Duration {
+        let started = Instant::now();
+        loop {
+            match t.send(q, &[msg(id)]).await {
+                Ok(_) => return started.elapsed(),
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    assert!(
+                        e.to_string().contains("Service Bus"),
+                        "names the system: {e}"
+                    );
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "no send went through in 30 s after the broker came back: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// A network blip cuts the connection: the transport notices, builds a new one, and
+    /// sends and receives go on; a delivery held on the old connection is a lost lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_connection_is_replaced_and_messaging_goes_on() {
+        let standin = Standin::start();
+        let t = transport(&standin, Duration::from_secs(3)).await;
+        let q = QueueName::parse("work").unwrap();
+        // A short lock, so that what the lost connection held comes back soon.
+        t.declare_queue(
+            &q,
+            &QueueSettings {
+                lock_duration: Duration::from_secs(3),
+                ..QueueSettings::default()
+            },
+        )
+        .await
+        .unwrap();
+        t.send(&q, &[msg("before-1"), msg("before-2")])
+            .await
+            .unwrap();
+        let held = t.receive(&q, 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(t.reconnects(), 0);
+
+        standin.drop_connections().unwrap();
+        let took = send_until_through(&t, &q, "after-1").await;
+        eprintln!("first send through {} ms after the drop", took.as_millis());
+        assert!(t.reconnects() >= 1, "a new connection was built");
+        assert!(t.is_connected().await);
+        assert!(
+            matches!(
+                t.complete(&held[0]).await,
+                Err(TransportError::LockLost { .. })
+            ),
+            "a hold from the lost connection cannot be settled"
+        );
+        // Everything comes through on the new connection: the new message at once, and
+        // what the old one held (before-1) or had prefetched (before-2, locked to it
+        // too) once those locks expire. Nothing is lost.
+        let mut ids = Vec::new();
+        let started = Instant::now();
+        while ids.len() < 3 && started.elapsed() < Duration::from_secs(20) {
+            for m in t
+                .receive(&q, 10, Duration::from_secs(1))
+                .await
+                .unwrap_or_default()
+            {
+                t.complete(&m).await.unwrap();
+                if m.message_id == "before-1" {
+                    assert!(
+                        m.delivery_count >= 2,
+                        "delivered again: {}",
+                        m.delivery_count
+                    );
+                }
+                ids.push(m.message_id);
+            }
+        }
+        ids.sort();
+        assert_eq!(ids, ["after-1", "before-1", "before-2"]);
+    }
+
+    /// The broker restarts (all its queues must be declared again, as infrastructure
+    /// would keep them): the transport reconnects by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_restarted_broker_is_reconnected_to() {
+        let mut standin = Standin::start();
+        let t = transport(&standin, Duration::from_secs(3)).await;
+        let q = declared(&t, "orders").await;
+        t.send(&q, &[msg("m-1")]).await.unwrap();
+        standin.restart();
+        standin
+            .declare(
+                "orders",
+                Duration::from_secs(30),
+                10,
+                Duration::from_secs(600),
+            )
+            .unwrap();
+        send_until_through(&t, &q, "m-2").await;
+        let got = t.receive(&q, 10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1, "the restart lost m-1; m-2 is there");
+        assert_eq!(got[0].message_id, "m-2");
+        t.complete(&got[0]).await.unwrap();
+        assert!(t.reconnects() >= 1);
+    }
+
+    /// An attach the broker never answers fails within the try-timeout, and the queues
+    /// whose links are open keep working meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_unanswered_attach_times_out_and_other_queues_keep_working() {
+        let standin = Standin::start();
+        let t = Arc::new(transport(&standin, Duration::from_secs(2)).await);
+        let good = declared(&t, "good").await;
+        let stuck = declared(&t, "stuck").await;
+        // Open the good queue's links first.
+        t.send(&good, &[msg("g-0")]).await.unwrap();
+        let m = t.receive(&good, 1, Duration::from_secs(5)).await.unwrap();
+        t.complete(&m[0]).await.unwrap();
+
+        standin.hang_attach("stuck").unwrap();
+        let started = Instant::now();
+        let hung = tokio::spawn({
+            let t = t.clone();
+            let stuck = stuck.clone();
+            async move { t.send(&stuck, &[msg("s-1")]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let during = Instant::now();
+        t.send(&good, &[msg("g-1")]).await.unwrap();
+        let got = t.receive(&good, 32, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        t.complete(&got[0]).await.unwrap();
+        let good_took = during.elapsed();
+        let err = hung.await.unwrap().unwrap_err();
+        let stuck_took = started.elapsed();
+        eprintln!(
+            "good queue round trip {} ms while the stuck attach hung; the stuck send failed after {} ms: {err}",
+            good_took.as_millis(),
+            stuck_took.as_millis()
+        );
+        assert!(good_took < Duration::from_secs(1), "{good_took:?}");
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        assert!(
+            stuck_took < Duration::from_secs(10),
+            "bounded: {stuck_took:?}"
+        );
+    }
+
+    /// A receive of up to 32 returns as soon as its first message is there, not after
+    /// its whole wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_receive_returns_on_its_first_message() {
+        let standin = Standin::start();
+        let t = transport(&standin, Duration::from_secs(3)).await;
+        let q = declared(&t, "replies").await;
+        // The link exists and is idle.
+        assert!(
+            t.receive(&q, 32, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        t.send(&q, &[msg("only")]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        let got = t.receive(&q, 32, Duration::from_secs(5)).await.unwrap();
+        let took = started.elapsed();
+        eprintln!(
+            "receive of up to 32 with one waiting: {} ms",
+            took.as_millis()
+        );
+        assert_eq!(got.len(), 1);
+        assert!(
+            took < Duration::from_millis(500),
+            "{took:?} (the wait was 5 s)"
+        );
+        // A settlement does not wait behind a receive that is waiting on the same queue.
+        let waiting = {
+            let t = &t;
+            let q = q.clone();
+            async move { t.receive(&q, 32, Duration::from_secs(3)).await }
+        };
+        let settle = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let started = Instant::now();
+            t.complete(&got[0]).await.unwrap();
+            started.elapsed()
+        };
+        let (idle, settled_in) = tokio::join!(waiting, settle);
+        assert!(idle.unwrap().is_empty());
+        eprintln!(
+            "completion during a waiting receive: {} ms",
+            settled_in.as_millis()
+        );
+        assert!(settled_in < Duration::from_millis(500), "{settled_in:?}");
+    }
+
+    /// A renewal the broker never answers delays nothing on another queue, and fails
+    /// within the try-timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_hanging_renewal_does_not_delay_another_queue() {
+        let standin = Standin::start();
+        let t = Arc::new(transport(&standin, Duration::from_secs(2)).await);
+        let a = declared(&t, "agent.a").await;
+        let b = declared(&t, "agent.b").await;
+        t.send(&a, &[msg("a-1")]).await.unwrap();
+        t.send(&b, &[msg("b-0")]).await.unwrap();
+        let warm = t.receive(&b, 1, Duration::from_secs(5)).await.unwrap();
+        t.complete(&warm[0]).await.unwrap();
+        let held = t.receive(&a, 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(held.len(), 1);
+
+        standin.hang_renew(true).unwrap();
+        let started = Instant::now();
+        let renewal = tokio::spawn({
+            let t = t.clone();
+            let m = held[0].clone();
+            async move { t.renew_lock(&m).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let during = Instant::now();
+        t.send(&b, &[msg("b-1")]).await.unwrap();
+        let got = t.receive(&b, 32, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        t.complete(&got[0]).await.unwrap();
+        let b_took = during.elapsed();
+        let renewed = renewal.await.unwrap();
+        eprintln!(
+            "queue b round trip {} ms during the hung renewal; renewal ended after {} ms: {renewed:?}",
+            b_took.as_millis(),
+            started.elapsed().as_millis()
+        );
+        assert!(b_took < Duration::from_secs(1), "{b_took:?}");
+        assert!(renewed.is_err(), "an unanswered renewal fails");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}

@@ -254,8 +254,9 @@ pub enum TransportError {
     /// The transport cannot do this (e.g. Service Bus queue depths over AMQP).
     #[error("not supported by this transport: {0}")]
     Unsupported(String),
-    /// The transport could not be reached or failed; the call may be retried.
-    #[error("transport unavailable: {0}")]
+    /// The transport could not be reached or failed; the call may be retried. The
+    /// source names the system (the SQL queue, Service Bus) and, where known, the queue.
+    #[error("{0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
@@ -263,7 +264,6 @@ impl From<crate::Error> for TransportError {
     fn from(e: crate::Error) -> Self {
         match e {
             crate::Error::Invalid(v) => TransportError::Invalid(v),
-            crate::Error::Unavailable(source) => TransportError::Unavailable(source),
             crate::Error::Send(inner) | crate::Error::Queue(inner) => *inner,
             other => TransportError::Unavailable(Box::new(other)),
         }

@@ -36,7 +36,7 @@ macro_rules! outbox_ops {
             type Result<T> = std::result::Result<T, TransportError>;
 
             fn db(e: ::sqlx::Error) -> TransportError {
-                TransportError::Unavailable(Box::new(e))
+                TransportError::Unavailable(format!("the outbox (in the state store's database) is unavailable: {e}").into())
             }
 
             fn after(now: ::chrono::DateTime<::chrono::Utc>, d: ::std::time::Duration) -> Ts {

@@ -190,7 +190,7 @@ macro_rules! queue_ops {
             type Result<T> = std::result::Result<T, TransportError>;
 
             fn db(e: ::sqlx::Error) -> TransportError {
-                TransportError::Unavailable(Box::new(e))
+                TransportError::Unavailable(format!("the SQL queue (in the state store's database) is unavailable: {e}").into())
             }
 
             fn millis(ms: i64) -> ::chrono::Duration {

@@ -22,16 +22,46 @@ impl Standin {
     /// Starts one. Panics, saying how to fix it, when its npm dependencies are missing:
     /// the Service Bus tests never skip.
     pub fn start() -> Standin {
+        let r = uuid::Uuid::new_v4().into_bytes();
+        let host = format!("127.{}.{}.{}", 20 + r[0] % 200, r[1], 1 + r[2] % 250);
+        Self::start_on(host, 0)
+    }
+
+    /// Stops it and starts a new one on the same addresses, as a broker restart does:
+    /// every connection is cut and every queue and message is gone (declare them again).
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let fresh = Self::start_on(self.host.clone(), self.control);
+        // Take over its process; the old handle's Drop then has nothing left to stop.
+        *self = fresh;
+    }
+
+    /// Cuts every AMQP connection at once, without a close frame (a network blip).
+    pub fn drop_connections(&self) -> Result<(), String> {
+        post(self.control, "/drop-connections", "{}")
+    }
+
+    /// From now on, attaches to `entity` are never answered.
+    pub fn hang_attach(&self, entity: &str) -> Result<(), String> {
+        post(self.control, &format!("/hang-attach/{entity}"), "{}")
+    }
+
+    /// While `on`, lock renewals are never answered.
+    pub fn hang_renew(&self, on: bool) -> Result<(), String> {
+        post(self.control, "/hang-renew", &format!("{{\"on\":{on}}}"))
+    }
+
+    fn start_on(host: String, control_port: u16) -> Standin {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/servicebus-standin");
         assert!(
             dir.join("node_modules/rhea").exists(),
-            "the Service Bus stand-in's dependencies are missing: run `npm ci --prefix tests/servicebus-standin` (.ci/run does)"
+            "the Service Bus stand-in's dependencies are missing: run `npm ci --prefix tests/servicebus-standin` (scripts/test does)"
         );
-        let r = uuid::Uuid::new_v4().into_bytes();
-        let host = format!("127.{}.{}.{}", 20 + r[0] % 200, r[1], 1 + r[2] % 250);
         let mut child = Command::new("node")
             .arg(dir.join("standin.js"))
             .env("STANDIN_HOST", &host)
+            .env("STANDIN_CONTROL_PORT", control_port.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -23,6 +23,12 @@ use crate::procs::{Proc, free_port, wait_for};
 /// The stand-in, with every queue the default workflow uses declared.
 pub(crate) fn standin_with_queues() -> Standin {
     let standin = Standin::start();
+    declare_all(&standin);
+    standin
+}
+
+/// Declares every queue the default workflow uses (again, after a restart).
+pub(crate) fn declare_all(standin: &Standin) {
     let defaults = QueueSettings::default();
     let mut names: Vec<String> = [queues::ORDERS, queues::REPLIES, queues::ALERTS]
         .map(String::from)
@@ -43,7 +49,6 @@ pub(crate) fn standin_with_queues() -> Standin {
             )
             .unwrap();
     }
-    standin
 }
 
 /// The environment that puts a role on the stand-in's Service Bus.
@@ -225,5 +230,103 @@ async fn a_role_whose_service_bus_queue_is_missing_stops_naming_it() {
     assert!(
         !out.contains("c3RhbmQtaW4tb25seQ"),
         "the key is never printed"
+    );
+}
+
+/// Service Bus closes connections in production (idle detach, upgrades, blips): the
+/// four roles ride out the broker dropping every connection and then restarting, and
+/// process the orders posted after it, without being restarted themselves; each says
+/// so in its log and counts it in its metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roles_ride_out_a_broker_restart_and_keep_processing() {
+    let mut standin = standin_with_queues();
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let connection = standin.connection_string();
+    let env = role_env(&connection);
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
+    let ops = free_port();
+    let listen = format!("127.0.0.1:{ops}");
+    let submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    let scheduler = Proc::start_with(
+        "orderly-scheduler",
+        &db.url,
+        &["--http-listen", &listen, "--processing-timeout-ms", "20000"],
+        &env,
+    );
+    let agent = Proc::start_with("orderly-agent", &db.url, &["--remote-url", &remote], &env);
+    let supervisor = Proc::start_with("orderly-supervisor", &db.url, &[], &env);
+
+    let client = client(&connection).await;
+    let first = demo::sample_orders(20);
+    let mut sent = demo::post(&client, &first).await.unwrap();
+    wait_for("20 orders processed", Duration::from_secs(90), async || {
+        count(&*store, ProcessState::Processed).await == 20
+    })
+    .await;
+
+    // The roles are idle; the broker drops every connection, then restarts (its queues
+    // come back empty, as a restarted emulator's do: declared again).
+    standin.drop_connections().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    standin.restart();
+    declare_all(&standin);
+
+    let second = demo::sample_orders(20);
+    let started = std::time::Instant::now();
+    loop {
+        // The client reconnects too; a post that fails is posted again (absorbed).
+        match demo::post(&client, &second).await {
+            Ok(at) => {
+                sent.extend(at);
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "cannot post: {e:#}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    wait_for(
+        "the 20 orders posted after the restart processed",
+        Duration::from_secs(120),
+        async || count(&*store, ProcessState::Processed).await == 40,
+    )
+    .await;
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(120)).await;
+    // The roles that receive found their connection gone and rebuilt it (an idle
+    // supervisor finds out when it next publishes, or when /readyz asks).
+    let _ = &supervisor;
+    for (name, p) in [
+        ("submitter", &submitter),
+        ("scheduler", &scheduler),
+        ("agent", &agent),
+    ] {
+        let log = p.output();
+        assert!(
+            log.contains("Service Bus connection lost, reconnecting")
+                && log.contains("Service Bus connection re-established"),
+            "{name} did not log its reconnect:\n{log}"
+        );
+    }
+    let metrics = reqwest::get(format!("http://{listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let reconnects = metrics
+        .lines()
+        .find(|l| l.starts_with("orderly_servicebus_reconnects_total"))
+        .unwrap_or_else(|| panic!("no reconnect counter in:\n{metrics}"));
+    assert!(!reconnects.ends_with(" 0"), "{reconnects}");
+    assert!(
+        metrics.contains("orderly_servicebus_connected 1"),
+        "{metrics}"
     );
 }
