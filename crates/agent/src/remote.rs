@@ -41,7 +41,14 @@ impl RemoteCall {
             kind: req.kind,
             idempotency_key: req.idempotency_key.clone(),
             compensates: (req.kind == StepKind::Compensate).then(|| {
-                orderly_core::step::idempotency_key(&req.fence.order_id, req.step_index, &req.step)
+                req.compensates.clone().unwrap_or_else(|| {
+                    orderly_core::step::idempotency_key(
+                        &req.fence.order_id,
+                        req.context.generation,
+                        req.step_index,
+                        &req.step,
+                    )
+                })
             }),
             details: req.context.details.clone(),
         }

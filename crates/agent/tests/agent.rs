@@ -110,6 +110,7 @@ fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> Step
         action: "reserve-inventory".into(),
         kind: StepKind::Do,
         idempotency_key: format!("{order_id}/0/reserve-inventory"),
+        compensates: None,
         complete_by: Utc::now() + chrono::Duration::from_std(deadline_in).unwrap(),
         timeout_ms: 60_000,
         retry: RetryPolicy {
@@ -132,6 +133,7 @@ fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> Step
             .unwrap(),
             notify_to: None,
             finish_as: None,
+            generation: 0,
         },
     }
 }

@@ -417,11 +417,18 @@ async fn order(State(dash): State<Dash>, headers: HeaderMap, Path(id): Path<Stri
         )
     };
     if s.process_state == ProcessState::Error {
-        body.push_str(&form(
-            "retry",
-            "Retry from the failed step",
-            "retried from the dashboard",
-        ));
+        // Say what a retry will do: continue, or run afresh because steps were undone.
+        let plan = orderly_core::RetryPlan::for_order(s.generation, s.current_step, &view.steps);
+        let label = match &plan {
+            orderly_core::RetryPlan::Continue { .. } => "Retry from the failed step",
+            orderly_core::RetryPlan::FreshRun { .. } => "Retry as a fresh run from the first step",
+        };
+        let _ = write!(
+            body,
+            "<p id=retry-plan class=muted>A retry {}.</p>",
+            esc(&plan.describe())
+        );
+        body.push_str(&form("retry", label, "retried from the dashboard"));
     }
     if s.process_state.can_become(ProcessState::Cancelled) {
         body.push_str(&form(

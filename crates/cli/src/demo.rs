@@ -344,9 +344,19 @@ fn check_order(
     if epochs.windows(2).any(|w| w[1] <= w[0]) {
         violations.push(format!("order {id}: claim epochs do not grow: {epochs:?}"));
     }
-    // 5. FailureCount counts each timeout or failure exactly once.
-    let failures = view
+    // 5. FailureCount counts each timeout or failure exactly once (since the last
+    // operator retry, which gives the order a fresh failure budget).
+    let since_retry = view
         .history
+        .iter()
+        .rposition(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Resubmitted | HistoryKind::RetriedAfresh
+            )
+        })
+        .map_or(0, |i| i + 1);
+    let failures = view.history[since_retry..]
         .iter()
         .filter(|e| {
             matches!(
@@ -361,11 +371,16 @@ fn check_order(
             view.state.failure_count
         ));
     }
-    // 3. A Processed order did every step exactly once, and each took effect once.
+    // 3. A Processed order did every step exactly once (in its last run: a fresh run
+    // after an operator's retry redoes every step), and each is in effect once.
+    let run = view
+        .history
+        .iter()
+        .rposition(|e| e.kind == HistoryKind::RetriedAfresh)
+        .map_or(0, |i| i + 1);
     if state == ProcessState::Processed {
         for (i, def) in workflow.steps.iter().enumerate() {
-            let succeeded = view
-                .history
+            let succeeded = view.history[run..]
                 .iter()
                 .filter(|e| e.kind == HistoryKind::StepSucceeded && e.step == Some(i as i32))
                 .count();
@@ -386,13 +401,20 @@ fn check_order(
                 ));
             }
             if let Some(effects) = effects {
+                // In effect: applied and not undone (a run before an operator's retry
+                // may have been undone; its redo is the one in effect).
                 let applied = effects
                     .iter()
                     .filter(|e| e.action == def.name && e.kind == "do")
+                    .filter(|e| {
+                        !effects
+                            .iter()
+                            .any(|u| u.compensates.as_deref() == Some(e.key.as_str()))
+                    })
                     .count();
                 if applied != 1 {
                     violations.push(format!(
-                        "order {id}: {} took effect {applied} times",
+                        "order {id}: {} is in effect {applied} times",
                         def.name
                     ));
                 }
@@ -414,6 +436,43 @@ fn check_order(
                 "order {id}: step {} marked compensated but {undo} never took effect",
                 s.name
             ));
+        }
+    }
+    // 8. An Error or Cancelled order whose steps were undone has each step that took
+    // effect undone exactly once, unless it says it needs repair by hand (a
+    // compensation that failed for good, or undoing that never finished).
+    let undoes = match state {
+        ProcessState::Cancelled => view
+            .history
+            .iter()
+            .any(|e| e.kind == HistoryKind::CancelRequested),
+        ProcessState::Error => workflow.compensate_on_error,
+        _ => false,
+    };
+    let by_hand = view
+        .state
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("by hand") || e.contains("manual repair"));
+    if undoes
+        && !by_hand
+        && let Some(effects) = effects
+    {
+        for e in effects.iter().filter(|e| e.kind == "do") {
+            let compensable = workflow
+                .steps
+                .iter()
+                .any(|d| d.name == e.action && d.compensation.is_some());
+            let undone = effects
+                .iter()
+                .filter(|u| u.compensates.as_deref() == Some(e.key.as_str()))
+                .count();
+            if compensable && undone != 1 {
+                violations.push(format!(
+                    "order {id} ended {state} but {} ({}) was undone {undone} times",
+                    e.action, e.key
+                ));
+            }
         }
     }
     // 7. Every Error raised an alert.

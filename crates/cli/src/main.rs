@@ -520,12 +520,54 @@ async fn run() -> anyhow::Result<()> {
             operator,
         } => {
             filter.state = Some(ProcessState::Error);
-            let ids = targets(store.as_ref(), order_id, &filter, yes, "resubmit").await?;
+            let one = order_id.is_some();
+            let ids = targets(store.as_ref(), order_id, &filter, true, "resubmit").await?;
+            // What each retry will do: continue from the failed step, or (some step was
+            // undone) run afresh from the first step under a new generation.
+            let mut plans = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let view = store.get(id).await?;
+                let plan = orderly_core::RetryPlan::for_order(
+                    view.state.generation,
+                    view.state.current_step,
+                    &view.steps,
+                );
+                plans.push((view.state.generation, plan));
+            }
+            if !one && !yes {
+                let fresh = plans
+                    .iter()
+                    .filter(|(_, p)| matches!(p, orderly_core::RetryPlan::FreshRun { .. }))
+                    .count();
+                let question = format!(
+                    "resubmit {} orders? {} continue from their failed step; {fresh} run afresh \
+                     from the first step (steps of theirs were undone, so the redo gets new \
+                     idempotency keys)",
+                    ids.len(),
+                    ids.len() - fresh
+                );
+                if !confirm(&question)? {
+                    bail!("nothing done");
+                }
+            }
             let actor = Actor::operator(&operator);
             let mut failed = 0;
-            for id in &ids {
+            for (id, (generation, plan)) in ids.iter().zip(plans) {
                 match store.resubmit(id, &actor, &reason, &[]).await {
-                    Ok(row) => println!("order {} is {} again", row.order_id, row.process_state),
+                    Ok(row) => {
+                        let what = if row.generation > generation {
+                            plan.describe()
+                        } else {
+                            orderly_core::RetryPlan::Continue {
+                                from_step: row.current_step,
+                            }
+                            .describe()
+                        };
+                        println!(
+                            "order {} is {} again: {what}",
+                            row.order_id, row.process_state
+                        )
+                    }
                     Err(e) => {
                         failed += 1;
                         eprintln!("order {id}: {e}");

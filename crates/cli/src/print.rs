@@ -52,8 +52,8 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
     let s = &view.state;
     println!("order        {}", s.order_id);
     println!(
-        "state        {}  (epoch {}, step {}, failures {})",
-        s.process_state, s.lock_epoch, s.current_step, s.failure_count
+        "state        {}  (epoch {}, step {}, failures {}, run {})",
+        s.process_state, s.lock_epoch, s.current_step, s.failure_count, s.generation
     );
     println!(
         "locked_by    {}",

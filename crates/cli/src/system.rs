@@ -238,7 +238,7 @@ impl System {
                 cfg.elector.clone(),
             )?;
             leaders.push(elector.status());
-            let s = Supervisor::new(backend.store.clone(), backend.transport.clone(), sc)?;
+            let s = Supervisor::new(backend.store.clone(), sc)?;
             tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
         Ok(Self {

@@ -34,8 +34,11 @@ pub enum HistoryKind {
     Recovered,
     /// The supervisor found the deadline passed too often and gave up.
     GaveUp,
-    /// An operator sent an Error order round again.
+    /// An operator sent an Error order round again, continuing from its failed step.
     Resubmitted,
+    /// An operator sent an Error order some of whose steps had been undone round
+    /// again: a fresh run from the first step under the next generation.
+    RetriedAfresh,
     /// An operator cancelled the order.
     Cancelled,
     /// A restarted scheduler with the same instance id took its orders back (new epoch).
@@ -50,7 +53,7 @@ pub enum HistoryKind {
 
 impl HistoryKind {
     /// Every kind.
-    pub const ALL: [HistoryKind; 16] = [
+    pub const ALL: [HistoryKind; 17] = [
         HistoryKind::Submitted,
         HistoryKind::Claimed,
         HistoryKind::StepStarted,
@@ -63,6 +66,7 @@ impl HistoryKind {
         HistoryKind::Recovered,
         HistoryKind::GaveUp,
         HistoryKind::Resubmitted,
+        HistoryKind::RetriedAfresh,
         HistoryKind::Cancelled,
         HistoryKind::Resumed,
         HistoryKind::CompensationStarted,
@@ -84,6 +88,7 @@ impl HistoryKind {
             HistoryKind::Recovered => "Recovered",
             HistoryKind::GaveUp => "GaveUp",
             HistoryKind::Resubmitted => "Resubmitted",
+            HistoryKind::RetriedAfresh => "RetriedAfresh",
             HistoryKind::Cancelled => "Cancelled",
             HistoryKind::Resumed => "Resumed",
             HistoryKind::CompensationStarted => "CompensationStarted",

@@ -25,4 +25,4 @@ pub use history::{HistoryEvent, HistoryKind};
 pub use id::{Actor, InstanceId, OrderId};
 pub use order::{Currency, OrderDetails, OrderLine};
 pub use state::{Epoch, Fence, ProcessState, StateRow};
-pub use step::{StepRecord, StepStatus};
+pub use step::{RetryPlan, StepRecord, StepStatus};

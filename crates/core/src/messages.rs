@@ -78,6 +78,10 @@ pub struct StepRequest {
     pub kind: StepKind,
     /// The same on every retry and every re-run of this action for this order.
     pub idempotency_key: String,
+    /// For a compensation in a run after the first: the key of the action it undoes
+    /// (for the first run the agent derives it, as before generations existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
     /// The order's deadline (CompleteBy): after it, the agent stops and sends nothing.
     pub complete_by: DateTime<Utc>,
     /// The most the agent spends on this request, in milliseconds.
@@ -103,6 +107,15 @@ pub struct StepContext {
     /// Set while the order's steps are being undone: how it will end.
     #[serde(default)]
     pub finish_as: Option<crate::state::ProcessState>,
+    /// The run of the workflow (part of every idempotency key). Left out for the first
+    /// run (0), so those messages read the same as before generations existed and an
+    /// agent of the previous version takes them during a rolling upgrade.
+    #[serde(default, skip_serializing_if = "is_first_run")]
+    pub generation: i32,
+}
+
+fn is_first_run(generation: &i32) -> bool {
+    *generation == 0
 }
 
 impl StepRequest {

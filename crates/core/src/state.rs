@@ -139,6 +139,9 @@ pub struct StateRow {
     /// `Some(Error | Cancelled)` while the order's completed steps are being undone
     /// (compensated) before it ends in that state; `None` while it runs forward.
     pub finish_as: Option<ProcessState>,
+    /// The run of its workflow (0 for the first; an operator's retry after some steps
+    /// were undone starts the next). Part of every idempotency key.
+    pub generation: i32,
     /// When the order was accepted.
     pub created_at: DateTime<Utc>,
     /// When the row last changed.

@@ -58,11 +58,72 @@ impl FromStr for StepStatus {
     }
 }
 
-/// The idempotency key of one step of one order. It depends only on the order, the
-/// step's position and its name, so it is the same on every retry and every re-run of
-/// that step by any scheduler, and remote services can drop repeats.
-pub fn idempotency_key(order_id: &OrderId, index: i32, name: &str) -> String {
-    format!("{order_id}/{index}/{name}")
+/// The idempotency key of one action of one step of one run of an order:
+/// `order/generation/step/action`. It depends only on those, so it is the same on every
+/// retry and every re-run of that action by any scheduler, and remote services drop
+/// repeats; a fresh run (the next generation, after an operator's retry of an order
+/// whose steps were undone) gets new keys, so the services apply the redo instead of
+/// answering with the undone result. The first run (generation 0) keeps the keys
+/// orderly used before generations existed (`order/step/action`), so orders in flight
+/// across an upgrade keep theirs.
+pub fn idempotency_key(order_id: &OrderId, generation: i32, index: i32, action: &str) -> String {
+    if generation == 0 {
+        format!("{order_id}/{index}/{action}")
+    } else {
+        format!("{order_id}/{generation}/{index}/{action}")
+    }
+}
+
+/// What an operator's retry of an order in Error does, decided from its steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryPlan {
+    /// Every completed step still stands: continue from the failed step.
+    Continue {
+        /// The step it continues from.
+        from_step: i32,
+    },
+    /// Some step was undone (compensated): run the workflow again from the first step,
+    /// under the next generation (new idempotency keys).
+    FreshRun {
+        /// The generation the new run has.
+        generation: i32,
+        /// The steps that had been undone, by name.
+        undone: Vec<String>,
+    },
+}
+
+impl RetryPlan {
+    /// The plan for an order at `current_step` of run `generation` with these steps.
+    pub fn for_order(generation: i32, current_step: i32, steps: &[StepRecord]) -> Self {
+        let undone: Vec<String> = steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Compensated)
+            .map(|s| s.name.clone())
+            .collect();
+        if undone.is_empty() {
+            RetryPlan::Continue {
+                from_step: current_step,
+            }
+        } else {
+            RetryPlan::FreshRun {
+                generation: generation + 1,
+                undone,
+            }
+        }
+    }
+
+    /// In words, for operators and the history.
+    pub fn describe(&self) -> String {
+        match self {
+            RetryPlan::Continue { from_step } => {
+                format!("continues from step {from_step}: the steps done before still stand")
+            }
+            RetryPlan::FreshRun { generation, undone } => format!(
+                "fresh run from the first step (generation {generation}): {} had been undone",
+                undone.join(", ")
+            ),
+        }
+    }
 }
 
 /// One step of one order, as last recorded.

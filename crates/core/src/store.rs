@@ -102,6 +102,10 @@ pub struct ClaimedOrder {
     pub reply_to: Option<String>,
     /// `Some(Error | Cancelled)`: undo the completed steps, then end in that state.
     pub finish_as: Option<ProcessState>,
+    /// The run of its workflow (part of every idempotency key).
+    pub generation: i32,
+    /// The last error recorded (why it is being undone, after a give-up).
+    pub last_error: Option<String>,
 }
 
 /// A step result to record.
@@ -115,6 +119,9 @@ pub struct StepUpdate {
     pub status: StepStatus,
     /// The agent's answer or the error text.
     pub detail: Option<String>,
+    /// The key of the step's action in this run ([`crate::step::idempotency_key`]),
+    /// recorded with it for operators.
+    pub idempotency_key: String,
 }
 
 /// Step updates to one order, written as one unit of a [`SchedulerStore::record_steps`]
@@ -208,6 +215,74 @@ impl Default for RecoveryPolicy {
 }
 
 impl RecoveryPolicy {
+    /// What the expiry of `e` at `now` does: below the threshold, back to Pending after
+    /// the back-off; at it, Error, unless steps may have taken effect and are not being
+    /// undone yet: then Pending at once with `finish_as = Error`, so they are undone
+    /// (as after a permanent failure) before it ends in Error. An order whose undoing
+    /// itself expires past the threshold ends in Error, marked as needing manual repair.
+    pub fn decide(&self, e: &Expired, now: DateTime<Utc>) -> RecoveryDecision {
+        use crate::history::HistoryKind;
+        let failures = e.failure_count.saturating_add(1);
+        let what = format!(
+            "deadline passed in step {} while held by {} (failure {failures} of {})",
+            e.current_step, e.locked_by, self.max_failures
+        );
+        let order_id = e.order_id.clone();
+        if failures < self.max_failures {
+            let next = now
+                + chrono::Duration::from_std(self.backoff(failures))
+                    .unwrap_or(chrono::Duration::MAX);
+            return RecoveryDecision {
+                to: ProcessState::Pending,
+                failure_count: failures,
+                finish_as: e.finish_as,
+                next_attempt_at: Some(next),
+                reason: what,
+                kind: HistoryKind::Recovered,
+                outcome: Recovered::Retried {
+                    order_id,
+                    failure_count: failures,
+                    next_attempt_at: next,
+                },
+            };
+        }
+        if e.finish_as.is_none() && e.has_effects {
+            return RecoveryDecision {
+                to: ProcessState::Pending,
+                failure_count: failures,
+                finish_as: Some(ProcessState::Error),
+                next_attempt_at: Some(now),
+                reason: format!(
+                    "{what}: giving up; undoing its completed steps before it ends in Error"
+                ),
+                kind: HistoryKind::GaveUp,
+                outcome: Recovered::Undoing {
+                    order_id,
+                    failure_count: failures,
+                },
+            };
+        }
+        let reason = if e.finish_as.is_some() {
+            format!(
+                "{what}: gave up while undoing its steps; steps done may still be in effect: needs manual repair"
+            )
+        } else {
+            format!("{what}: gave up")
+        };
+        RecoveryDecision {
+            to: ProcessState::Error,
+            failure_count: failures,
+            finish_as: None,
+            next_attempt_at: None,
+            reason,
+            kind: HistoryKind::GaveUp,
+            outcome: Recovered::GaveUp {
+                order_id,
+                failure_count: failures,
+            },
+        }
+    }
+
     /// The wait before attempt number `failure_count + 1`: base * 2^(failure_count - 1),
     /// capped at the maximum.
     pub fn backoff(&self, failure_count: i32) -> Duration {
@@ -278,13 +353,60 @@ pub enum Recovered {
         /// The failure count now (the threshold).
         failure_count: i32,
     },
+    /// The threshold was reached by an order with steps that may have taken effect:
+    /// back to Pending with `finish_as = Error`, so a scheduler undoes them (in
+    /// reverse, when the workflow compensates on error) before it ends in Error.
+    Undoing {
+        /// The order.
+        order_id: OrderId,
+        /// The failure count now (the threshold).
+        failure_count: i32,
+    },
+}
+
+/// An order whose deadline passed, as the supervisor's sweep found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The order.
+    pub order_id: OrderId,
+    /// Its failure count before this expiry.
+    pub failure_count: i32,
+    /// The step it was at.
+    pub current_step: i32,
+    /// Who held it.
+    pub locked_by: String,
+    /// Set when it was already being undone.
+    pub finish_as: Option<ProcessState>,
+    /// Whether any of its steps may have taken effect (started or succeeded).
+    pub has_effects: bool,
+}
+
+/// What an expiry does to an order: decided here, once, for every dialect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryDecision {
+    /// The state it moves to.
+    pub to: ProcessState,
+    /// Its failure count now.
+    pub failure_count: i32,
+    /// How it ends once its steps are undone (`None`: runs forward, or ends now).
+    pub finish_as: Option<ProcessState>,
+    /// When it may be claimed again (`None` for Error: unchanged).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Why, for its last error and its history.
+    pub reason: String,
+    /// The history entry's kind.
+    pub kind: crate::history::HistoryKind,
+    /// What the sweep reports.
+    pub outcome: Recovered,
 }
 
 impl Recovered {
     /// The order concerned.
     pub fn order_id(&self) -> &OrderId {
         match self {
-            Recovered::Retried { order_id, .. } | Recovered::GaveUp { order_id, .. } => order_id,
+            Recovered::Retried { order_id, .. }
+            | Recovered::GaveUp { order_id, .. }
+            | Recovered::Undoing { order_id, .. } => order_id,
         }
     }
 }
@@ -467,13 +589,16 @@ pub trait SupervisorStore: Send + Sync {
     /// Alerts not yet published to the alerts queue, oldest first.
     async fn unpublished_alerts(&self, limit: u32) -> Result<Vec<Alert>>;
 
-    /// Records that these alerts went to the alerts queue; returns the ones this call
-    /// marked (not already marked by another publisher), so each is logged once.
-    /// Refused unless `leader`'s term is the current one.
+    /// Publishes these alerts: marks them and enqueues `sends` (the alert messages and
+    /// the clients' `failed` notices) in the same transaction, so nothing is published
+    /// unless `leader`'s term is still the current one ([`crate::Error::Deposed`]
+    /// otherwise, and nothing is sent). Returns the ones this call marked (not already
+    /// marked by another publisher), so each is logged once.
     async fn mark_alerts_published(
         &self,
         leader: &crate::leader::LeaderFence,
         alert_ids: &[i64],
+        sends: &[Envelope],
     ) -> Result<Vec<i64>>;
 }
 

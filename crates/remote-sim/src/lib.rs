@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub hang_for: Duration,
     /// Actions that always fail permanently (e.g. `ship`).
     pub permanent_actions: Vec<String>,
+    /// Actions that always hang for `hang_for`, without taking effect, then fail (a
+    /// service that is down in the way that ends in timeouts).
+    pub hang_actions: Vec<String>,
     /// Seed of the fault dice.
     pub seed: u64,
 }
@@ -60,6 +63,7 @@ impl Default for SimConfig {
             hang_rate: 0.0,
             hang_for: Duration::from_secs(30),
             permanent_actions: Vec::new(),
+            hang_actions: Vec::new(),
             seed: 1,
         }
     }
@@ -268,6 +272,11 @@ async fn act(
             );
         }
     }
+    if sim.cfg.hang_actions.contains(&action) {
+        sim.ledger().stats.hangs += 1;
+        tokio::time::sleep(sim.cfg.hang_for).await;
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
+    }
     let roll = sim.roll();
     let hang_after_effect = roll < sim.cfg.hang_rate / 2.0;
     if roll < sim.cfg.hang_rate && !hang_after_effect {
@@ -359,12 +368,45 @@ async fn stats(State(sim): State<Sim>) -> Json<SimStats> {
     Json(sim.stats())
 }
 
-/// Effects that break "no step takes effect twice": the same action applied to the
-/// same order under more than one key. Empty when all is well.
+/// How many times each effect's key was undone (by compensations naming it).
+pub fn undone_keys(effects: &[Effect]) -> HashMap<&str, usize> {
+    let mut undone: HashMap<&str, usize> = HashMap::new();
+    for e in effects {
+        if let Some(key) = &e.compensates {
+            *undone.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    undone
+}
+
+/// The `do` effects of `action` for `order` that are in effect: applied and not undone.
+pub fn in_force<'a>(effects: &'a [Effect], order: &str, action: &str) -> Vec<&'a Effect> {
+    let undone = undone_keys(effects);
+    effects
+        .iter()
+        .filter(|e| e.order_id == order && e.action == action && e.kind == "do")
+        .filter(|e| !undone.contains_key(e.key.as_str()))
+        .collect()
+}
+
+/// Effects that break "no step takes visible effect twice": an action of an order in
+/// effect under more than one key (an effect that a compensation undid no longer
+/// counts, so a fresh run after an undo is not a double), or one effect undone more
+/// than once. Empty when all is well.
 pub fn double_effects(effects: &[Effect]) -> Vec<(String, String, usize)> {
+    let undone = undone_keys(effects);
     let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
     for e in effects {
-        *seen.entry((&e.order_id, &e.action)).or_default() += 1;
+        if e.kind == "do" && !undone.contains_key(e.key.as_str()) {
+            *seen.entry((&e.order_id, &e.action)).or_default() += 1;
+        }
+    }
+    for e in effects {
+        if let Some(key) = &e.compensates
+            && undone.get(key.as_str()).copied().unwrap_or(0) > 1
+        {
+            seen.insert((&e.order_id, &e.action), undone[key.as_str()]);
+        }
     }
     let mut doubles: Vec<_> = seen
         .into_iter()

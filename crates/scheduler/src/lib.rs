@@ -133,10 +133,11 @@ enum Next {
     Complete(Completion),
     /// Undoing finished (or nothing to undo): end it in Error with this error.
     Fail(Fence, String),
-    /// Undoing finished: end it Cancelled.
-    Cancel(Fence),
-    /// Record the last compensation, then finish as the order is marked to.
-    Finish(StepWrite, Option<ProcessState>),
+    /// Undoing finished: end it Cancelled (and tell the client's queue, if any).
+    Cancel(Fence, Option<String>),
+    /// Record the last compensation, then finish as the order is marked to (the
+    /// client's queue, if any, is told of a cancellation).
+    Finish(StepWrite, Option<ProcessState>, Option<String>),
 }
 
 impl Scheduler {
@@ -222,8 +223,22 @@ impl Scheduler {
                 details: order.details.clone(),
                 notify_to: order.reply_to.clone(),
                 finish_as: order.finish_as,
+                generation: order.generation,
             };
             let next = match steps {
+                // Given up on, in a workflow that leaves completed steps in effect.
+                Some(_)
+                    if order.finish_as == Some(ProcessState::Error)
+                        && !self.cfg.workflow.compensate_on_error =>
+                {
+                    Next::Fail(
+                        order.fence.clone(),
+                        order
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| "gave up".to_owned()),
+                    )
+                }
                 Some(steps) => {
                     self.plan_compensation(&order.fence, order.complete_by, &context, &steps, None)
                 }
@@ -552,6 +567,7 @@ impl Scheduler {
                         name: reply.step.clone(),
                         status: StepStatus::Failed,
                         detail: Some(error.clone()),
+                        idempotency_key: plan::reply_key(reply),
                     }],
                     sends: Vec::new(),
                 };
@@ -641,11 +657,16 @@ impl Scheduler {
             match next {
                 Next::Write(w) => writes.push(w),
                 Next::Complete(c) => completions.push(c),
-                Next::Finish(w, finish_as) => {
+                Next::Finish(w, finish_as, notify_to) => {
                     match single(self.store.record_steps(std::slice::from_ref(&w)).await?) {
                         Ok(()) => {
                             let steps = self.store.steps(&w.fence.order_id).await?;
-                            finishes.push(Self::plan_finish(&w.fence, finish_as, &steps));
+                            finishes.push(Self::plan_finish(
+                                &w.fence,
+                                finish_as,
+                                &steps,
+                                notify_to.as_deref(),
+                            ));
                         }
                         Err(e) if e.is_retryable() => return Err(e),
                         Err(e) => {
@@ -685,10 +706,20 @@ impl Scheduler {
                     Err(e) if e.is_retryable() => return Err(e),
                     Err(e) => debug!(order_id = %fence.order_id, error = %e, "fail refused"),
                 },
-                Next::Cancel(fence) => {
+                Next::Cancel(fence, notify_to) => {
+                    let notice = StatusNotice {
+                        order_id: fence.order_id.clone(),
+                        status: OrderStatus::Cancelled,
+                        step: None,
+                        detail: Some("cancelled; completed steps undone".into()),
+                    };
+                    let sends: Vec<Envelope> = notice
+                        .envelope(notify_to.as_deref(), &fence.epoch.to_string())
+                        .into_iter()
+                        .collect();
                     match self
                         .store
-                        .finish_cancelled(&fence, "cancelled; completed steps undone", &[])
+                        .finish_cancelled(&fence, "cancelled; completed steps undone", &sends)
                         .await
                     {
                         Ok(()) => {

@@ -4,6 +4,7 @@
 use orderly_core::messages::{
     OrderStatus, StatusNotice, StepContext, StepKind, StepReply, StepRequest, json_message,
 };
+use orderly_core::step::idempotency_key;
 use orderly_core::store::{Completion, StepUpdate, StepWrite};
 use orderly_core::transport::Envelope;
 use orderly_core::{Fence, ProcessState, StepRecord, StepStatus};
@@ -51,11 +52,15 @@ impl Scheduler {
             StepKind::Do => def.name.clone(),
             StepKind::Compensate => def.compensation.clone()?,
         };
+        let generation = context.generation;
         let request = StepRequest {
             fence: fence.clone(),
             step_index: index,
             step: def.name.clone(),
-            idempotency_key: orderly_core::step::idempotency_key(&fence.order_id, index, &action),
+            idempotency_key: idempotency_key(&fence.order_id, generation, index, &action),
+            // The first run's agents derive it, as before generations existed.
+            compensates: (kind == StepKind::Compensate && generation > 0)
+                .then(|| idempotency_key(&fence.order_id, generation, index, &def.name)),
             action,
             kind,
             complete_by,
@@ -92,6 +97,7 @@ impl Scheduler {
             expect_step: Some(index),
             updates: vec![StepUpdate {
                 index,
+                idempotency_key: idempotency_key(&fence.order_id, context.generation, index, &name),
                 name,
                 status: StepStatus::Started,
                 detail: None,
@@ -118,6 +124,7 @@ impl Scheduler {
                 name: reply.step.clone(),
                 status: StepStatus::Succeeded,
                 detail: Some(detail.to_owned()),
+                idempotency_key: reply_key(reply),
             }],
             sends: notice
                 .envelope(
@@ -176,15 +183,20 @@ impl Scheduler {
             .map(|s| s.index)
             .max();
         let mut updates = Vec::new();
+        let key = |index: i32, name: &str| {
+            idempotency_key(&fence.order_id, context.generation, index, name)
+        };
         if let Some((index, detail)) = just_done {
+            let name = self
+                .cfg
+                .workflow
+                .step(index)
+                .map(|d| d.name.clone())
+                .unwrap_or_default();
             updates.push(StepUpdate {
                 index,
-                name: self
-                    .cfg
-                    .workflow
-                    .step(index)
-                    .map(|d| d.name.clone())
-                    .unwrap_or_default(),
+                idempotency_key: key(index, &name),
+                name,
                 status: StepStatus::Compensated,
                 detail: Some(detail.to_owned()),
             });
@@ -192,9 +204,11 @@ impl Scheduler {
         match pending {
             Some(index) => {
                 let def = self.cfg.workflow.step(index);
+                let name = def.map(|d| d.name.clone()).unwrap_or_default();
                 updates.push(StepUpdate {
                     index,
-                    name: def.map(|d| d.name.clone()).unwrap_or_default(),
+                    idempotency_key: key(index, &name),
+                    name,
                     status: StepStatus::Started,
                     detail: def
                         .and_then(|d| d.compensation.as_ref())
@@ -218,8 +232,14 @@ impl Scheduler {
                     sends: Vec::new(),
                 },
                 context.finish_as,
+                context.notify_to.clone(),
             ),
-            None => Self::plan_finish(fence, context.finish_as, steps),
+            None => Self::plan_finish(
+                fence,
+                context.finish_as,
+                steps,
+                context.notify_to.as_deref(),
+            ),
         }
     }
 
@@ -228,9 +248,12 @@ impl Scheduler {
         fence: &Fence,
         finish_as: Option<ProcessState>,
         steps: &[StepRecord],
+        notify_to: Option<&str>,
     ) -> Next {
         match finish_as {
-            Some(ProcessState::Cancelled) => Next::Cancel(fence.clone()),
+            Some(ProcessState::Cancelled) => {
+                Next::Cancel(fence.clone(), notify_to.map(str::to_owned))
+            }
             _ => {
                 let error = steps
                     .iter()
@@ -243,7 +266,11 @@ impl Scheduler {
                             s.detail.as_deref().unwrap_or("no detail")
                         )
                     })
-                    .unwrap_or_else(|| "order failed".to_owned());
+                    // No step failed: the supervisor gave up on it (too many timeouts).
+                    .unwrap_or_else(|| {
+                        "gave up: the order timed out too often (its history has each timeout)"
+                            .to_owned()
+                    });
                 let undone: Vec<&str> = steps
                     .iter()
                     .filter(|s| s.status == StepStatus::Compensated)
@@ -258,4 +285,14 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// The key a reply's step was recorded under (its `do` action in the reply's run).
+pub(crate) fn reply_key(reply: &StepReply) -> String {
+    idempotency_key(
+        &reply.fence.order_id,
+        reply.context.generation,
+        reply.step_index,
+        &reply.step,
+    )
 }

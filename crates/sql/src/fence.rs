@@ -74,6 +74,7 @@ mod tests {
             last_error: None,
             reply_to: None,
             finish_as: None,
+            generation: 0,
             created_at: t,
             updated_at: t,
         }

@@ -56,6 +56,11 @@ pub const SQLITE: &[Migration] = &[
         name: "leadership",
         sql: include_str!("../../../migrations/sqlite/0005_leadership.sql"),
     },
+    Migration {
+        version: 6,
+        name: "generations",
+        sql: include_str!("../../../migrations/sqlite/0006_generations.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -84,6 +89,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 5,
         name: "leadership",
         sql: include_str!("../../../migrations/postgres/0005_leadership.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "generations",
+        sql: include_str!("../../../migrations/postgres/0006_generations.sql"),
     },
 ];
 

@@ -100,12 +100,12 @@ mod sql {
                     ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
                 AND s.process_state = 'Pending' \
             RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
-                s.reply_to, s.finish_as, clock.now AS at), \
+                s.reply_to, s.finish_as, s.generation, s.last_error, clock.now AS at), \
         history AS ( \
             INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
             SELECT order_id, at, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM claimed) \
         SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
-            c.finish_as, \
+            c.finish_as, c.generation, c.last_error, \
             (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
         FROM claimed c";
 
@@ -166,32 +166,33 @@ mod sql {
         WHERE process_state = 'Processing' AND complete_by < coalesce($1::timestamptz, now()) \
         ORDER BY complete_by LIMIT $2";
 
-    /// `$1` injected now or NULL, `$2` limit, `$3` max failures, `$4` back-off base and
-    /// `$5` cap in microseconds, `$6` actor. The back-off is base * 2^(failures - 1),
-    /// capped, as `RecoveryPolicy::backoff` computes it.
-    pub(super) const RECOVER: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
-        recovered AS ( \
-            UPDATE order_state s SET failure_count = s.failure_count + 1, \
-                process_state = CASE WHEN s.failure_count + 1 >= $3::int THEN 'Error' ELSE 'Pending' END, \
-                next_attempt_at = CASE WHEN s.failure_count + 1 >= $3::int THEN s.next_attempt_at \
-                    ELSE clock.now + least($4::bigint << least(s.failure_count, 30), $5::bigint) \
-                        * interval '1 microsecond' END, \
-                last_error = 'deadline passed in step ' || s.current_step || ' while held by ' \
-                    || s.locked_by || ' (failure ' || (s.failure_count + 1) || ' of ' || $3::int || ')', \
-                locked_by = NULL, complete_by = NULL, updated_at = clock.now \
-            FROM clock \
-            WHERE s.order_id = ANY(ARRAY( \
-                    SELECT e.order_id FROM order_state e \
-                    WHERE e.process_state = 'Processing' AND e.complete_by < (SELECT now FROM clock) \
-                    ORDER BY e.complete_by LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-                AND s.process_state = 'Processing' \
-            RETURNING s.order_id, s.process_state, s.failure_count, s.next_attempt_at, s.lock_epoch, \
-                s.last_error, clock.now AS at), \
+    /// The expired orders of a sweep, locked (others' sweeps skip them): `$1` now,
+    /// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).
+    pub(super) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
+            s.failure_count, s.current_step, s.finish_as, \
+            EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
+                AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+        FROM order_state s \
+        WHERE s.process_state = 'Processing' AND s.complete_by < $1 \
+        ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED";
+
+    /// The decided recoveries, set-based: `$1` now, `$2` actor, then per order its id,
+    /// epoch, failure count, new state, finish_as, next attempt (NULL: unchanged),
+    /// reason and history kind.
+    pub(super) const RECOVER: &str = "WITH recovered AS ( \
+            UPDATE order_state s SET failure_count = d.failure_count, process_state = d.state, \
+                finish_as = d.finish_as, next_attempt_at = coalesce(d.next_at, s.next_attempt_at), \
+                last_error = d.reason, locked_by = NULL, complete_by = NULL, updated_at = $1 \
+            FROM unnest($3::text[], $4::bigint[], $5::int[], $6::text[], $7::text[], \
+                $8::timestamptz[], $9::text[], $10::text[]) \
+                AS d(order_id, epoch, failure_count, state, finish_as, next_at, reason, kind) \
+            WHERE s.order_id = ANY($3::text[]) AND s.order_id = d.order_id \
+                AND s.process_state = 'Processing' AND s.lock_epoch = d.epoch AND s.complete_by < $1 \
+            RETURNING s.order_id, d.state, d.reason, d.kind, s.lock_epoch), \
         history AS ( \
             INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch, reason) \
-            SELECT order_id, at, $6, CASE WHEN process_state = 'Error' THEN 'GaveUp' ELSE 'Recovered' END, \
-                'Processing', process_state, lock_epoch, last_error FROM recovered) \
-        SELECT order_id, process_state, failure_count, next_attempt_at FROM recovered";
+            SELECT order_id, $1, $2, kind, 'Processing', state, lock_epoch, reason FROM recovered) \
+        SELECT order_id FROM recovered";
 }
 
 /// Connections per store unless configured otherwise.
@@ -432,6 +433,8 @@ impl PgStore {
                         .map_err(|e| corrupt("orders.details", e))?,
                     reply_to: c.get("reply_to")?,
                     finish_as: c.opt_state("finish_as")?,
+                    generation: c.get("generation")?,
+                    last_error: c.get("last_error")?,
                 })
             })
             .collect()
@@ -501,40 +504,99 @@ impl PgStore {
         policy: &RecoveryPolicy,
         limit: u32,
     ) -> Result<Vec<Recovered>> {
-        let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let mut tx = self.begin_write().await?;
         let now = self.tx_now(&mut tx).await?;
         Self::check_leader(&mut tx, leader, now).await?;
-        let rows = sqlx::query(sql::RECOVER)
-            .persistent(false)
-            .bind(Some(Ts(now)))
+        let rows = sqlx::query(sql::LOCK_EXPIRED)
+            .bind(Ts(now))
             .bind(i64::from(limit))
-            .bind(policy.max_failures)
-            .bind(micros(policy.backoff_base))
-            .bind(micros(policy.backoff_max))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?;
+        let mut decided = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let c = Cols(r);
+            let expired = orderly_core::store::Expired {
+                order_id: c.order_id("order_id")?,
+                failure_count: c.get("failure_count")?,
+                current_step: c.get("current_step")?,
+                locked_by: c.get("locked_by")?,
+                finish_as: c.opt_state("finish_as")?,
+                has_effects: c.get("has_effects")?,
+            };
+            let epoch: i64 = c.get("lock_epoch")?;
+            decided.push((
+                expired.order_id.clone(),
+                epoch,
+                policy.decide(&expired, now),
+            ));
+        }
+        if decided.is_empty() {
+            tx.commit().await.map_err(db)?;
+            return Ok(Vec::new());
+        }
+        let applied: Vec<String> = sqlx::query_scalar(sql::RECOVER)
+            .bind(Ts(now))
             .bind(leader.holder.as_str())
+            .bind(
+                decided
+                    .iter()
+                    .map(|(id, ..)| id.as_str().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(_, epoch, _)| *epoch)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.failure_count)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.to.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.finish_as.map(|s| s.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.next_attempt_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.reason.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                decided
+                    .iter()
+                    .map(|(.., d)| d.kind.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(&mut *tx)
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                let c = Cols(r);
-                let order_id = c.order_id("order_id")?;
-                let failure_count = c.get("failure_count")?;
-                Ok(match c.state("process_state")? {
-                    ProcessState::Error => Recovered::GaveUp {
-                        order_id,
-                        failure_count,
-                    },
-                    _ => Recovered::Retried {
-                        order_id,
-                        failure_count,
-                        next_attempt_at: c.ts("next_attempt_at")?,
-                    },
-                })
-            })
-            .collect()
+        // Only what the update applied (all of them: the rows are locked) is reported.
+        let applied: std::collections::HashSet<String> = applied.into_iter().collect();
+        Ok(decided
+            .into_iter()
+            .filter(|(id, ..)| applied.contains(id.as_str()))
+            .map(|(.., d)| d.outcome)
+            .collect())
     }
 }
 
@@ -623,11 +685,7 @@ impl PgStore {
                     u.indexes.push(step.index);
                     u.names.push(step.name.clone());
                     u.statuses.push(step.status.as_str().to_owned());
-                    u.keys.push(orderly_core::step::idempotency_key(
-                        &w.fence.order_id,
-                        step.index,
-                        &step.name,
-                    ));
+                    u.keys.push(step.idempotency_key.clone());
                     u.details.push(detail);
                     u.epochs.push(w.fence.epoch.0);
                     u.actors.push(w.fence.owner.as_str().to_owned());

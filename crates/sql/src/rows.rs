@@ -13,7 +13,8 @@ use crate::time::Ts;
 macro_rules! state_columns {
     () => {
         "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
-         current_step, next_attempt_at, last_error, reply_to, finish_as, created_at, updated_at"
+         current_step, next_attempt_at, last_error, reply_to, finish_as, generation, created_at, \
+         updated_at"
     };
 }
 pub(crate) use state_columns;
@@ -109,6 +110,7 @@ where
             last_error: self.get("last_error")?,
             reply_to: self.get("reply_to")?,
             finish_as: self.opt_state("finish_as")?,
+            generation: self.get("generation")?,
             created_at: self.ts("created_at")?,
             updated_at: self.ts("updated_at")?,
         })

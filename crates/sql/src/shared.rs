@@ -82,7 +82,7 @@ macro_rules! store_ops {
     ($Store:ty, $DB:ty) => {
         use ::async_trait::async_trait;
         use ::orderly_core::history::HistoryKind;
-        use ::orderly_core::step::{StepRecord, idempotency_key};
+        use ::orderly_core::step::StepRecord;
         use ::orderly_core::transport::Envelope;
         use ::orderly_core::store::{
             Alert, BatchOutcome, ClaimRequest, Completion, ClaimedOrder, Cursor, ExpiredOrder, IntakeStore, NewOrder,
@@ -363,7 +363,7 @@ macro_rules! store_ops {
                         .bind(step.index)
                         .bind(&step.name)
                         .bind(step.status.as_str())
-                        .bind(idempotency_key(&fence.order_id, step.index, &step.name))
+                        .bind(&step.idempotency_key)
                         .bind(detail)
                         .bind(fence.epoch.0)
                         .bind(Ts(now))
@@ -448,6 +448,9 @@ macro_rules! store_ops {
             /// order changed in between.
             async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
                 let OperatorMove { from, target, kind, actor, reason, sends, undo_first } = mv;
+                // An order cancelled at once tells the client's queue, if it has one; a
+                // client queue that does not exist does not hold up the cancel.
+                let mut notify = true;
                 for _ in 0..OPERATOR_ATTEMPTS {
                     let mut tx = self.begin_write().await?;
                     let now = self.tx_now(&mut tx).await?;
@@ -491,7 +494,42 @@ macro_rules! store_ops {
                         .await
                         .map_err(db)?;
                     let Some(moved) = moved else { continue };
-                    let moved = Cols(&moved).state_row()?;
+                    let mut moved = Cols(&moved).state_row()?;
+                    // A retry runs the workflow again from the first step, under the
+                    // next generation, if any step was undone; else it continues.
+                    let mut reason = reason.to_owned();
+                    let mut kind = kind;
+                    if kind == HistoryKind::Resubmitted {
+                        let steps = ::sqlx::query(st::SELECT_STEPS)
+                            .bind(order_id.as_str())
+                            .fetch_all(&mut *tx)
+                            .await
+                            .map_err(db)?
+                            .iter()
+                            .map(|r| Cols(r).step_record())
+                            .collect::<Result<Vec<_>>>()?;
+                        let plan = ::orderly_core::RetryPlan::for_order(
+                            moved.generation,
+                            moved.current_step,
+                            &steps,
+                        );
+                        if matches!(plan, ::orderly_core::RetryPlan::FreshRun { .. }) {
+                            let fresh = ::sqlx::query(st::FRESH_RUN)
+                                .bind(order_id.as_str())
+                                .fetch_one(&mut *tx)
+                                .await
+                                .map_err(db)?;
+                            moved = Cols(&fresh).state_row()?;
+                            ::sqlx::query(st::CLEAR_STEPS)
+                                .bind(order_id.as_str())
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(db)?;
+                            kind = HistoryKind::RetriedAfresh;
+                            reason = format!("{reason} ({})", plan.describe());
+                        }
+                    }
+                    let reason = reason.as_str();
                     Self::append(
                         &mut tx,
                         Event {
@@ -507,8 +545,33 @@ macro_rules! store_ops {
                         },
                     )
                     .await?;
-                    self.commit_with(tx, now, sends).await?;
-                    return Ok(moved);
+                    let notice = (notify && moved.process_state == ProcessState::Cancelled)
+                        .then(|| {
+                            ::orderly_core::messages::StatusNotice {
+                                order_id: order_id.clone(),
+                                status: ::orderly_core::messages::OrderStatus::Cancelled,
+                                step: None,
+                                detail: Some(reason.to_owned()),
+                            }
+                            .envelope(moved.reply_to.as_deref(), &format!("op{}", moved.lock_epoch))
+                        })
+                        .flatten();
+                    let Some(notice) = notice else {
+                        self.commit_with(tx, now, sends).await?;
+                        return Ok(moved);
+                    };
+                    let mut all = sends.to_vec();
+                    all.push(notice.clone());
+                    match self.commit_with(tx, now, &all).await {
+                        Ok(()) => return Ok(moved),
+                        Err(Error::Send(inner))
+                            if matches!(&*inner, ::orderly_core::transport::TransportError::QueueNotFound(q) if *q == notice.queue) =>
+                        {
+                            ::tracing::warn!(order_id = %order_id, queue = %notice.queue, "the client's queue does not exist: cancelled without telling it");
+                            notify = false;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 Err(Error::Unavailable(
                     format!("order {order_id} kept changing; {kind} not applied, retry").into(),
@@ -606,7 +669,7 @@ macro_rules! store_ops {
                     .bind(step.index)
                     .bind(&step.name)
                     .bind(step.status.as_str())
-                    .bind(idempotency_key(&fence.order_id, step.index, &step.name))
+                    .bind(&step.idempotency_key)
                     .bind(detail)
                     .bind(fence.epoch.0)
                     .bind(Ts(now))
@@ -772,6 +835,8 @@ macro_rules! store_ops {
                         details,
                         reply_to: c.get("reply_to")?,
                         finish_as: c.opt_state("finish_as")?,
+                        generation: c.get("generation")?,
+                        last_error: c.get("last_error")?,
                         fence,
                     });
                 }
@@ -913,6 +978,7 @@ macro_rules! store_ops {
                 &self,
                 leader: &::orderly_core::leader::LeaderFence,
                 alert_ids: &[i64],
+                sends: &[Envelope],
             ) -> Result<Vec<i64>> {
                 if alert_ids.is_empty() {
                     return Ok(Vec::new());
@@ -933,7 +999,7 @@ macro_rules! store_ops {
                         marked.push(*id);
                     }
                 }
-                tx.commit().await.map_err(db)?;
+                self.commit_with(tx, now, sends).await?;
                 Ok(marked)
             }
         }

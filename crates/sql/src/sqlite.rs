@@ -83,7 +83,7 @@ mod sql {
             WHERE process_state = 'Pending' AND locked_by IS NULL AND next_attempt_at <= $3 \
             ORDER BY next_attempt_at LIMIT $4) \
         RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
-        finish_as";
+        finish_as, generation, last_error";
 
     /// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner.
     pub(super) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
@@ -110,12 +110,16 @@ mod sql {
         FROM json_each($1)";
 
     pub(super) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
-        failure_count, current_step FROM order_state INDEXED BY order_state_deadlines \
+        failure_count, current_step, finish_as, \
+        EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
+            AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+        FROM order_state s INDEXED BY order_state_deadlines \
         WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT $2";
 
     pub(super) const RECOVER: &str = "UPDATE order_state SET failure_count = $2, \
         process_state = $3, locked_by = NULL, complete_by = NULL, \
-        next_attempt_at = coalesce($4, next_attempt_at), last_error = $5, updated_at = $6 \
+        next_attempt_at = coalesce($4, next_attempt_at), last_error = $5, updated_at = $6, \
+        finish_as = $8 \
         WHERE order_id = $1 AND process_state = 'Processing' AND lock_epoch = $7 AND complete_by < $6";
 }
 
@@ -426,6 +430,7 @@ impl SqliteStore {
                 c.get("failure_count")?,
                 c.get("reply_to")?,
                 c.opt_state("finish_as")?,
+                (c.get("generation")?, c.get("last_error")?),
             ));
         }
         let ids = serde_json::to_string(&ids).map_err(|e| corrupt("claimed ids", e))?;
@@ -460,6 +465,7 @@ impl SqliteStore {
                     failure_count,
                     reply_to,
                     finish_as,
+                    (generation, last_error),
                 )| {
                     let details = details.remove(order_id.as_str()).ok_or_else(|| {
                         corrupt(
@@ -479,6 +485,8 @@ impl SqliteStore {
                         details,
                         reply_to,
                         finish_as,
+                        generation,
+                        last_error,
                     })
                 },
             )
@@ -551,46 +559,25 @@ impl SqliteStore {
         let mut recovered = Vec::with_capacity(rows.len());
         for r in &rows {
             let c = Cols(r);
-            let order_id = c.order_id("order_id")?;
-            let failures = c.get::<i32>("failure_count")?.saturating_add(1);
-            let epoch: i64 = c.get("lock_epoch")?;
-            let reason = format!(
-                "deadline passed in step {} while held by {} (failure {failures} of {})",
-                c.get::<i32>("current_step")?,
-                c.get::<String>("locked_by")?,
-                policy.max_failures
-            );
-            let (state, next, outcome) = if failures >= policy.max_failures {
-                (
-                    ProcessState::Error,
-                    None,
-                    Recovered::GaveUp {
-                        order_id: order_id.clone(),
-                        failure_count: failures,
-                    },
-                )
-            } else {
-                let next = now
-                    + chrono::Duration::from_std(policy.backoff(failures))
-                        .unwrap_or(chrono::Duration::MAX);
-                (
-                    ProcessState::Pending,
-                    Some(next),
-                    Recovered::Retried {
-                        order_id: order_id.clone(),
-                        failure_count: failures,
-                        next_attempt_at: next,
-                    },
-                )
+            let expired = orderly_core::store::Expired {
+                order_id: c.order_id("order_id")?,
+                failure_count: c.get("failure_count")?,
+                current_step: c.get("current_step")?,
+                locked_by: c.get("locked_by")?,
+                finish_as: c.opt_state("finish_as")?,
+                has_effects: c.get("has_effects")?,
             };
+            let epoch: i64 = c.get("lock_epoch")?;
+            let d = policy.decide(&expired, now);
             let n = sqlx::query(sql::RECOVER)
-                .bind(order_id.as_str())
-                .bind(failures)
-                .bind(state.as_str())
-                .bind(next.map(Ts))
-                .bind(&reason)
+                .bind(expired.order_id.as_str())
+                .bind(d.failure_count)
+                .bind(d.to.as_str())
+                .bind(d.next_attempt_at.map(Ts))
+                .bind(&d.reason)
                 .bind(Ts(now))
                 .bind(epoch)
+                .bind(d.finish_as.map(|s| s.as_str()))
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?
@@ -602,23 +589,19 @@ impl SqliteStore {
             Self::append(
                 &mut tx,
                 Event {
-                    order_id: &order_id,
+                    order_id: &expired.order_id,
                     at: now,
                     actor: actor.as_str(),
-                    kind: if state == ProcessState::Error {
-                        HistoryKind::GaveUp
-                    } else {
-                        HistoryKind::Recovered
-                    },
+                    kind: d.kind,
                     from: Some(ProcessState::Processing),
-                    to: state,
+                    to: d.to,
                     epoch,
                     step: None,
-                    reason: Some(&reason),
+                    reason: Some(&d.reason),
                 },
             )
             .await?;
-            recovered.push(outcome);
+            recovered.push(d.outcome);
         }
         tx.commit().await.map_err(db)?;
         Ok(recovered)

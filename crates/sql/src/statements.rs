@@ -76,7 +76,8 @@ pub(crate) const FINISH_CANCELLED: &str = concat!(
 pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_epoch + 1, \
     updated_at = $2 \
     WHERE locked_by = $1 AND process_state = 'Processing' AND complete_by > $2 \
-    RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as";
+    RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as, \
+    generation, last_error";
 
 /// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
 pub(crate) const COUNT_OWNED: &str =
@@ -163,6 +164,16 @@ pub(crate) const RELEASE: &str = concat!(
 /// An operator moves an order whose state (`$2`) and epoch (`$4`) were just read:
 /// to `$5`, at `$3`, marked to end as `$6` once its steps are undone (NULL: not).
 /// Zero rows means it changed meanwhile.
+/// An operator's retry as a fresh run: the next generation, from the first step.
+pub(crate) const FRESH_RUN: &str = concat!(
+    "UPDATE order_state SET generation = generation + 1, current_step = 0 \
+     WHERE order_id = $1 RETURNING ",
+    state_columns!()
+);
+
+/// The step records of the previous run, gone with a fresh run (its history keeps them).
+pub(crate) const CLEAR_STEPS: &str = "DELETE FROM order_steps WHERE order_id = $1";
+
 pub(crate) const OPERATOR_MOVE: &str = concat!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
      finish_as = $6, \

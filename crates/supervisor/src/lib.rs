@@ -20,7 +20,7 @@ use orderly_core::leader::{
 };
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
-use orderly_core::transport::{QueueName, Transport};
+use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
@@ -90,22 +90,18 @@ pub struct Sweep {
 #[derive(Clone)]
 pub struct Supervisor {
     store: Arc<dyn StateStore>,
-    transport: Arc<dyn Transport>,
     cfg: SupervisorConfig,
     webhook: Option<AlertWebhook>,
 }
 
 impl Supervisor {
-    /// A supervisor over `store`, publishing alerts through `transport`.
-    pub fn new(
-        store: Arc<dyn StateStore>,
-        transport: Arc<dyn Transport>,
-        cfg: SupervisorConfig,
-    ) -> orderly_core::Result<Self> {
+    /// A supervisor over `store`. It publishes alerts through the store, in the same
+    /// fenced transaction that marks them published (to the store's queue, or its
+    /// outbox for an external transport).
+    pub fn new(store: Arc<dyn StateStore>, cfg: SupervisorConfig) -> orderly_core::Result<Self> {
         cfg.policy.validate()?;
         Ok(Self {
             store,
-            transport,
             cfg,
             webhook: None,
         })
@@ -160,6 +156,17 @@ impl Supervisor {
                             .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
                     }
+                    Recovered::Undoing {
+                        order_id,
+                        failure_count,
+                    } => {
+                        sweep.gave_up += 1;
+                        metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up_undoing")
+                            .increment(1);
+                        metrics::histogram!("orderly_recovered_failure_count")
+                            .record(f64::from(*failure_count));
+                        warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: undoing its completed steps, then Error");
+                    }
                 }
             }
             if (recovered.len() as u32) < self.cfg.batch {
@@ -212,17 +219,33 @@ impl Supervisor {
                     }
                 }
             }
-            for (queue, msgs) in &by_queue {
-                if let Err(e) = self.transport.send(queue, msgs).await {
-                    if e.is_retryable() {
-                        return Err(orderly_core::Error::Queue(Box::new(e)));
-                    }
-                    // A client queue that cannot take messages must not hold up alerts.
-                    warn!(queue = %queue, error = %e, "status notifications not delivered");
-                }
-            }
             let ids: Vec<i64> = alerts.iter().map(|a| a.alert_id).collect();
-            let marked = self.store.mark_alerts_published(leader, &ids).await?;
+            let mut sends: Vec<Envelope> = by_queue
+                .into_iter()
+                .flat_map(|(queue, msgs)| {
+                    msgs.into_iter().map(move |message| Envelope {
+                        queue: queue.clone(),
+                        message,
+                    })
+                })
+                .collect();
+            // Marked and sent in one fenced transaction: a deposed leader publishes
+            // nothing. A client queue that cannot take messages must not hold up the
+            // alerts: its notices are left out and the rest published.
+            let marked = loop {
+                match self.store.mark_alerts_published(leader, &ids, &sends).await {
+                    Ok(marked) => break marked,
+                    Err(orderly_core::Error::Send(inner)) if matches!(&*inner, TransportError::QueueNotFound(q) if *q != self.cfg.alerts) =>
+                    {
+                        let TransportError::QueueNotFound(missing) = *inner else {
+                            unreachable!("matched above")
+                        };
+                        warn!(queue = %missing, "client queue does not exist: its status notifications are not delivered");
+                        sends.retain(|e| e.queue != missing);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             // Another supervisor may have published some of them meanwhile: the queue
             // dropped the repeats by message id, and only the marker logs.
             for a in alerts.iter().filter(|a| marked.contains(&a.alert_id)) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use orderly_core::store::{ClaimRequest, StateStore};
-use orderly_core::transport::{QueueName, QueueSettings, Transport};
+use orderly_core::transport::{QueueName, QueueSettings};
 use orderly_core::{Actor, InstanceId, TimeSource};
 use orderly_supervisor::{AlertWebhook, Supervisor, SupervisorConfig, WebhookConfig};
 use tokio_util::sync::CancellationToken;
@@ -60,7 +60,7 @@ async fn webhook(fail_first: u32, hang: bool) -> (reqwest::Url, Seen) {
 }
 
 /// A store with `n` orders in Error, and a supervisor leading it.
-async fn errors(n: usize) -> (Arc<dyn StateStore>, Arc<dyn Transport>, std::path::PathBuf) {
+async fn errors(n: usize) -> (Arc<dyn StateStore>, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!("orderly-hook-{}.db", uuid_like()));
     let b = orderly_sql::connect(
         &format!("sqlite://{}", path.display()),
@@ -104,7 +104,7 @@ async fn errors(n: usize) -> (Arc<dyn StateStore>, Arc<dyn Transport>, std::path
     for c in &claimed {
         b.store.fail(&c.fence, "card declined", &[]).await.unwrap();
     }
-    (b.store, b.transport, path)
+    (b.store, path)
 }
 
 fn uuid_like() -> String {
@@ -123,11 +123,11 @@ fn fast(url: reqwest::Url) -> WebhookConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_webhook_gets_every_alert_once_after_retries_under_one_key() {
     let (url, seen) = webhook(2, false).await;
-    let (store, transport, path) = errors(5).await;
+    let (store, path) = errors(5).await;
     let shutdown = CancellationToken::new();
     let (hook, task) = AlertWebhook::start(fast(url), shutdown.clone()).unwrap();
     let id = InstanceId::parse("supervisor-1").unwrap();
-    let sup = Supervisor::new(store.clone(), transport, SupervisorConfig::new(id.clone()))
+    let sup = Supervisor::new(store.clone(), SupervisorConfig::new(id.clone()))
         .unwrap()
         .with_webhook(hook);
     let term = store.begin_term("supervisor", &id).await.unwrap();
@@ -170,7 +170,7 @@ async fn a_flaky_webhook_gets_every_alert_once_after_retries_under_one_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_that_never_answers_does_not_hold_up_the_sweep() {
     let (url, seen) = webhook(0, true).await;
-    let (store, transport, path) = errors(20).await;
+    let (store, path) = errors(20).await;
     let shutdown = CancellationToken::new();
     let cfg = WebhookConfig {
         // Far longer than the sweep may take: if the sweep waited for it, it would show.
@@ -179,7 +179,7 @@ async fn a_webhook_that_never_answers_does_not_hold_up_the_sweep() {
     };
     let (hook, task) = AlertWebhook::start(cfg, shutdown.clone()).unwrap();
     let id = InstanceId::parse("supervisor-1").unwrap();
-    let sup = Supervisor::new(store.clone(), transport, SupervisorConfig::new(id.clone()))
+    let sup = Supervisor::new(store.clone(), SupervisorConfig::new(id.clone()))
         .unwrap()
         .with_webhook(hook);
     let term = store.begin_term("supervisor", &id).await.unwrap();

@@ -468,7 +468,7 @@ pub async fn a_deposed_leaders_writes_are_refused(ctx: &ElectorCtx) {
         "{refused:?}"
     );
     assert!(matches!(
-        store.mark_alerts_published(&old, &[1]).await,
+        store.mark_alerts_published(&old, &[1], &[]).await,
         Err(Error::Deposed { .. })
     ));
     store

@@ -81,6 +81,8 @@ macro_rules! store_conformance {
             every_error_raises_one_alert_which_is_published_once,
             submit_many_records_a_batch_and_judges_each_order_alone,
             owned_lists_what_an_owner_holds_and_release_hands_it_back,
+            a_retry_after_compensation_is_a_fresh_run_under_the_next_generation,
+            giving_up_undoes_the_steps_done_first,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,
@@ -470,6 +472,7 @@ async fn every_write_is_fenced(
         name: "reserve-inventory".into(),
         status: StepStatus::Succeeded,
         detail: None,
+        idempotency_key: "late-key".into(),
     };
     fenced(
         "record_step",
@@ -567,6 +570,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         name: name.into(),
         status,
         detail: detail.map(str::to_owned),
+        idempotency_key: idempotency_key(&id, 0, index, name),
     };
     let s0 = store
         .record_step(
@@ -601,7 +605,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         .unwrap();
     assert_eq!(
         s1.idempotency_key,
-        idempotency_key(&id, 1, "charge-payment")
+        idempotency_key(&id, 0, 1, "charge-payment")
     );
     store.release(&first.fence, "shutting down").await.unwrap();
 
@@ -796,6 +800,7 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
                 Recovered::GaveUp { failure_count, .. } => {
                     assert!(round == max && *failure_count == max)
                 }
+                Recovered::Undoing { .. } => panic!("no step was started: nothing to undo"),
             }
         }
         ctx.clock.advance(Duration::from_secs(300));

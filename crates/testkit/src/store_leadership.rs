@@ -57,7 +57,7 @@ pub async fn a_deposed_leaders_writes_are_refused_and_change_nothing(ctx: &Ctx) 
     );
     assert_eq!(store.find_expired(10).await.unwrap().len(), 3, "untouched");
     assert!(matches!(
-        store.mark_alerts_published(&old, &[1]).await,
+        store.mark_alerts_published(&old, &[1], &[]).await,
         Err(Error::Deposed { .. })
     ));
     // A forged term (right epoch, wrong holder) is refused too.

@@ -16,6 +16,7 @@ fn update(index: i32, status: StepStatus) -> StepUpdate {
         name: format!("step-{index}"),
         status,
         detail: Some(format!("{status} {index}")),
+        idempotency_key: format!("key-{index}"),
     }
 }
 
@@ -354,8 +355,8 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     let ids: Vec<i64> = pending.iter().map(|x| x.alert_id).collect();
     let term = leader(&*store, 1).await;
     let (first, second) = tokio::join!(
-        store.mark_alerts_published(&term, &ids),
-        store.mark_alerts_published(&term, &ids)
+        store.mark_alerts_published(&term, &ids, &[]),
+        store.mark_alerts_published(&term, &ids, &[])
     );
     let mut marked = first.unwrap();
     marked.extend(second.unwrap());
@@ -510,5 +511,244 @@ pub async fn owned_lists_what_an_owner_holds_and_release_hands_it_back(ctx: &Ctx
     assert_eq!(
         (r.process_state, r.failure_count),
         (ProcessState::Pending, 0)
+    );
+}
+
+/// Drives a claimed order through steps 0 and 1 done, step 2 failed, both undone, to
+/// Error: the state an operator finds after a permanent failure with compensation.
+async fn failed_and_undone(
+    store: &dyn orderly_core::store::StateStore,
+    c: &orderly_core::store::ClaimedOrder,
+) -> Fence {
+    let f = &c.fence;
+    for w in [
+        write(f, Some(0), vec![update(0, StepStatus::Started)]),
+        write(
+            f,
+            Some(0),
+            vec![
+                update(0, StepStatus::Succeeded),
+                update(1, StepStatus::Started),
+            ],
+        ),
+        write(
+            f,
+            Some(1),
+            vec![
+                update(1, StepStatus::Succeeded),
+                update(2, StepStatus::Started),
+            ],
+        ),
+        write(f, Some(2), vec![update(2, StepStatus::Failed)]),
+    ] {
+        store
+            .record_steps(&[w])
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
+    }
+    store
+        .begin_compensation(f, ProcessState::Error, "step 2 failed", &[])
+        .await
+        .unwrap();
+    for i in [1, 0] {
+        store
+            .record_steps(&[write(f, None, vec![update(i, StepStatus::Compensated)])])
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
+    }
+    store
+        .fail(f, "step 2 failed; undone: 1, 0", &[])
+        .await
+        .unwrap();
+    c.fence.clone()
+}
+
+/// An operator's retry of an order whose steps were undone runs it afresh from the
+/// first step under the next generation (its earlier step records gone, the history
+/// saying so); a retry of one whose steps all stand continues from the failed step.
+pub async fn a_retry_after_compensation_is_a_fresh_run_under_the_next_generation(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 2).await;
+    let a = owner("a");
+    let first = claim_one(&*store, &a, MINUTE).await;
+    let c = claim_one(&*store, &a, MINUTE).await;
+    let undone = failed_and_undone(&*store, &first).await;
+    let id = undone.order_id.clone();
+    assert_eq!(row(&*store, &id).await.process_state, ProcessState::Error);
+    let who = Actor::operator("op");
+    let r = store
+        .resubmit(&id, &who, "supplier fixed", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r.process_state,
+            r.generation,
+            r.current_step,
+            r.failure_count
+        ),
+        (ProcessState::Pending, 1, 0, 0),
+        "fresh run from the first step, next generation"
+    );
+    let view = store.get(&id).await.unwrap();
+    assert!(
+        view.steps.is_empty(),
+        "the undone run's step records are gone: {:?}",
+        view.steps
+    );
+    let last = view.history.last().unwrap();
+    assert_eq!(last.kind, HistoryKind::RetriedAfresh);
+    let reason = last.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("supplier fixed")
+            && reason.contains("fresh run")
+            && reason.contains("generation 1"),
+        "{reason}"
+    );
+    let again = claim_one(&*store, &a, MINUTE).await;
+    assert_eq!(
+        (
+            again.fence.order_id.clone(),
+            again.generation,
+            again.current_step
+        ),
+        (id.clone(), 1, 0)
+    );
+
+    // Steps 0 and 1 done, step 2 failed, nothing undone: the retry continues at step 2.
+    let f = &c.fence;
+    for w in [
+        write(
+            f,
+            Some(0),
+            vec![
+                update(0, StepStatus::Succeeded),
+                update(1, StepStatus::Started),
+            ],
+        ),
+        write(
+            f,
+            Some(1),
+            vec![
+                update(1, StepStatus::Succeeded),
+                update(2, StepStatus::Started),
+            ],
+        ),
+        write(f, Some(2), vec![update(2, StepStatus::Failed)]),
+    ] {
+        store
+            .record_steps(&[w])
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
+    }
+    store.fail(f, "step 2 failed", &[]).await.unwrap();
+    let r = store
+        .resubmit(&f.order_id, &who, "retry", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.generation, r.current_step),
+        (0, 2),
+        "continues from the failed step"
+    );
+    assert_eq!(
+        store.get(&f.order_id).await.unwrap().steps.len(),
+        3,
+        "its steps stand"
+    );
+}
+
+/// At the failure threshold an order with steps that may have taken effect is not left
+/// in Error with them in effect: it goes back to Pending at once to have them undone
+/// (then ends in Error); one with none ends in Error at once; and one whose undoing
+/// itself times out past the threshold ends in Error marked as needing manual repair.
+pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 2).await;
+    let a = owner("a");
+    let leader = leader(&*store, 1).await;
+    let once = policy(1, 1);
+    let touched = claim_one(&*store, &a, Duration::from_secs(1)).await;
+    store
+        .record_steps(&[write(
+            &touched.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
+        .await
+        .unwrap();
+    let untouched = claim_one(&*store, &a, Duration::from_secs(1)).await;
+    ctx.clock.advance(Duration::from_secs(2));
+    let recovered = store.recover_expired(&leader, &once, 10).await.unwrap();
+    assert_eq!(recovered.len(), 2);
+    for r in &recovered {
+        match r {
+            orderly_core::store::Recovered::Undoing {
+                order_id,
+                failure_count,
+            } => {
+                assert_eq!((order_id, *failure_count), (&touched.fence.order_id, 1));
+            }
+            orderly_core::store::Recovered::GaveUp { order_id, .. } => {
+                assert_eq!(order_id, &untouched.fence.order_id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        row(&*store, &untouched.fence.order_id).await.process_state,
+        ProcessState::Error
+    );
+    let r = row(&*store, &touched.fence.order_id).await;
+    assert_eq!(
+        (r.process_state, r.finish_as, r.failure_count),
+        (ProcessState::Pending, Some(ProcessState::Error), 1)
+    );
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("undoing"),
+        "{:?}",
+        r.last_error
+    );
+    // Claimable at once, and the claim says it is to be undone.
+    let undo = claim_one(&*store, &a, Duration::from_secs(1)).await;
+    assert_eq!(undo.fence.order_id, touched.fence.order_id);
+    assert_eq!(undo.finish_as, Some(ProcessState::Error));
+    // The undoing expires too: Error, needing repair by hand, with one alert.
+    ctx.clock.advance(Duration::from_secs(2));
+    let again = store.recover_expired(&leader, &once, 10).await.unwrap();
+    assert!(
+        matches!(again[..], [orderly_core::store::Recovered::GaveUp { .. }]),
+        "{again:?}"
+    );
+    let r = row(&*store, &touched.fence.order_id).await;
+    assert_eq!((r.process_state, r.finish_as), (ProcessState::Error, None));
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("manual repair"),
+        "{:?}",
+        r.last_error
+    );
+    let alerts = store.alerts(false, 100).await.unwrap();
+    assert_eq!(
+        alerts
+            .iter()
+            .filter(|al| al.order_id == touched.fence.order_id)
+            .count(),
+        1,
+        "one alert, when it entered Error"
     );
 }

@@ -31,6 +31,9 @@ struct Args {
     /// Actions that always fail permanently (comma-separated).
     #[arg(long, env = "ORDERLY_SIM_PERMANENT_ACTIONS", value_delimiter = ',')]
     permanent_actions: Vec<String>,
+    /// Actions that always hang, then fail without taking effect (comma-separated).
+    #[arg(long, env = "ORDERLY_SIM_HANG_ACTIONS", value_delimiter = ',')]
+    hang_actions: Vec<String>,
     /// Seed of the fault dice.
     #[arg(long, env = "ORDERLY_SIM_SEED", default_value_t = 1)]
     seed: u64,
@@ -47,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         hang_rate: args.hang_rate,
         hang_for: args.hang_ms,
         permanent_actions: args.permanent_actions,
+        hang_actions: args.hang_actions,
         seed: args.seed,
     };
     cfg.validate()

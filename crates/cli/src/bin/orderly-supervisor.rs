@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
-    let mut supervisor = Supervisor::new(backend.store.clone(), backend.transport.clone(), cfg)
+    let mut supervisor = Supervisor::new(backend.store.clone(), cfg)
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     let mut delivery = None;
     if let Some(cfg) = webhook {

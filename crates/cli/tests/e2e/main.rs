@@ -6,6 +6,7 @@
 
 mod fixtures;
 mod leader;
+mod lifecycle;
 mod newcomer;
 mod ops;
 #[cfg(feature = "otel")]

@@ -283,7 +283,15 @@ async fn operator_cancel_compensates(dialect: Dialect) {
         ..SimConfig::default()
     });
     let system = System::start(db.backend().await, cfg).await.unwrap();
-    let orders = demo::sample_orders(3);
+    let mut orders = demo::sample_orders(3);
+    let client = QueueName::parse("client-cancel").unwrap();
+    system
+        .backend
+        .transport
+        .declare_queue(&client, &QueueSettings::default())
+        .await
+        .unwrap();
+    orders[0].reply_to = Some("client-cancel".into());
     let report = run_to_the_end(&system, &orders, Duration::from_secs(60)).await;
     assert_eq!(
         report.count(ProcessState::Error),
@@ -330,6 +338,22 @@ async fn operator_cancel_compensates(dialect: Dialect) {
             ]
         );
     }
+    // The client that named a queue is told its order was cancelled.
+    let statuses: Vec<String> = system
+        .backend
+        .transport
+        .receive(&client, 100, Duration::from_millis(500))
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::from_slice::<orderly_core::messages::StatusNotice>(&m.body).unwrap())
+        .map(|n| format!("{:?}", n.status))
+        .collect();
+    assert_eq!(
+        statuses.last().map(String::as_str),
+        Some("Cancelled"),
+        "{statuses:?}"
+    );
     system.stop(Duration::from_secs(5)).await;
 }
 
@@ -498,6 +522,7 @@ async fn agent_deadlines(dialect: Dialect) {
             action: "reserve-inventory".into(),
             kind: StepKind::Do,
             idempotency_key: format!("{order_id}/0/reserve-inventory"),
+            compensates: None,
             complete_by,
             timeout_ms: 10_000,
             retry: RetryPolicy {
@@ -511,6 +536,7 @@ async fn agent_deadlines(dialect: Dialect) {
                 details: details.clone(),
                 notify_to: None,
                 finish_as: None,
+                generation: 0,
             },
         };
         deadlines.insert(order_id.clone(), complete_by);

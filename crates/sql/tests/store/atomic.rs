@@ -36,7 +36,7 @@ async fn queued(t: &dyn StoreAndQueue, queue: &str) -> Vec<String> {
 }
 
 async fn check_all(s: Arc<dyn StoreAndQueue>) {
-    for q in ["agent-inventory", "client-replies"] {
+    for q in ["agent-inventory", "client-replies", "alerts"] {
         s.declare_queue(&QueueName::parse(q).unwrap(), &QueueSettings::default())
             .await
             .unwrap();
@@ -76,6 +76,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         name: "reserve-inventory".into(),
         status: StepStatus::Started,
         detail: None,
+        idempotency_key: "test-key".into(),
     };
     s.record_step(
         &claimed.fence,
@@ -94,6 +95,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         name: "reserve-inventory".into(),
         status: StepStatus::Succeeded,
         detail: None,
+        idempotency_key: "test-key".into(),
     };
     let sends = [
         envelope("agent-inventory", "step-1"),
@@ -155,6 +157,68 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
     assert_eq!(replies, ["completed-1", "received-1"]);
     let history = s.get(&claimed.fence.order_id).await.unwrap().history;
     assert_eq!(history.last().unwrap().kind, HistoryKind::Completed);
+
+    // Alerts are published in the fenced transaction that marks them: a deposed
+    // leader's publication sends nothing; the current leader's sends them with it.
+    s.fail(&other.fence, "declined", &[]).await.unwrap();
+    let alert_ids: Vec<i64> = s
+        .unpublished_alerts(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.alert_id)
+        .collect();
+    assert_eq!(alert_ids.len(), 1);
+    let old = s
+        .begin_term("supervisor", &InstanceId::parse("supervisor-1").unwrap())
+        .await
+        .unwrap();
+    let new = s
+        .begin_term("supervisor", &InstanceId::parse("supervisor-2").unwrap())
+        .await
+        .unwrap();
+    let alert = [envelope("alerts", "alert:1")];
+    assert!(matches!(
+        s.mark_alerts_published(&old, &alert_ids, &alert).await,
+        Err(Error::Deposed { .. })
+    ));
+    assert!(
+        queued(&*s, "alerts").await.is_empty(),
+        "a deposed leader published nothing"
+    );
+    assert_eq!(s.unpublished_alerts(10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.mark_alerts_published(&new, &alert_ids, &alert)
+            .await
+            .unwrap(),
+        alert_ids
+    );
+    assert_eq!(queued(&*s, "alerts").await, ["alert:1"]);
+    assert!(s.unpublished_alerts(10).await.unwrap().is_empty());
+
+    // An operator's cancel of an order that never ran cancels it at once and tells the
+    // client's queue in the same transaction; a client queue that does not exist does
+    // not hold up the cancel.
+    for (n, reply_to) in [(3, "client-replies"), (4, "no-such-queue")] {
+        let mut order = builders::order(n);
+        order.reply_to = Some(reply_to.into());
+        s.submit(&order, &builders::submitter(), &[]).await.unwrap();
+        let row = s
+            .request_cancel(
+                &order.order_id,
+                &orderly_core::Actor::operator("op"),
+                "changed mind",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.process_state, orderly_core::ProcessState::Cancelled);
+    }
+    let notices = queued(&*s, "client-replies").await;
+    assert!(
+        notices.iter().any(|id| id.contains(":cancelled:")),
+        "{notices:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,7 @@ async fn child(spec: &str) {
         name: "reserve-inventory".into(),
         status: StepStatus::Started,
         detail: None,
+        idempotency_key: "test-key".into(),
     };
     let sends = [
         envelope("agent-inventory", "step-0"),
