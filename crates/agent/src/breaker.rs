@@ -106,6 +106,19 @@ impl Breaker {
         };
     }
 
+    /// How long calls are held back still (`None`: a call may be tried now), without
+    /// letting a probe through: for a consumer deciding whether to take work at all.
+    pub fn held_back_for(&self) -> Option<Duration> {
+        match *self.state() {
+            State::Closed { .. } => None,
+            State::Open { until } => {
+                let now = Instant::now();
+                (now < until).then(|| until - now)
+            }
+            State::HalfOpen => Some(PROBE_WAIT),
+        }
+    }
+
     /// Whether calls are held back now.
     pub fn is_open(&self) -> bool {
         !matches!(*self.state(), State::Closed { .. })

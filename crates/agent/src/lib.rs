@@ -1,8 +1,11 @@
 //! The agent role: consumes step requests, calls the remote service over HTTP with an
 //! `Idempotency-Key` header, retries transient failures with exponential back-off and
 //! full jitter inside the deadline, replies on success or permanent failure, and
-//! stays silent once the deadline has passed. A circuit breaker per remote service
-//! stops it hammering one that is down.
+//! stays silent once the deadline has passed. Each agent queue stands for one remote
+//! service (inventory, payment, shipping, ...) and is isolated from the others: its own
+//! concurrency limit, and its own circuit breaker, which, while open, stops the agent
+//! taking that queue's requests (one in hand is given back at once), so a service that
+//! is down holds neither permits nor message locks that the others need.
 //!
 //! Depends on `orderly-core` ports and an HTTP client; no database.
 
@@ -34,7 +37,8 @@ pub struct AgentConfig {
     pub instance: InstanceId,
     /// The agent queues it consumes.
     pub queues: Vec<QueueName>,
-    /// Requests worked on at once (across its queues).
+    /// Requests worked on at once, per queue (each queue, one remote service, has its
+    /// own limit, so a slow service cannot take the others' room).
     pub concurrency: usize,
     /// Most requests received at once per queue.
     pub receive_batch: u32,
@@ -45,7 +49,7 @@ pub struct AgentConfig {
     pub reply_margin: Duration,
     /// Renew a request's lock this often while working on it.
     pub lock_renewal: Duration,
-    /// Circuit breaker settings, per remote service.
+    /// Circuit breaker settings, one breaker per queue (remote service).
     pub breaker: BreakerConfig,
 }
 
@@ -73,6 +77,9 @@ pub enum Handled {
     Replied(StepOutcome),
     /// The deadline passed (or the tries ran out) first: nothing was sent.
     Silent(String),
+    /// The service's circuit is open: the request was given back to its queue untried
+    /// (taken again once a probe finds the service up, or by the supervisor's retry).
+    Deferred(String),
 }
 
 /// An agent instance.
@@ -83,7 +90,8 @@ pub struct Agent {
     clock: Arc<dyn Clock>,
     cfg: Arc<AgentConfig>,
     breakers: Arc<std::sync::Mutex<HashMap<String, Arc<Breaker>>>>,
-    permits: Arc<Semaphore>,
+    /// One limit per queue.
+    permits: Arc<HashMap<QueueName, Arc<Semaphore>>>,
     settler: mpsc::UnboundedSender<Settle>,
 }
 
@@ -113,8 +121,13 @@ impl Agent {
             cfg.reply_margin,
             settles,
         ));
+        let permits = cfg
+            .queues
+            .iter()
+            .map(|q| (q.clone(), Arc::new(Semaphore::new(cfg.concurrency.max(1)))))
+            .collect();
         Self {
-            permits: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
+            permits: Arc::new(permits),
             transport,
             remote,
             clock,
@@ -223,10 +236,11 @@ impl Agent {
                 let _ = l.await;
             }
             // Wait for the requests in work to end (they stop at shutdown too).
-            let _ = self
-                .permits
-                .acquire_many(u32::try_from(self.cfg.concurrency.max(1)).unwrap_or(u32::MAX))
-                .await;
+            for permits in self.permits.values() {
+                let _ = permits
+                    .acquire_many(u32::try_from(self.cfg.concurrency.max(1)).unwrap_or(u32::MAX))
+                    .await;
+            }
             info!("agent stopped");
         }
         .instrument(span)
@@ -234,18 +248,31 @@ impl Agent {
     }
 
     async fn consume(&self, queue: QueueName, shutdown: CancellationToken) {
+        let Some(permits) = self.permits.get(&queue).cloned() else {
+            return;
+        };
+        let breaker = self.breaker(queue.as_str());
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
+            // While the service is known to be down, take none of its requests: they
+            // stay on the queue, unlocked, until a probe may go.
+            if let Some(wait) = breaker.held_back_for() {
+                debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "circuit open: not taking requests");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(wait.min(self.cfg.idle_wait.max(Duration::from_millis(10)))) => continue,
+                }
+            }
             // Take only as many requests as there is room to work on: one waiting for a
             // permit would hold its lock without renewing it.
             let first = tokio::select! {
                 () = shutdown.cancelled() => break,
-                permit = self.permits.clone().acquire_owned() => match permit {
+                permit = permits.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return,
                 },
             };
-            let room = (self.permits.available_permits() + 1).min(self.cfg.receive_batch as usize);
+            let room = (permits.available_permits() + 1).min(self.cfg.receive_batch as usize);
             let received = tokio::select! {
                 () = shutdown.cancelled() => break,
                 r = self.receive(&queue, room as u32, self.cfg.idle_wait) => r,
@@ -260,7 +287,7 @@ impl Agent {
                     for (req, msg) in batch {
                         let permit = match first.take() {
                             Some(permit) => permit,
-                            None => match self.permits.clone().acquire_owned().await {
+                            None => match permits.clone().acquire_owned().await {
                                 Ok(permit) => permit,
                                 Err(_) => return,
                             },
@@ -306,7 +333,7 @@ impl Agent {
         orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
             let started = std::time::Instant::now();
-            let work = self.work(&req);
+            let work = self.work(&req, &msg.queue);
             let outcome =
                 match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work)
                     .await
@@ -319,10 +346,19 @@ impl Agent {
                     }
                 };
             let (handled, attempts) = outcome;
+            if let Handled::Deferred(why) = &handled {
+                // Given back at once: no permit or lock held while the service is down.
+                debug!(reason = %why, "request given back");
+                if let Err(e) = self.transport.abandon(&msg).await {
+                    debug!(error = %e, "could not give the request back; its lock will expire");
+                }
+                metrics::counter!("orderly_requests_deferred_total", "queue" => msg.queue.as_str().to_owned()).increment(1);
+                return handled;
+            }
             let result = match &handled {
                 Handled::Replied(StepOutcome::Succeeded { .. }) => "succeeded",
                 Handled::Replied(StepOutcome::Failed { .. }) => "failed",
-                Handled::Silent(_) => "silent",
+                Handled::Silent(_) | Handled::Deferred(_) => "silent",
             };
             metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => result)
                 .record(started.elapsed().as_secs_f64());
@@ -370,14 +406,15 @@ impl Agent {
 
     /// Calls the remote service until it answers, fails permanently, the tries run
     /// out, or the deadline passes. Returns the result and the number of calls.
-    async fn work(&self, req: &StepRequest) -> (Handled, u32) {
+    async fn work(&self, req: &StepRequest, queue: &QueueName) -> (Handled, u32) {
         let started = self.clock.now();
         let budget =
             chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
         let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
         let stop_at = (req.complete_by - margin).min(started + budget);
-        let service = self.remote.service_of(&req.action);
-        let breaker = self.breaker(&service);
+        // The queue is the remote service (inventory, payment, ...): one breaker each.
+        let service = queue.as_str();
+        let breaker = self.breaker(service);
         let call = RemoteCall::from_request(req);
         let mut attempts = 0u32;
         let mut last_error = String::from("no attempt made");
@@ -390,10 +427,14 @@ impl Agent {
                 break;
             }
             if let Err(wait) = breaker.allow() {
-                last_error = format!("circuit open for {service}");
-                // Wait for the breaker to let a probe through, within the deadline.
-                tokio::time::sleep(wait.min(left)).await;
-                continue;
+                // Give it back rather than wait holding a permit and the message's lock.
+                return (
+                    Handled::Deferred(format!(
+                        "circuit open for {service} (probe in {} ms) after {attempts} calls",
+                        wait.as_millis()
+                    )),
+                    attempts,
+                );
             }
             attempts += 1;
             let result = tokio::time::timeout(left, self.remote.call(&call, left)).await;

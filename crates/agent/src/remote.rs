@@ -74,9 +74,6 @@ pub enum CallError {
 /// A remote service an agent calls.
 #[async_trait]
 pub trait RemoteService: Send + Sync {
-    /// The name of the service behind `action` (one circuit breaker each).
-    fn service_of(&self, action: &str) -> String;
-
     /// Performs `call`, giving up after `timeout`. `Ok` carries the answer.
     async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError>;
 }
@@ -137,16 +134,6 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 
 #[async_trait]
 impl RemoteService for HttpRemote {
-    fn service_of(&self, action: &str) -> String {
-        let url = self.endpoints.url(action);
-        // One breaker per host:port: a service down is down for all its actions.
-        url.split("://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or(&url)
-            .to_owned()
-    }
-
     async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError> {
         let body = serde_json::to_vec(call).map_err(|e| CallError::Permanent(e.to_string()))?;
         let mut request = self

@@ -43,10 +43,6 @@ impl Scripted {
 
 #[async_trait]
 impl RemoteService for Scripted {
-    fn service_of(&self, _action: &str) -> String {
-        "inventory".into()
-    }
-
     async fn call(&self, call: &RemoteCall, _timeout: Duration) -> Result<String, CallError> {
         self.keys.lock().unwrap().push(call.idempotency_key.clone());
         tokio::time::sleep(self.delay).await;
@@ -317,8 +313,10 @@ async fn an_open_breaker_stops_calls_to_a_service_that_keeps_failing() {
             open_for: Duration::from_secs(30),
         },
     );
-    // Two failures open the breaker; the rest of this request and the whole next
-    // one make no call until the deadline.
+    // Two failures open the breaker; the rest of this request and the whole next one
+    // make no call: each is given back to the queue at once (not held until its
+    // deadline with a permit and the message's lock).
+    let started = Instant::now();
     let first = handle(
         &rig,
         &a,
@@ -331,7 +329,134 @@ async fn an_open_breaker_stops_calls_to_a_service_that_keeps_failing() {
         request(&rig, "o-8", Duration::from_millis(400), 10),
     )
     .await;
-    assert!(matches!(first, Handled::Silent(_)));
-    assert!(matches!(second, Handled::Silent(_)));
+    assert!(matches!(first, Handled::Deferred(_)), "{first:?}");
+    assert!(
+        matches!(second, Handled::Deferred(ref why) if why.contains("after 0 calls")),
+        "{second:?}"
+    );
     assert_eq!(remote.calls().len(), 2, "{:?}", remote.calls());
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "not held until the deadline"
+    );
+    // Both are back on the queue, visible at once.
+    let back = rig
+        .transport
+        .receive(&rig.work, 10, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 2);
+    assert!(replies(&rig).await.is_empty());
+}
+
+/// Answers at once for every action but those of one service, which is down: every
+/// call hangs for 15 s, then fails transiently.
+struct OneServiceDown {
+    down: &'static str,
+    calls: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl RemoteService for OneServiceDown {
+    async fn call(&self, call: &RemoteCall, _timeout: Duration) -> Result<String, CallError> {
+        self.calls.lock().unwrap().push(call.action.clone());
+        if call.action == self.down {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            return Err(transient("connection refused"));
+        }
+        Ok("done".into())
+    }
+}
+
+/// One service down must not slow the others: each queue has its own room and its own
+/// breaker, and the dead service's requests are given back instead of held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_service_down_leaves_the_others_their_throughput() {
+    let rig = rig().await;
+    let queues: Vec<QueueName> = ["agent.inventory", "agent.payment", "agent.shipping"]
+        .iter()
+        .map(|q| QueueName::parse(*q).unwrap())
+        .collect();
+    for q in &queues {
+        rig.transport
+            .declare_queue(q, &QueueSettings::default())
+            .await
+            .unwrap();
+    }
+    let remote = Arc::new(OneServiceDown {
+        down: "ship",
+        calls: Mutex::default(),
+    });
+    let mut cfg = AgentConfig::new(InstanceId::generate("agent"), queues.clone());
+    cfg.concurrency = 4;
+    cfg.idle_wait = Duration::from_millis(20);
+    cfg.breaker = BreakerConfig {
+        failure_threshold: 3,
+        open_for: Duration::from_secs(60),
+    };
+    let agent = Agent::new(
+        rig.transport.clone(),
+        remote.clone(),
+        Arc::new(SystemClock),
+        cfg,
+    );
+    // 40 requests per service, each with a 30 s deadline and many tries.
+    for (q, action) in queues
+        .iter()
+        .zip(["reserve-inventory", "charge-payment", "ship"])
+    {
+        let msgs: Vec<_> = (0..40)
+            .map(|i| {
+                let mut r = request(&rig, &format!("{action}-{i}"), Duration::from_secs(30), 50);
+                r.step = action.into();
+                r.action = action.into();
+                json_message(r.message_id(), &r, None)
+            })
+            .collect();
+        rig.transport.send(q, &msgs).await.unwrap();
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(agent.run(shutdown.clone()));
+    let mut answered = Vec::new();
+    while answered.len() < 80 && started.elapsed() < Duration::from_secs(20) {
+        answered.extend(replies(&rig).await);
+    }
+    let took = started.elapsed();
+    shutdown.cancel();
+    let _ = running.await;
+    let actions: Vec<&str> = answered.iter().map(|r| r.action.as_str()).collect();
+    assert_eq!(
+        actions.len(),
+        80,
+        "inventory and payment all answered: {actions:?}"
+    );
+    assert!(
+        actions.iter().all(|a| *a != "ship"),
+        "the dead service answered nothing"
+    );
+    eprintln!(
+        "80 requests of the two live services answered in {} ms",
+        took.as_millis()
+    );
+    // Behind the dead service's hanging calls (15 s) they would take that long at least.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let ship_calls = remote
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| *a == "ship")
+        .count();
+    assert!(
+        ship_calls <= 4,
+        "at most its own room of calls hang: {ship_calls}"
+    );
+    // The dead service's requests are all still on their queue, none lost.
+    let ship = rig
+        .transport
+        .receive(&queues[2], 100, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(ship.len(), 40);
 }

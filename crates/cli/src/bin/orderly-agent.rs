@@ -36,7 +36,7 @@ struct Args {
         value_delimiter = ','
     )]
     endpoints: Vec<String>,
-    /// Requests worked on at once.
+    /// Requests worked on at once, per queue (each queue, one remote service, has its own).
     #[arg(long, env = "ORDERLY_AGENT_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: u64,
 }
