@@ -39,6 +39,10 @@ const RELAY_RETRY_MAX: Duration = Duration::from_secs(5);
 const BACKLOG_EVERY: Duration = Duration::from_secs(5);
 /// How long a stopping process keeps relaying what is left.
 const RELAY_DRAIN: Duration = Duration::from_secs(5);
+/// How long published outbox rows are kept (for an operator's look), then deleted.
+pub const OUTBOX_RETENTION: Duration = Duration::from_secs(3600);
+/// Most published rows one housekeeping pass deletes.
+const PRUNE_BATCH: u32 = 1000;
 
 /// The settings, checked, before anything is opened.
 pub struct Plan {
@@ -186,6 +190,7 @@ impl Plan {
                 store: sql.store,
                 transport: transport.clone(),
                 inspector: Arc::new(ServiceBusInspector { transport }),
+                outbox: sql.outbox.clone(),
             },
             relay: Some((stop, task)),
         })
@@ -225,12 +230,33 @@ async fn relay(
             if let Ok(n) = outbox.outbox_backlog().await {
                 metrics::gauge!("orderly_outbox_backlog").set(n as f64);
             }
+            if let Ok(dead) = outbox
+                .outbox_dead_letters(orderly_core::transport::MAX_MESSAGES)
+                .await
+            {
+                metrics::gauge!("orderly_outbox_dead_letters").set(dead.len() as f64);
+            }
+            match outbox.prune_sent(OUTBOX_RETENTION, PRUNE_BATCH).await {
+                Ok(n) if n > 0 => {
+                    tracing::debug!(deleted = n, "outbox: published rows past retention deleted")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "outbox: could not delete published rows"),
+            }
         }
         let pass = outbox.relay_once(&me, &*target, RELAY_BATCH).await;
         let wait = match pass {
             Ok(outcome) => {
                 failing = RELAY_RETRY_MIN;
                 metrics::counter!("orderly_outbox_relayed_total").increment(outcome.sent as u64);
+                if outcome.dead > 0 {
+                    metrics::counter!("orderly_outbox_dead_lettered_total")
+                        .increment(outcome.dead as u64);
+                    tracing::warn!(
+                        count = outcome.dead,
+                        "outbox: messages set aside as undeliverable; `orderly outbox` lists them"
+                    );
+                }
                 if outcome.failed > 0 {
                     metrics::counter!("orderly_outbox_relay_failures_total")
                         .increment(outcome.failed as u64);

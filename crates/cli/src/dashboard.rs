@@ -596,6 +596,27 @@ async fn dead_letters(State(dash): State<Dash>, Query(query): Query<DeadQuery>) 
         }
         body.push_str("</table><p class=muted>Requeue with <code>orderly requeue QUEUE MESSAGE_ID</code>.</p>");
     }
+    // With Service Bus: messages the outbox could not deliver (their queue is missing,
+    // or they failed too often), kept with the reason.
+    match dash.backend.outbox.outbox_dead_letters(200).await {
+        Ok(letters) if !letters.is_empty() => {
+            body.push_str("<h2>Outbox: not deliverable</h2><table id=outbox-dead-letters><tr><th>when</th><th>queue</th><th>message</th><th>attempts</th><th>reason</th></tr>");
+            for d in &letters {
+                let _ = write!(
+                    body,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    d.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    esc(&d.queue),
+                    esc(&d.message_id),
+                    d.attempts,
+                    esc(&d.reason)
+                );
+            }
+            body.push_str("</table><p class=muted>Publish them again, once the cause is fixed, with <code>orderly outbox --requeue</code>.</p>");
+        }
+        Ok(_) => {}
+        Err(e) => return failed(e),
+    }
     page("Dead letters", &body).into_response()
 }
 

@@ -14,6 +14,7 @@ use orderly_cli::sample;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_remote_sim::SimConfig;
 
+mod outbox;
 mod post;
 mod print;
 
@@ -49,6 +50,16 @@ enum Command {
     /// file (`-` for stdin) of one order or an array, or samples; on the SQL queue or
     /// Service Bus. `--wait` follows them to their end.
     Post(post::PostArgs),
+    /// The outbox (used with Service Bus): messages waiting to be published, and those
+    /// set aside as undeliverable (queue missing, or too many failures) with why.
+    Outbox {
+        /// Publish the undeliverable ones again (after fixing the cause).
+        #[arg(long)]
+        requeue: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Import orders straight into the state store, BYPASSING the orders queue and the
     /// submitter (no dead-lettering, no `received` notice): an operator's direct import.
     /// Clients post with `orderly post`.
@@ -393,6 +404,9 @@ async fn run() -> anyhow::Result<()> {
     }
     let cli = match cli.command {
         Command::Post(args) => return post::run(args, &cli.database_url).await,
+        Command::Outbox { requeue, json } => {
+            return outbox::run(&cli.database_url, requeue, json).await;
+        }
         command => Cli {
             command,
             database_url: cli.database_url,
@@ -452,7 +466,9 @@ async fn run() -> anyhow::Result<()> {
 
     match cli.command {
         // Dispatched before the store is opened (it may not need it).
-        Command::Post(_) => unreachable!("orderly post returned above"),
+        Command::Post(_) | Command::Outbox { .. } => {
+            unreachable!("dispatched above")
+        }
         Command::Migrate { workflow } => {
             let workflow = orderly_runtime::load_workflow(workflow.as_deref())?;
             let wanted: Vec<QueueName> = orderly_cli::backend::fixed_queues()

@@ -45,6 +45,9 @@ pub struct Backend {
     pub transport: Arc<dyn orderly_core::transport::Transport>,
     /// The queue's depths and dead letters, for operators.
     pub inspector: Arc<dyn orderly_core::transport::QueueInspector>,
+    /// The store's outbox (used with an external transport): its dead letters, for
+    /// operators.
+    pub outbox: Arc<dyn orderly_core::transport::Outbox>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -61,14 +64,16 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
         Ok(Backend {
             store: store.clone(),
             transport: store.clone(),
-            inspector: store,
+            inspector: store.clone(),
+            outbox: store,
         })
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = Arc::new(PgStore::open(url, time).await?);
         Ok(Backend {
             store: store.clone(),
             transport: store.clone(),
-            inspector: store,
+            inspector: store.clone(),
+            outbox: store,
         })
     } else {
         Err(bad_url())

@@ -61,6 +61,11 @@ pub const SQLITE: &[Migration] = &[
         name: "generations",
         sql: include_str!("../../../migrations/sqlite/0006_generations.sql"),
     },
+    Migration {
+        version: 7,
+        name: "outbox_dead_letters",
+        sql: include_str!("../../../migrations/sqlite/0007_outbox_dead_letters.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -94,6 +99,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 6,
         name: "generations",
         sql: include_str!("../../../migrations/postgres/0006_generations.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "outbox_dead_letters",
+        sql: include_str!("../../../migrations/postgres/0007_outbox_dead_letters.sql"),
     },
 ];
 

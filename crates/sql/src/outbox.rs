@@ -15,7 +15,20 @@ pub(crate) const O_INSERT: &str = "INSERT INTO outbox \
     (queue, message_id, correlation_id, properties, body, scheduled_at, created_at) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
-pub(crate) const O_BACKLOG: &str = "SELECT count(*) FROM outbox WHERE sent_at IS NULL";
+pub(crate) const O_BACKLOG: &str =
+    "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL";
+
+/// The dead letters, oldest first: `$1` limit.
+pub(crate) const O_DEAD_LETTERS: &str = "SELECT seq, queue, message_id, attempts, dead_reason, \
+    created_at, dead_at FROM outbox WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
+
+/// Every dead letter back to be published.
+pub(crate) const O_REQUEUE_DEAD: &str = "UPDATE outbox SET dead_at = NULL, dead_reason = NULL, \
+    attempts = 0, leased_until = NULL, relay = NULL WHERE dead_at IS NOT NULL";
+
+/// Deletes up to `$2` rows published before `$1`.
+pub(crate) const O_PRUNE: &str = "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox \
+    WHERE sent_at IS NOT NULL AND sent_at < $1 ORDER BY sent_at LIMIT $2)";
 
 /// Implements the outbox for one dialect's store (see `queue_ops!` for the hooks).
 macro_rules! outbox_ops {
@@ -23,7 +36,8 @@ macro_rules! outbox_ops {
         mod outbox_impl {
             use ::async_trait::async_trait;
             use ::orderly_core::transport::{
-                Envelope, OutgoingMessage, Outbox, QueueName, RelayOutcome, Transport, TransportError,
+                Envelope, OutboxDeadLetter, OutgoingMessage, Outbox, QueueName, RelayOutcome, Transport,
+                TransportError, OUTBOX_MAX_ATTEMPTS,
             };
             use ::orderly_core::InstanceId;
 
@@ -84,6 +98,20 @@ macro_rules! outbox_ops {
                     tx.commit().await.map_err(db)
                 }
 
+                async fn mark_dead(&self, relay: &InstanceId, seqs: &[i64], reason: &str) -> Result<()> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    ::sqlx::query(sql::O_DEAD)
+                        .bind(Self::seqs_param(seqs))
+                        .bind(relay.as_str())
+                        .bind(Ts(now))
+                        .bind(::orderly_core::store::bounded_text(reason))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    tx.commit().await.map_err(db)
+                }
+
                 async fn mark_failed(&self, relay: &InstanceId, seqs: &[i64], error: &str) -> Result<()> {
                     let mut tx = self.begin_write().await?;
                     let now = self.tx_now(&mut tx).await?;
@@ -115,14 +143,14 @@ macro_rules! outbox_ops {
                         .map_err(db)?;
                     tx.commit().await.map_err(db)?;
                     // Group by queue, keeping the order they were written in.
-                    let mut batches: Vec<(QueueName, Vec<i64>, Vec<OutgoingMessage>)> = Vec::new();
+                    let mut batches: Vec<(QueueName, Vec<(i64, i32)>, Vec<OutgoingMessage>)> = Vec::new();
                     let mut leased = rows
                         .iter()
                         .map(|r| {
                             let c = Cols(r);
                             let properties: String = c.get("properties")?;
                             Ok((
-                                c.get::<i64>("seq")?,
+                                (c.get::<i64>("seq")?, c.get::<i32>("attempts")?),
                                 c.get::<String>("queue")?,
                                 OutgoingMessage {
                                     message_id: c.get("message_id")?,
@@ -135,7 +163,7 @@ macro_rules! outbox_ops {
                             ))
                         })
                         .collect::<::orderly_core::Result<Vec<_>>>()?;
-                    leased.sort_by_key(|(seq, _, _)| *seq);
+                    leased.sort_by_key(|((seq, _), _, _)| *seq);
                     for (seq, queue, message) in leased {
                         let queue = QueueName::parse(queue)?;
                         match batches.iter_mut().find(|(q, _, _)| *q == queue) {
@@ -147,16 +175,36 @@ macro_rules! outbox_ops {
                         }
                     }
                     let mut outcome = RelayOutcome::default();
-                    for (queue, seqs, messages) in batches {
+                    for (queue, leased, messages) in batches {
+                        let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
                         match target.send(&queue, &messages).await {
                             Ok(_) => {
                                 self.mark_sent(relay, &seqs).await?;
                                 outcome.sent += seqs.len();
                             }
+                            Err(TransportError::QueueNotFound(_)) => {
+                                let reason = format!("QueueNotFound: queue {queue} does not exist");
+                                ::tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
+                                self.mark_dead(relay, &seqs, &reason).await?;
+                                outcome.dead += seqs.len();
+                            }
                             Err(e) => {
+                                // The lease counted this attempt: those out of attempts are
+                                // set aside, the rest retried after a pause.
+                                let (spent, left): (Vec<_>, Vec<_>) =
+                                    leased.iter().partition(|(_, attempts)| *attempts >= OUTBOX_MAX_ATTEMPTS);
+                                let spent: Vec<i64> = spent.iter().map(|(seq, _)| *seq).collect();
+                                let left: Vec<i64> = left.iter().map(|(seq, _)| *seq).collect();
                                 ::tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox relay could not publish; will retry");
-                                self.mark_failed(relay, &seqs, &e.to_string()).await?;
-                                outcome.failed += seqs.len();
+                                if !left.is_empty() {
+                                    self.mark_failed(relay, &left, &e.to_string()).await?;
+                                    outcome.failed += left.len();
+                                }
+                                if !spent.is_empty() {
+                                    let reason = format!("gave up after {OUTBOX_MAX_ATTEMPTS} attempts: {e}");
+                                    self.mark_dead(relay, &spent, &reason).await?;
+                                    outcome.dead += spent.len();
+                                }
                             }
                         }
                     }
@@ -165,6 +213,62 @@ macro_rules! outbox_ops {
 
                 async fn outbox_backlog(&self) -> Result<i64> {
                     ::sqlx::query_scalar(o::O_BACKLOG).fetch_one(&self.pool).await.map_err(db)
+                }
+
+                async fn outbox_dead_letters(&self, limit: u32) -> Result<Vec<OutboxDeadLetter>> {
+                    let rows = ::sqlx::query(o::O_DEAD_LETTERS)
+                        .bind(i64::from(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db)?;
+                    rows.iter()
+                        .map(|r| {
+                            let c = Cols(r);
+                            Ok(OutboxDeadLetter {
+                                seq: c.get("seq")?,
+                                queue: c.get("queue")?,
+                                message_id: c.get("message_id")?,
+                                attempts: c.get("attempts")?,
+                                reason: c.get::<Option<String>>("dead_reason")?.unwrap_or_default(),
+                                created_at: c.ts("created_at")?,
+                                dead_at: c.ts("dead_at")?,
+                            })
+                        })
+                        .collect::<::orderly_core::Result<Vec<_>>>()
+                        .map_err(Into::into)
+                }
+
+                async fn requeue_outbox_dead_letters(&self) -> Result<u64> {
+                    let mut tx = self.begin_write().await?;
+                    let n = ::sqlx::query(o::O_REQUEUE_DEAD)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .rows_affected();
+                    tx.commit().await.map_err(db)?;
+                    if n > 0 {
+                        self.wakeups.outbox.notify_one();
+                    }
+                    Ok(n)
+                }
+
+                async fn prune_sent(&self, older_than: ::std::time::Duration, limit: u32) -> Result<u64> {
+                    let mut tx = self.begin_write().await?;
+                    let now = self.tx_now(&mut tx).await?;
+                    let before = ::chrono::Duration::from_std(older_than)
+                        .ok()
+                        .and_then(|d| now.checked_sub_signed(d))
+                        .unwrap_or(::chrono::DateTime::<::chrono::Utc>::MIN_UTC);
+                    let before = Ts(before);
+                    let n = ::sqlx::query(o::O_PRUNE)
+                        .bind(before)
+                        .bind(i64::from(limit))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .rows_affected();
+                    tx.commit().await.map_err(db)?;
+                    Ok(n)
                 }
 
                 async fn wait_written(&self, within: ::std::time::Duration) {

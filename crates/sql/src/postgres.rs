@@ -45,9 +45,13 @@ mod sql {
 
     /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
     pub(super) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
-        WHERE seq = ANY(ARRAY(SELECT seq FROM outbox WHERE sent_at IS NULL \
+        WHERE seq = ANY(ARRAY(SELECT seq FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL \
             AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED)) \
-        RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at";
+        RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at, attempts";
+
+    /// `$1` seqs, `$2` relay, `$3` now, `$4` the reason.
+    pub(super) const O_DEAD: &str = "UPDATE outbox SET dead_at = $3, dead_reason = $4, last_error = $4, \
+        leased_until = NULL WHERE seq = ANY($1::bigint[]) AND relay = $2";
 
     /// `$1` seqs, `$2` relay, `$3` now.
     pub(super) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NULL \

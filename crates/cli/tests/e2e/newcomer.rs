@@ -423,3 +423,55 @@ async fn migrate_declares_the_queues() {
         .collect();
     assert_eq!(names.len(), 6, "{names:?}");
 }
+
+/// `orderly outbox` shows what the outbox holds back, and `--requeue` puts the
+/// undeliverable back: walked on a store whose outbox has a message for a queue the
+/// target does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orderly_outbox_lists_undeliverable_messages_and_requeues_them() {
+    use orderly_core::transport::{Envelope, OutgoingMessage, QueueName};
+    let db = Db::new(Dialect::Sqlite).await;
+    let outbox = orderly_sql::connect_outbox(&db.url, TimeSource::Database)
+        .await
+        .unwrap();
+    let order = orderly_cli::sample::order(1);
+    outbox
+        .store
+        .submit(
+            &order,
+            &orderly_core::Actor::operator("t"),
+            &[Envelope {
+                queue: QueueName::parse("client-gone").unwrap(),
+                message: OutgoingMessage::new("st-1", b"{}".to_vec()),
+            }],
+        )
+        .await
+        .unwrap();
+    // The target: the SQL queue of another database, without that queue.
+    let target = Db::new(Dialect::Sqlite).await.backend().await;
+    let relay = orderly_core::InstanceId::parse("relay-t").unwrap();
+    let outcome = outbox
+        .outbox
+        .relay_once(&relay, target.transport.as_ref(), 10)
+        .await
+        .unwrap();
+    assert_eq!(outcome.dead, 1);
+    let (ok, stdout, stderr) = orderly(&db.url, &["outbox"], &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("not deliverable: 1")
+            && stdout.contains("client-gone")
+            && stdout.contains("QueueNotFound"),
+        "{stdout}"
+    );
+    let (ok, stdout, _) = orderly(&db.url, &["outbox", "--json"], &[]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(1));
+    let (ok, stdout, _) = orderly(&db.url, &["outbox", "--requeue"], &[]);
+    assert!(
+        ok && stdout.contains("1 outbox message(s) put back"),
+        "{stdout}"
+    );
+    assert_eq!(outbox.outbox.outbox_backlog().await.unwrap(), 1);
+}

@@ -140,7 +140,8 @@ async fn check_all(
     ));
     assert_eq!(source.outbox_backlog().await.unwrap(), 0);
 
-    // The target refuses (no such queue): kept with the error, retried after a back-off.
+    // The target has no such queue: set aside at once as a dead letter with the reason
+    // (not retried forever, not lost), published again on an operator's requeue.
     let second = builders::order(3);
     source
         .submit(
@@ -151,8 +152,23 @@ async fn check_all(
         .await
         .unwrap();
     let outcome = source.relay_once(&relay, &target, 10).await.unwrap();
-    assert_eq!((outcome.sent, outcome.failed), (0, 1));
-    assert_eq!(source.outbox_backlog().await.unwrap(), 1, "not lost");
+    assert_eq!((outcome.sent, outcome.failed, outcome.dead), (0, 0, 1));
+    assert_eq!(source.outbox_backlog().await.unwrap(), 0);
+    let dead = source.outbox_dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].queue.as_str(), dead[0].message_id.as_str()),
+        ("alerts", "alert-3")
+    );
+    assert!(
+        dead[0].reason.contains("QueueNotFound"),
+        "{}",
+        dead[0].reason
+    );
+    assert_eq!(
+        source.relay_once(&relay, &target, 10).await.unwrap().sent,
+        0
+    );
     target
         .declare_queue(
             &QueueName::parse("alerts").unwrap(),
@@ -160,17 +176,51 @@ async fn check_all(
         )
         .await
         .unwrap();
-    assert_eq!(
-        source.relay_once(&relay, &target, 10).await.unwrap().sent,
-        0,
-        "waits for its back-off"
-    );
-    clock.advance(Duration::from_secs(6));
+    assert_eq!(source.requeue_outbox_dead_letters().await.unwrap(), 1);
+    assert!(source.outbox_dead_letters(10).await.unwrap().is_empty());
     assert_eq!(
         source.relay_once(&relay, &target, 10).await.unwrap().sent,
         1
     );
     assert_eq!(drain(&target, "alerts").await, ["alert-3"]);
+
+    // A target that keeps failing: retried after a back-off each time, then set aside
+    // after OUTBOX_MAX_ATTEMPTS attempts.
+    source
+        .submit(
+            &builders::order(4),
+            &builders::submitter(),
+            &[envelope("client-replies", "stuck-4")],
+        )
+        .await
+        .unwrap();
+    let down = Down;
+    for attempt in 1..=orderly_core::transport::OUTBOX_MAX_ATTEMPTS {
+        let outcome = source.relay_once(&relay, &down, 10).await.unwrap();
+        if attempt < orderly_core::transport::OUTBOX_MAX_ATTEMPTS {
+            assert_eq!((outcome.failed, outcome.dead), (1, 0), "attempt {attempt}");
+            assert_eq!(
+                source.relay_once(&relay, &down, 10).await.unwrap().failed,
+                0,
+                "waits for its back-off"
+            );
+        } else {
+            assert_eq!((outcome.failed, outcome.dead), (0, 1));
+        }
+        clock.advance(Duration::from_secs(6));
+    }
+    let dead = source.outbox_dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].reason.contains("gave up after 20 attempts"),
+        "{}",
+        dead[0].reason
+    );
+    assert_eq!(
+        dead[0].attempts,
+        orderly_core::transport::OUTBOX_MAX_ATTEMPTS
+    );
+    assert_eq!(source.outbox_backlog().await.unwrap(), 0);
 
     // The relay published but its "sent" mark was lost (a crash): it publishes again,
     // and the target drops the repeat by message id.
@@ -221,7 +271,106 @@ async fn check_all(
     got.sort();
     got.dedup();
     assert_eq!(got.len(), 60);
+
+    // Published rows are deleted after the retention period; dead letters stay.
+    assert_eq!(
+        source
+            .prune_sent(Duration::from_secs(3600), 1000)
+            .await
+            .unwrap(),
+        0,
+        "too young"
+    );
+    clock.advance(Duration::from_secs(2 * 3600));
+    let pruned = source
+        .prune_sent(Duration::from_secs(3600), 1000)
+        .await
+        .unwrap();
+    assert_eq!(
+        pruned, 62,
+        "every published row: received-1, alert-3 and the 60"
+    );
+    assert_eq!(source.outbox_dead_letters(10).await.unwrap().len(), 1);
     StoreFactory::cleanup(&target_file).await;
+}
+
+/// A target transport that is down: every call fails as unavailable.
+struct Down;
+
+fn down<T>() -> Result<T, orderly_core::transport::TransportError> {
+    Err(orderly_core::transport::TransportError::Unavailable(
+        "the target is down".into(),
+    ))
+}
+
+#[async_trait::async_trait]
+impl Transport for Down {
+    async fn declare_queue(
+        &self,
+        _: &QueueName,
+        _: &QueueSettings,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn ensure_queue(
+        &self,
+        _: &QueueName,
+        _: &QueueSettings,
+    ) -> Result<bool, orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn send(
+        &self,
+        _: &QueueName,
+        _: &[OutgoingMessage],
+    ) -> Result<orderly_core::transport::SendOutcome, orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn receive(
+        &self,
+        _: &QueueName,
+        _: u32,
+        _: Duration,
+    ) -> Result<
+        Vec<orderly_core::transport::ReceivedMessage>,
+        orderly_core::transport::TransportError,
+    > {
+        down()
+    }
+    async fn complete(
+        &self,
+        _: &orderly_core::transport::ReceivedMessage,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn abandon(
+        &self,
+        _: &orderly_core::transport::ReceivedMessage,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn dead_letter(
+        &self,
+        _: &orderly_core::transport::ReceivedMessage,
+        _: &str,
+        _: &str,
+    ) -> Result<(), orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn renew_lock(
+        &self,
+        _: &orderly_core::transport::ReceivedMessage,
+    ) -> Result<chrono::DateTime<chrono::Utc>, orderly_core::transport::TransportError> {
+        down()
+    }
+    async fn dead_letters(
+        &self,
+        _: &QueueName,
+        _: u32,
+    ) -> Result<Vec<orderly_core::transport::DeadLetter>, orderly_core::transport::TransportError>
+    {
+        down()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
