@@ -137,6 +137,9 @@ pub struct StepWrite {
     pub updates: Vec<StepUpdate>,
     /// Sent if, and only if, the write is applied.
     pub sends: Vec<Envelope>,
+    /// The write records the last step: complete the order (Processed, lock released)
+    /// in the same transaction.
+    pub complete: bool,
 }
 
 /// An operator alert, raised when an order enters Error.

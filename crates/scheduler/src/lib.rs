@@ -368,7 +368,6 @@ impl Scheduler {
                 Err(e) => return Err(e),
             }
         };
-        let mut completions = Vec::new();
         for ((reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
             let _entered = span.enter();
             match verdict {
@@ -377,7 +376,10 @@ impl Scheduler {
                     if reply.step_index + 1 < self.cfg.workflow.len() {
                         pass.requests += 1;
                     } else {
-                        completions.push(self.completion(&reply.fence, &reply.context));
+                        // Completed with the write that recorded its last step.
+                        pass.completed += 1;
+                        metrics::counter!("orderly_orders_processed_total").increment(1);
+                        debug!(order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, "order processed");
                     }
                     settle.push(message);
                 }
@@ -388,9 +390,6 @@ impl Scheduler {
                     settle.push(message);
                 }
             }
-        }
-        if !completions.is_empty() {
-            self.complete(completions, &mut pass).await?;
         }
         for (reply, message, span) in later {
             match self.apply_other(&reply, &mut pass).instrument(span).await {
@@ -560,6 +559,7 @@ impl Scheduler {
             (StepKind::Do, StepOutcome::Failed { error }) => {
                 warn!(error = %error, "step failed permanently");
                 let write = StepWrite {
+                    complete: false,
                     fence: fence.clone(),
                     expect_step: Some(reply.step_index),
                     updates: vec![StepUpdate {

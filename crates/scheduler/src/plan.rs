@@ -93,6 +93,7 @@ impl Scheduler {
             .map(|d| d.name.clone())
             .unwrap_or_default();
         StepWrite {
+            complete: false,
             fence: fence.clone(),
             expect_step: Some(index),
             updates: vec![StepUpdate {
@@ -117,6 +118,7 @@ impl Scheduler {
             detail: None,
         };
         let mut write = StepWrite {
+            complete: false,
             fence: reply.fence.clone(),
             expect_step: Some(reply.step_index),
             updates: vec![StepUpdate {
@@ -139,6 +141,12 @@ impl Scheduler {
             let start = self.start_step(&reply.fence, next, reply.complete_by, &reply.context);
             write.updates.extend(start.updates);
             write.sends.extend(start.sends);
+        } else {
+            // The last step: recorded and the order completed in one transaction.
+            write.complete = true;
+            write
+                .sends
+                .extend(self.completion(&reply.fence, &reply.context).sends);
         }
         write
     }
@@ -215,6 +223,7 @@ impl Scheduler {
                         .map(|c| format!("compensating with {c}")),
                 });
                 Next::Write(StepWrite {
+                    complete: false,
                     fence: fence.clone(),
                     expect_step: None,
                     updates,
@@ -226,6 +235,7 @@ impl Scheduler {
             }
             None if !updates.is_empty() => Next::Finish(
                 StepWrite {
+                    complete: false,
                     fence: fence.clone(),
                     expect_step: None,
                     updates,

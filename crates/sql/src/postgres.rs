@@ -608,6 +608,28 @@ impl PgStore {
 type WriteTxn = Transaction<'static, Postgres>;
 
 impl PgStore {
+    /// Completes the orders of `fences` inside `tx` (with their history); returns the
+    /// ids it completed.
+    async fn complete_in(
+        tx: &mut WriteTxn,
+        fences: &[&Fence],
+        now: DateTime<Utc>,
+    ) -> Result<std::collections::HashSet<String>> {
+        let ids: Vec<&str> = fences.iter().map(|f| f.order_id.as_str()).collect();
+        let owners: Vec<&str> = fences.iter().map(|f| f.owner.as_str()).collect();
+        let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
+        let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+            .persistent(false)
+            .bind(Some(Ts(now)))
+            .bind(&ids)
+            .bind(&owners)
+            .bind(&epochs)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db)?;
+        Ok(done.into_iter().collect())
+    }
+
     /// The writes of a `record_steps` batch as three set-based statements (a touch,
     /// the step records, the history) instead of three round trips per update. A
     /// write whose order already has a write in the batch, or that names one step

@@ -787,13 +787,28 @@ macro_rules! store_ops {
                 let refusals = self.apply_step_writes(&mut tx, writes, now).await?;
                 let mut verdicts = Vec::with_capacity(writes.len());
                 let mut sends = Vec::new();
+                let mut completing = Vec::new();
                 for (w, refused) in writes.iter().zip(refusals) {
                     match refused {
                         None => {
                             sends.extend(w.sends.iter().cloned());
+                            if w.complete {
+                                completing.push(&w.fence);
+                            }
                             verdicts.push(Ok(()));
                         }
                         Some(refused) => verdicts.push(Err(refused)),
+                    }
+                }
+                // The last step's record and the completion commit together.
+                if !completing.is_empty() {
+                    let done = Self::complete_in(&mut tx, &completing, now).await?;
+                    if let Some(f) = completing.iter().find(|f| !done.contains(f.order_id.as_str())) {
+                        // Under the same fence and deadline the step write just passed:
+                        // refuse the whole batch rather than leave it half done.
+                        return Err(Error::Unavailable(
+                            format!("order {} could not be completed with its last step; retry", f.order_id).into(),
+                        ));
                     }
                 }
                 self.commit_with(tx, now, &sends).await?;

@@ -616,6 +616,41 @@ impl SqliteStore {
 type WriteTxn = WriteTx;
 
 impl SqliteStore {
+    /// Completes the orders of `fences` inside `tx` (with their history); returns the
+    /// ids it completed.
+    async fn complete_in(
+        tx: &mut WriteTx,
+        fences: &[&Fence],
+        now: DateTime<Utc>,
+    ) -> Result<std::collections::HashSet<String>> {
+        let triples: Vec<_> = fences
+            .iter()
+            .map(|f| serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0]))
+            .collect();
+        let json = serde_json::Value::Array(triples).to_string();
+        let done: Vec<String> = sqlx::query_scalar(sql::COMPLETE)
+            .bind(&json)
+            .bind(Ts(now))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db)?;
+        let done: std::collections::HashSet<String> = done.into_iter().collect();
+        let completed: Vec<_> = fences
+            .iter()
+            .filter(|f| done.contains(f.order_id.as_str()))
+            .map(|f| serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0]))
+            .collect();
+        if !completed.is_empty() {
+            sqlx::query(sql::COMPLETED_HISTORY)
+                .bind(serde_json::Value::Array(completed).to_string())
+                .bind(Ts(now))
+                .execute(&mut **tx)
+                .await
+                .map_err(db)?;
+        }
+        Ok(done)
+    }
+
     /// The writes of a `record_steps` batch, one after the other (statements cost no
     /// round trip here): `Some(refusal)` for each refused write.
     async fn apply_step_writes(

@@ -83,6 +83,7 @@ macro_rules! store_conformance {
             owned_lists_what_an_owner_holds_and_release_hands_it_back,
             a_retry_after_compensation_is_a_fresh_run_under_the_next_generation,
             giving_up_undoes_the_steps_done_first,
+            recording_the_last_step_completes_the_order_in_the_same_write,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,

@@ -22,6 +22,7 @@ fn update(index: i32, status: StepStatus) -> StepUpdate {
 
 fn write(fence: &Fence, expect: Option<i32>, updates: Vec<StepUpdate>) -> StepWrite {
     StepWrite {
+        complete: false,
         fence: fence.clone(),
         expect_step: expect,
         updates,
@@ -750,5 +751,55 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
             .count(),
         1,
         "one alert, when it entered Error"
+    );
+}
+
+/// The write that records the last step also completes the order, in one transaction:
+/// no window in which a finished order waits, Processing, to time out. Refused (stale
+/// fence), it records nothing and completes nothing.
+pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 1).await;
+    let a = owner("a");
+    let c = claim_one(&*store, &a, MINUTE).await;
+    let f = &c.fence;
+    store
+        .record_steps(&[write(f, Some(0), vec![update(0, StepStatus::Started)])])
+        .await
+        .unwrap();
+    let stale = Fence {
+        epoch: orderly_core::Epoch(f.epoch.0 - 1),
+        ..f.clone()
+    };
+    let mut last = write(&stale, Some(0), vec![update(0, StepStatus::Succeeded)]);
+    last.complete = true;
+    let refused = store.record_steps(&[last.clone()]).await.unwrap();
+    assert!(
+        matches!(refused[..], [Err(Error::Fenced { .. })]),
+        "{refused:?}"
+    );
+    assert_eq!(
+        row(&*store, &f.order_id).await.process_state,
+        ProcessState::Processing
+    );
+    last.fence = f.clone();
+    let applied = store.record_steps(&[last]).await.unwrap();
+    assert!(matches!(applied[..], [Ok(())]), "{applied:?}");
+    let r = row(&*store, &f.order_id).await;
+    assert_eq!(
+        (r.process_state, r.locked_by, r.complete_by),
+        (ProcessState::Processed, None, None)
+    );
+    let kinds: Vec<HistoryKind> = store
+        .get(&f.order_id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        &kinds[kinds.len() - 2..],
+        [HistoryKind::StepSucceeded, HistoryKind::Completed]
     );
 }
