@@ -495,6 +495,17 @@ pub trait SchedulerStore: Send + Sync {
     /// its epoch raised by one. No order is ever given to two claimers.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>>;
 
+    /// [`SchedulerStore::claim`], and in the same transaction the write `plan` gives
+    /// for each order claimed (its first step started and its request enqueued), so a
+    /// claim and its first request commit together or not at all. Returns each order
+    /// and whether its planned write was applied (`false`: `plan` gave none, e.g. an
+    /// order to be undone, left to the caller).
+    async fn claim_and_start(
+        &self,
+        request: &ClaimRequest,
+        plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
+    ) -> Result<Vec<(ClaimedOrder, bool)>>;
+
     /// Records a step's progress (and moves `current_step` past it on success), with
     /// the messages it causes (the step request, the next one, a status notification).
     async fn record_step(

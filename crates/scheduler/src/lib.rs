@@ -182,15 +182,68 @@ impl Scheduler {
         if limit == 0 {
             return Ok(Pass::default());
         }
+        // Orders running forward get their first request in the claim's own
+        // transaction; the rest (to be undone, or with every step done) after it.
+        let plan = |order: &ClaimedOrder| self.first_request(order);
         let claimed = self
             .store
-            .claim(&ClaimRequest {
-                owner: self.cfg.instance.clone(),
-                limit,
-                timeout: self.cfg.processing_timeout,
-            })
+            .claim_and_start(
+                &ClaimRequest {
+                    owner: self.cfg.instance.clone(),
+                    limit,
+                    timeout: self.cfg.processing_timeout,
+                },
+                &plan,
+            )
             .await?;
-        self.advance_claimed(claimed).await
+        let started = claimed.iter().filter(|(_, started)| *started).count();
+        if started > 0 {
+            metrics::counter!("orderly_orders_claimed_total").increment(started as u64);
+            debug!(batch = started, "claimed and started");
+        }
+        let rest: Vec<ClaimedOrder> = claimed
+            .into_iter()
+            .filter_map(|(order, started)| (!started).then_some(order))
+            .collect();
+        let mut pass = self.advance_claimed(rest).await?;
+        pass.claimed += started;
+        pass.requests += started;
+        Ok(pass)
+    }
+
+    /// The write that starts a forward-running order's current step (and tells the
+    /// client it is processing), built in the order's `dispatch` span so its request
+    /// starts the order's trace; `None` for an order to be undone or already done.
+    fn first_request(&self, order: &ClaimedOrder) -> Option<StepWrite> {
+        let def = self.cfg.workflow.step(order.current_step)?;
+        if order.finish_as.is_some() {
+            return None;
+        }
+        let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step = %def.name, epoch = %order.fence.epoch);
+        orderly_core::tracecontext::start_trace(&span);
+        let _entered = span.enter();
+        let context = StepContext {
+            details: order.details.clone(),
+            notify_to: order.reply_to.clone(),
+            finish_as: None,
+            generation: order.generation,
+        };
+        let mut write = self.start_step(
+            &order.fence,
+            order.current_step,
+            order.complete_by,
+            &context,
+        );
+        let notice = StatusNotice {
+            order_id: order.fence.order_id.clone(),
+            status: OrderStatus::Processing,
+            step: None,
+            detail: None,
+        };
+        write
+            .sends
+            .extend(notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()));
+        Some(write)
     }
 
     async fn advance_claimed(&self, claimed: Vec<ClaimedOrder>) -> orderly_core::Result<Pass> {

@@ -421,6 +421,31 @@ impl PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(db)?;
+        Self::claimed_orders(&rows, request)
+    }
+
+    /// Claims inside `tx` (with the claims' history); the caller commits.
+    async fn claim_in(
+        tx: &mut WriteTxn,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let rows = sqlx::query(sql::CLAIM)
+            .bind(Some(Ts(now)))
+            .bind(i64::from(request.limit))
+            .bind(request.owner.as_str())
+            .bind(timeout_micros)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db)?;
+        Self::claimed_orders(&rows, request)
+    }
+
+    fn claimed_orders(
+        rows: &[sqlx::postgres::PgRow],
+        request: &ClaimRequest,
+    ) -> Result<Vec<ClaimedOrder>> {
         rows.iter()
             .map(|r| {
                 let c = Cols(r);

@@ -637,6 +637,42 @@ macro_rules! store_ops {
                 self.claim_batch(request, timeout).await
             }
 
+            async fn claim_and_start(
+                &self,
+                request: &ClaimRequest,
+                plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
+            ) -> Result<Vec<(ClaimedOrder, bool)>> {
+                if request.limit == 0 || request.limit > ::orderly_core::store::MAX_BATCH {
+                    return Err(::orderly_core::ValidationError::new(
+                        "limit",
+                        format!("must be 1 to {}", ::orderly_core::store::MAX_BATCH),
+                    )
+                    .into());
+                }
+                let timeout = $crate::shared::timeout_micros(request.timeout)?;
+                let mut tx = self.begin_write().await?;
+                let now = self.tx_now(&mut tx).await?;
+                let claimed = Self::claim_in(&mut tx, request, timeout, now).await?;
+                if claimed.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let planned: Vec<Option<StepWrite>> = claimed.iter().map(|c| plan(c)).collect();
+                let writes: Vec<StepWrite> = planned.iter().flatten().cloned().collect();
+                let refusals = self.apply_step_writes(&mut tx, &writes, now).await?;
+                if let Some(refused) = refusals.into_iter().flatten().next() {
+                    // Just claimed in this transaction: a refusal means a planning
+                    // error. Nothing is claimed or sent.
+                    return Err(refused);
+                }
+                let sends: Vec<Envelope> = writes.iter().flat_map(|w| w.sends.iter().cloned()).collect();
+                self.commit_with(tx, now, &sends).await?;
+                Ok(claimed
+                    .into_iter()
+                    .zip(planned)
+                    .map(|(c, w)| (c, w.is_some()))
+                    .collect())
+            }
+
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch, step = step.index, status = %step.status))]
             async fn record_step(&self, fence: &Fence, step: &StepUpdate, sends: &[Envelope]) -> Result<StepRecord> {
                 if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {

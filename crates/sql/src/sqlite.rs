@@ -408,13 +408,27 @@ impl SqliteStore {
     ) -> Result<Vec<ClaimedOrder>> {
         let mut tx = self.begin_write().await?;
         let now = self.tx_now(&mut tx).await?;
+        let claimed = Self::claim_in(&mut tx, request, timeout_micros, now).await?;
+        if !claimed.is_empty() {
+            tx.commit().await.map_err(db)?;
+        }
+        Ok(claimed)
+    }
+
+    /// Claims inside `tx` (with the claims' history); the caller commits.
+    async fn claim_in(
+        tx: &mut WriteTx,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimedOrder>> {
         let deadline = now + chrono::Duration::microseconds(timeout_micros);
         let rows = sqlx::query(sql::CLAIM)
             .bind(request.owner.as_str())
             .bind(Ts(deadline))
             .bind(Ts(now))
             .bind(i64::from(request.limit))
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await
             .map_err(db)?;
         if rows.is_empty() {
@@ -442,13 +456,13 @@ impl SqliteStore {
             .bind(&ids)
             .bind(Ts(now))
             .bind(request.owner.as_str())
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .map_err(db)?;
         let mut details = std::collections::HashMap::with_capacity(claimed.len());
         for r in sqlx::query(sql::DETAILS_OF)
             .bind(ids)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await
             .map_err(db)?
         {
@@ -457,7 +471,6 @@ impl SqliteStore {
                 .map_err(|e| corrupt("orders.details", e))?;
             details.insert(c.get::<String>("order_id")?, d);
         }
-        tx.commit().await.map_err(db)?;
         claimed
             .into_iter()
             .map(

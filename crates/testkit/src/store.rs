@@ -84,6 +84,7 @@ macro_rules! store_conformance {
             a_retry_after_compensation_is_a_fresh_run_under_the_next_generation,
             giving_up_undoes_the_steps_done_first,
             recording_the_last_step_completes_the_order_in_the_same_write,
+            a_claim_and_its_first_step_commit_together,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,

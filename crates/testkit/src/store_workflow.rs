@@ -803,3 +803,48 @@ pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: 
         [HistoryKind::StepSucceeded, HistoryKind::Completed]
     );
 }
+
+/// A claim and its first step commit together: the orders it claims have their step
+/// started in the same transaction; if a planned write cannot be applied, nothing is
+/// claimed at all.
+pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
+    let store = ctx.store().await;
+    let ids = submit_n(&*store, 3).await;
+    let a = owner("a");
+    let request = orderly_core::store::ClaimRequest {
+        owner: a.clone(),
+        limit: 2,
+        timeout: MINUTE,
+    };
+    // A plan that cannot apply (it expects another step): nothing is claimed.
+    let wrong = |c: &orderly_core::store::ClaimedOrder| {
+        Some(write(
+            &c.fence,
+            Some(5),
+            vec![update(5, StepStatus::Started)],
+        ))
+    };
+    assert!(store.claim_and_start(&request, &wrong).await.is_err());
+    for id in &ids {
+        assert_eq!(row(&*store, id).await.process_state, ProcessState::Pending);
+    }
+    // The plan starts step 0 of the first order it sees, nothing for the others.
+    let first = std::sync::Mutex::new(true);
+    let plan = |c: &orderly_core::store::ClaimedOrder| {
+        let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *first, false)
+            .then(|| write(&c.fence, Some(0), vec![update(0, StepStatus::Started)]))
+    };
+    let claimed = store.claim_and_start(&request, &plan).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed.iter().filter(|(_, started)| *started).count(), 1);
+    for (c, started) in &claimed {
+        let r = row(&*store, &c.fence.order_id).await;
+        assert_eq!(
+            (r.process_state, r.lock_epoch),
+            (ProcessState::Processing, c.fence.epoch)
+        );
+        let steps = store.steps(&c.fence.order_id).await.unwrap();
+        assert_eq!(steps.len(), usize::from(*started), "{steps:?}");
+    }
+}
