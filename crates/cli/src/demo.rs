@@ -345,14 +345,17 @@ fn check_order(
         violations.push(format!("order {id}: claim epochs do not grow: {epochs:?}"));
     }
     // 5. FailureCount counts each timeout or failure exactly once (since the last
-    // operator retry, which gives the order a fresh failure budget).
+    // operator move back to Pending, a retry or a cancel that undoes steps, which gives
+    // the order a fresh failure budget).
     let since_retry = view
         .history
         .iter()
         .rposition(|e| {
             matches!(
                 e.kind,
-                HistoryKind::Resubmitted | HistoryKind::RetriedAfresh
+                HistoryKind::Resubmitted
+                    | HistoryKind::RetriedAfresh
+                    | HistoryKind::CancelRequested
             )
         })
         .map_or(0, |i| i + 1);

@@ -141,6 +141,8 @@ pub struct Sim {
     cfg: Arc<SimConfig>,
     ledger: Arc<Mutex<Ledger>>,
     dice: Arc<Mutex<StdRng>>,
+    /// Set once the cause of the permanent refusals is fixed (an operator's repair).
+    repaired: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,7 +161,15 @@ impl Sim {
             dice: Arc::new(Mutex::new(StdRng::seed_from_u64(cfg.seed))),
             cfg: Arc::new(cfg),
             ledger: Arc::default(),
+            repaired: Arc::default(),
         }
+    }
+
+    /// The cause of the permanent refusals is fixed: from now on nothing is refused
+    /// permanently (what an operator does before retrying orders in Error).
+    pub fn repair(&self) {
+        self.repaired
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -210,6 +220,9 @@ impl Sim {
 
     /// Whether `key` fails permanently: a stable function of the key and the seed.
     fn declines(&self, action: &str, key: &str) -> bool {
+        if self.repaired.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
         if self.cfg.permanent_actions.iter().any(|a| a == action) {
             return true;
         }

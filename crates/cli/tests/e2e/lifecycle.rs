@@ -211,3 +211,122 @@ async fn give_up_compensates(dialect: Dialect) {
         );
     }
 }
+
+both!(
+    operator_retries_and_cancels_at_random_points_keep_the_ledger_consistent,
+    operators_at_random
+);
+/// Orders under faults (transient failures, hangs, permanent refusals) while an
+/// operator cancels some at random moments (Pending, Processing, being undone, in
+/// Error) and retries every order that lands in Error, one by one and in bulk, for a
+/// few rounds. Whatever the timing, every order ends Processed, Error or Cancelled and
+/// the remote effects agree with it: a Processed order has each step in effect once,
+/// an Error or Cancelled one that was undone has each completed step undone once.
+async fn operators_at_random(dialect: Dialect) {
+    use rand::Rng;
+    let db = Db::new(dialect).await;
+    let mut cfg = SystemConfig::new().quick();
+    cfg.sim = Some(SimConfig {
+        transient_rate: 0.1,
+        hang_rate: 0.02,
+        hang_for: Duration::from_secs(2),
+        permanent_rate: 0.15,
+        seed: 7,
+        ..SimConfig::default()
+    });
+    let system = System::start(db.backend().await, cfg).await.unwrap();
+    let store = system.backend.store.clone();
+    let orders = demo::sample_orders(60);
+    let sent = demo::submit(&system, &orders).await.unwrap();
+    let operator = orderly_core::Actor::operator("chaos");
+    let mut rng = rand::rng();
+    let (mut cancels, mut retries) = (0, 0);
+    let started = std::time::Instant::now();
+    // Random cancels while the orders run, retries of whatever is in Error.
+    while started.elapsed() < Duration::from_secs(6) {
+        let o = &orders[rng.random_range(0..orders.len())];
+        if rng.random_bool(0.3)
+            && store
+                .request_cancel(&o.order_id, &operator, "chaos cancel", &[])
+                .await
+                .is_ok()
+        {
+            cancels += 1;
+        }
+        let errors = store
+            .list(&orderly_core::store::OrderFilter {
+                state: Some(ProcessState::Error),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for row in errors.orders.iter().take(3) {
+            if store
+                .resubmit(&row.order_id, &operator, "chaos retry", &[])
+                .await
+                .is_ok()
+            {
+                retries += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..120))).await;
+    }
+    // The operator fixes the cause of the refusals, then retries in bulk with the real
+    // CLI, a few rounds.
+    system.sim.as_ref().unwrap().repair();
+    for _ in 0..3 {
+        wait_for(
+            "every order finished",
+            Duration::from_secs(120),
+            async || {
+                let counts = store.count_by_state().await.unwrap();
+                counts
+                    .iter()
+                    .filter(|(s, _)| matches!(s, ProcessState::Pending | ProcessState::Processing))
+                    .all(|(_, n)| *n == 0)
+            },
+        )
+        .await;
+        let (ok, stdout, _) = orderly(
+            &db.url,
+            &["resubmit", "--all", "--yes", "--reason", "bulk retry"],
+            &[],
+        );
+        if !ok && stdout.is_empty() {
+            break; // no order in Error any more
+        }
+        retries += stdout.lines().count();
+    }
+    wait_for(
+        "every order finished",
+        Duration::from_secs(120),
+        async || {
+            let counts = store.count_by_state().await.unwrap();
+            counts
+                .iter()
+                .filter(|(s, _)| matches!(s, ProcessState::Pending | ProcessState::Processing))
+                .all(|(_, n)| *n == 0)
+        },
+    )
+    .await;
+    let ledger = system.sim.as_ref().unwrap().effects();
+    system.stop(Duration::from_secs(5)).await;
+    let report = demo::report_on(
+        store.as_ref(),
+        Some(ledger),
+        &sent,
+        &Workflow::default(),
+        true,
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "{cancels} cancels, {retries} retries; by state {:?}",
+        report.by_state
+    );
+    assert!(
+        cancels > 0 && retries > 0,
+        "the operator acted: {cancels} cancels, {retries} retries"
+    );
+    assert_eq!(report.violations, Vec::<String>::new());
+}
