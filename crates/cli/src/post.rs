@@ -129,7 +129,7 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
                 .as_deref()
                 .map(|d| format!(": {d}"))
                 .unwrap_or_default();
-            println!("{}  {}{step}{detail}", n.order_id, status_word(n.status));
+            println!("{}  {}{step}{detail}", n.order_id, n.status.as_str());
             match n.status {
                 OrderStatus::Completed => completed += 1,
                 OrderStatus::Failed | OrderStatus::Cancelled => failed += 1,
@@ -143,15 +143,4 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
         anyhow::bail!("{failed} order(s) did not complete: `orderly list --state Error` shows why");
     }
     Ok(())
-}
-
-fn status_word(s: OrderStatus) -> &'static str {
-    match s {
-        OrderStatus::Received => "received",
-        OrderStatus::Processing => "processing",
-        OrderStatus::StepDone => "step_done",
-        OrderStatus::Completed => "completed",
-        OrderStatus::Failed => "failed",
-        OrderStatus::Cancelled => "cancelled",
-    }
 }

@@ -215,7 +215,8 @@ pub enum OrderStatus {
 }
 
 impl OrderStatus {
-    fn as_str(self) -> &'static str {
+    /// The name used in message ids and shown to people (`step_done`, ...).
+    pub fn as_str(self) -> &'static str {
         match self {
             OrderStatus::Received => "received",
             OrderStatus::Processing => "processing",

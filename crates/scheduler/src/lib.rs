@@ -211,6 +211,23 @@ impl Scheduler {
         Ok(pass)
     }
 
+    /// The write that starts an order's current step, telling the client's queue (if
+    /// any) that it is processing.
+    fn start_write(&self, order: &ClaimedOrder, context: &StepContext) -> StepWrite {
+        let mut write =
+            self.start_step(&order.fence, order.current_step, order.complete_by, context);
+        let notice = StatusNotice {
+            order_id: order.fence.order_id.clone(),
+            status: OrderStatus::Processing,
+            step: None,
+            detail: None,
+        };
+        write
+            .sends
+            .extend(notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()));
+        write
+    }
+
     /// The write that starts a forward-running order's current step (and tells the
     /// client it is processing), built in the order's `dispatch` span so its request
     /// starts the order's trace; `None` for an order to be undone or already done.
@@ -228,22 +245,7 @@ impl Scheduler {
             finish_as: None,
             generation: order.generation,
         };
-        let mut write = self.start_step(
-            &order.fence,
-            order.current_step,
-            order.complete_by,
-            &context,
-        );
-        let notice = StatusNotice {
-            order_id: order.fence.order_id.clone(),
-            status: OrderStatus::Processing,
-            step: None,
-            detail: None,
-        };
-        write
-            .sends
-            .extend(notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()));
-        Some(write)
+        Some(self.start_write(order, &context))
     }
 
     async fn advance_claimed(&self, claimed: Vec<ClaimedOrder>) -> orderly_core::Result<Pass> {
@@ -298,24 +300,7 @@ impl Scheduler {
                 None if order.current_step >= self.cfg.workflow.len() => {
                     Next::Complete(self.completion(&order.fence, &context))
                 }
-                None => {
-                    let mut write = self.start_step(
-                        &order.fence,
-                        order.current_step,
-                        order.complete_by,
-                        &context,
-                    );
-                    let notice = StatusNotice {
-                        order_id: order.fence.order_id.clone(),
-                        status: OrderStatus::Processing,
-                        step: None,
-                        detail: None,
-                    };
-                    write.sends.extend(
-                        notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()),
-                    );
-                    Next::Write(write)
-                }
+                None => Next::Write(self.start_write(order, &context)),
             };
             nexts.push(next);
         }

@@ -545,14 +545,7 @@ impl PgStore {
         let mut decided = Vec::with_capacity(rows.len());
         for r in &rows {
             let c = Cols(r);
-            let expired = orderly_core::store::Expired {
-                order_id: c.order_id("order_id")?,
-                failure_count: c.get("failure_count")?,
-                current_step: c.get("current_step")?,
-                locked_by: c.get("locked_by")?,
-                finish_as: c.opt_state("finish_as")?,
-                has_effects: c.get("has_effects")?,
-            };
+            let expired = c.expired()?;
             let epoch: i64 = c.get("lock_epoch")?;
             decided.push((
                 expired.order_id.clone(),

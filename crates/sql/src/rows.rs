@@ -64,6 +64,7 @@ where
     i64: Decode<'r, R::Database> + Type<R::Database>,
     Ts: Decode<'r, R::Database> + Type<R::Database>,
     Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
 {
     pub fn get<T: Decode<'r, R::Database> + Type<R::Database>>(&self, col: &'r str) -> Result<T> {
         self.0.try_get(col).map_err(db)
@@ -91,6 +92,18 @@ where
         self.get::<Option<String>>(col)?
             .map(|s| s.parse().map_err(|e| corrupt(col, e)))
             .transpose()
+    }
+
+    /// An expired order as a sweep found it (the columns of the dialects' expiry scans).
+    pub fn expired(&self) -> Result<orderly_core::store::Expired> {
+        Ok(orderly_core::store::Expired {
+            order_id: self.order_id("order_id")?,
+            failure_count: self.get("failure_count")?,
+            current_step: self.get("current_step")?,
+            locked_by: self.get("locked_by")?,
+            finish_as: self.opt_state("finish_as")?,
+            has_effects: self.get("has_effects")?,
+        })
     }
 
     pub fn state_row(&self) -> Result<StateRow> {
