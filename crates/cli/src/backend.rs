@@ -230,11 +230,8 @@ async fn relay(
             if let Ok(n) = outbox.outbox_backlog().await {
                 metrics::gauge!("orderly_outbox_backlog").set(n as f64);
             }
-            if let Ok(dead) = outbox
-                .outbox_dead_letters(orderly_core::transport::MAX_MESSAGES)
-                .await
-            {
-                metrics::gauge!("orderly_outbox_dead_letters").set(dead.len() as f64);
+            if let Ok(dead) = outbox.outbox_dead_count().await {
+                metrics::gauge!("orderly_outbox_dead_letters").set(dead as f64);
             }
             match outbox.prune_sent(OUTBOX_RETENTION, PRUNE_BATCH).await {
                 Ok(n) if n > 0 => {

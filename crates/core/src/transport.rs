@@ -527,6 +527,9 @@ pub trait Outbox: Send + Sync {
     /// How many messages are not yet published (dead letters not counted).
     async fn outbox_backlog(&self) -> Result<i64, TransportError>;
 
+    /// How many messages are set aside as undeliverable.
+    async fn outbox_dead_count(&self) -> Result<i64, TransportError>;
+
     /// The messages set aside because they could not be delivered (their queue does not
     /// exist, or [`OUTBOX_MAX_ATTEMPTS`] publications failed), oldest first.
     async fn outbox_dead_letters(

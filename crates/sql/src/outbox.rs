@@ -18,6 +18,8 @@ pub(crate) const O_INSERT: &str = "INSERT INTO outbox \
 pub(crate) const O_BACKLOG: &str =
     "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL";
 
+pub(crate) const O_DEAD_COUNT: &str = "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL";
+
 /// The dead letters, oldest first: `$1` limit.
 pub(crate) const O_DEAD_LETTERS: &str = "SELECT seq, queue, message_id, attempts, dead_reason, \
     created_at, dead_at FROM outbox WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
@@ -213,6 +215,10 @@ macro_rules! outbox_ops {
 
                 async fn outbox_backlog(&self) -> Result<i64> {
                     ::sqlx::query_scalar(o::O_BACKLOG).fetch_one(&self.pool).await.map_err(db)
+                }
+
+                async fn outbox_dead_count(&self) -> Result<i64> {
+                    ::sqlx::query_scalar(o::O_DEAD_COUNT).fetch_one(&self.pool).await.map_err(db)
                 }
 
                 async fn outbox_dead_letters(&self, limit: u32) -> Result<Vec<OutboxDeadLetter>> {

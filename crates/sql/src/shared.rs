@@ -220,6 +220,17 @@ macro_rules! store_ops {
                 row.as_ref().map(|r| Cols(r).state_row()).transpose()
             }
 
+            async fn fetch_steps(conn: &mut Conn, order_id: &OrderId) -> Result<Vec<StepRecord>> {
+                ::sqlx::query(st::SELECT_STEPS)
+                    .bind(order_id.as_str())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).step_record())
+                    .collect()
+            }
+
             async fn append(conn: &mut Conn, ev: Event<'_>) -> Result<()> {
                 ::sqlx::query(st::INSERT_HISTORY)
                     .bind(ev.order_id.as_str())
@@ -500,14 +511,7 @@ macro_rules! store_ops {
                     let mut reason = reason.to_owned();
                     let mut kind = kind;
                     if kind == HistoryKind::Resubmitted {
-                        let steps = ::sqlx::query(st::SELECT_STEPS)
-                            .bind(order_id.as_str())
-                            .fetch_all(&mut *tx)
-                            .await
-                            .map_err(db)?
-                            .iter()
-                            .map(|r| Cols(r).step_record())
-                            .collect::<Result<Vec<_>>>()?;
+                        let steps = Self::fetch_steps(&mut tx, order_id).await?;
                         let plan = ::orderly_core::RetryPlan::for_order(
                             moved.generation,
                             moved.current_step,
@@ -961,14 +965,8 @@ macro_rules! store_ops {
             }
 
             async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
-                ::sqlx::query(st::SELECT_STEPS)
-                    .bind(order_id.as_str())
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db)?
-                    .iter()
-                    .map(|r| Cols(r).step_record())
-                    .collect()
+                let mut conn = self.pool.acquire().await.map_err(db)?;
+                Self::fetch_steps(&mut conn, order_id).await
             }
         }
 
@@ -1208,14 +1206,7 @@ macro_rules! store_ops {
                     .map_err(db)?;
                 let details =
                     OrderDetails::from_json(&details).map_err(|e| corrupt("orders.details", e))?;
-                let steps = ::sqlx::query(st::SELECT_STEPS)
-                    .bind(order_id.as_str())
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map_err(db)?
-                    .iter()
-                    .map(|r| Cols(r).step_record())
-                    .collect::<Result<Vec<_>>>()?;
+                let steps = Self::fetch_steps(&mut conn, order_id).await?;
                 let history = ::sqlx::query(st::SELECT_HISTORY)
                     .bind(order_id.as_str())
                     .fetch_all(&mut *conn)

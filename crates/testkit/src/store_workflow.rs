@@ -515,15 +515,15 @@ pub async fn owned_lists_what_an_owner_holds_and_release_hands_it_back(ctx: &Ctx
     );
 }
 
-/// Drives a claimed order through steps 0 and 1 done, step 2 failed, both undone, to
-/// Error: the state an operator finds after a permanent failure with compensation.
-async fn failed_and_undone(
-    store: &dyn orderly_core::store::StateStore,
-    c: &orderly_core::store::ClaimedOrder,
-) -> Fence {
-    let f = &c.fence;
+/// Applies one write, which must be accepted.
+async fn apply(store: &dyn orderly_core::store::StateStore, w: StepWrite) {
+    let verdicts = store.record_steps(&[w]).await.unwrap();
+    assert!(matches!(verdicts[..], [Ok(())]), "{verdicts:?}");
+}
+
+/// From step 0 started: steps 0 and 1 done, step 2 failed.
+async fn fail_the_last_step(store: &dyn orderly_core::store::StateStore, f: &Fence) {
     for w in [
-        write(f, Some(0), vec![update(0, StepStatus::Started)]),
         write(
             f,
             Some(0),
@@ -542,26 +542,33 @@ async fn failed_and_undone(
         ),
         write(f, Some(2), vec![update(2, StepStatus::Failed)]),
     ] {
-        store
-            .record_steps(&[w])
-            .await
-            .unwrap()
-            .pop()
-            .unwrap()
-            .unwrap();
+        apply(store, w).await;
     }
+}
+
+/// Drives a claimed order through steps 0 and 1 done, step 2 failed, both undone, to
+/// Error: the state an operator finds after a permanent failure with compensation.
+async fn failed_and_undone(
+    store: &dyn orderly_core::store::StateStore,
+    c: &orderly_core::store::ClaimedOrder,
+) -> Fence {
+    let f = &c.fence;
+    apply(
+        store,
+        write(f, Some(0), vec![update(0, StepStatus::Started)]),
+    )
+    .await;
+    fail_the_last_step(store, f).await;
     store
         .begin_compensation(f, ProcessState::Error, "step 2 failed", &[])
         .await
         .unwrap();
     for i in [1, 0] {
-        store
-            .record_steps(&[write(f, None, vec![update(i, StepStatus::Compensated)])])
-            .await
-            .unwrap()
-            .pop()
-            .unwrap()
-            .unwrap();
+        apply(
+            store,
+            write(f, None, vec![update(i, StepStatus::Compensated)]),
+        )
+        .await;
     }
     store
         .fail(f, "step 2 failed; undone: 1, 0", &[])
@@ -624,33 +631,7 @@ pub async fn a_retry_after_compensation_is_a_fresh_run_under_the_next_generation
 
     // Steps 0 and 1 done, step 2 failed, nothing undone: the retry continues at step 2.
     let f = &c.fence;
-    for w in [
-        write(
-            f,
-            Some(0),
-            vec![
-                update(0, StepStatus::Succeeded),
-                update(1, StepStatus::Started),
-            ],
-        ),
-        write(
-            f,
-            Some(1),
-            vec![
-                update(1, StepStatus::Succeeded),
-                update(2, StepStatus::Started),
-            ],
-        ),
-        write(f, Some(2), vec![update(2, StepStatus::Failed)]),
-    ] {
-        store
-            .record_steps(&[w])
-            .await
-            .unwrap()
-            .pop()
-            .unwrap()
-            .unwrap();
-    }
+    fail_the_last_step(&*store, f).await;
     store.fail(f, "step 2 failed", &[]).await.unwrap();
     let r = store
         .resubmit(&f.order_id, &who, "retry", &[])

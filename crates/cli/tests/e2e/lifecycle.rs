@@ -275,18 +275,12 @@ async fn operators_at_random(dialect: Dialect) {
     // CLI, a few rounds.
     system.sim.as_ref().unwrap().repair();
     for _ in 0..3 {
-        wait_for(
-            "every order finished",
-            Duration::from_secs(120),
-            async || {
-                let counts = store.count_by_state().await.unwrap();
-                counts
-                    .iter()
-                    .filter(|(s, _)| matches!(s, ProcessState::Pending | ProcessState::Processing))
-                    .all(|(_, n)| *n == 0)
-            },
-        )
-        .await;
+        assert!(
+            demo::wait_done_on(store.as_ref(), orders.len(), Duration::from_secs(120))
+                .await
+                .unwrap(),
+            "every order finished"
+        );
         let (ok, stdout, _) = orderly(
             &db.url,
             &["resubmit", "--all", "--yes", "--reason", "bulk retry"],
@@ -297,18 +291,12 @@ async fn operators_at_random(dialect: Dialect) {
         }
         retries += stdout.lines().count();
     }
-    wait_for(
-        "every order finished",
-        Duration::from_secs(120),
-        async || {
-            let counts = store.count_by_state().await.unwrap();
-            counts
-                .iter()
-                .filter(|(s, _)| matches!(s, ProcessState::Pending | ProcessState::Processing))
-                .all(|(_, n)| *n == 0)
-        },
-    )
-    .await;
+    assert!(
+        demo::wait_done_on(store.as_ref(), orders.len(), Duration::from_secs(120))
+            .await
+            .unwrap(),
+        "every order finished"
+    );
     let ledger = system.sim.as_ref().unwrap().effects();
     system.stop(Duration::from_secs(5)).await;
     let report = demo::report_on(

@@ -156,6 +156,7 @@ async fn check_all(
     assert_eq!(source.outbox_backlog().await.unwrap(), 0);
     let dead = source.outbox_dead_letters(10).await.unwrap();
     assert_eq!(dead.len(), 1);
+    assert_eq!(source.outbox_dead_count().await.unwrap(), 1);
     assert_eq!(
         (dead[0].queue.as_str(), dead[0].message_id.as_str()),
         ("alerts", "alert-3")
