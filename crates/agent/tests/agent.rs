@@ -117,6 +117,7 @@ fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> Step
         },
         reply_to: rig.replies.clone(),
         context: StepContext {
+            workflow: None,
             details: orderly_core::OrderDetails::new(
                 "c-1",
                 orderly_core::Currency::parse("EUR").unwrap(),

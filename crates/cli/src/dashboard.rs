@@ -401,6 +401,11 @@ async fn order(State(dash): State<Dash>, headers: HeaderMap, Path(id): Path<Stri
         s.lock_epoch,
         esc(s.locked_by.as_ref().map_or("nobody", |l| l.as_str()))
     );
+    let _ = write!(
+        body,
+        "<p>Workflow <b id=workflow>{}</b></p>",
+        esc(&s.workflow_label())
+    );
     if let Some(e) = &s.last_error {
         let _ = write!(
             body,

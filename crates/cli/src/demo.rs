@@ -212,7 +212,7 @@ fn bar(done: usize, total: usize) -> String {
 pub async fn report(
     system: &System,
     sent_at: &HashMap<OrderId, DateTime<Utc>>,
-    workflow: &orderly_core::workflow::Workflow,
+    workflows: &orderly_core::workflow::Workflows,
     check: bool,
 ) -> anyhow::Result<Report> {
     let effects = system.sim.as_ref().map(|s| s.effects());
@@ -220,19 +220,20 @@ pub async fn report(
         system.backend.store.as_ref(),
         effects,
         sent_at,
-        workflow,
+        workflows,
         check,
     )
     .await
 }
 
 /// [`report`] for a system running elsewhere: its store, and the simulator's ledger
-/// if there is one.
+/// if there is one. Each order is checked against the workflow version it is pinned
+/// to, looked up in `workflows`.
 pub async fn report_on(
     store: &dyn orderly_core::store::StateStore,
     effects: Option<Vec<Effect>>,
     sent_at: &HashMap<OrderId, DateTime<Utc>>,
-    workflow: &orderly_core::workflow::Workflow,
+    workflows: &orderly_core::workflow::Workflows,
     check: bool,
 ) -> anyhow::Result<Report> {
     let has_ledger = effects.is_some();
@@ -291,6 +292,19 @@ pub async fn report_on(
             }
         }
         if check {
+            let pinned = view.state.workflow_version.as_ref().map(|version| {
+                orderly_core::workflow::WorkflowRef {
+                    name: view.state.workflow.clone().unwrap_or_default(),
+                    version: version.clone(),
+                }
+            });
+            let Some(workflow) = workflows.get(pinned.as_ref()) else {
+                r.violations.push(format!(
+                    "order {id} is pinned to workflow {}, which none of the workflows checked against is",
+                    view.state.workflow_label()
+                ));
+                continue;
+            };
             let order_effects = has_ledger.then(|| {
                 effects_by_order
                     .get(id.as_str())
@@ -421,6 +435,32 @@ fn check_order(
                         def.name
                     ));
                 }
+            }
+        }
+    }
+    // 9. It ran the workflow version it is pinned to: every step it recorded is that
+    // version's step at that index, and every action applied for it is one of its.
+    for s in &view.steps {
+        if workflow.step(s.index).is_none_or(|d| d.name != s.name) {
+            violations.push(format!(
+                "order {id}: step {} recorded at index {} is not that step of its workflow {}",
+                s.name,
+                s.index,
+                view.state.workflow_label()
+            ));
+        }
+    }
+    if let Some(effects) = effects {
+        for e in effects.iter() {
+            let known = workflow.steps.iter().any(|d| {
+                d.name == e.action || d.compensation.as_deref() == Some(e.action.as_str())
+            });
+            if !known {
+                violations.push(format!(
+                    "order {id}: {} took effect but is no action of its workflow {}",
+                    e.action,
+                    view.state.workflow_label()
+                ));
             }
         }
     }

@@ -42,9 +42,10 @@ enum Command {
     /// happen when a role starts): orders, replies, alerts and each workflow step's queue,
     /// created with the defaults if missing, left as they are if present.
     Migrate {
-        /// The workflow whose step queues to declare (default: the built-in order workflow).
-        #[arg(long, env = "ORDERLY_WORKFLOW")]
-        workflow: Option<std::path::PathBuf>,
+        /// The workflow files whose step queues to declare (repeat or separate with
+        /// commas; default: the built-in order workflow).
+        #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
+        workflow: Vec<std::path::PathBuf>,
     },
     /// Post orders to the orders queue as a client does (through the submitter): a JSON
     /// file (`-` for stdin) of one order or an array, or samples; on the SQL queue or
@@ -94,6 +95,14 @@ enum Command {
     },
     /// Count orders by state.
     Counts,
+    /// The orders in flight (Pending, Processing) by workflow version: which versions
+    /// still have orders, so their schedulers (or their files) can be retired once
+    /// none are left, and which orders wait for a scheduler that runs their workflow.
+    Workflows {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send an Error order round again (Pending, fresh failure budget).
     Resubmit {
         /// The order id.
@@ -470,10 +479,10 @@ async fn run() -> anyhow::Result<()> {
             unreachable!("dispatched above")
         }
         Command::Migrate { workflow } => {
-            let workflow = orderly_runtime::load_workflow(workflow.as_deref())?;
+            let workflows = orderly_runtime::load_workflows(&workflow)?;
             let wanted: Vec<QueueName> = orderly_cli::backend::fixed_queues()
                 .into_iter()
-                .chain(workflow.queues())
+                .chain(workflows.queues())
                 .collect();
             orderly_cli::backend::ensure_queues(backend.transport.as_ref(), wanted.clone()).await?;
             println!("migrations applied; the store is up to date");
@@ -526,6 +535,9 @@ async fn run() -> anyhow::Result<()> {
             for (state, n) in store.count_by_state().await? {
                 println!("{:<11} {n}", state.as_str());
             }
+        }
+        Command::Workflows { json } => {
+            print::workflows(&store.workflows_in_flight().await?, json)?;
         }
         Command::Resubmit {
             order_id,
@@ -762,7 +774,7 @@ async fn run_demo(
         .context("cannot open the demo's state store (--store)")?;
     let mut cfg = SystemConfig::new().quick();
     cfg.sim = Some(faults.sim());
-    let workflow = cfg.workflow.clone();
+    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
     eprintln!(
         "orderly demo: {orders} orders, faults {}, store {}",
         if faults == Faults::On { "on" } else { "off" },
@@ -781,7 +793,7 @@ async fn run_demo(
         std::time::Duration::from_secs(timeout_secs),
     )
     .await?;
-    let mut report = demo::report(&system, &sent_at, &workflow, true).await?;
+    let mut report = demo::report(&system, &sent_at, &workflows, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
     if !finished {
         report.violations.insert(
@@ -816,7 +828,7 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     };
     let mut cfg = SystemConfig::new();
     cfg.sim = Some(SimConfig::default());
-    let workflow = cfg.workflow.clone();
+    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
     let system = System::start(backend, cfg).await?;
     // Burst: everything at once; throughput at saturation.
     let burst = demo::sample_orders(orders);
@@ -824,7 +836,7 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
         bail!("the burst did not finish within 600 s");
     }
-    let peak = demo::report(&system, &sent_at, &workflow, true).await?;
+    let peak = demo::report(&system, &sent_at, &workflows, true).await?;
     println!(
         "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
     );
@@ -850,7 +862,7 @@ async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
     {
         bail!("the paced run did not finish within 600 s");
     }
-    let steady = demo::report(&system, &sent_at, &workflow, true).await?;
+    let steady = demo::report(&system, &sent_at, &workflows, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
     println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
     steady.print();

@@ -25,6 +25,10 @@ pub struct PostArgs {
     /// name it). With --wait on the SQL transport a fresh one is made if not given.
     #[arg(long)]
     pub reply_to: Option<String>,
+    /// The workflow to run them under, by name (orders without a workflow of their own
+    /// get it); default: the one the schedulers start orders that name none on.
+    #[arg(long)]
+    pub workflow: Option<String>,
     /// Follow each posted order's notices until it completes, fails or is cancelled;
     /// exit non-zero unless all completed.
     #[arg(long)]
@@ -42,11 +46,17 @@ pub struct PostArgs {
 
 /// Runs `orderly post`.
 pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
-    let orders: Vec<NewOrder> = match (&args.file, args.sample) {
+    let mut orders: Vec<NewOrder> = match (&args.file, args.sample) {
         (_, Some(n)) => (0..n).map(orderly_cli::sample::order).collect(),
         (Some(path), None) => crate::read_orders(path)?,
         (None, None) => anyhow::bail!("give a JSON file (or - for stdin), or --sample N"),
     };
+    if let Some(name) = &args.workflow {
+        orderly_core::workflow::check_workflow_name("--workflow", name)?;
+        for o in orders.iter_mut().filter(|o| o.workflow.is_none()) {
+            o.workflow = Some(name.clone());
+        }
+    }
     let (target, on) = match args.transport {
         TransportKind::Sql => (
             Target::Sql {

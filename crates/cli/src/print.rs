@@ -37,6 +37,31 @@ pub fn orders(rows: &[StateRow], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Live orders by workflow version: which versions still have orders in flight.
+pub fn workflows(
+    counts: &[orderly_core::store::WorkflowCount],
+    as_json: bool,
+) -> anyhow::Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(counts)?);
+        return Ok(());
+    }
+    if counts.is_empty() {
+        println!("no orders in flight");
+        return Ok(());
+    }
+    println!("{:<40} {:<11} {:>8}", "WORKFLOW", "STATE", "ORDERS");
+    for c in counts {
+        let name = c.workflow.as_deref().unwrap_or("(default)");
+        let label = match &c.version {
+            Some(v) => format!("{name}@{v}"),
+            None => format!("{name} (not started)"),
+        };
+        println!("{label:<40} {:<11} {:>8}", c.state.as_str(), c.orders);
+    }
+    Ok(())
+}
+
 /// One order in full.
 pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
     if as_json {
@@ -55,6 +80,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
         "state        {}  (epoch {}, step {}, failures {}, run {})",
         s.process_state, s.lock_epoch, s.current_step, s.failure_count, s.generation
     );
+    println!("workflow     {}", s.workflow_label());
     println!(
         "locked_by    {}",
         s.locked_by.as_ref().map(|l| l.as_str()).unwrap_or("-")

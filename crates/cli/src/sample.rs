@@ -31,6 +31,7 @@ pub fn order(n: u64) -> NewOrder {
     )
     .expect("sample orders are valid");
     NewOrder {
+        workflow: None,
         order_id: OrderId::random(),
         details,
         reply_to: None,

@@ -114,6 +114,8 @@ pub struct System {
     pub instances: Vec<InstanceId>,
     /// The leadership status of each supervisor here.
     pub leaders: Vec<tokio::sync::watch::Receiver<orderly_core::leader::LeaderStatus>>,
+    /// The workflow its schedulers run (the one its orders are pinned to).
+    pub workflows: Arc<orderly_core::workflow::Workflows>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -181,7 +183,10 @@ impl System {
                     .context("no simulator and no remote URL")?,
             ),
         };
-        let workflow = Arc::new(cfg.workflow.clone());
+        let workflows = Arc::new(
+            orderly_core::workflow::Workflows::single(cfg.workflow.clone())
+                .context("invalid workflow")?,
+        );
 
         for _ in 0..cfg.submitters {
             let s = Submitter::new(
@@ -194,7 +199,7 @@ impl System {
         for _ in 0..cfg.schedulers {
             let id = InstanceId::generate("scheduler");
             instances.push(id.clone());
-            let mut sc = SchedulerConfig::new(id, workflow.clone());
+            let mut sc = SchedulerConfig::new(id, workflows.clone());
             sc.processing_timeout = cfg.processing_timeout;
             sc.max_in_flight = cfg.max_in_flight;
             let s = Scheduler::new(
@@ -247,6 +252,7 @@ impl System {
             sim_addr,
             instances,
             leaders,
+            workflows,
             shutdown,
             tasks,
         })

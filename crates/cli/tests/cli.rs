@@ -224,9 +224,23 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         env!("CARGO_BIN_EXE_orderly-scheduler"),
         &["--workflow", wf.to_str().unwrap()],
     );
-    let _ = std::fs::remove_file(&wf);
     assert!(
         err.contains("steps[0].timeout_ms") && err.contains("--workflow"),
+        "{err}"
+    );
+    // A workflow's name is half of the version orders are pinned to: checked too.
+    std::fs::write(
+        &wf,
+        "name = \"gift wrap\"\n[[steps]]\nname = \"a\"\nqueue = \"q\"\ntimeout_ms = 50\n",
+    )
+    .unwrap();
+    let err = run(
+        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        &["--workflow", wf.to_str().unwrap()],
+    );
+    let _ = std::fs::remove_file(&wf);
+    assert!(
+        err.contains("name") && err.contains("gift wrap") && err.contains("--workflow"),
         "{err}"
     );
     let err = run(
@@ -1013,6 +1027,7 @@ async fn error_order(
     let owner = orderly_core::InstanceId::parse("scheduler-1").expect("instance id");
     let claimed = store
         .claim(&orderly_core::store::ClaimRequest {
+            workflows: Default::default(),
             owner,
             limit: 1,
             timeout: std::time::Duration::from_secs(60),

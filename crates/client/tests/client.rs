@@ -14,6 +14,7 @@ use orderly_submitter::{Submitter, SubmitterConfig};
 
 fn order(id: &str) -> NewOrder {
     NewOrder {
+        workflow: None,
         order_id: OrderId::parse(id).unwrap(),
         details: OrderDetails::new(
             "customer-1",

@@ -112,6 +112,11 @@ pub struct StepContext {
     /// agent of the previous version takes them during a rolling upgrade.
     #[serde(default, skip_serializing_if = "is_first_run")]
     pub generation: i32,
+    /// The workflow version the order is pinned to; the scheduler applies the reply
+    /// with that version's steps. Absent in messages sent before workflows were
+    /// pinned (the default workflow applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<crate::workflow::WorkflowRef>,
 }
 
 fn is_first_run(generation: &i32) -> bool {

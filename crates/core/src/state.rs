@@ -142,10 +142,27 @@ pub struct StateRow {
     /// The run of its workflow (0 for the first; an operator's retry after some steps
     /// were undone starts the next). Part of every idempotency key.
     pub generation: i32,
+    /// The workflow it asked for (`None`: the default), then, once started, the one
+    /// it runs under.
+    pub workflow: Option<String>,
+    /// The version of `workflow` it is pinned to, from its first claim on.
+    pub workflow_version: Option<String>,
     /// When the order was accepted.
     pub created_at: DateTime<Utc>,
     /// When the row last changed.
     pub updated_at: DateTime<Utc>,
+}
+
+impl StateRow {
+    /// The workflow it runs, for operators: `name@version` once started, the name it
+    /// asked for before (`(default)` if none).
+    pub fn workflow_label(&self) -> String {
+        let name = self.workflow.as_deref().unwrap_or("(default)");
+        match &self.workflow_version {
+            Some(v) => format!("{name}@{v}"),
+            None => format!("{name} (version chosen when a scheduler starts it)"),
+        }
+    }
 }
 
 #[cfg(test)]

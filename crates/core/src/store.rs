@@ -38,11 +38,18 @@ pub struct NewOrder {
     pub details: OrderDetails,
     /// Where to send status notifications, if anywhere.
     pub reply_to: Option<String>,
+    /// The workflow to run it under (by name); `None`: the schedulers' default. The
+    /// order is pinned to that workflow's version when it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
 }
 
 impl NewOrder {
-    /// Checks what `OrderDetails` cannot: the reply queue's name.
+    /// Checks what `OrderDetails` cannot: the reply queue's name and the workflow name.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(w) = &self.workflow {
+            crate::workflow::check_workflow_name("workflow", w)?;
+        }
         if let Some(q) = &self.reply_to
             && (q.is_empty() || q.len() > MAX_REPLY_TO_LEN || q.chars().any(char::is_control))
         {
@@ -83,6 +90,8 @@ pub struct ClaimRequest {
     pub limit: u32,
     /// Processing timeout: `complete_by = now + timeout`.
     pub timeout: Duration,
+    /// Which orders it may take (by workflow) and the versions it pins new ones to.
+    pub workflows: crate::workflow::WorkflowFilter,
 }
 
 /// An order a scheduler now owns.
@@ -106,6 +115,9 @@ pub struct ClaimedOrder {
     pub generation: i32,
     /// The last error recorded (why it is being undone, after a give-up).
     pub last_error: Option<String>,
+    /// The workflow version it is pinned to; `None` only for an order started before
+    /// workflows were pinned (it runs the default).
+    pub workflow: Option<crate::workflow::WorkflowRef>,
 }
 
 /// A step result to record.
@@ -628,6 +640,12 @@ pub trait OperatorStore: Send + Sync {
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 
+    /// Counts the live (Pending and Processing) orders by workflow, version and state:
+    /// which versions still have orders in flight (an earlier version's schedulers
+    /// can be retired once it has none), and which orders wait for a scheduler that
+    /// runs their workflow.
+    async fn workflows_in_flight(&self) -> Result<Vec<WorkflowCount>>;
+
     /// How many orders finished (reached Processed, Error or Cancelled, and are still
     /// there) at or after `since`, by final state: the throughput an operator sees.
     /// Every final state is listed, zero or not.
@@ -671,6 +689,19 @@ pub trait OperatorStore: Send + Sync {
         reason: &str,
         sends: &[Envelope],
     ) -> Result<StateRow>;
+}
+
+/// Live orders of one workflow version in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowCount {
+    /// The workflow asked for (`None`: the schedulers' default).
+    pub workflow: Option<String>,
+    /// The version pinned (`None`: not started yet).
+    pub version: Option<String>,
+    /// Pending or Processing.
+    pub state: ProcessState,
+    /// How many orders.
+    pub orders: i64,
 }
 
 /// The whole state store.

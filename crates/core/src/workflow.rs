@@ -1,8 +1,18 @@
 //! Workflows are declared, not hard-coded: an ordered list of steps, each with the
 //! agent queue that runs it, its time budget, its retry policy and an optional
-//! compensating step. The scheduler reads one from configuration; agents learn a
+//! compensating step. The scheduler reads them from configuration; agents learn a
 //! step's budget and retry policy from each request.
+//!
+//! Every workflow has a *version*: a hash of what it means (its name, steps, queues,
+//! budgets, retry policies and compensations; not the file's layout or comments). An
+//! order is pinned to the version it started under ([`WorkflowRef`]) and runs on it to
+//! the end, so a deployment can change a workflow while orders are in flight: a
+//! scheduler applies only versions it has loaded ([`Workflows`]) and leaves the other
+//! orders to schedulers that have.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -113,7 +123,8 @@ impl StepDef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workflow {
-    /// Its name, for logs.
+    /// Its name: what an order message asks for, and half of the reference an order
+    /// is pinned to.
     pub name: String,
     /// The steps, run in this order.
     pub steps: Vec<StepDef>,
@@ -163,6 +174,7 @@ impl Workflow {
     /// Checks names, budgets and policies; the error names the field, e.g.
     /// `steps[1].timeout_ms`.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        check_workflow_name("name", &self.name)?;
         if self.steps.is_empty() || self.steps.len() > MAX_STEPS {
             return Err(ValidationError::new(
                 "steps",
@@ -233,6 +245,248 @@ impl Workflow {
         queues.dedup();
         queues
     }
+
+    /// The version: the first 12 hex digits of a SHA-256 over a canonical text of
+    /// everything that changes how an order runs (name, and per step its name, queue,
+    /// budget, retry policy and compensation; `compensate_on_error`). The same
+    /// workflow written differently (key order, comments, defaults spelt out) has the
+    /// same version; any change of meaning gives a new one.
+    pub fn version(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut canonical = format!(
+            "orderly-workflow/1\nname={}\ncompensate_on_error={}\n",
+            self.name, self.compensate_on_error
+        );
+        for s in &self.steps {
+            let r = &s.retry;
+            canonical.push_str(&format!(
+                "step={}|queue={}|timeout_ms={}|retry={},{},{},{}|compensation={}\n",
+                s.name,
+                s.queue,
+                s.timeout_ms,
+                r.max_attempts,
+                r.initial_backoff_ms,
+                r.max_backoff_ms,
+                r.multiplier,
+                s.compensation.as_deref().unwrap_or("-")
+            ));
+        }
+        let digest = Sha256::digest(canonical.as_bytes());
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The reference an order running this workflow is pinned to.
+    pub fn reference(&self) -> WorkflowRef {
+        WorkflowRef {
+            name: self.name.clone(),
+            version: self.version(),
+        }
+    }
+}
+
+/// Longest workflow name accepted.
+pub const MAX_WORKFLOW_NAME_LEN: usize = 40;
+
+/// Checks a workflow name (in a workflow file or an order message): 1 to 40 letters,
+/// digits, `-` or `_`.
+pub fn check_workflow_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    if name.is_empty()
+        || name.len() > MAX_WORKFLOW_NAME_LEN
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(ValidationError::new(
+            field,
+            format!("must be 1 to {MAX_WORKFLOW_NAME_LEN} letters, digits, - or _ (got {name:?})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The workflow version an order is pinned to: `name@version`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WorkflowRef {
+    /// The workflow's name.
+    pub name: String,
+    /// Its version ([`Workflow::version`]).
+    pub version: String,
+}
+
+impl WorkflowRef {
+    /// Parses `name@version`.
+    pub fn parse(text: &str) -> Result<Self, ValidationError> {
+        let (name, version) = text.split_once('@').ok_or_else(|| {
+            ValidationError::new("workflow", format!("{text:?} is not name@version"))
+        })?;
+        check_workflow_name("workflow", name)?;
+        if version.is_empty()
+            || version.len() > 64
+            || !version.chars().all(|c| c.is_ascii_hexdigit())
+        {
+            return Err(ValidationError::new(
+                "workflow",
+                format!("{text:?}: the version must be hex digits"),
+            ));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            version: version.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for WorkflowRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.name, self.version)
+    }
+}
+
+impl TryFrom<String> for WorkflowRef {
+    type Error = ValidationError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<WorkflowRef> for String {
+    fn from(r: WorkflowRef) -> Self {
+        r.to_string()
+    }
+}
+
+/// The workflows one scheduler runs: for each name, the version it starts new orders
+/// on, and every version it can carry on (kept so orders started under an earlier
+/// definition finish on it). The first workflow loaded is the default, for orders
+/// that name none.
+#[derive(Debug, Clone)]
+pub struct Workflows {
+    default: Arc<Workflow>,
+    current: BTreeMap<String, Arc<Workflow>>,
+    known: BTreeMap<WorkflowRef, Arc<Workflow>>,
+}
+
+impl Workflows {
+    /// The catalogue of `workflows`, each validated: the first is the default; for a
+    /// name given more than once, the first is the one new orders start on and the
+    /// others only finish the orders pinned to them.
+    pub fn new(workflows: Vec<Workflow>) -> Result<Self, ValidationError> {
+        let mut current = BTreeMap::new();
+        let mut known = BTreeMap::new();
+        let mut default = None;
+        for w in workflows {
+            w.validate()?;
+            let w = Arc::new(w);
+            default.get_or_insert_with(|| w.clone());
+            current.entry(w.name.clone()).or_insert_with(|| w.clone());
+            known.entry(w.reference()).or_insert(w);
+        }
+        let default =
+            default.ok_or_else(|| ValidationError::new("workflow", "no workflow given"))?;
+        Ok(Self {
+            default,
+            current,
+            known,
+        })
+    }
+
+    /// A catalogue of one workflow.
+    pub fn single(workflow: Workflow) -> Result<Self, ValidationError> {
+        Self::new(vec![workflow])
+    }
+
+    /// The workflow for orders that name none.
+    pub fn default_workflow(&self) -> &Arc<Workflow> {
+        &self.default
+    }
+
+    /// The workflow an order pinned to `reference` runs, if this catalogue has it;
+    /// `None` for the reference means an order from before workflows were pinned,
+    /// which runs the default.
+    pub fn get(&self, reference: Option<&WorkflowRef>) -> Option<&Arc<Workflow>> {
+        match reference {
+            None => Some(&self.default),
+            Some(r) => self.known.get(r),
+        }
+    }
+
+    /// Every version it can carry on.
+    pub fn references(&self) -> impl Iterator<Item = &WorkflowRef> {
+        self.known.keys()
+    }
+
+    /// Every agent queue any of its workflows uses, once each.
+    pub fn queues(&self) -> Vec<QueueName> {
+        let mut queues: Vec<QueueName> = self.known.values().flat_map(|w| w.queues()).collect();
+        queues.sort();
+        queues.dedup();
+        queues
+    }
+
+    /// The longest total budget of its workflows: a processing timeout that suits all.
+    pub fn total_budget(&self) -> Duration {
+        self.known
+            .values()
+            .map(|w| w.total_budget())
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Which orders a scheduler with this catalogue may claim, and what it pins them to.
+    pub fn filter(&self) -> WorkflowFilter {
+        WorkflowFilter {
+            default_name: self.default.name.clone(),
+            start: self
+                .current
+                .iter()
+                .map(|(name, w)| (name.clone(), w.version()))
+                .collect(),
+            carry_on: self.known.keys().cloned().collect(),
+        }
+    }
+
+    /// Whether it serves an order of workflow `name` (`None`: the default) pinned to
+    /// `version` (`None`: not started yet).
+    pub fn serves(&self, name: Option<&str>, version: Option<&str>) -> bool {
+        let name = name.unwrap_or(&self.default.name);
+        match version {
+            None => self.current.contains_key(name),
+            Some(v) => self.known.keys().any(|r| r.name == name && r.version == v),
+        }
+    }
+}
+
+impl Default for Workflows {
+    /// The catalogue of the default workflow alone.
+    fn default() -> Self {
+        let w = Arc::new(Workflow::default());
+        Self {
+            current: BTreeMap::from([(w.name.clone(), w.clone())]),
+            known: BTreeMap::from([(w.reference(), w.clone())]),
+            default: w,
+        }
+    }
+}
+
+/// What a claim may take: orders not started yet whose workflow (or the default, for
+/// orders that name none) it starts, pinning them to that version, and started orders
+/// pinned to a version it carries on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowFilter {
+    /// The workflow of orders that name none.
+    pub default_name: String,
+    /// For each name it starts, the version it pins new orders to.
+    pub start: BTreeMap<String, String>,
+    /// The versions it carries on.
+    pub carry_on: Vec<WorkflowRef>,
+}
+
+impl Default for WorkflowFilter {
+    /// The filter of the default workflow alone.
+    fn default() -> Self {
+        Workflows::default().filter()
+    }
 }
 
 #[cfg(test)]
@@ -267,6 +521,79 @@ mod tests {
             w.validate().unwrap_err().field,
             "steps[0].retry.max_attempts"
         );
+    }
+
+    #[test]
+    fn the_version_follows_the_meaning_not_the_layout() {
+        let w = Workflow::default();
+        let v = w.version();
+        assert_eq!(v.len(), 12);
+        assert_eq!(Workflow::default().version(), v, "stable");
+        // The same workflow read from TOML with defaults left out and keys reordered.
+        let toml_text = r#"
+            compensate_on_error = true
+            name = "order"
+            [[steps]]
+            queue = "agent.inventory"
+            name = "reserve-inventory"
+            timeout_ms = 10000
+            compensation = "release-inventory"
+            [[steps]]
+            name = "charge-payment"
+            queue = "agent.payment"
+            timeout_ms = 10000
+            compensation = "refund"
+            [[steps]]
+            name = "ship"
+            queue = "agent.shipping"
+            timeout_ms = 10000
+        "#;
+        let parsed: Workflow = toml::from_str(toml_text).unwrap();
+        assert_eq!(parsed.version(), v);
+        let mut changed = Workflow::default();
+        changed.steps[2].timeout_ms += 1;
+        assert_ne!(changed.version(), v);
+        let renamed = Workflow {
+            name: "order-v2".into(),
+            ..Workflow::default()
+        };
+        assert_ne!(renamed.version(), v);
+        let r = w.reference();
+        assert_eq!(WorkflowRef::parse(&r.to_string()).unwrap(), r);
+        assert!(WorkflowRef::parse("order").is_err());
+        assert!(WorkflowRef::parse("or der@abc").is_err());
+    }
+
+    #[test]
+    fn a_catalogue_starts_new_orders_on_the_first_version_of_a_name_and_carries_on_all() {
+        let v1 = Workflow::default();
+        let mut v2 = Workflow::default();
+        v2.steps[2].timeout_ms = 20_000;
+        let mut gift = Workflow {
+            name: "gift".into(),
+            ..Workflow::default()
+        };
+        gift.steps.truncate(1);
+        let c = Workflows::new(vec![v2.clone(), gift.clone(), v1.clone()]).unwrap();
+        assert_eq!(c.default_workflow().reference(), v2.reference());
+        let f = c.filter();
+        assert_eq!(f.default_name, "order");
+        assert_eq!(f.start.get("order"), Some(&v2.version()));
+        assert_eq!(f.start.get("gift"), Some(&gift.version()));
+        assert_eq!(f.carry_on.len(), 3);
+        assert!(c.get(Some(&v1.reference())).is_some());
+        assert!(c.serves(None, None));
+        assert!(c.serves(Some("order"), Some(&v1.version())));
+        assert!(!c.serves(Some("order"), Some("0123456789ab")));
+        assert!(!c.serves(Some("returns"), None));
+        let only_v2 = Workflows::single(v2).unwrap();
+        assert!(only_v2.get(Some(&v1.reference())).is_none());
+        assert!(Workflows::new(Vec::new()).is_err());
+        let bad = Workflow {
+            name: "has space".into(),
+            ..Workflow::default()
+        };
+        assert_eq!(Workflows::single(bad).unwrap_err().field, "name");
     }
 
     #[test]

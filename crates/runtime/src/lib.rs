@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use orderly_core::InstanceId;
-use orderly_core::workflow::Workflow;
+use orderly_core::workflow::{Workflow, Workflows};
 use tokio_util::sync::CancellationToken;
 
 /// Settings every role binary takes, from flags or `ORDERLY_*` variables.
@@ -206,6 +206,22 @@ pub fn load_workflow(path: Option<&Path>) -> anyhow::Result<Workflow> {
         .validate()
         .context("invalid workflow (setting --workflow / ORDERLY_WORKFLOW)")?;
     Ok(workflow)
+}
+
+/// Reads the workflows a scheduler runs from TOML files (the default order workflow
+/// without any): the first is the default for orders that name none; for a name given
+/// more than once, the first file is the version new orders start on and the others
+/// only finish orders pinned to them. Errors name the file and the field.
+pub fn load_workflows(paths: &[std::path::PathBuf]) -> anyhow::Result<Workflows> {
+    let workflows = if paths.is_empty() {
+        vec![Workflow::default()]
+    } else {
+        paths
+            .iter()
+            .map(|p| load_workflow(Some(p)))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    Workflows::new(workflows).context("invalid workflows (setting --workflow / ORDERLY_WORKFLOW)")
 }
 
 /// Parses a duration given in milliseconds (for flags).

@@ -21,7 +21,7 @@ use orderly_core::store::{
     ClaimRequest, ClaimedOrder, Completion, StateStore, StepUpdate, StepWrite,
 };
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage, Transport, receive_json};
-use orderly_core::workflow::Workflow;
+use orderly_core::workflow::{Workflow, WorkflowFilter, WorkflowRef, Workflows};
 use orderly_core::{Clock, Error, Fence, InstanceId, ProcessState, StepStatus};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -36,8 +36,11 @@ pub use backoff::Backoff;
 pub struct SchedulerConfig {
     /// This instance; becomes `locked_by` of the orders it claims.
     pub instance: InstanceId,
-    /// The workflow every order runs.
-    pub workflow: Arc<Workflow>,
+    /// The workflows it runs: new orders start on the current version of the one they
+    /// name (or the default); started orders carry on with the version they are
+    /// pinned to, if it is loaded here (otherwise it leaves them to a scheduler that
+    /// has it).
+    pub workflows: Arc<Workflows>,
     /// Where agents reply.
     pub replies: QueueName,
     /// Most orders claimed at once.
@@ -53,16 +56,19 @@ pub struct SchedulerConfig {
     /// On shutdown: how long to keep applying replies to the orders it holds (claiming
     /// nothing new) before handing the rest back.
     pub shutdown_grace: Duration,
+    /// How often it looks for Pending orders of workflows it does not run, to say so.
+    pub unserved_check: Duration,
 }
 
 impl SchedulerConfig {
-    /// A configuration for `workflow` with the defaults: batches of 64 and 128, a
-    /// processing timeout of the workflow's total budget, 200 ms idle wait.
-    pub fn new(instance: InstanceId, workflow: Arc<Workflow>) -> Self {
+    /// A configuration for `workflows` with the defaults: batches of 64 and 256, a
+    /// processing timeout of the longest total budget of its workflows, 50 ms idle
+    /// wait.
+    pub fn new(instance: InstanceId, workflows: Arc<Workflows>) -> Self {
         Self {
             instance,
-            processing_timeout: workflow.total_budget(),
-            workflow,
+            processing_timeout: workflows.total_budget(),
+            workflows,
             replies: QueueName::parse(orderly_core::messages::queues::REPLIES)
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
             claim_batch: 64,
@@ -70,6 +76,7 @@ impl SchedulerConfig {
             idle_wait: Duration::from_millis(50),
             max_in_flight: 1_000,
             shutdown_grace: Duration::from_secs(10),
+            unserved_check: Duration::from_secs(30),
         }
     }
 }
@@ -93,6 +100,9 @@ pub struct Pass {
     pub failed: usize,
     /// Orders now Cancelled.
     pub cancelled: usize,
+    /// Replies given back, or orders handed back, because their workflow version is
+    /// not loaded here.
+    pub foreign: usize,
     /// Replies left for redelivery because the store was unavailable.
     pub retried: usize,
 }
@@ -107,6 +117,7 @@ impl Pass {
         self.completed += o.completed;
         self.failed += o.failed;
         self.cancelled += o.cancelled;
+        self.foreign += o.foreign;
         self.retried += o.retried;
     }
 
@@ -123,7 +134,13 @@ pub struct Scheduler {
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
     cfg: SchedulerConfig,
+    /// The claim filter of `cfg.workflows`, computed once.
+    filter: Arc<WorkflowFilter>,
 }
+
+/// How many times a reply of a workflow version this scheduler does not run is given
+/// back to the queue (for a scheduler that runs it) before it hands the order back.
+const FOREIGN_REPLY_GIVE_BACKS: u32 = 3;
 
 /// What to do next with an order the scheduler holds.
 enum Next {
@@ -149,12 +166,36 @@ impl Scheduler {
         clock: Arc<dyn Clock>,
         cfg: SchedulerConfig,
     ) -> Self {
+        let filter = Arc::new(cfg.workflows.filter());
         Self {
             store,
             transport,
             clock,
             cfg,
+            filter,
         }
+    }
+
+    /// The workflow an order pinned to `reference` runs here, if this scheduler has it.
+    fn flow(&self, reference: Option<&WorkflowRef>) -> Option<&Arc<Workflow>> {
+        self.cfg.workflows.get(reference)
+    }
+
+    /// Why it leaves an order of `reference` alone.
+    fn not_here(&self, reference: Option<&WorkflowRef>) -> String {
+        let loaded: Vec<String> = self
+            .cfg
+            .workflows
+            .references()
+            .map(ToString::to_string)
+            .collect();
+        format!(
+            "workflow {} is not loaded by scheduler {} (it runs {}); a scheduler with that \
+             version's file must apply it",
+            reference.map_or_else(|| "(default)".to_owned(), ToString::to_string),
+            self.cfg.instance,
+            loaded.join(", ")
+        )
     }
 
     /// This instance's id.
@@ -192,6 +233,7 @@ impl Scheduler {
                     owner: self.cfg.instance.clone(),
                     limit,
                     timeout: self.cfg.processing_timeout,
+                    workflows: (*self.filter).clone(),
                 },
                 &plan,
             )
@@ -213,9 +255,19 @@ impl Scheduler {
 
     /// The write that starts an order's current step, telling the client's queue (if
     /// any) that it is processing.
-    fn start_write(&self, order: &ClaimedOrder, context: &StepContext) -> StepWrite {
-        let mut write =
-            self.start_step(&order.fence, order.current_step, order.complete_by, context);
+    fn start_write(
+        &self,
+        flow: &Workflow,
+        order: &ClaimedOrder,
+        context: &StepContext,
+    ) -> StepWrite {
+        let mut write = self.start_step(
+            flow,
+            &order.fence,
+            order.current_step,
+            order.complete_by,
+            context,
+        );
         let notice = StatusNotice {
             order_id: order.fence.order_id.clone(),
             status: OrderStatus::Processing,
@@ -232,7 +284,8 @@ impl Scheduler {
     /// client it is processing), built in the order's `dispatch` span so its request
     /// starts the order's trace; `None` for an order to be undone or already done.
     fn first_request(&self, order: &ClaimedOrder) -> Option<StepWrite> {
-        let def = self.cfg.workflow.step(order.current_step)?;
+        let flow = self.flow(order.workflow.as_ref())?;
+        let def = flow.step(order.current_step)?;
         if order.finish_as.is_some() {
             return None;
         }
@@ -240,12 +293,13 @@ impl Scheduler {
         orderly_core::tracecontext::start_trace(&span);
         let _entered = span.enter();
         let context = StepContext {
+            workflow: order.workflow.clone(),
             details: order.details.clone(),
             notify_to: order.reply_to.clone(),
             finish_as: None,
             generation: order.generation,
         };
-        Some(self.start_write(order, &context))
+        Some(self.start_write(flow, order, &context))
     }
 
     async fn advance_claimed(&self, claimed: Vec<ClaimedOrder>) -> orderly_core::Result<Pass> {
@@ -258,12 +312,26 @@ impl Scheduler {
         }
         metrics::counter!("orderly_orders_claimed_total").increment(claimed.len() as u64);
         debug!(batch = claimed.len(), "claimed");
+        // A claim only takes orders of loaded versions; a resumed order may be of one
+        // this restart no longer loads: handed back for a scheduler that has it.
+        let (claimed, foreign): (Vec<ClaimedOrder>, Vec<ClaimedOrder>) = claimed
+            .into_iter()
+            .partition(|o| self.flow(o.workflow.as_ref()).is_some());
+        for order in &foreign {
+            let why = self.not_here(order.workflow.as_ref());
+            warn!(order_id = %order.fence.order_id, reason = %why, "order left alone: handed back");
+            if let Err(e) = self.store.release(&order.fence, &why).await {
+                debug!(order_id = %order.fence.order_id, error = %e, "not handed back (it moved on)");
+            }
+        }
+        pass.claimed -= foreign.len();
         let mut nexts = Vec::with_capacity(claimed.len());
         for order in &claimed {
+            let Some(flow) = self.flow(order.workflow.as_ref()) else {
+                continue;
+            };
             // Each claim starts the order's trace; its requests carry it to the agents.
-            let step = self
-                .cfg
-                .workflow
+            let step = flow
                 .step(order.current_step)
                 .map_or("(complete)", |d| d.name.as_str());
             let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step, epoch = %order.fence.epoch);
@@ -279,12 +347,13 @@ impl Scheduler {
                 notify_to: order.reply_to.clone(),
                 finish_as: order.finish_as,
                 generation: order.generation,
+                workflow: order.workflow.clone(),
             };
             let next = match steps {
                 // Given up on, in a workflow that leaves completed steps in effect.
                 Some(_)
                     if order.finish_as == Some(ProcessState::Error)
-                        && !self.cfg.workflow.compensate_on_error =>
+                        && !flow.compensate_on_error =>
                 {
                     Next::Fail(
                         order.fence.clone(),
@@ -294,13 +363,18 @@ impl Scheduler {
                             .unwrap_or_else(|| "gave up".to_owned()),
                     )
                 }
-                Some(steps) => {
-                    self.plan_compensation(&order.fence, order.complete_by, &context, &steps, None)
-                }
-                None if order.current_step >= self.cfg.workflow.len() => {
+                Some(steps) => self.plan_compensation(
+                    flow,
+                    &order.fence,
+                    order.complete_by,
+                    &context,
+                    &steps,
+                    None,
+                ),
+                None if order.current_step >= flow.len() => {
                     Next::Complete(self.completion(&order.fence, &context))
                 }
-                None => Next::Write(self.start_write(order, &context)),
+                None => Next::Write(self.start_write(flow, order, &context)),
             };
             nexts.push(next);
         }
@@ -321,6 +395,38 @@ impl Scheduler {
                 Err(e)
             }
         }
+    }
+
+    /// The Pending orders this scheduler leaves alone because it does not run their
+    /// workflow (or the version they are pinned to), as `(workflow, orders)`, each
+    /// logged as a warning that says why. Another scheduler may run them; if none
+    /// does, they wait until one that loads that workflow's file is started.
+    pub async fn report_unserved(&self) -> orderly_core::Result<Vec<(String, i64)>> {
+        let waiting: Vec<(String, i64)> = self
+            .store
+            .workflows_in_flight()
+            .await?
+            .into_iter()
+            .filter(|c| {
+                c.state == ProcessState::Pending
+                    && !self
+                        .cfg
+                        .workflows
+                        .serves(c.workflow.as_deref(), c.version.as_deref())
+            })
+            .map(|c| {
+                let name = c.workflow.as_deref().unwrap_or("(default)");
+                let label = match &c.version {
+                    Some(v) => format!("{name}@{v}"),
+                    None => name.to_owned(),
+                };
+                (label, c.orders)
+            })
+            .collect();
+        for (workflow, orders) in &waiting {
+            warn!(%workflow, orders, instance_id = %self.cfg.instance, "Pending orders of a workflow this scheduler does not run are left to a scheduler that runs it (start one with that workflow's file)");
+        }
+        Ok(waiting)
     }
 
     /// Receives one batch of replies (waiting at most `wait` for the first) and
@@ -348,10 +454,36 @@ impl Scheduler {
         debug!(batch = replies.len(), "replies received");
         let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(replies.len());
         let mut retry: Vec<ReceivedMessage> = Vec::new();
-        let mut forward: Vec<(StepReply, ReceivedMessage)> = Vec::new();
+        let mut give_back: Vec<ReceivedMessage> = Vec::new();
+        let mut forward: Vec<(Arc<Workflow>, StepReply, ReceivedMessage)> = Vec::new();
         for (reply, message) in replies {
-            match self.check_reply(&reply) {
-                Ok(()) => forward.push((reply, message)),
+            let Some(flow) = self.flow(reply.context.workflow.as_ref()).cloned() else {
+                // Pinned to a version not loaded here: given back for a scheduler that
+                // has it; after a few rounds (none may be running), the order itself
+                // is handed back (Pending, no failure counted, the step re-sent under
+                // the same idempotency key by whoever claims it) and the reply dropped.
+                pass.foreign += 1;
+                let why = self.not_here(reply.context.workflow.as_ref());
+                if message.delivery_count < FOREIGN_REPLY_GIVE_BACKS {
+                    debug!(order_id = %reply.fence.order_id, reason = %why, "reply given back");
+                    give_back.push(message);
+                    continue;
+                }
+                match self.store.release(&reply.fence, &why).await {
+                    Err(e) if e.is_retryable() => retry.push(message),
+                    Ok(()) => {
+                        warn!(order_id = %reply.fence.order_id, reason = %why, "order left alone: handed back");
+                        settle.push(message);
+                    }
+                    Err(e) => {
+                        debug!(order_id = %reply.fence.order_id, error = %e, "reply of another workflow version dropped: the order moved on");
+                        settle.push(message);
+                    }
+                }
+                continue;
+            };
+            match self.check_reply(&flow, &reply) {
+                Ok(()) => forward.push((flow, reply, message)),
                 Err(problem) => {
                     warn!(order_id = %reply.fence.order_id, step = %reply.step, action = %reply.action, problem = %problem, "step reply for a step this workflow does not have: dead-lettered");
                     let _ = self
@@ -367,7 +499,7 @@ impl Scheduler {
         let mut writes = Vec::new();
         let mut write_msgs = Vec::new();
         let mut later = Vec::new();
-        for (reply, message) in forward {
+        for (flow, reply, message) in forward {
             let span = self.reply_span(&reply, &message);
             let _entered = span.enter();
             if self.clock.now() >= reply.complete_by {
@@ -378,10 +510,10 @@ impl Scheduler {
             }
             match (&reply.kind, &reply.outcome) {
                 (StepKind::Do, StepOutcome::Succeeded { detail }) => {
-                    writes.push(self.step_succeeded(&reply, detail));
-                    write_msgs.push((reply, message, span.clone()));
+                    writes.push(self.step_succeeded(&flow, &reply, detail));
+                    write_msgs.push((flow.len(), reply, message, span.clone()));
                 }
-                _ => later.push((reply, message, span.clone())),
+                _ => later.push((flow, reply, message, span.clone())),
             }
         }
         let verdicts = if writes.is_empty() {
@@ -400,18 +532,18 @@ impl Scheduler {
             match verdicts {
                 Ok(v) => v,
                 Err(e) if e.is_retryable() => {
-                    retry.extend(write_msgs.drain(..).map(|(_, m, _)| m));
+                    retry.extend(write_msgs.drain(..).map(|(_, _, m, _)| m));
                     Vec::new()
                 }
                 Err(e) => return Err(e),
             }
         };
-        for ((reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
+        for ((steps, reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
             let _entered = span.enter();
             match verdict {
                 Ok(()) => {
                     pass.applied += 1;
-                    if reply.step_index + 1 < self.cfg.workflow.len() {
+                    if reply.step_index + 1 < steps {
                         pass.requests += 1;
                     } else {
                         // Completed with the write that recorded its last step.
@@ -429,8 +561,12 @@ impl Scheduler {
                 }
             }
         }
-        for (reply, message, span) in later {
-            match self.apply_other(&reply, &mut pass).instrument(span).await {
+        for (flow, reply, message, span) in later {
+            match self
+                .apply_other(&flow, &reply, &mut pass)
+                .instrument(span)
+                .await
+            {
                 Ok(()) => settle.push(message),
                 Err(e) if e.is_retryable() => retry.push(message),
                 Err(e) => {
@@ -446,7 +582,7 @@ impl Scheduler {
             let _ = self.transport.complete_messages(&settle).await;
         }
         pass.retried += retry.len();
-        for m in &retry {
+        for m in retry.iter().chain(&give_back) {
             let _ = self.transport.abandon(m).await;
         }
         Ok(pass)
@@ -464,7 +600,13 @@ impl Scheduler {
     pub async fn run(self, shutdown: CancellationToken) {
         let span = info_span!("scheduler", instance_id = %self.cfg.instance);
         async move {
-            info!(workflow = %self.cfg.workflow.name, "scheduler started");
+            let loaded: Vec<String> = self
+                .cfg
+                .workflows
+                .references()
+                .map(ToString::to_string)
+                .collect();
+            info!(workflows = %loaded.join(", "), default = %self.cfg.workflows.default_workflow().name, "scheduler started");
             let mut backoff = Backoff::new();
             loop {
                 match self.resume().await {
@@ -482,7 +624,14 @@ impl Scheduler {
                 let shutdown = shutdown.clone();
                 async move {
                     let mut backoff = Backoff::new();
+                    let mut next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
                     while !shutdown.is_cancelled() {
+                        if tokio::time::Instant::now() >= next_check {
+                            next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
+                            if let Err(e) = me.report_unserved().await {
+                                debug!(error = %e, "cannot count orders by workflow");
+                            }
+                        }
                         match me.claim_once().await {
                             Ok(p) if p.claimed > 0 => backoff.reset(),
                             Ok(_) => {
@@ -591,7 +740,12 @@ impl Scheduler {
 
     /// Applies a reply other than a forward success: a permanent failure, or a
     /// compensation's outcome.
-    async fn apply_other(&self, reply: &StepReply, pass: &mut Pass) -> orderly_core::Result<()> {
+    async fn apply_other(
+        &self,
+        flow: &Workflow,
+        reply: &StepReply,
+        pass: &mut Pass,
+    ) -> orderly_core::Result<()> {
         let fence = &reply.fence;
         match (&reply.kind, &reply.outcome) {
             (StepKind::Do, StepOutcome::Failed { error }) => {
@@ -614,14 +768,10 @@ impl Scheduler {
                 let steps = self.store.steps(&fence.order_id).await?;
                 let undoable = steps.iter().any(|s| {
                     matches!(s.status, StepStatus::Succeeded | StepStatus::Started)
-                        && self
-                            .cfg
-                            .workflow
-                            .step(s.index)
-                            .is_some_and(|d| d.compensation.is_some())
+                        && flow.step(s.index).is_some_and(|d| d.compensation.is_some())
                 });
                 let mut context = reply.context.clone();
-                if self.cfg.workflow.compensate_on_error && undoable {
+                if flow.compensate_on_error && undoable {
                     self.store
                         .begin_compensation(
                             fence,
@@ -631,8 +781,14 @@ impl Scheduler {
                         )
                         .await?;
                     context.finish_as = Some(ProcessState::Error);
-                    let next =
-                        self.plan_compensation(fence, reply.complete_by, &context, &steps, None);
+                    let next = self.plan_compensation(
+                        flow,
+                        fence,
+                        reply.complete_by,
+                        &context,
+                        &steps,
+                        None,
+                    );
                     self.execute(vec![next], pass).await
                 } else {
                     self.execute(
@@ -656,6 +812,7 @@ impl Scheduler {
                 }
                 pass.applied += 1;
                 let next = self.plan_compensation(
+                    flow,
                     fence,
                     reply.complete_by,
                     &reply.context,

@@ -7,18 +7,19 @@ use orderly_core::messages::{
 use orderly_core::step::idempotency_key;
 use orderly_core::store::{Completion, StepUpdate, StepWrite};
 use orderly_core::transport::Envelope;
+use orderly_core::workflow::Workflow;
 use orderly_core::{Fence, ProcessState, StepRecord, StepStatus};
 
 use crate::{Next, Scheduler};
 
 impl Scheduler {
-    pub(crate) fn check_reply(&self, reply: &StepReply) -> Result<(), String> {
-        let Some(def) = self.cfg.workflow.step(reply.step_index) else {
+    pub(crate) fn check_reply(&self, flow: &Workflow, reply: &StepReply) -> Result<(), String> {
+        let Some(def) = flow.step(reply.step_index) else {
             return Err(format!(
                 "step index {} is outside workflow {:?} ({} steps)",
                 reply.step_index,
-                self.cfg.workflow.name,
-                self.cfg.workflow.len()
+                flow.name,
+                flow.len()
             ));
         };
         let expected_action = match reply.kind {
@@ -28,12 +29,7 @@ impl Scheduler {
         if def.name != reply.step || expected_action != Some(reply.action.as_str()) {
             return Err(format!(
                 "step {} is {:?} with action {:?} in workflow {:?}, the reply names step {:?} action {:?}",
-                reply.step_index,
-                def.name,
-                expected_action,
-                self.cfg.workflow.name,
-                reply.step,
-                reply.action
+                reply.step_index, def.name, expected_action, flow.name, reply.step, reply.action
             ));
         }
         Ok(())
@@ -41,13 +37,14 @@ impl Scheduler {
 
     pub(crate) fn request(
         &self,
+        flow: &Workflow,
         fence: &Fence,
         index: i32,
         kind: StepKind,
         complete_by: chrono::DateTime<chrono::Utc>,
         context: &StepContext,
     ) -> Option<Envelope> {
-        let def = self.cfg.workflow.step(index)?;
+        let def = flow.step(index)?;
         let action = match kind {
             StepKind::Do => def.name.clone(),
             StepKind::Compensate => def.compensation.clone()?,
@@ -81,17 +78,13 @@ impl Scheduler {
 
     pub(crate) fn start_step(
         &self,
+        flow: &Workflow,
         fence: &Fence,
         index: i32,
         complete_by: chrono::DateTime<chrono::Utc>,
         context: &StepContext,
     ) -> StepWrite {
-        let name = self
-            .cfg
-            .workflow
-            .step(index)
-            .map(|d| d.name.clone())
-            .unwrap_or_default();
+        let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
         StepWrite {
             complete: false,
             fence: fence.clone(),
@@ -104,13 +97,18 @@ impl Scheduler {
                 detail: None,
             }],
             sends: self
-                .request(fence, index, StepKind::Do, complete_by, context)
+                .request(flow, fence, index, StepKind::Do, complete_by, context)
                 .into_iter()
                 .collect(),
         }
     }
 
-    pub(crate) fn step_succeeded(&self, reply: &StepReply, detail: &str) -> StepWrite {
+    pub(crate) fn step_succeeded(
+        &self,
+        flow: &Workflow,
+        reply: &StepReply,
+        detail: &str,
+    ) -> StepWrite {
         let notice = StatusNotice {
             order_id: reply.fence.order_id.clone(),
             status: OrderStatus::StepDone,
@@ -137,8 +135,9 @@ impl Scheduler {
                 .collect(),
         };
         let next = reply.step_index + 1;
-        if next < self.cfg.workflow.len() {
-            let start = self.start_step(&reply.fence, next, reply.complete_by, &reply.context);
+        if next < flow.len() {
+            let start =
+                self.start_step(flow, &reply.fence, next, reply.complete_by, &reply.context);
             write.updates.extend(start.updates);
             write.sends.extend(start.sends);
         } else {
@@ -172,6 +171,7 @@ impl Scheduler {
     /// step whose compensation was just confirmed (recorded in the same write).
     pub(crate) fn plan_compensation(
         &self,
+        flow: &Workflow,
         fence: &Fence,
         complete_by: chrono::DateTime<chrono::Utc>,
         context: &StepContext,
@@ -182,12 +182,7 @@ impl Scheduler {
             .iter()
             .filter(|s| Some(s.index) != just_done.map(|(i, _)| i))
             .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
-            .filter(|s| {
-                self.cfg
-                    .workflow
-                    .step(s.index)
-                    .is_some_and(|d| d.compensation.is_some())
-            })
+            .filter(|s| flow.step(s.index).is_some_and(|d| d.compensation.is_some()))
             .map(|s| s.index)
             .max();
         let mut updates = Vec::new();
@@ -195,12 +190,7 @@ impl Scheduler {
             idempotency_key(&fence.order_id, context.generation, index, name)
         };
         if let Some((index, detail)) = just_done {
-            let name = self
-                .cfg
-                .workflow
-                .step(index)
-                .map(|d| d.name.clone())
-                .unwrap_or_default();
+            let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
             updates.push(StepUpdate {
                 index,
                 idempotency_key: key(index, &name),
@@ -211,7 +201,7 @@ impl Scheduler {
         }
         match pending {
             Some(index) => {
-                let def = self.cfg.workflow.step(index);
+                let def = flow.step(index);
                 let name = def.map(|d| d.name.clone()).unwrap_or_default();
                 updates.push(StepUpdate {
                     index,
@@ -228,7 +218,14 @@ impl Scheduler {
                     expect_step: None,
                     updates,
                     sends: self
-                        .request(fence, index, StepKind::Compensate, complete_by, context)
+                        .request(
+                            flow,
+                            fence,
+                            index,
+                            StepKind::Compensate,
+                            complete_by,
+                            context,
+                        )
                         .into_iter()
                         .collect(),
                 })

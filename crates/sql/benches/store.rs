@@ -149,6 +149,7 @@ async fn claim_run(
                 let t = Instant::now();
                 let batch = store
                     .claim(&ClaimRequest {
+                        workflows: Default::default(),
                         owner: owner.clone(),
                         limit,
                         timeout: TIMEOUT,
@@ -197,6 +198,7 @@ async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
             loop {
                 let claimed = store
                     .claim(&ClaimRequest {
+                        workflows: Default::default(),
                         owner: owner.clone(),
                         limit: batch,
                         timeout: TIMEOUT,
@@ -237,6 +239,7 @@ async fn at_scale(db: &Db, finished: i64) -> (Duration, Duration, Duration, Dura
         let t = Instant::now();
         let got = store
             .claim(&ClaimRequest {
+                workflows: Default::default(),
                 owner: owner.clone(),
                 limit: 1,
                 timeout: TIMEOUT,

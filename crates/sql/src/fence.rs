@@ -75,6 +75,8 @@ mod tests {
             reply_to: None,
             finish_as: None,
             generation: 0,
+            workflow: None,
+            workflow_version: None,
             created_at: t,
             updated_at: t,
         }

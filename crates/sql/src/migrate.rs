@@ -66,6 +66,11 @@ pub const SQLITE: &[Migration] = &[
         name: "outbox_dead_letters",
         sql: include_str!("../../../migrations/sqlite/0007_outbox_dead_letters.sql"),
     },
+    Migration {
+        version: 8,
+        name: "workflow_versions",
+        sql: include_str!("../../../migrations/sqlite/0008_workflow_versions.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations, in order.
@@ -104,6 +109,11 @@ pub const POSTGRES: &[Migration] = &[
         version: 7,
         name: "outbox_dead_letters",
         sql: include_str!("../../../migrations/postgres/0007_outbox_dead_letters.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "workflow_versions",
+        sql: include_str!("../../../migrations/postgres/0008_workflow_versions.sql"),
     },
 ];
 

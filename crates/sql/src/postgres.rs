@@ -90,26 +90,35 @@ mod sql {
     // id array) so every row of a batch is one primary-key probe: joined as a CTE
     // instead, the planner hash-joins the batch against a scan of the whole table.
 
-    /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds.
+    /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds,
+    /// `$5` the default workflow's name, `$6` JSON object of the workflows it starts
+    /// (name to version), `$7` the `name@version`s it carries on. A new order is
+    /// pinned here.
     pub(super) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
         claimed AS ( \
             UPDATE order_state s SET process_state = 'Processing', locked_by = $3, \
                 complete_by = clock.now + $4::bigint * interval '1 microsecond', \
-                lock_epoch = s.lock_epoch + 1, updated_at = clock.now \
+                lock_epoch = s.lock_epoch + 1, updated_at = clock.now, \
+                workflow = coalesce(s.workflow, $5), \
+                workflow_version = coalesce(s.workflow_version, $6::text::jsonb ->> coalesce(s.workflow, $5)) \
             FROM clock \
             WHERE s.order_id = ANY(ARRAY( \
                     SELECT c.order_id FROM order_state c \
                     WHERE c.process_state = 'Pending' AND c.locked_by IS NULL \
                         AND c.next_attempt_at <= (SELECT now FROM clock) \
+                        AND CASE WHEN c.workflow_version IS NULL \
+                            THEN ($6::text::jsonb ->> coalesce(c.workflow, $5)) IS NOT NULL \
+                            ELSE (c.workflow || '@' || c.workflow_version) = ANY($7::text[]) END \
                     ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
                 AND s.process_state = 'Pending' \
             RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
-                s.reply_to, s.finish_as, s.generation, s.last_error, clock.now AS at), \
+                s.reply_to, s.finish_as, s.generation, s.last_error, s.workflow, s.workflow_version, \
+                clock.now AS at), \
         history AS ( \
             INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
             SELECT order_id, at, $3, 'Claimed', 'Pending', 'Processing', lock_epoch FROM claimed) \
         SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
-            c.finish_as, c.generation, c.last_error, \
+            c.finish_as, c.generation, c.last_error, c.workflow, c.workflow_version, \
             (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
         FROM claimed c";
 
@@ -418,6 +427,9 @@ impl PgStore {
             .bind(i64::from(request.limit))
             .bind(request.owner.as_str())
             .bind(timeout_micros)
+            .bind(&request.workflows.default_name)
+            .bind(crate::statements::start_json(&request.workflows)?)
+            .bind(crate::statements::carry_on(&request.workflows))
             .fetch_all(&self.pool)
             .await
             .map_err(db)?;
@@ -436,6 +448,9 @@ impl PgStore {
             .bind(i64::from(request.limit))
             .bind(request.owner.as_str())
             .bind(timeout_micros)
+            .bind(&request.workflows.default_name)
+            .bind(crate::statements::start_json(&request.workflows)?)
+            .bind(crate::statements::carry_on(&request.workflows))
             .fetch_all(&mut **tx)
             .await
             .map_err(db)?;
@@ -464,6 +479,7 @@ impl PgStore {
                     finish_as: c.opt_state("finish_as")?,
                     generation: c.get("generation")?,
                     last_error: c.get("last_error")?,
+                    workflow: c.workflow_ref()?,
                 })
             })
             .collect()

@@ -13,8 +13,8 @@ use crate::time::Ts;
 macro_rules! state_columns {
     () => {
         "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
-         current_step, next_attempt_at, last_error, reply_to, finish_as, generation, created_at, \
-         updated_at"
+         current_step, next_attempt_at, last_error, reply_to, finish_as, generation, workflow, \
+         workflow_version, created_at, updated_at"
     };
 }
 pub(crate) use state_columns;
@@ -124,9 +124,25 @@ where
             reply_to: self.get("reply_to")?,
             finish_as: self.opt_state("finish_as")?,
             generation: self.get("generation")?,
+            workflow: self.get("workflow")?,
+            workflow_version: self.get("workflow_version")?,
             created_at: self.ts("created_at")?,
             updated_at: self.ts("updated_at")?,
         })
+    }
+
+    /// The workflow version an order is pinned to (columns `workflow`,
+    /// `workflow_version`); `None` before its first claim or for an order from before
+    /// versions were pinned.
+    pub fn workflow_ref(&self) -> Result<Option<orderly_core::workflow::WorkflowRef>> {
+        let name: Option<String> = self.get("workflow")?;
+        let version: Option<String> = self.get("workflow_version")?;
+        match (name, version) {
+            (Some(name), Some(version)) => {
+                Ok(Some(orderly_core::workflow::WorkflowRef { name, version }))
+            }
+            _ => Ok(None),
+        }
     }
 
     pub fn step_record(&self) -> Result<StepRecord> {

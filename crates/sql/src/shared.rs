@@ -433,6 +433,7 @@ macro_rules! store_ops {
                     .bind(order.order_id.as_str())
                     .bind(Ts(now))
                     .bind(order.reply_to.as_deref())
+                    .bind(order.workflow.as_deref())
                     .execute(&mut *conn)
                     .await
                     .map_err(db)?;
@@ -892,6 +893,7 @@ macro_rules! store_ops {
                         finish_as: c.opt_state("finish_as")?,
                         generation: c.get("generation")?,
                         last_error: c.get("last_error")?,
+                        workflow: c.workflow_ref()?,
                         fence,
                     });
                 }
@@ -1229,6 +1231,24 @@ macro_rules! store_ops {
                     .await
                     .map_err(db)?;
                 tally(&rows, ProcessState::ALL.iter().map(|s| (*s, 0)).collect())
+            }
+
+            async fn workflows_in_flight(&self) -> Result<Vec<::orderly_core::store::WorkflowCount>> {
+                let rows = ::sqlx::query(st::WORKFLOWS_IN_FLIGHT)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+                rows.iter()
+                    .map(|r| {
+                        let c = Cols(r);
+                        Ok(::orderly_core::store::WorkflowCount {
+                            workflow: c.get("workflow")?,
+                            version: c.get("workflow_version")?,
+                            state: c.state("process_state")?,
+                            orders: c.get("n")?,
+                        })
+                    })
+                    .collect()
             }
 
             async fn finished_since(

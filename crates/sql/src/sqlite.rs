@@ -81,13 +81,22 @@ mod sql {
     pub(super) const DETAILS_OF: &str =
         "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))";
 
+    /// `$1` owner, `$2` deadline, `$3` now, `$4` limit, `$5` the default workflow's
+    /// name, `$6` JSON object of the workflows it starts (name to version), `$7` JSON
+    /// array of the `name@version`s it carries on. A new order is pinned here.
     pub(super) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processing', \
-        locked_by = $1, complete_by = $2, lock_epoch = lock_epoch + 1, updated_at = $3 \
+        locked_by = $1, complete_by = $2, lock_epoch = lock_epoch + 1, updated_at = $3, \
+        workflow = coalesce(workflow, $5), \
+        workflow_version = coalesce(workflow_version, \
+            json_extract($6, '$.\"' || coalesce(workflow, $5) || '\"')) \
         WHERE order_id IN (SELECT order_id FROM order_state INDEXED BY order_state_claimable \
             WHERE process_state = 'Pending' AND locked_by IS NULL AND next_attempt_at <= $3 \
+            AND CASE WHEN workflow_version IS NULL \
+                THEN json_extract($6, '$.\"' || coalesce(workflow, $5) || '\"') IS NOT NULL \
+                ELSE workflow || '@' || workflow_version IN (SELECT value FROM json_each($7)) END \
             ORDER BY next_attempt_at LIMIT $4) \
         RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
-        finish_as, generation, last_error";
+        finish_as, generation, last_error, workflow, workflow_version";
 
     /// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner.
     pub(super) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
@@ -428,6 +437,9 @@ impl SqliteStore {
             .bind(Ts(deadline))
             .bind(Ts(now))
             .bind(i64::from(request.limit))
+            .bind(&request.workflows.default_name)
+            .bind(crate::statements::start_json(&request.workflows)?)
+            .bind(crate::statements::carry_on_json(&request.workflows)?)
             .fetch_all(&mut **tx)
             .await
             .map_err(db)?;
@@ -448,7 +460,11 @@ impl SqliteStore {
                 c.get("failure_count")?,
                 c.get("reply_to")?,
                 c.opt_state("finish_as")?,
-                (c.get("generation")?, c.get("last_error")?),
+                (
+                    c.get("generation")?,
+                    c.get("last_error")?,
+                    c.workflow_ref()?,
+                ),
             ));
         }
         let ids = serde_json::to_string(&ids).map_err(|e| corrupt("claimed ids", e))?;
@@ -482,7 +498,7 @@ impl SqliteStore {
                     failure_count,
                     reply_to,
                     finish_as,
-                    (generation, last_error),
+                    (generation, last_error, workflow),
                 )| {
                     let details = details.remove(order_id.as_str()).ok_or_else(|| {
                         corrupt(
@@ -504,6 +520,7 @@ impl SqliteStore {
                         finish_as,
                         generation,
                         last_error,
+                        workflow,
                     })
                 },
             )

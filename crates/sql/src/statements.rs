@@ -16,8 +16,8 @@ pub(crate) const SELECT_STATE: &str = concat!(
 
 /// A new order's state row: Pending, unlocked, due now.
 pub(crate) const INSERT_STATE: &str = "INSERT INTO order_state \
-    (order_id, process_state, next_attempt_at, reply_to, created_at, updated_at) \
-    VALUES ($1, 'Pending', $2, $3, $2, $2)";
+    (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
+    VALUES ($1, 'Pending', $2, $3, $4, $2, $2)";
 
 /// One history entry.
 pub(crate) const INSERT_HISTORY: &str = "INSERT INTO order_history \
@@ -77,7 +77,7 @@ pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_
     updated_at = $2 \
     WHERE locked_by = $1 AND process_state = 'Processing' AND complete_by > $2 \
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as, \
-    generation, last_error";
+    generation, last_error, workflow, workflow_version";
 
 /// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
 pub(crate) const COUNT_OWNED: &str =
@@ -202,6 +202,12 @@ pub(crate) const SELECT_HISTORY: &str = concat!(
 pub(crate) const COUNT_BY_STATE: &str =
     "SELECT process_state, count(*) AS n FROM order_state GROUP BY process_state";
 
+/// Live orders by workflow, version and state.
+pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "SELECT workflow, workflow_version, process_state, \
+    count(*) AS n FROM order_state WHERE process_state IN ('Pending', 'Processing') \
+    GROUP BY workflow, workflow_version, process_state \
+    ORDER BY workflow, workflow_version, process_state";
+
 /// Orders that reached a final state since `$1` (and are still in it), by state.
 pub(crate) const FINISHED_SINCE: &str = "SELECT process_state, count(*) AS n FROM order_state \
     WHERE process_state IN ('Processed', 'Error', 'Cancelled') AND updated_at >= $1 \
@@ -316,3 +322,22 @@ pub(crate) const SET_LEASE_EXPIRY: &str = "UPDATE leadership SET lease_expires_a
 /// The current term of `$1`.
 pub(crate) const SELECT_TERM: &str = "SELECT name, epoch, holder, lease_expires_at, started_at, renewed_at \
      FROM leadership WHERE name = $1";
+
+/// A claim's workflows it starts, as a JSON object of name to version (a bind value).
+pub(crate) fn start_json(
+    filter: &orderly_core::workflow::WorkflowFilter,
+) -> orderly_core::Result<String> {
+    serde_json::to_string(&filter.start).map_err(|e| crate::error::corrupt("claim filter", e))
+}
+
+/// A claim's versions it carries on, as `name@version` texts.
+pub(crate) fn carry_on(filter: &orderly_core::workflow::WorkflowFilter) -> Vec<String> {
+    filter.carry_on.iter().map(ToString::to_string).collect()
+}
+
+/// [`carry_on`] as a JSON array (a bind value).
+pub(crate) fn carry_on_json(
+    filter: &orderly_core::workflow::WorkflowFilter,
+) -> orderly_core::Result<String> {
+    serde_json::to_string(&carry_on(filter)).map_err(|e| crate::error::corrupt("claim filter", e))
+}

@@ -77,6 +77,7 @@ async fn errors(n: usize) -> (Arc<dyn StateStore>, std::path::PathBuf) {
         .unwrap();
     for i in 0..n {
         let order = orderly_core::store::NewOrder {
+            workflow: None,
             order_id: orderly_core::OrderId::parse(format!("order-{i}")).unwrap(),
             details: serde_json::from_value(serde_json::json!({
                 "customer_id": "c-1",
@@ -95,6 +96,7 @@ async fn errors(n: usize) -> (Arc<dyn StateStore>, std::path::PathBuf) {
     let claimed = b
         .store
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner,
             limit: n as u32,
             timeout: Duration::from_secs(60),

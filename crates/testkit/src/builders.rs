@@ -23,6 +23,7 @@ pub fn details(n: u64) -> OrderDetails {
 /// A valid new order with a random id.
 pub fn order(n: u64) -> NewOrder {
     NewOrder {
+        workflow: None,
         order_id: OrderId::random(),
         details: details(n),
         reply_to: None,
@@ -32,6 +33,7 @@ pub fn order(n: u64) -> NewOrder {
 /// A valid new order with the given id.
 pub fn order_with_id(id: &str, n: u64) -> NewOrder {
     NewOrder {
+        workflow: None,
         order_id: OrderId::parse(id).expect("valid test id"),
         details: details(n),
         reply_to: None,

@@ -85,6 +85,7 @@ macro_rules! store_conformance {
             giving_up_undoes_the_steps_done_first,
             recording_the_last_step_completes_the_order_in_the_same_write,
             a_claim_and_its_first_step_commit_together,
+            claims_take_only_loaded_workflows_and_pin_new_orders,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,
@@ -112,6 +113,7 @@ pub(crate) fn owner(name: &str) -> InstanceId {
 
 fn claim_req(who: &InstanceId, limit: u32, timeout: Duration) -> ClaimRequest {
     ClaimRequest {
+        workflows: Default::default(),
         owner: who.clone(),
         limit,
         timeout,

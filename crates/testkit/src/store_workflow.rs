@@ -793,6 +793,7 @@ pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
     let ids = submit_n(&*store, 3).await;
     let a = owner("a");
     let request = orderly_core::store::ClaimRequest {
+        workflows: Default::default(),
         owner: a.clone(),
         limit: 2,
         timeout: MINUTE,
@@ -828,4 +829,117 @@ pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
         let steps = store.steps(&c.fence.order_id).await.unwrap();
         assert_eq!(steps.len(), usize::from(*started), "{steps:?}");
     }
+}
+
+/// A claim takes only orders of the workflows the claimant runs: a new order is pinned
+/// to the version the claimant starts it on (the default workflow for an order that
+/// names none), and once pinned it is taken only by a claimant that carries that
+/// version on, however often it goes back to Pending. The rest wait, counted by
+/// `workflows_in_flight`.
+pub async fn claims_take_only_loaded_workflows_and_pin_new_orders(ctx: &Ctx) {
+    use orderly_core::store::{ClaimRequest, WorkflowCount};
+    use orderly_core::workflow::{Workflow, Workflows};
+    let store = ctx.store().await;
+    let v1 = Workflow::default();
+    let mut v2 = Workflow::default();
+    v2.steps[2].timeout_ms += 5_000;
+    let mut gift = Workflow {
+        name: "gift".into(),
+        ..Workflow::default()
+    };
+    gift.steps.truncate(2);
+    let submit = |id: &str, workflow: Option<&str>| {
+        let mut o = crate::builders::order_with_id(id, 1);
+        o.workflow = workflow.map(str::to_owned);
+        o
+    };
+    for o in [
+        submit("plain", None),
+        submit("wrapped", Some("gift")),
+        submit("returned", Some("returns")),
+    ] {
+        store
+            .submit(&o, &crate::builders::submitter(), &[])
+            .await
+            .unwrap();
+    }
+    let a = owner("a");
+    let claim = |workflows: Vec<Workflow>| ClaimRequest {
+        owner: a.clone(),
+        limit: 10,
+        timeout: MINUTE,
+        workflows: Workflows::new(workflows).unwrap().filter(),
+    };
+    let ids = |claimed: &[orderly_core::store::ClaimedOrder]| {
+        let mut ids: Vec<String> = claimed
+            .iter()
+            .map(|c| c.fence.order_id.as_str().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+
+    // Runs v1 only: takes the order that names no workflow and pins it to v1.
+    let claimed = store.claim(&claim(vec![v1.clone()])).await.unwrap();
+    assert_eq!(ids(&claimed), ["plain"]);
+    assert_eq!(claimed[0].workflow, Some(v1.reference()));
+    let plain = row(&*store, &claimed[0].fence.order_id).await;
+    assert_eq!(
+        (plain.workflow.as_deref(), plain.workflow_version.as_deref()),
+        (Some("order"), Some(v1.version().as_str()))
+    );
+    store
+        .release(&claimed[0].fence, "handed back")
+        .await
+        .unwrap();
+
+    // Runs v2 and gift: the v1 order is not its to take; the gift order is.
+    let claimed = store
+        .claim(&claim(vec![v2.clone(), gift.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&claimed), ["wrapped"]);
+    assert_eq!(claimed[0].workflow, Some(gift.reference()));
+
+    // Runs v2 and still carries v1 on: takes the v1 order, whose pin stays v1.
+    let claimed = store
+        .claim(&claim(vec![v2.clone(), v1.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&claimed), ["plain"]);
+    assert_eq!(claimed[0].workflow, Some(v1.reference()));
+    assert_eq!(
+        row(&*store, &claimed[0].fence.order_id)
+            .await
+            .workflow_version
+            .as_deref(),
+        Some(v1.version().as_str())
+    );
+
+    // Nobody runs "returns": it waits, and the count says so.
+    let mut counts = store.workflows_in_flight().await.unwrap();
+    counts.sort_by(|x, y| x.workflow.cmp(&y.workflow));
+    assert_eq!(
+        counts,
+        vec![
+            WorkflowCount {
+                workflow: Some("gift".into()),
+                version: Some(gift.version()),
+                state: ProcessState::Processing,
+                orders: 1,
+            },
+            WorkflowCount {
+                workflow: Some("order".into()),
+                version: Some(v1.version()),
+                state: ProcessState::Processing,
+                orders: 1,
+            },
+            WorkflowCount {
+                workflow: Some("returns".into()),
+                version: None,
+                state: ProcessState::Pending,
+                orders: 1,
+            },
+        ]
+    );
 }

@@ -14,9 +14,13 @@ use orderly_scheduler::{Scheduler, SchedulerConfig};
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,
-    /// Workflow file (TOML); the default order workflow without one.
-    #[arg(long, env = "ORDERLY_WORKFLOW")]
-    workflow: Option<PathBuf>,
+    /// Workflow files (TOML; repeat the flag or separate with commas). The first is
+    /// the default for orders that name none. Orders are pinned to the version they
+    /// start under: to change a workflow with orders in flight, give the new file
+    /// first and keep the old one after it until `orderly workflows` shows none of its
+    /// orders left. Without any, the default order workflow.
+    #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
+    workflow: Vec<PathBuf>,
     /// An order's deadline after its claim, in ms (default: the workflow's total budget).
     #[arg(long, env = "ORDERLY_PROCESSING_TIMEOUT_MS", value_parser = orderly_runtime::millis)]
     processing_timeout_ms: Option<Duration>,
@@ -29,6 +33,10 @@ struct Args {
     /// On SIGTERM: how long to keep finishing the orders it holds (claiming none) before handing the rest back, in ms.
     #[arg(long, env = "ORDERLY_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = orderly_runtime::millis)]
     shutdown_grace_ms: Duration,
+    /// How often it looks for Pending orders of workflows it does not run and logs a
+    /// warning naming them, in ms.
+    #[arg(long, env = "ORDERLY_UNSERVED_CHECK_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    unserved_check_ms: Duration,
 }
 
 #[tokio::main]
@@ -37,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
     let instance = args.common.instance("scheduler")?;
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-scheduler", &args.common, &instance)?;
-    let workflow = Arc::new(orderly_runtime::load_workflow(args.workflow.as_deref())?);
+    let workflows = Arc::new(orderly_runtime::load_workflows(&args.workflow)?);
     let plan = orderly_cli::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-scheduler") {
         return Ok(());
@@ -49,14 +57,15 @@ async fn main() -> anyhow::Result<()> {
             std::iter::once(orderly_cli::backend::queue(
                 orderly_core::messages::queues::REPLIES,
             ))
-            .chain(workflow.queues()),
+            .chain(workflows.queues()),
         )
         .await?;
     let backend = opened.backend.clone();
-    let mut cfg = SchedulerConfig::new(instance.clone(), workflow);
+    let mut cfg = SchedulerConfig::new(instance.clone(), workflows);
     cfg.claim_batch = args.claim_batch;
     cfg.max_in_flight = args.max_in_flight;
     cfg.shutdown_grace = args.shutdown_grace_ms;
+    cfg.unserved_check = args.unserved_check_ms;
     if let Some(t) = args.processing_timeout_ms {
         cfg.processing_timeout = t;
     }

@@ -92,6 +92,7 @@ async fn frozen(election: Election, dialect: Dialect) {
     a.signal("STOP");
     let ghost = InstanceId::parse("scheduler-ghost").unwrap();
     let claim = |limit: u32| ClaimRequest {
+        workflows: Default::default(),
         owner: ghost.clone(),
         limit,
         timeout: Duration::from_millis(300),

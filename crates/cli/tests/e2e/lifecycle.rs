@@ -8,7 +8,6 @@ use std::time::Duration;
 use orderly_cli::demo;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_core::history::HistoryKind;
-use orderly_core::workflow::Workflow;
 use orderly_core::{ProcessState, StepStatus};
 use orderly_remote_sim::{Effect, SimConfig};
 
@@ -73,13 +72,14 @@ async fn retry_after_compensation(dialect: Dialect) {
     .await;
     ledger.extend(system.sim.as_ref().unwrap().effects());
     let store = system.backend.store.clone();
+    let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
 
     let report = demo::report_on(
         store.as_ref(),
         Some(ledger.clone()),
         &sent,
-        &Workflow::default(),
+        &workflows,
         true,
     )
     .await
@@ -164,13 +164,14 @@ async fn give_up_compensates(dialect: Dialect) {
     .await;
     let ledger = system.sim.as_ref().unwrap().effects();
     let store = system.backend.store.clone();
+    let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
 
     let report = demo::report_on(
         store.as_ref(),
         Some(ledger.clone()),
         &sent,
-        &Workflow::default(),
+        &workflows,
         true,
     )
     .await
@@ -298,16 +299,11 @@ async fn operators_at_random(dialect: Dialect) {
         "every order finished"
     );
     let ledger = system.sim.as_ref().unwrap().effects();
+    let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
-    let report = demo::report_on(
-        store.as_ref(),
-        Some(ledger),
-        &sent,
-        &Workflow::default(),
-        true,
-    )
-    .await
-    .unwrap();
+    let report = demo::report_on(store.as_ref(), Some(ledger), &sent, &workflows, true)
+        .await
+        .unwrap();
     eprintln!(
         "{cancels} cancels, {retries} retries; by state {:?}",
         report.by_state

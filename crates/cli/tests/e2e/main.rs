@@ -16,3 +16,4 @@ mod processes;
 mod procs;
 mod roles;
 mod servicebus;
+mod workflows;

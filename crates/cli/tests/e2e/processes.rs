@@ -8,7 +8,6 @@ use orderly_cli::demo;
 use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{OrderFilter, StateStore};
-use orderly_core::workflow::Workflow;
 use orderly_remote_sim::Effect;
 use rand::Rng;
 
@@ -39,9 +38,15 @@ pub(crate) async fn assert_invariants(
         assert_eq!(applied.len(), n, "effects applied at the service");
     }
     assert!(orderly_remote_sim::double_effects(&applied).is_empty());
-    let report = demo::report_on(store, Some(applied), sent, &Workflow::default(), true)
-        .await
-        .unwrap();
+    let report = demo::report_on(
+        store,
+        Some(applied),
+        sent,
+        &orderly_core::workflow::Workflows::default(),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.violations, Vec::<String>::new());
     report
 }
@@ -280,7 +285,7 @@ async fn random_kills(dialect: Dialect) {
         store.as_ref(),
         Some(effects.clone()),
         &sent,
-        &Workflow::default(),
+        &orderly_core::workflow::Workflows::default(),
         true,
     )
     .await

@@ -26,8 +26,9 @@ use crate::fixtures::{Db, Dialect};
 async fn run_to_the_end(system: &System, orders: &[NewOrder], limit: Duration) -> demo::Report {
     let sent = demo::submit(system, orders).await.unwrap();
     let done = demo::wait_done(system, orders.len(), limit).await.unwrap();
-    let workflow = orderly_core::workflow::Workflow::default();
-    let report = demo::report(system, &sent, &workflow, true).await.unwrap();
+    let report = demo::report(system, &sent, &system.workflows, true)
+        .await
+        .unwrap();
     assert!(
         done,
         "not every order finished within {limit:?}: {:?}",
@@ -533,6 +534,7 @@ async fn agent_deadlines(dialect: Dialect) {
             },
             reply_to: replies.clone(),
             context: StepContext {
+                workflow: None,
                 details: details.clone(),
                 notify_to: None,
                 finish_as: None,
@@ -608,7 +610,10 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
             backend.store.clone(),
             backend.transport.clone(),
             Arc::new(SystemClock),
-            SchedulerConfig::new(id.clone(), workflow.clone()),
+            SchedulerConfig::new(
+                id.clone(),
+                Arc::new(orderly_core::workflow::Workflows::default()),
+            ),
         )
     };
     // The first run claims everything and sends the first steps, then "crashes".

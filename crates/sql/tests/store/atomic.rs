@@ -64,6 +64,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
     // A step and its request commit together.
     let claimed = s
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner: owner.clone(),
             limit: 1,
             timeout: Duration::from_secs(60),
@@ -125,6 +126,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         .unwrap();
     let other = s
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner: owner.clone(),
             limit: 1,
             timeout: Duration::from_secs(60),

@@ -80,6 +80,7 @@ async fn postgres_a_process_killed_half_way_through_a_change_leaves_neither_the_
     let owner = InstanceId::parse("scheduler-child").unwrap();
     let claimed = store
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner,
             limit: 1,
             timeout: Duration::from_secs(300),

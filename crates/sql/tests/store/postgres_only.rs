@@ -25,6 +25,7 @@ async fn postgres_deadlines_are_computed_on_the_database_clock() {
         .unwrap();
     let claimed = store
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner: InstanceId::parse("s").unwrap(),
             limit: 1,
             timeout: Duration::from_secs(30),

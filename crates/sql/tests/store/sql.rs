@@ -128,6 +128,7 @@ async fn sqlite_claims_with_the_host_clock_by_default() {
     let before = chrono::Utc::now();
     let claimed = store
         .claim(&ClaimRequest {
+            workflows: Default::default(),
             owner: InstanceId::parse("s").unwrap(),
             limit: 1,
             timeout: std::time::Duration::from_secs(30),
