@@ -585,6 +585,12 @@ pub trait SchedulerStore: Send + Sync {
     /// The step records of one order, by position.
     async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>>;
 
+    /// Counts the live (Pending and Processing) orders by workflow, version and state:
+    /// which versions still have orders in flight (an earlier version's schedulers
+    /// can be retired once it has none), and which orders wait for a scheduler that
+    /// runs their workflow.
+    async fn workflows_in_flight(&self) -> Result<Vec<WorkflowCount>>;
+
     /// How many orders `owner` holds (Processing, locked by it): a scheduler claims no
     /// more while it holds its maximum, so orders do not wait out their deadline in
     /// the agents' queues.
@@ -639,12 +645,6 @@ pub trait OperatorStore: Send + Sync {
 
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
-
-    /// Counts the live (Pending and Processing) orders by workflow, version and state:
-    /// which versions still have orders in flight (an earlier version's schedulers
-    /// can be retired once it has none), and which orders wait for a scheduler that
-    /// runs their workflow.
-    async fn workflows_in_flight(&self) -> Result<Vec<WorkflowCount>>;
 
     /// How many orders finished (reached Processed, Error or Cancelled, and are still
     /// there) at or after `since`, by final state: the throughput an operator sees.

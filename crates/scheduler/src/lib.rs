@@ -18,7 +18,7 @@ use orderly_core::messages::{
     OrderStatus, StatusNotice, StepContext, StepKind, StepOutcome, StepReply,
 };
 use orderly_core::store::{
-    ClaimRequest, ClaimedOrder, Completion, StateStore, StepUpdate, StepWrite,
+    ClaimRequest, ClaimedOrder, Completion, SchedulerStore, StepUpdate, StepWrite,
 };
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage, Transport, receive_json};
 use orderly_core::workflow::{Workflow, WorkflowFilter, WorkflowRef, Workflows};
@@ -130,7 +130,7 @@ impl Pass {
 /// A scheduler instance.
 #[derive(Clone)]
 pub struct Scheduler {
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn SchedulerStore>,
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
     cfg: SchedulerConfig,
@@ -161,7 +161,7 @@ impl Scheduler {
     /// A scheduler over `store` and `transport`; `clock` decides when a deadline has
     /// passed on this side (the store decides for itself).
     pub fn new(
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn SchedulerStore>,
         transport: Arc<dyn Transport>,
         clock: Arc<dyn Clock>,
         cfg: SchedulerConfig,

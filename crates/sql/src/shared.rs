@@ -940,6 +940,24 @@ macro_rules! store_ops {
                 self.finish_owned(fence, end).await
             }
 
+            async fn workflows_in_flight(&self) -> Result<Vec<::orderly_core::store::WorkflowCount>> {
+                let rows = ::sqlx::query(st::WORKFLOWS_IN_FLIGHT)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+                rows.iter()
+                    .map(|r| {
+                        let c = Cols(r);
+                        Ok(::orderly_core::store::WorkflowCount {
+                            workflow: c.get("workflow")?,
+                            version: c.get("workflow_version")?,
+                            state: c.state("process_state")?,
+                            orders: c.get("n")?,
+                        })
+                    })
+                    .collect()
+            }
+
             async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
                 ::sqlx::query_scalar(st::COUNT_OWNED)
                     .bind(owner.as_str())
@@ -1231,24 +1249,6 @@ macro_rules! store_ops {
                     .await
                     .map_err(db)?;
                 tally(&rows, ProcessState::ALL.iter().map(|s| (*s, 0)).collect())
-            }
-
-            async fn workflows_in_flight(&self) -> Result<Vec<::orderly_core::store::WorkflowCount>> {
-                let rows = ::sqlx::query(st::WORKFLOWS_IN_FLIGHT)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db)?;
-                rows.iter()
-                    .map(|r| {
-                        let c = Cols(r);
-                        Ok(::orderly_core::store::WorkflowCount {
-                            workflow: c.get("workflow")?,
-                            version: c.get("workflow_version")?,
-                            state: c.state("process_state")?,
-                            orders: c.get("n")?,
-                        })
-                    })
-                    .collect()
             }
 
             async fn finished_since(

@@ -19,7 +19,7 @@ use orderly_core::leader::{
     Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, StoreLease,
 };
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
-use orderly_core::store::{Alert, Recovered, RecoveryPolicy, StateStore};
+use orderly_core::store::{Alert, Recovered, RecoveryPolicy, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -33,7 +33,7 @@ pub const LEADERSHIP: &str = "supervisor";
 
 /// An elector over the SQL lease row in `store`: the embedded default.
 pub fn sql_elector(
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn orderly_core::leader::LeadershipStore>,
     instance: InstanceId,
     timing: ElectorTiming,
 ) -> Result<Elector, orderly_core::ValidationError> {
@@ -89,7 +89,7 @@ pub struct Sweep {
 /// A supervisor instance.
 #[derive(Clone)]
 pub struct Supervisor {
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn SupervisorStore>,
     cfg: SupervisorConfig,
     webhook: Option<AlertWebhook>,
 }
@@ -98,7 +98,10 @@ impl Supervisor {
     /// A supervisor over `store`. It publishes alerts through the store, in the same
     /// fenced transaction that marks them published (to the store's queue, or its
     /// outbox for an external transport).
-    pub fn new(store: Arc<dyn StateStore>, cfg: SupervisorConfig) -> orderly_core::Result<Self> {
+    pub fn new(
+        store: Arc<dyn SupervisorStore>,
+        cfg: SupervisorConfig,
+    ) -> orderly_core::Result<Self> {
         cfg.policy.validate()?;
         Ok(Self {
             store,

@@ -1,0 +1,247 @@
+//! The scheduler's loop, one pass at a time, against an in-memory SQLite store and its
+//! SQL queue; the test plays the agents, reading each request and answering it.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::history::HistoryKind;
+use orderly_core::messages::{StepKind, StepOutcome, StepReply, StepRequest, json_message};
+use orderly_core::store::StateStore;
+use orderly_core::transport::{QueueName, QueueSettings, Transport};
+use orderly_core::workflow::{Workflow, Workflows};
+use orderly_core::{InstanceId, OrderId, ProcessState, StepStatus, SystemClock, TimeSource};
+use orderly_scheduler::{Pass, Scheduler, SchedulerConfig};
+
+struct Rig {
+    store: Arc<dyn StateStore>,
+    transport: Arc<dyn Transport>,
+}
+
+async fn rig() -> Rig {
+    let store = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let transport: Arc<dyn Transport> = store.clone();
+    for q in [
+        "replies",
+        "agent.inventory",
+        "agent.payment",
+        "agent.shipping",
+    ] {
+        transport
+            .declare_queue(&QueueName::parse(q).unwrap(), &QueueSettings::default())
+            .await
+            .unwrap();
+    }
+    Rig { store, transport }
+}
+
+fn scheduler(rig: &Rig, name: &str, workflows: Vec<Workflow>) -> Scheduler {
+    let cfg = SchedulerConfig::new(
+        InstanceId::parse(name).unwrap(),
+        Arc::new(Workflows::new(workflows).unwrap()),
+    );
+    Scheduler::new(
+        rig.store.clone(),
+        rig.transport.clone(),
+        Arc::new(SystemClock),
+        cfg,
+    )
+}
+
+async fn submit(rig: &Rig, id: &str) -> OrderId {
+    let order = orderly_testkit::builders::order_with_id(id, 1);
+    rig.store
+        .submit(&order, &orderly_testkit::builders::submitter(), &[])
+        .await
+        .unwrap();
+    order.order_id
+}
+
+/// The one request waiting on `queue` (taken off it).
+async fn request(rig: &Rig, queue: &str) -> StepRequest {
+    let queue = QueueName::parse(queue).unwrap();
+    let got = rig
+        .transport
+        .receive(&queue, 10, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "one request on {queue}");
+    rig.transport.complete(&got[0]).await.unwrap();
+    serde_json::from_slice(&got[0].body).unwrap()
+}
+
+/// Answers `req` as an agent would.
+async fn answer(rig: &Rig, req: &StepRequest, outcome: StepOutcome) {
+    let reply = StepReply {
+        fence: req.fence.clone(),
+        step_index: req.step_index,
+        step: req.step.clone(),
+        action: req.action.clone(),
+        kind: req.kind,
+        outcome,
+        agent: InstanceId::parse("agent-test").unwrap(),
+        replied_at: chrono::Utc::now(),
+        complete_by: req.complete_by,
+        attempts: 1,
+        context: req.context.clone(),
+    };
+    let id = format!("reply:{}:{}", req.idempotency_key, req.fence.epoch);
+    rig.transport
+        .send(
+            &QueueName::parse("replies").unwrap(),
+            &[json_message(id, &reply, Some(req.fence.order_id.as_str()))],
+        )
+        .await
+        .unwrap();
+}
+
+fn ok(detail: &str) -> StepOutcome {
+    StepOutcome::Succeeded {
+        detail: detail.into(),
+    }
+}
+
+async fn replies(s: &Scheduler) -> Pass {
+    s.replies_once(Duration::from_millis(100)).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_order_is_driven_by_its_replies_step_by_step_and_completed_by_the_last() {
+    let rig = rig().await;
+    let flow = Workflow::default();
+    let s = scheduler(&rig, "scheduler-a", vec![flow.clone()]);
+    let id = submit(&rig, "o-1").await;
+    let pass = s.claim_once().await.unwrap();
+    assert_eq!((pass.claimed, pass.requests), (1, 1));
+    let mut req = request(&rig, "agent.inventory").await;
+    assert_eq!(req.context.workflow, Some(flow.reference()));
+    assert_eq!(req.idempotency_key, "o-1/0/reserve-inventory");
+    for (next, step) in [
+        ("agent.payment", "charge-payment"),
+        ("agent.shipping", "ship"),
+    ] {
+        answer(&rig, &req, ok("done")).await;
+        let pass = replies(&s).await;
+        assert_eq!((pass.applied, pass.requests), (1, 1), "{pass:?}");
+        req = request(&rig, next).await;
+        assert_eq!(req.step, step);
+    }
+    answer(&rig, &req, ok("shipped")).await;
+    let pass = replies(&s).await;
+    assert_eq!((pass.applied, pass.completed), (1, 1), "{pass:?}");
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Processed);
+    assert!(view.steps.iter().all(|s| s.status == StepStatus::Succeeded));
+    assert_eq!(view.steps.len(), 3);
+}
+
+#[tokio::test]
+async fn a_permanent_failure_undoes_the_completed_steps_then_ends_in_error() {
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let id = submit(&rig, "o-2").await;
+    s.claim_once().await.unwrap();
+    let reserve = request(&rig, "agent.inventory").await;
+    answer(&rig, &reserve, ok("reserved")).await;
+    replies(&s).await;
+    let charge = request(&rig, "agent.payment").await;
+    answer(
+        &rig,
+        &charge,
+        StepOutcome::Failed {
+            error: "card declined".into(),
+        },
+    )
+    .await;
+    replies(&s).await;
+    let undo = request(&rig, "agent.inventory").await;
+    assert_eq!(
+        (undo.kind, undo.action.as_str()),
+        (StepKind::Compensate, "release-inventory")
+    );
+    answer(&rig, &undo, ok("released")).await;
+    let pass = replies(&s).await;
+    assert_eq!(pass.failed, 1, "{pass:?}");
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Error);
+    let error = view.state.last_error.unwrap();
+    assert!(
+        error.contains("card declined") && error.contains("undone: reserve-inventory"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_reply_for_a_step_its_workflow_does_not_have_is_dead_lettered() {
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    submit(&rig, "o-3").await;
+    s.claim_once().await.unwrap();
+    let mut req = request(&rig, "agent.inventory").await;
+    req.step = "teleport".into();
+    req.action = "teleport".into();
+    answer(&rig, &req, ok("?")).await;
+    let pass = replies(&s).await;
+    assert_eq!(pass.rejected, 1, "{pass:?}");
+    let dead = rig
+        .transport
+        .dead_letters(&QueueName::parse("replies").unwrap(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, "UnknownStep");
+}
+
+#[tokio::test]
+async fn a_reply_of_a_version_it_has_not_loaded_is_given_back_then_its_order_handed_back() {
+    let rig = rig().await;
+    let v1 = Workflow::default();
+    let mut v2 = Workflow::default();
+    v2.steps[0].timeout_ms += 1;
+    let a = scheduler(&rig, "scheduler-a", vec![v1.clone()]);
+    let b = scheduler(&rig, "scheduler-b", vec![v2]);
+    let id = submit(&rig, "o-4").await;
+    a.claim_once().await.unwrap();
+    let req = request(&rig, "agent.inventory").await;
+    answer(&rig, &req, ok("reserved")).await;
+    // B runs v2 only: it gives the reply back for a scheduler that runs v1...
+    for _ in 0..2 {
+        let pass = replies(&b).await;
+        assert_eq!((pass.foreign, pass.applied), (1, 0), "{pass:?}");
+        let row = rig.store.get(&id).await.unwrap().state;
+        assert_eq!(row.process_state, ProcessState::Processing);
+    }
+    // ...and after a few rounds hands the order back, nothing counted against it.
+    let pass = replies(&b).await;
+    assert_eq!(pass.foreign, 1, "{pass:?}");
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Pending);
+    assert_eq!(view.state.failure_count, 0);
+    assert_eq!(
+        view.state.workflow_version.as_deref(),
+        Some(v1.version().as_str())
+    );
+    let released = view
+        .history
+        .iter()
+        .rfind(|e| e.kind == HistoryKind::Released)
+        .unwrap();
+    assert!(
+        released.reason.as_deref().unwrap().contains("not loaded"),
+        "{released:?}"
+    );
+    // B will not claim it; A does, and re-sends the step under the same key.
+    assert_eq!(b.claim_once().await.unwrap().claimed, 0);
+    assert_eq!(
+        b.report_unserved().await.unwrap(),
+        vec![(v1.reference().to_string(), 1)]
+    );
+    assert_eq!(a.claim_once().await.unwrap().claimed, 1);
+    let again = request(&rig, "agent.inventory").await;
+    assert_eq!(again.idempotency_key, req.idempotency_key);
+}
