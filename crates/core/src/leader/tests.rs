@@ -4,7 +4,17 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
 use super::*;
+use crate::error::Result;
+use crate::id::InstanceId;
+use crate::state::Epoch;
 
 /// A lease service: one holder at a time, until its expiry on tokio's clock.
 #[derive(Default)]
