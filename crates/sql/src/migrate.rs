@@ -29,93 +29,96 @@ impl Migration {
     }
 }
 
-/// The SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[
-    Migration {
+/// One change to the schema, written once per dialect (same number, name and file
+/// name under `migrations/sqlite/` and `migrations/postgres/`).
+#[derive(Clone, Copy)]
+struct Both {
+    version: i64,
+    name: &'static str,
+    sqlite: &'static str,
+    postgres: &'static str,
+}
+
+/// Every migration, in order: the one list both dialects apply.
+const ALL: [Both; 8] = [
+    Both {
         version: 1,
         name: "state_store",
-        sql: include_str!("../../../migrations/sqlite/0001_state_store.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0001_state_store.sql"),
+        postgres: include_str!("../../../migrations/postgres/0001_state_store.sql"),
     },
-    Migration {
+    Both {
         version: 2,
         name: "queues",
-        sql: include_str!("../../../migrations/sqlite/0002_queues.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0002_queues.sql"),
+        postgres: include_str!("../../../migrations/postgres/0002_queues.sql"),
     },
-    Migration {
+    Both {
         version: 3,
         name: "outbox",
-        sql: include_str!("../../../migrations/sqlite/0003_outbox.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0003_outbox.sql"),
+        postgres: include_str!("../../../migrations/postgres/0003_outbox.sql"),
     },
-    Migration {
+    Both {
         version: 4,
         name: "roles",
-        sql: include_str!("../../../migrations/sqlite/0004_roles.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0004_roles.sql"),
+        postgres: include_str!("../../../migrations/postgres/0004_roles.sql"),
     },
-    Migration {
+    Both {
         version: 5,
         name: "leadership",
-        sql: include_str!("../../../migrations/sqlite/0005_leadership.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0005_leadership.sql"),
+        postgres: include_str!("../../../migrations/postgres/0005_leadership.sql"),
     },
-    Migration {
+    Both {
         version: 6,
         name: "generations",
-        sql: include_str!("../../../migrations/sqlite/0006_generations.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0006_generations.sql"),
+        postgres: include_str!("../../../migrations/postgres/0006_generations.sql"),
     },
-    Migration {
+    Both {
         version: 7,
         name: "outbox_dead_letters",
-        sql: include_str!("../../../migrations/sqlite/0007_outbox_dead_letters.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0007_outbox_dead_letters.sql"),
+        postgres: include_str!("../../../migrations/postgres/0007_outbox_dead_letters.sql"),
     },
-    Migration {
+    Both {
         version: 8,
         name: "workflow_versions",
-        sql: include_str!("../../../migrations/sqlite/0008_workflow_versions.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0008_workflow_versions.sql"),
+        postgres: include_str!("../../../migrations/postgres/0008_workflow_versions.sql"),
     },
 ];
 
+/// One dialect's side of [`ALL`].
+const fn dialect<const N: usize>(all: &[Both; N], sqlite: bool) -> [Migration; N] {
+    let mut out = [Migration {
+        version: 0,
+        name: "",
+        sql: "",
+    }; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = Migration {
+            version: all[i].version,
+            name: all[i].name,
+            sql: if sqlite {
+                all[i].sqlite
+            } else {
+                all[i].postgres
+            },
+        };
+        i += 1;
+    }
+    out
+}
+
+/// The SQLite migrations, in order.
+pub const SQLITE: &[Migration] = &dialect(&ALL, true);
+
 /// The PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "state_store",
-        sql: include_str!("../../../migrations/postgres/0001_state_store.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "queues",
-        sql: include_str!("../../../migrations/postgres/0002_queues.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "outbox",
-        sql: include_str!("../../../migrations/postgres/0003_outbox.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "roles",
-        sql: include_str!("../../../migrations/postgres/0004_roles.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "leadership",
-        sql: include_str!("../../../migrations/postgres/0005_leadership.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "generations",
-        sql: include_str!("../../../migrations/postgres/0006_generations.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "outbox_dead_letters",
-        sql: include_str!("../../../migrations/postgres/0007_outbox_dead_letters.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "workflow_versions",
-        sql: include_str!("../../../migrations/postgres/0008_workflow_versions.sql"),
-    },
-];
+pub const POSTGRES: &[Migration] = &dialect(&ALL, false);
 
 /// The bookkeeping table (same text in both dialects).
 pub(crate) const CREATE_BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS orderly_migrations (\

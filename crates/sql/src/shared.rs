@@ -331,7 +331,6 @@ macro_rules! store_ops {
                         .bind(fence.order_id.as_str())
                         .bind(fence.owner.as_str())
                         .bind(fence.epoch.0)
-                        .bind("touch")
                         .bind(Ts(now))
                         .bind(w.expect_step.unwrap_or(-1))
                         .execute(&mut *conn)

@@ -52,12 +52,11 @@ pub(crate) const TOUCH_FOR_STEP_AT: &str = concat!(
     " AND ($8 < 0 OR current_step = $8)"
 );
 
-/// Checks the fence of a step write that updates no step (it only sends).
-pub(crate) const TOUCH: &str = concat!(
-    "UPDATE order_state SET updated_at = $5",
-    fenced!(),
-    " AND $4 = $4 AND ($6 < 0 OR current_step = $6)"
-);
+/// Checks the fence of a step write that updates no step (it only sends): `$1` order,
+/// `$2` owner, `$3` epoch, `$4` now, `$5` the step it must be at (negative: any).
+pub(crate) const TOUCH: &str = "UPDATE order_state SET updated_at = $4 \
+    WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
+    AND process_state = 'Processing' AND complete_by > $4 AND ($5 < 0 OR current_step = $5)";
 
 /// The owner starts undoing the order, to end as `$4`.
 pub(crate) const BEGIN_COMPENSATION: &str = concat!(
