@@ -52,10 +52,9 @@ pub fn workflows(
     }
     println!("{:<40} {:<11} {:>8}", "WORKFLOW", "STATE", "ORDERS");
     for c in counts {
-        let name = c.workflow.as_deref().unwrap_or("(default)");
         let label = match &c.version {
-            Some(v) => format!("{name}@{v}"),
-            None => format!("{name} (not started)"),
+            Some(_) => c.label(),
+            None => format!("{} (not started)", c.label()),
         };
         println!("{label:<40} {:<11} {:>8}", c.state.as_str(), c.orders);
     }

@@ -157,10 +157,11 @@ impl StateRow {
     /// The workflow it runs, for operators: `name@version` once started, the name it
     /// asked for before (`(default)` if none).
     pub fn workflow_label(&self) -> String {
-        let name = self.workflow.as_deref().unwrap_or("(default)");
+        let label =
+            crate::workflow::label(self.workflow.as_deref(), self.workflow_version.as_deref());
         match &self.workflow_version {
-            Some(v) => format!("{name}@{v}"),
-            None => format!("{name} (version chosen when a scheduler starts it)"),
+            Some(_) => label,
+            None => format!("{label} (version chosen when a scheduler starts it)"),
         }
     }
 }

@@ -90,8 +90,9 @@ pub struct ClaimRequest {
     pub limit: u32,
     /// Processing timeout: `complete_by = now + timeout`.
     pub timeout: Duration,
-    /// Which orders it may take (by workflow) and the versions it pins new ones to.
-    pub workflows: crate::workflow::WorkflowFilter,
+    /// Which orders it may take (by workflow) and the versions it pins new ones to
+    /// (shared: a scheduler builds it once and claims with it every pass).
+    pub workflows: std::sync::Arc<crate::workflow::WorkflowFilter>,
 }
 
 /// An order a scheduler now owns.
@@ -702,6 +703,13 @@ pub struct WorkflowCount {
     pub state: ProcessState,
     /// How many orders.
     pub orders: i64,
+}
+
+impl WorkflowCount {
+    /// `name@version`, or the name alone before the orders started.
+    pub fn label(&self) -> String {
+        crate::workflow::label(self.workflow.as_deref(), self.version.as_deref())
+    }
 }
 
 /// The whole state store.

@@ -304,6 +304,16 @@ pub fn check_workflow_name(field: &str, name: &str) -> Result<(), ValidationErro
     Ok(())
 }
 
+/// How operators see an order's workflow: `name@version` once pinned, the name alone
+/// before; `(default)` for an order that named none.
+pub fn label(name: Option<&str>, version: Option<&str>) -> String {
+    let name = name.unwrap_or("(default)");
+    match version {
+        Some(v) => format!("{name}@{v}"),
+        None => name.to_owned(),
+    }
+}
+
 /// The workflow version an order is pinned to: `name@version`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]

@@ -233,7 +233,7 @@ impl Scheduler {
                     owner: self.cfg.instance.clone(),
                     limit,
                     timeout: self.cfg.processing_timeout,
-                    workflows: (*self.filter).clone(),
+                    workflows: self.filter.clone(),
                 },
                 &plan,
             )
@@ -414,14 +414,7 @@ impl Scheduler {
                         .workflows
                         .serves(c.workflow.as_deref(), c.version.as_deref())
             })
-            .map(|c| {
-                let name = c.workflow.as_deref().unwrap_or("(default)");
-                let label = match &c.version {
-                    Some(v) => format!("{name}@{v}"),
-                    None => name.to_owned(),
-                };
-                (label, c.orders)
-            })
+            .map(|c| (c.label(), c.orders))
             .collect();
         for (workflow, orders) in &waiting {
             warn!(%workflow, orders, instance_id = %self.cfg.instance, "Pending orders of a workflow this scheduler does not run are left to a scheduler that runs it (start one with that workflow's file)");

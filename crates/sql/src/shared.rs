@@ -630,14 +630,7 @@ macro_rules! store_ops {
         impl SchedulerStore for $Store {
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, instance_id = %request.owner, limit = request.limit))]
             async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
-                if request.limit == 0 || request.limit > ::orderly_core::store::MAX_BATCH {
-                    return Err(::orderly_core::ValidationError::new(
-                        "limit",
-                        format!("must be 1 to {}", ::orderly_core::store::MAX_BATCH),
-                    )
-                    .into());
-                }
-                let timeout = $crate::shared::timeout_micros(request.timeout)?;
+                let timeout = $crate::shared::checked_claim(request)?;
                 self.claim_batch(request, timeout).await
             }
 
@@ -646,14 +639,7 @@ macro_rules! store_ops {
                 request: &ClaimRequest,
                 plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
             ) -> Result<Vec<(ClaimedOrder, bool)>> {
-                if request.limit == 0 || request.limit > ::orderly_core::store::MAX_BATCH {
-                    return Err(::orderly_core::ValidationError::new(
-                        "limit",
-                        format!("must be 1 to {}", ::orderly_core::store::MAX_BATCH),
-                    )
-                    .into());
-                }
-                let timeout = $crate::shared::timeout_micros(request.timeout)?;
+                let timeout = $crate::shared::checked_claim(request)?;
                 let mut tx = self.begin_write().await?;
                 let now = self.tx_now(&mut tx).await?;
                 let claimed = Self::claim_in(&mut tx, request, timeout, now).await?;
@@ -661,20 +647,17 @@ macro_rules! store_ops {
                     return Ok(Vec::new());
                 }
                 let planned: Vec<Option<StepWrite>> = claimed.iter().map(|c| plan(c)).collect();
-                let writes: Vec<StepWrite> = planned.iter().flatten().cloned().collect();
+                let started: Vec<bool> = planned.iter().map(Option::is_some).collect();
+                let writes: Vec<StepWrite> = planned.into_iter().flatten().collect();
                 let refusals = self.apply_step_writes(&mut tx, &writes, now).await?;
                 if let Some(refused) = refusals.into_iter().flatten().next() {
                     // Just claimed in this transaction: a refusal means a planning
                     // error. Nothing is claimed or sent.
                     return Err(refused);
                 }
-                let sends: Vec<Envelope> = writes.iter().flat_map(|w| w.sends.iter().cloned()).collect();
+                let sends: Vec<Envelope> = writes.into_iter().flat_map(|w| w.sends).collect();
                 self.commit_with(tx, now, &sends).await?;
-                Ok(claimed
-                    .into_iter()
-                    .zip(planned)
-                    .map(|(c, w)| (c, w.is_some()))
-                    .collect())
+                Ok(claimed.into_iter().zip(started).collect())
             }
 
             #[::tracing::instrument(level = "debug", skip_all, fields(dialect = <$DB as ::sqlx::Database>::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch, step = step.index, status = %step.status))]
@@ -1362,6 +1345,20 @@ macro_rules! store_ops {
 pub(crate) use store_ops;
 
 /// A processing timeout or extension in microseconds: more than zero, at most 7 days.
+/// Checks a claim's limit and timeout; the timeout in microseconds.
+pub(crate) fn checked_claim(
+    request: &orderly_core::store::ClaimRequest,
+) -> orderly_core::Result<i64> {
+    if request.limit == 0 || request.limit > orderly_core::store::MAX_BATCH {
+        return Err(orderly_core::ValidationError::new(
+            "limit",
+            format!("must be 1 to {}", orderly_core::store::MAX_BATCH),
+        )
+        .into());
+    }
+    timeout_micros(request.timeout)
+}
+
 pub(crate) fn timeout_micros(d: std::time::Duration) -> orderly_core::Result<i64> {
     const MAX: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
     if d.is_zero() || d > MAX {

@@ -868,7 +868,7 @@ pub async fn claims_take_only_loaded_workflows_and_pin_new_orders(ctx: &Ctx) {
         owner: a.clone(),
         limit: 10,
         timeout: MINUTE,
-        workflows: Workflows::new(workflows).unwrap().filter(),
+        workflows: std::sync::Arc::new(Workflows::new(workflows).unwrap().filter()),
     };
     let ids = |claimed: &[orderly_core::store::ClaimedOrder]| {
         let mut ids: Vec<String> = claimed
