@@ -5,6 +5,11 @@
 //! Both dialects behave the same; the conformance suite in `orderly-testkit` proves it.
 //! This crate must not depend on any queue or Azure crate.
 
+// `SqlStore<D>` is public, its `Driver` seam is not: the store is only ever built over
+// the two dialects of this crate, and the seam may change with them.
+#![allow(private_bounds)]
+
+mod driver;
 mod error;
 mod fence;
 pub mod migrate;
@@ -12,9 +17,9 @@ mod outbox;
 pub mod postgres;
 mod queue;
 mod rows;
-mod shared;
 pub mod sqlite;
 mod statements;
+mod store;
 mod time;
 
 use std::sync::Arc;
@@ -35,6 +40,7 @@ use orderly_core::{Error, Result, TimeSource, ValidationError};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use store::SqlStore;
 
 /// A state store and the SQL queue in the same database, opened together.
 #[derive(Clone)]

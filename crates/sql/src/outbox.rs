@@ -6,6 +6,30 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
+use orderly_core::InstanceId;
+use orderly_core::transport::{
+    Envelope, OUTBOX_MAX_ATTEMPTS, Outbox, OutboxDeadLetter, OutgoingMessage, QueueName,
+    RelayOutcome, Transport, TransportError,
+};
+
+use crate::driver::{Driver, q};
+use crate::rows::Cols;
+use crate::store::SqlStore;
+use crate::time::Ts;
+
+type Result<T> = std::result::Result<T, TransportError>;
+
+fn db(e: sqlx::Error) -> TransportError {
+    TransportError::Unavailable(
+        format!("the outbox (in the state store's database) is unavailable: {e}").into(),
+    )
+}
+
+fn after(now: chrono::DateTime<chrono::Utc>, d: Duration) -> Ts {
+    Ts(now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))
+}
+
 /// How long a relay holds a leased batch before another may take it over.
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
 /// Wait before retrying messages the target refused.
@@ -16,9 +40,9 @@ pub(crate) const O_INSERT: &str = "INSERT INTO outbox \
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 pub(crate) const O_BACKLOG: &str =
-    "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL";
+    "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL";
 
-pub(crate) const O_DEAD_COUNT: &str = "SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL";
+pub(crate) const O_DEAD_COUNT: &str = "SELECT count(*) AS n FROM outbox WHERE dead_at IS NOT NULL";
 
 /// The dead letters, oldest first: `$1` limit.
 pub(crate) const O_DEAD_LETTERS: &str = "SELECT seq, queue, message_id, attempts, dead_reason, \
@@ -32,256 +56,234 @@ pub(crate) const O_REQUEUE_DEAD: &str = "UPDATE outbox SET dead_at = NULL, dead_
 pub(crate) const O_PRUNE: &str = "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox \
     WHERE sent_at IS NOT NULL AND sent_at < $1 ORDER BY sent_at LIMIT $2)";
 
-/// Implements the outbox for one dialect's store (see `queue_ops!` for the hooks).
-macro_rules! outbox_ops {
-    ($Store:ident, $DB:ident) => {
-        mod outbox_impl {
-            use ::async_trait::async_trait;
-            use ::orderly_core::transport::{
-                Envelope, OutboxDeadLetter, OutgoingMessage, Outbox, QueueName, RelayOutcome, Transport,
-                TransportError, OUTBOX_MAX_ATTEMPTS,
-            };
-            use ::orderly_core::InstanceId;
+impl<D: Driver> SqlStore<D> {
+    /// The `n` of a one-row count.
+    async fn count(&self, statement: &'static str) -> Result<i64> {
+        let mut conn = self.driver.acquire().await?;
+        let row = q(statement).fetch_one::<D>(&mut conn).await.map_err(db)?;
+        Ok(Cols(&row).get("n")?)
+    }
 
-            use super::{$DB, $Store};
-            use super::sql;
-            use $crate::outbox as o;
-            use $crate::rows::Cols;
-            use $crate::time::Ts;
+    /// Writes the messages a state change causes to the outbox, inside its
+    /// transaction.
+    pub(crate) async fn write_outbox(
+        &self,
+        conn: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        sends: &[Envelope],
+    ) -> Result<()> {
+        for Envelope { queue, message } in sends {
+            message.validate()?;
+            let properties = serde_json::to_string(&message.properties)
+                .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
+            q(O_INSERT)
+                .bind(queue.as_str())
+                .bind(&message.message_id)
+                .bind(message.correlation_id.as_deref())
+                .bind(properties)
+                .bind(&message.body)
+                .bind(
+                    message
+                        .scheduled_enqueue_time
+                        .map(|t| Ts(orderly_core::clock::truncate_micros(t))),
+                )
+                .bind(Ts(now))
+                .execute::<D>(&mut *conn)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
 
-            type Result<T> = std::result::Result<T, TransportError>;
+    async fn mark_sent(&self, relay: &InstanceId, seqs: &[i64]) -> Result<()> {
+        let (mut tx, now) = self.begin().await?;
+        q(D::SQL.o_sent)
+            .bind(seqs.to_vec())
+            .bind(relay.as_str())
+            .bind(Ts(now))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)
+    }
 
-            fn db(e: ::sqlx::Error) -> TransportError {
-                TransportError::Unavailable(format!("the outbox (in the state store's database) is unavailable: {e}").into())
+    async fn mark_dead(&self, relay: &InstanceId, seqs: &[i64], reason: &str) -> Result<()> {
+        let (mut tx, now) = self.begin().await?;
+        q(D::SQL.o_dead)
+            .bind(seqs.to_vec())
+            .bind(relay.as_str())
+            .bind(Ts(now))
+            .bind(orderly_core::store::bounded_text(reason))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)
+    }
+
+    async fn mark_failed(&self, relay: &InstanceId, seqs: &[i64], error: &str) -> Result<()> {
+        let (mut tx, now) = self.begin().await?;
+        q(D::SQL.o_failed)
+            .bind(seqs.to_vec())
+            .bind(relay.as_str())
+            .bind(orderly_core::store::bounded_text(error))
+            .bind(after(now, RETRY_AFTER))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)
+    }
+}
+
+#[async_trait]
+impl<D: Driver> Outbox for SqlStore<D> {
+    #[tracing::instrument(level = "debug", skip_all, fields(instance_id = %relay, limit))]
+    async fn relay_once(
+        &self,
+        relay: &InstanceId,
+        target: &dyn Transport,
+        limit: u32,
+    ) -> Result<RelayOutcome> {
+        let (mut tx, now) = self.begin().await?;
+        let rows = q(D::SQL.o_lease)
+            .bind(relay.as_str())
+            .bind(after(now, LEASE))
+            .bind(Ts(now))
+            .bind(i64::from(
+                limit.clamp(1, orderly_core::transport::MAX_MESSAGES),
+            ))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        // Group by queue, keeping the order they were written in.
+        let mut batches: Vec<(QueueName, Vec<(i64, i32)>, Vec<OutgoingMessage>)> = Vec::new();
+        let mut leased = rows
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                let properties: String = c.get("properties")?;
+                Ok((
+                    (c.get::<i64>("seq")?, c.get::<i32>("attempts")?),
+                    c.get::<String>("queue")?,
+                    OutgoingMessage {
+                        message_id: c.get("message_id")?,
+                        correlation_id: c.get("correlation_id")?,
+                        properties: serde_json::from_str(&properties)
+                            .map_err(|e| orderly_core::Error::Corrupt(e.to_string()))?,
+                        body: c.get("body")?,
+                        scheduled_enqueue_time: c.opt_ts("scheduled_at")?,
+                    },
+                ))
+            })
+            .collect::<orderly_core::Result<Vec<_>>>()?;
+        leased.sort_by_key(|((seq, _), _, _)| *seq);
+        for (seq, queue, message) in leased {
+            let queue = QueueName::parse(queue)?;
+            match batches.iter_mut().find(|(q, _, _)| *q == queue) {
+                Some((_, seqs, messages)) => {
+                    seqs.push(seq);
+                    messages.push(message);
+                }
+                None => batches.push((queue, vec![seq], vec![message])),
             }
-
-            fn after(now: ::chrono::DateTime<::chrono::Utc>, d: ::std::time::Duration) -> Ts {
-                Ts(now + ::chrono::Duration::from_std(d).unwrap_or(::chrono::Duration::MAX))
-            }
-
-            impl $Store {
-                /// Writes the messages a state change causes to the outbox, inside its
-                /// transaction.
-                pub(super) async fn write_outbox(
-                    &self,
-                    conn: &mut <$DB as ::sqlx::Database>::Connection,
-                    now: ::chrono::DateTime<::chrono::Utc>,
-                    sends: &[Envelope],
-                ) -> Result<()> {
-                    for Envelope { queue, message } in sends {
-                        message.validate()?;
-                        let properties = ::serde_json::to_string(&message.properties)
-                            .map_err(|e| TransportError::Unavailable(Box::new(e)))?;
-                        ::sqlx::query(o::O_INSERT)
-                            .bind(queue.as_str())
-                            .bind(&message.message_id)
-                            .bind(message.correlation_id.as_deref())
-                            .bind(properties)
-                            .bind(&message.body)
-                            .bind(message.scheduled_enqueue_time.map(|t| Ts(::orderly_core::clock::truncate_micros(t))))
-                            .bind(Ts(now))
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(db)?;
-                    }
-                    Ok(())
+        }
+        let mut outcome = RelayOutcome::default();
+        for (queue, leased, messages) in batches {
+            let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
+            match target.send(&queue, &messages).await {
+                Ok(_) => {
+                    self.mark_sent(relay, &seqs).await?;
+                    outcome.sent += seqs.len();
                 }
-
-                async fn mark_sent(&self, relay: &InstanceId, seqs: &[i64]) -> Result<()> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    ::sqlx::query(sql::O_SENT)
-                        .bind(Self::seqs_param(seqs))
-                        .bind(relay.as_str())
-                        .bind(Ts(now))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)
+                Err(TransportError::QueueNotFound(_)) => {
+                    let reason = format!("QueueNotFound: queue {queue} does not exist");
+                    tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
+                    self.mark_dead(relay, &seqs, &reason).await?;
+                    outcome.dead += seqs.len();
                 }
-
-                async fn mark_dead(&self, relay: &InstanceId, seqs: &[i64], reason: &str) -> Result<()> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    ::sqlx::query(sql::O_DEAD)
-                        .bind(Self::seqs_param(seqs))
-                        .bind(relay.as_str())
-                        .bind(Ts(now))
-                        .bind(::orderly_core::store::bounded_text(reason))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)
-                }
-
-                async fn mark_failed(&self, relay: &InstanceId, seqs: &[i64], error: &str) -> Result<()> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    ::sqlx::query(sql::O_FAILED)
-                        .bind(Self::seqs_param(seqs))
-                        .bind(relay.as_str())
-                        .bind(::orderly_core::store::bounded_text(error))
-                        .bind(after(now, o::RETRY_AFTER))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)
-                }
-            }
-
-            #[async_trait]
-            impl Outbox for $Store {
-                #[::tracing::instrument(level = "debug", skip_all, fields(instance_id = %relay, limit))]
-                async fn relay_once(&self, relay: &InstanceId, target: &dyn Transport, limit: u32) -> Result<RelayOutcome> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let rows = ::sqlx::query(sql::O_LEASE)
-                        .bind(relay.as_str())
-                        .bind(after(now, o::LEASE))
-                        .bind(Ts(now))
-                        .bind(i64::from(limit.clamp(1, ::orderly_core::transport::MAX_MESSAGES)))
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)?;
-                    // Group by queue, keeping the order they were written in.
-                    let mut batches: Vec<(QueueName, Vec<(i64, i32)>, Vec<OutgoingMessage>)> = Vec::new();
-                    let mut leased = rows
+                Err(e) => {
+                    // The lease counted this attempt: those out of attempts are
+                    // set aside, the rest retried after a pause.
+                    let (spent, left): (Vec<_>, Vec<_>) = leased
                         .iter()
-                        .map(|r| {
-                            let c = Cols(r);
-                            let properties: String = c.get("properties")?;
-                            Ok((
-                                (c.get::<i64>("seq")?, c.get::<i32>("attempts")?),
-                                c.get::<String>("queue")?,
-                                OutgoingMessage {
-                                    message_id: c.get("message_id")?,
-                                    correlation_id: c.get("correlation_id")?,
-                                    properties: ::serde_json::from_str(&properties)
-                                        .map_err(|e| ::orderly_core::Error::Corrupt(e.to_string()))?,
-                                    body: c.get("body")?,
-                                    scheduled_enqueue_time: c.opt_ts("scheduled_at")?,
-                                },
-                            ))
-                        })
-                        .collect::<::orderly_core::Result<Vec<_>>>()?;
-                    leased.sort_by_key(|((seq, _), _, _)| *seq);
-                    for (seq, queue, message) in leased {
-                        let queue = QueueName::parse(queue)?;
-                        match batches.iter_mut().find(|(q, _, _)| *q == queue) {
-                            Some((_, seqs, messages)) => {
-                                seqs.push(seq);
-                                messages.push(message);
-                            }
-                            None => batches.push((queue, vec![seq], vec![message])),
-                        }
+                        .partition(|(_, attempts)| *attempts >= OUTBOX_MAX_ATTEMPTS);
+                    let spent: Vec<i64> = spent.iter().map(|(seq, _)| *seq).collect();
+                    let left: Vec<i64> = left.iter().map(|(seq, _)| *seq).collect();
+                    tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox relay could not publish; will retry");
+                    if !left.is_empty() {
+                        self.mark_failed(relay, &left, &e.to_string()).await?;
+                        outcome.failed += left.len();
                     }
-                    let mut outcome = RelayOutcome::default();
-                    for (queue, leased, messages) in batches {
-                        let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
-                        match target.send(&queue, &messages).await {
-                            Ok(_) => {
-                                self.mark_sent(relay, &seqs).await?;
-                                outcome.sent += seqs.len();
-                            }
-                            Err(TransportError::QueueNotFound(_)) => {
-                                let reason = format!("QueueNotFound: queue {queue} does not exist");
-                                ::tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
-                                self.mark_dead(relay, &seqs, &reason).await?;
-                                outcome.dead += seqs.len();
-                            }
-                            Err(e) => {
-                                // The lease counted this attempt: those out of attempts are
-                                // set aside, the rest retried after a pause.
-                                let (spent, left): (Vec<_>, Vec<_>) =
-                                    leased.iter().partition(|(_, attempts)| *attempts >= OUTBOX_MAX_ATTEMPTS);
-                                let spent: Vec<i64> = spent.iter().map(|(seq, _)| *seq).collect();
-                                let left: Vec<i64> = left.iter().map(|(seq, _)| *seq).collect();
-                                ::tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox relay could not publish; will retry");
-                                if !left.is_empty() {
-                                    self.mark_failed(relay, &left, &e.to_string()).await?;
-                                    outcome.failed += left.len();
-                                }
-                                if !spent.is_empty() {
-                                    let reason = format!("gave up after {OUTBOX_MAX_ATTEMPTS} attempts: {e}");
-                                    self.mark_dead(relay, &spent, &reason).await?;
-                                    outcome.dead += spent.len();
-                                }
-                            }
-                        }
+                    if !spent.is_empty() {
+                        let reason = format!("gave up after {OUTBOX_MAX_ATTEMPTS} attempts: {e}");
+                        self.mark_dead(relay, &spent, &reason).await?;
+                        outcome.dead += spent.len();
                     }
-                    Ok(outcome)
-                }
-
-                async fn outbox_backlog(&self) -> Result<i64> {
-                    ::sqlx::query_scalar(o::O_BACKLOG).fetch_one(&self.pool).await.map_err(db)
-                }
-
-                async fn outbox_dead_count(&self) -> Result<i64> {
-                    ::sqlx::query_scalar(o::O_DEAD_COUNT).fetch_one(&self.pool).await.map_err(db)
-                }
-
-                async fn outbox_dead_letters(&self, limit: u32) -> Result<Vec<OutboxDeadLetter>> {
-                    let rows = ::sqlx::query(o::O_DEAD_LETTERS)
-                        .bind(i64::from(limit))
-                        .fetch_all(&self.pool)
-                        .await
-                        .map_err(db)?;
-                    rows.iter()
-                        .map(|r| {
-                            let c = Cols(r);
-                            Ok(OutboxDeadLetter {
-                                seq: c.get("seq")?,
-                                queue: c.get("queue")?,
-                                message_id: c.get("message_id")?,
-                                attempts: c.get("attempts")?,
-                                reason: c.get::<Option<String>>("dead_reason")?.unwrap_or_default(),
-                                created_at: c.ts("created_at")?,
-                                dead_at: c.ts("dead_at")?,
-                            })
-                        })
-                        .collect::<::orderly_core::Result<Vec<_>>>()
-                        .map_err(Into::into)
-                }
-
-                async fn requeue_outbox_dead_letters(&self) -> Result<u64> {
-                    let mut tx = self.begin_write().await?;
-                    let n = ::sqlx::query(o::O_REQUEUE_DEAD)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?
-                        .rows_affected();
-                    tx.commit().await.map_err(db)?;
-                    if n > 0 {
-                        self.wakeups.outbox.notify_one();
-                    }
-                    Ok(n)
-                }
-
-                async fn prune_sent(&self, older_than: ::std::time::Duration, limit: u32) -> Result<u64> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let before = ::chrono::Duration::from_std(older_than)
-                        .ok()
-                        .and_then(|d| now.checked_sub_signed(d))
-                        .unwrap_or(::chrono::DateTime::<::chrono::Utc>::MIN_UTC);
-                    let before = Ts(before);
-                    let n = ::sqlx::query(o::O_PRUNE)
-                        .bind(before)
-                        .bind(i64::from(limit))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?
-                        .rows_affected();
-                    tx.commit().await.map_err(db)?;
-                    Ok(n)
-                }
-
-                async fn wait_written(&self, within: ::std::time::Duration) {
-                    let _ = ::tokio::time::timeout(within, self.wakeups.outbox.notified()).await;
                 }
             }
         }
-    };
+        Ok(outcome)
+    }
+
+    async fn outbox_backlog(&self) -> Result<i64> {
+        self.count(O_BACKLOG).await
+    }
+
+    async fn outbox_dead_count(&self) -> Result<i64> {
+        self.count(O_DEAD_COUNT).await
+    }
+
+    async fn outbox_dead_letters(&self, limit: u32) -> Result<Vec<OutboxDeadLetter>> {
+        let rows = q(O_DEAD_LETTERS)
+            .bind(i64::from(limit))
+            .fetch_all::<D>(&mut *self.driver.acquire().await?)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok(OutboxDeadLetter {
+                    seq: c.get("seq")?,
+                    queue: c.get("queue")?,
+                    message_id: c.get("message_id")?,
+                    attempts: c.get("attempts")?,
+                    reason: c.get::<Option<String>>("dead_reason")?.unwrap_or_default(),
+                    created_at: c.ts("created_at")?,
+                    dead_at: c.ts("dead_at")?,
+                })
+            })
+            .collect::<orderly_core::Result<Vec<_>>>()
+            .map_err(Into::into)
+    }
+
+    async fn requeue_outbox_dead_letters(&self) -> Result<u64> {
+        let mut tx = self.driver.begin_write().await?;
+        let n = q(O_REQUEUE_DEAD).execute::<D>(&mut tx).await.map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        if n > 0 {
+            self.wakeups.outbox.notify_one();
+        }
+        Ok(n)
+    }
+
+    async fn prune_sent(&self, older_than: std::time::Duration, limit: u32) -> Result<u64> {
+        let (mut tx, now) = self.begin().await?;
+        let before = chrono::Duration::from_std(older_than)
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        let before = Ts(before);
+        let n = q(O_PRUNE)
+            .bind(before)
+            .bind(i64::from(limit))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(n)
+    }
+
+    async fn wait_written(&self, within: std::time::Duration) {
+        let _ = tokio::time::timeout(within, self.wakeups.outbox.notified()).await;
+    }
 }
-pub(crate) use outbox_ops;

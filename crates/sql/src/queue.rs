@@ -1,9 +1,9 @@
 //! The embedded SQL queue: the transport port on the state store's own database, so
 //! it needs nothing extra, and a state change and the message it causes can later
-//! commit in one transaction. Written once for both dialects by [`queue_ops!`]; each
-//! dialect provides the receive lock (`sql::Q_CANDIDATES`, `sql::Q_LOCK`,
-//! `sql::Q_DEAD_LETTER_EXHAUSTED`, `seqs_param`), `notify_sent` (inside the sending
-//! transaction) and `start_listening` (wake-ups from other processes).
+//! commit in one transaction. Written once for both dialects over the
+//! [`Driver`]; each dialect provides the receive lock (`Statements::q_candidates`,
+//! `q_lock`, ...), the batch insert, `notify_sent` (inside the sending transaction) and
+//! `start_listening` (wake-ups from other processes).
 //!
 //! Receivers do not busy-poll: they wait on a per-queue in-process signal, raised by
 //! sends in this process and (PostgreSQL) by `LISTEN`/`NOTIFY` from others, and poll
@@ -15,7 +15,17 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::rows::dead_letter_columns;
+use async_trait::async_trait;
+use orderly_core::ValidationError;
+use orderly_core::transport::{
+    DeadLetter, MAX_MESSAGES, OutgoingMessage, QueueName, QueueSettings, ReceivedMessage,
+    SendOutcome, Transport, TransportError,
+};
+
+use crate::driver::{Driver, MessageRow, q};
+use crate::rows::{Cols, dead_letter_columns};
+use crate::store::SqlStore;
+use crate::time::Ts;
 
 /// Per-queue signals that a message may be waiting.
 #[derive(Debug)]
@@ -70,15 +80,6 @@ impl Wakeups {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.values().for_each(|n| n.notify_waiters());
     }
-}
-
-/// One message to insert.
-pub(crate) struct Row<'a> {
-    pub message_id: &'a str,
-    pub correlation_id: Option<&'a str>,
-    pub properties: String,
-    pub body: &'a [u8],
-    pub visible_at: crate::time::Ts,
 }
 
 /// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue).
@@ -168,470 +169,508 @@ pub(crate) const Q_REQUEUE: &str = "INSERT INTO queue_messages \
 pub(crate) const Q_FORGET_DEAD: &str = "DELETE FROM queue_dead_letters \
     WHERE queue = $1 AND (CAST($2 AS TEXT) IS NULL OR message_id = $2)";
 
-macro_rules! queue_ops {
-    ($Store:ident, $DB:ident) => {
-        mod queue_impl {
-            use std::time::Duration;
+type Result<T> = std::result::Result<T, TransportError>;
 
-            use super::{$DB, $Store};
+fn db(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Unavailable(
+        format!("the SQL queue (in the state store's database) is unavailable: {e}").into(),
+    )
+}
 
-            use ::async_trait::async_trait;
-            use ::orderly_core::transport::{
-                DeadLetter, OutgoingMessage, QueueName, QueueSettings, ReceivedMessage, SendOutcome,
-                Transport, TransportError, MAX_MESSAGES,
-            };
-            use ::orderly_core::ValidationError;
+fn millis(ms: i64) -> chrono::Duration {
+    chrono::Duration::milliseconds(ms)
+}
 
-            use super::sql;
-            use $crate::queue as q;
-            use $crate::rows::Cols;
-            use $crate::time::Ts;
+struct Settings {
+    lock_ms: i64,
+    max_deliveries: i32,
+    dedup_ms: i64,
+}
 
-            type Result<T> = std::result::Result<T, TransportError>;
+impl<D: Driver> SqlStore<D> {
+    async fn queue_settings(conn: &mut D::Conn, queue: &QueueName) -> Result<Settings> {
+        let row = q(Q_SETTINGS)
+            .bind(queue.as_str())
+            .fetch_optional::<D>(conn)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| TransportError::QueueNotFound(queue.clone()))?;
+        let c = Cols(&row);
+        Ok(Settings {
+            lock_ms: c.get("lock_duration_ms")?,
+            max_deliveries: c.get("max_delivery_count")?,
+            dedup_ms: c.get("dedup_window_ms")?,
+        })
+    }
 
-            fn db(e: ::sqlx::Error) -> TransportError {
-                TransportError::Unavailable(format!("the SQL queue (in the state store's database) is unavailable: {e}").into())
-            }
-
-            fn millis(ms: i64) -> ::chrono::Duration {
-                ::chrono::Duration::milliseconds(ms)
-            }
-
-            struct Settings {
-                lock_ms: i64,
-                max_deliveries: i32,
-                dedup_ms: i64,
-            }
-
-            impl $Store {
-                async fn queue_settings(
-                    conn: &mut <$DB as ::sqlx::Database>::Connection,
-                    queue: &QueueName,
-                ) -> Result<Settings> {
-                    let row: Option<(i64, i32, i64)> = ::sqlx::query_as(q::Q_SETTINGS)
-                        .bind(queue.as_str())
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(db)?;
-                    let (lock_ms, max_deliveries, dedup_ms) =
-                        row.ok_or_else(|| TransportError::QueueNotFound(queue.clone()))?;
-                    Ok(Settings { lock_ms, max_deliveries, dedup_ms })
-                }
-
-                /// Enqueues validated `messages` inside the caller's transaction: duplicate
-                /// detection, insert, and (PostgreSQL) the notification sent at commit.
-                async fn enqueue(
-                    &self,
-                    conn: &mut <$DB as ::sqlx::Database>::Connection,
-                    now: ::chrono::DateTime<::chrono::Utc>,
-                    queue: &QueueName,
-                    messages: &[OutgoingMessage],
-                ) -> Result<SendOutcome> {
-                    let mut outcome = SendOutcome::default();
-                    let settings = Self::queue_settings(&mut *conn, queue).await?;
-                    let nth = self.wakeups.sends.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed);
-                    if settings.dedup_ms > 0 && nth % q::SWEEP_EVERY == 0 {
-                        ::sqlx::query(q::Q_DEDUP_SWEEP).bind(Ts(now)).execute(&mut *conn).await.map_err(db)?;
-                    }
-                    // Within one batch the first of several equal ids wins.
-                    let mut unique: Vec<&OutgoingMessage> = Vec::with_capacity(messages.len());
-                    if settings.dedup_ms > 0 {
-                        let mut ids = ::std::collections::HashSet::with_capacity(messages.len());
-                        for m in messages {
-                            if ids.insert(m.message_id.as_str()) {
-                                unique.push(m);
-                            } else {
-                                outcome.duplicates += 1;
-                            }
-                        }
-                    } else {
-                        unique.extend(messages);
-                    }
-                    let rows = unique
-                        .iter()
-                        .map(|m| {
-                            Ok(q::Row {
-                                message_id: &m.message_id,
-                                correlation_id: m.correlation_id.as_deref(),
-                                properties: ::serde_json::to_string(&m.properties)
-                                    .map_err(|e| TransportError::Unavailable(Box::new(e)))?,
-                                body: &m.body,
-                                visible_at: m
-                                    .scheduled_enqueue_time
-                                    .map(|t| Ts(::orderly_core::clock::truncate_micros(t)).max(Ts(now)))
-                                    .unwrap_or(Ts(now)),
-                            })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
-                    let accepted = self.insert_batch(&mut *conn, Ts(now), queue, dedup_until, &rows).await.map_err(db)?;
-                    outcome.duplicates += rows.len() - accepted;
-                    outcome.accepted += accepted;
-                    if outcome.accepted > 0 {
-                        self.notify_sent(&mut *conn, queue).await?;
-                    }
-                    Ok(outcome)
-                }
-
-                /// Enqueues the messages a state change causes, inside its transaction.
-                /// Returns the queues to wake once the transaction has committed.
-                pub(super) async fn enqueue_all(
-                    &self,
-                    conn: &mut <$DB as ::sqlx::Database>::Connection,
-                    now: ::chrono::DateTime<::chrono::Utc>,
-                    sends: &[::orderly_core::transport::Envelope],
-                ) -> Result<Vec<QueueName>> {
-                    let mut by_queue: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
-                    for envelope in sends {
-                        envelope.message.validate()?;
-                        match by_queue.iter_mut().find(|(q, _)| *q == &envelope.queue) {
-                            Some((_, messages)) => messages.push(envelope.message.clone()),
-                            None => by_queue.push((&envelope.queue, vec![envelope.message.clone()])),
-                        }
-                    }
-                    let mut woken = Vec::new();
-                    for (queue, messages) in by_queue {
-                        if self.enqueue(&mut *conn, now, queue, &messages).await?.accepted > 0 {
-                            woken.push(queue.clone());
-                        }
-                    }
-                    Ok(woken)
-                }
-
-                /// Wakes receivers of `queues` (after the commit that filled them).
-                pub(super) fn wake_queues(&self, queues: &[QueueName]) {
-                    queues.iter().for_each(|q| self.wakeups.wake(q.as_str()));
-                }
-
-                /// One attempt: lock up to `max` visible messages for a new delivery.
-                async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
-                    // A cheap read first: an idle receiver takes no write lock.
-                    let ready: Option<i64> = ::sqlx::query_scalar(sql::Q_ANY_READY)
-                        .bind(queue.as_str())
-                        .bind(self.now_param())
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(db)?;
-                    if ready.is_none() {
-                        // Nothing visible; still refuse an unknown queue.
-                        let mut conn = self.pool.acquire().await.map_err(db)?;
-                        Self::queue_settings(&mut conn, queue).await?;
-                        return Ok(Vec::new());
-                    }
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let settings = Self::queue_settings(&mut tx, queue).await?;
-                    let candidates: Vec<(i64, i32)> = ::sqlx::query_as(sql::Q_CANDIDATES)
-                        .bind(queue.as_str())
-                        .bind(Ts(now))
-                        .bind(i64::from(max))
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    let (exhausted, deliver): (Vec<_>, Vec<_>) =
-                        candidates.into_iter().partition(|(_, count)| *count >= settings.max_deliveries);
-                    if !exhausted.is_empty() {
-                        let seqs: Vec<i64> = exhausted.iter().map(|(seq, _)| *seq).collect();
-                        ::sqlx::query(sql::Q_DEAD_LETTER_EXHAUSTED)
-                            .bind(Self::seqs_param(&seqs))
-                            .bind(Ts(now))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db)?;
-                        ::sqlx::query(sql::Q_DELETE_MANY)
-                            .bind(Self::seqs_param(&seqs))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db)?;
-                        ::tracing::warn!(
-                            queue = %queue,
-                            count = seqs.len(),
-                            max_delivery_count = settings.max_deliveries,
-                            "messages dead-lettered: delivered too often without being completed"
-                        );
-                    }
-                    if deliver.is_empty() {
-                        tx.commit().await.map_err(db)?;
-                        return Ok(Vec::new());
-                    }
-                    let token = ::uuid::Uuid::new_v4().to_string();
-                    let seqs: Vec<i64> = deliver.iter().map(|(seq, _)| *seq).collect();
-                    let rows = ::sqlx::query(sql::Q_LOCK)
-                        .bind(Self::seqs_param(&seqs))
-                        .bind(&token)
-                        .bind(Ts(now + millis(settings.lock_ms)))
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)?;
-                    let mut messages = rows
-                        .iter()
-                        .map(|r| Cols(r).message(&token))
-                        .collect::<::orderly_core::Result<Vec<_>>>()?;
-                    messages.sort_by_key(|m| m.sequence_number);
-                    Ok(messages)
-                }
-
-                /// Runs `sql` on a message this receiver holds; `LockLost` when it
-                /// matches nothing. `$4`, `$5` are the optional extra arguments.
-                async fn settle(
-                    &self,
-                    sql: &'static str,
-                    message: &ReceivedMessage,
-                    extra: Option<(&str, &str)>,
-                ) -> Result<()> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let mut query = ::sqlx::query(sql)
-                        .bind(message.sequence_number)
-                        .bind(&message.lock_token.0)
-                        .bind(Ts(now));
-                    if let Some((a, b)) = extra {
-                        query = query.bind(a).bind(b);
-                    }
-                    let n = query.execute(&mut *tx).await.map_err(db)?.rows_affected();
-                    if n == 0 {
-                        return Err(TransportError::LockLost {
-                            queue: message.queue.clone(),
-                            message_id: message.message_id.clone(),
-                        });
-                    }
-                    if extra.is_some() {
-                        ::sqlx::query(q::Q_DELETE)
-                            .bind(message.sequence_number)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db)?;
-                    }
-                    tx.commit().await.map_err(db)?;
-                    if sql == q::Q_ABANDON {
-                        self.wakeups.wake(message.queue.as_str());
-                    }
-                    Ok(())
+    /// Enqueues validated `messages` inside the caller's transaction: duplicate
+    /// detection, insert, and (PostgreSQL) the notification sent at commit.
+    async fn enqueue(
+        &self,
+        conn: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<SendOutcome> {
+        let mut outcome = SendOutcome::default();
+        let settings = Self::queue_settings(&mut *conn, queue).await?;
+        let nth = self
+            .wakeups
+            .sends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if settings.dedup_ms > 0 && nth.is_multiple_of(SWEEP_EVERY) {
+            q(Q_DEDUP_SWEEP)
+                .bind(Ts(now))
+                .execute::<D>(&mut *conn)
+                .await
+                .map_err(db)?;
+        }
+        // Within one batch the first of several equal ids wins.
+        let mut unique: Vec<&OutgoingMessage> = Vec::with_capacity(messages.len());
+        if settings.dedup_ms > 0 {
+            let mut ids = std::collections::HashSet::with_capacity(messages.len());
+            for m in messages {
+                if ids.insert(m.message_id.as_str()) {
+                    unique.push(m);
+                } else {
+                    outcome.duplicates += 1;
                 }
             }
+        } else {
+            unique.extend(messages);
+        }
+        let rows = unique
+            .iter()
+            .map(|m| {
+                Ok(MessageRow {
+                    message_id: &m.message_id,
+                    correlation_id: m.correlation_id.as_deref(),
+                    properties: serde_json::to_string(&m.properties)
+                        .map_err(|e| TransportError::Unavailable(Box::new(e)))?,
+                    body: &m.body,
+                    visible_at: m
+                        .scheduled_enqueue_time
+                        .map(|t| Ts(orderly_core::clock::truncate_micros(t)).max(Ts(now)))
+                        .unwrap_or(Ts(now)),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
+        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_until, &rows)
+            .await
+            .map_err(db)?;
+        outcome.duplicates += rows.len() - accepted;
+        outcome.accepted += accepted;
+        if outcome.accepted > 0 {
+            D::notify_sent(&mut *conn, queue).await.map_err(db)?;
+        }
+        Ok(outcome)
+    }
 
-            #[async_trait]
-            impl Transport for $Store {
-                async fn declare_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<()> {
-                    settings.validate()?;
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    ::sqlx::query(q::Q_DECLARE)
-                        .bind(queue.as_str())
-                        .bind(settings.lock_duration.as_millis() as i64)
-                        .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
-                        .bind(settings.duplicate_detection_window.as_millis() as i64)
-                        .bind(Ts(now))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)
-                }
-
-                async fn ensure_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<bool> {
-                    settings.validate()?;
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let created = ::sqlx::query(q::Q_ENSURE)
-                        .bind(queue.as_str())
-                        .bind(settings.lock_duration.as_millis() as i64)
-                        .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
-                        .bind(settings.duplicate_detection_window.as_millis() as i64)
-                        .bind(Ts(now))
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(db)?
-                        .is_some();
-                    tx.commit().await.map_err(db)?;
-                    Ok(created)
-                }
-
-                #[::tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]
-                async fn send(&self, queue: &QueueName, messages: &[OutgoingMessage]) -> Result<SendOutcome> {
-                    if messages.len() > MAX_MESSAGES as usize {
-                        return Err(ValidationError::new("messages", format!("at most {MAX_MESSAGES} per send")).into());
-                    }
-                    for m in messages {
-                        m.validate()?;
-                    }
-                    if messages.is_empty() {
-                        return Ok(SendOutcome::default());
-                    }
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let outcome = self.enqueue(&mut tx, now, queue, messages).await?;
-                    tx.commit().await.map_err(db)?;
-                    if outcome.accepted > 0 {
-                        self.wakeups.wake(queue.as_str());
-                    }
-                    Ok(outcome)
-                }
-
-                async fn receive(&self, queue: &QueueName, max: u32, wait: Duration) -> Result<Vec<ReceivedMessage>> {
-                    if max == 0 || max > MAX_MESSAGES {
-                        return Err(ValidationError::new("max", format!("must be 1 to {MAX_MESSAGES}")).into());
-                    }
-                    let deadline = ::tokio::time::Instant::now() + wait;
-                    let signal = self.wakeups.of(queue.as_str());
-                    loop {
-                        // Register for a wake-up before looking, so none is missed.
-                        let woken = signal.notified();
-                        ::tokio::pin!(woken);
-                        woken.as_mut().enable();
-                        let messages = self.receive_now(queue, max).await?;
-                        if !messages.is_empty() {
-                            return Ok(messages);
-                        }
-                        let now = ::tokio::time::Instant::now();
-                        if now >= deadline {
-                            return Ok(Vec::new());
-                        }
-                        self.start_listening();
-                        let nap = (deadline - now).min(self.wakeups.poll);
-                        let _ = ::tokio::time::timeout(nap, woken).await;
-                    }
-                }
-
-                async fn complete(&self, message: &ReceivedMessage) -> Result<()> {
-                    self.settle(q::Q_COMPLETE, message, None).await
-                }
-
-                async fn complete_messages(&self, messages: &[ReceivedMessage]) -> Result<Vec<Result<()>>> {
-                    if messages.is_empty() {
-                        return Ok(Vec::new());
-                    }
-                    self.send_and_complete(&[], messages).await
-                }
-
-                async fn send_and_complete(
-                    &self,
-                    sends: &[::orderly_core::transport::Envelope],
-                    consumed: &[ReceivedMessage],
-                ) -> Result<Vec<Result<()>>> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let woken = self.enqueue_all(&mut tx, now, sends).await?;
-                    let done: Vec<(i64, String)> = if consumed.is_empty() {
-                        Vec::new()
-                    } else {
-                        let (first, second) = Self::holds_params(consumed);
-                        ::sqlx::query_as(sql::Q_COMPLETE_MANY)
-                            .bind(first)
-                            .bind(second)
-                            .bind(Ts(now))
-                            .fetch_all(&mut *tx)
-                            .await
-                            .map_err(db)?
-                    };
-                    tx.commit().await.map_err(db)?;
-                    self.wake_queues(&woken);
-                    // A verdict belongs to a hold (seq and token), not to a message: a stale
-                    // hold on a message that a fresh hold completed has still lost its lock.
-                    let done: ::std::collections::HashSet<(i64, String)> = done.into_iter().collect();
-                    Ok(consumed
-                        .iter()
-                        .map(|m| {
-                            if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
-                                Ok(())
-                            } else {
-                                Err(TransportError::LockLost { queue: m.queue.clone(), message_id: m.message_id.clone() })
-                            }
-                        })
-                        .collect())
-                }
-
-                async fn abandon(&self, message: &ReceivedMessage) -> Result<()> {
-                    self.settle(q::Q_ABANDON, message, None).await
-                }
-
-                async fn dead_letter(&self, message: &ReceivedMessage, reason: &str, description: &str) -> Result<()> {
-                    if reason.is_empty() {
-                        return Err(ValidationError::new("reason", "a dead letter needs a reason").into());
-                    }
-                    let reason = ::orderly_core::store::bounded_text(reason);
-                    let description = ::orderly_core::store::bounded_text(description);
-                    self.settle(q::Q_DEAD_LETTER, message, Some((reason, description))).await
-                }
-
-                async fn renew_lock(&self, message: &ReceivedMessage) -> Result<::chrono::DateTime<::chrono::Utc>> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let settings = Self::queue_settings(&mut tx, &message.queue).await?;
-                    let until: Option<Ts> = ::sqlx::query_scalar(q::Q_RENEW)
-                        .bind(message.sequence_number)
-                        .bind(&message.lock_token.0)
-                        .bind(Ts(now))
-                        .bind(Ts(now + millis(settings.lock_ms)))
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    let until = until.ok_or_else(|| TransportError::LockLost {
-                        queue: message.queue.clone(),
-                        message_id: message.message_id.clone(),
-                    })?;
-                    tx.commit().await.map_err(db)?;
-                    Ok(until.0)
-                }
-
-                async fn dead_letters(&self, queue: &QueueName, limit: u32) -> Result<Vec<DeadLetter>> {
-                    let rows = ::sqlx::query(q::Q_DEAD_LETTERS)
-                        .bind(queue.as_str())
-                        .bind(i64::from(limit.min(MAX_MESSAGES)))
-                        .fetch_all(&self.pool)
-                        .await
-                        .map_err(db)?;
-                    Ok(rows.iter().map(|r| Cols(r).dead_letter()).collect::<::orderly_core::Result<Vec<_>>>()?)
-                }
-            }
-
-            #[async_trait]
-            impl ::orderly_core::transport::QueueInspector for $Store {
-                async fn depths(&self) -> Result<Vec<::orderly_core::transport::QueueDepth>> {
-                    let mut conn = self.pool.acquire().await.map_err(db)?;
-                    let now = self.tx_now(&mut conn).await?;
-                    let rows = ::sqlx::query(q::Q_DEPTHS)
-                        .bind(Ts(now))
-                        .fetch_all(&mut *conn)
-                        .await
-                        .map_err(db)?;
-                    rows.iter()
-                        .map(|r| {
-                            use ::sqlx::Row;
-                            let name: String = r.try_get("queue").map_err(db)?;
-                            Ok(::orderly_core::transport::QueueDepth {
-                                queue: QueueName::parse(name)?,
-                                ready: r.try_get("ready").map_err(db)?,
-                                locked: r.try_get("locked").map_err(db)?,
-                                scheduled: r.try_get("scheduled").map_err(db)?,
-                                dead_lettered: r.try_get("dead_lettered").map_err(db)?,
-                            })
-                        })
-                        .collect()
-                }
-
-                async fn requeue_dead_letters(&self, queue: &QueueName, message_id: Option<&str>) -> Result<usize> {
-                    let mut tx = self.begin_write().await?;
-                    let now = self.tx_now(&mut tx).await?;
-                    let n = ::sqlx::query(q::Q_REQUEUE)
-                        .bind(queue.as_str())
-                        .bind(message_id)
-                        .bind(Ts(now))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?
-                        .rows_affected();
-                    ::sqlx::query(q::Q_FORGET_DEAD)
-                        .bind(queue.as_str())
-                        .bind(message_id)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    tx.commit().await.map_err(db)?;
-                    Ok(n as usize)
-                }
+    /// Enqueues the messages a state change causes, inside its transaction.
+    /// Returns the queues to wake once the transaction has committed.
+    pub(crate) async fn enqueue_all(
+        &self,
+        conn: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        sends: &[orderly_core::transport::Envelope],
+    ) -> Result<Vec<QueueName>> {
+        let mut by_queue: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
+        for envelope in sends {
+            envelope.message.validate()?;
+            match by_queue.iter_mut().find(|(q, _)| *q == &envelope.queue) {
+                Some((_, messages)) => messages.push(envelope.message.clone()),
+                None => by_queue.push((&envelope.queue, vec![envelope.message.clone()])),
             }
         }
-    };
+        let mut woken = Vec::new();
+        for (queue, messages) in by_queue {
+            if self
+                .enqueue(&mut *conn, now, queue, &messages)
+                .await?
+                .accepted
+                > 0
+            {
+                woken.push(queue.clone());
+            }
+        }
+        Ok(woken)
+    }
+
+    /// Wakes receivers of `queues` (after the commit that filled them).
+    pub(crate) fn wake_queues(&self, queues: &[QueueName]) {
+        queues.iter().for_each(|q| self.wakeups.wake(q.as_str()));
+    }
+
+    /// One attempt: lock up to `max` visible messages for a new delivery.
+    async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
+        // A cheap read first: an idle receiver takes no write lock.
+        {
+            // The read's connection goes back to the pool before the write begins (an
+            // in-memory database has only one).
+            let mut conn = self.driver.acquire().await?;
+            let ready = q(D::SQL.q_any_ready)
+                .bind(queue.as_str())
+                .bind(self.driver.now_param())
+                .fetch_optional::<D>(&mut conn)
+                .await
+                .map_err(db)?;
+            if ready.is_none() {
+                // Nothing visible; still refuse an unknown queue.
+                Self::queue_settings(&mut conn, queue).await?;
+                return Ok(Vec::new());
+            }
+        }
+        let (mut tx, now) = self.begin().await?;
+        let settings = Self::queue_settings(&mut tx, queue).await?;
+        let candidates = q(D::SQL.q_candidates)
+            .bind(queue.as_str())
+            .bind(Ts(now))
+            .bind(i64::from(max))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok((c.get::<i64>("seq")?, c.get::<i32>("delivery_count")?))
+            })
+            .collect::<orderly_core::Result<Vec<(i64, i32)>>>()?;
+        let (exhausted, deliver): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .partition(|(_, count)| *count >= settings.max_deliveries);
+        if !exhausted.is_empty() {
+            let seqs: Vec<i64> = exhausted.iter().map(|(seq, _)| *seq).collect();
+            q(D::SQL.q_dead_letter_exhausted)
+                .bind(seqs.clone())
+                .bind(Ts(now))
+                .execute::<D>(&mut tx)
+                .await
+                .map_err(db)?;
+            q(D::SQL.q_delete_many)
+                .bind(seqs.clone())
+                .execute::<D>(&mut tx)
+                .await
+                .map_err(db)?;
+            tracing::warn!(
+                queue = %queue,
+                count = seqs.len(),
+                max_delivery_count = settings.max_deliveries,
+                "messages dead-lettered: delivered too often without being completed"
+            );
+        }
+        if deliver.is_empty() {
+            D::commit(tx).await.map_err(db)?;
+            return Ok(Vec::new());
+        }
+        let token = uuid::Uuid::new_v4().to_string();
+        let seqs: Vec<i64> = deliver.iter().map(|(seq, _)| *seq).collect();
+        let rows = q(D::SQL.q_lock)
+            .bind(seqs.clone())
+            .bind(&token)
+            .bind(Ts(now + millis(settings.lock_ms)))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        let mut messages = rows
+            .iter()
+            .map(|r| Cols(r).message(&token))
+            .collect::<orderly_core::Result<Vec<_>>>()?;
+        messages.sort_by_key(|m| m.sequence_number);
+        Ok(messages)
+    }
+
+    /// Runs `sql` on a message this receiver holds; `LockLost` when it
+    /// matches nothing. `$4`, `$5` are the optional extra arguments.
+    async fn settle(
+        &self,
+        sql: &'static str,
+        message: &ReceivedMessage,
+        extra: Option<(&str, &str)>,
+    ) -> Result<()> {
+        let (mut tx, now) = self.begin().await?;
+        let mut query = q(sql)
+            .bind(message.sequence_number)
+            .bind(&message.lock_token.0)
+            .bind(Ts(now));
+        if let Some((a, b)) = extra {
+            query = query.bind(a).bind(b);
+        }
+        let n = query.execute::<D>(&mut tx).await.map_err(db)?;
+        if n == 0 {
+            return Err(TransportError::LockLost {
+                queue: message.queue.clone(),
+                message_id: message.message_id.clone(),
+            });
+        }
+        if extra.is_some() {
+            q(Q_DELETE)
+                .bind(message.sequence_number)
+                .execute::<D>(&mut tx)
+                .await
+                .map_err(db)?;
+        }
+        D::commit(tx).await.map_err(db)?;
+        if sql == Q_ABANDON {
+            self.wakeups.wake(message.queue.as_str());
+        }
+        Ok(())
+    }
 }
-pub(crate) use queue_ops;
+
+#[async_trait]
+impl<D: Driver> Transport for SqlStore<D> {
+    async fn declare_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<()> {
+        settings.validate()?;
+        let (mut tx, now) = self.begin().await?;
+        q(Q_DECLARE)
+            .bind(queue.as_str())
+            .bind(settings.lock_duration.as_millis() as i64)
+            .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
+            .bind(settings.duplicate_detection_window.as_millis() as i64)
+            .bind(Ts(now))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)
+    }
+
+    async fn ensure_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<bool> {
+        settings.validate()?;
+        let (mut tx, now) = self.begin().await?;
+        let created = q(Q_ENSURE)
+            .bind(queue.as_str())
+            .bind(settings.lock_duration.as_millis() as i64)
+            .bind(i32::try_from(settings.max_delivery_count).unwrap_or(i32::MAX))
+            .bind(settings.duplicate_detection_window.as_millis() as i64)
+            .bind(Ts(now))
+            .fetch_optional::<D>(&mut tx)
+            .await
+            .map_err(db)?
+            .is_some();
+        D::commit(tx).await.map_err(db)?;
+        Ok(created)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %queue, count = messages.len()))]
+    async fn send(&self, queue: &QueueName, messages: &[OutgoingMessage]) -> Result<SendOutcome> {
+        if messages.len() > MAX_MESSAGES as usize {
+            return Err(ValidationError::new(
+                "messages",
+                format!("at most {MAX_MESSAGES} per send"),
+            )
+            .into());
+        }
+        for m in messages {
+            m.validate()?;
+        }
+        if messages.is_empty() {
+            return Ok(SendOutcome::default());
+        }
+        let (mut tx, now) = self.begin().await?;
+        let outcome = self.enqueue(&mut tx, now, queue, messages).await?;
+        D::commit(tx).await.map_err(db)?;
+        if outcome.accepted > 0 {
+            self.wakeups.wake(queue.as_str());
+        }
+        Ok(outcome)
+    }
+
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>> {
+        if max == 0 || max > MAX_MESSAGES {
+            return Err(ValidationError::new("max", format!("must be 1 to {MAX_MESSAGES}")).into());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let signal = self.wakeups.of(queue.as_str());
+        loop {
+            // Register for a wake-up before looking, so none is missed.
+            let woken = signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let messages = self.receive_now(queue, max).await?;
+            if !messages.is_empty() {
+                return Ok(messages);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            self.driver.start_listening(&self.wakeups);
+            let nap = (deadline - now).min(self.wakeups.poll);
+            let _ = tokio::time::timeout(nap, woken).await;
+        }
+    }
+
+    async fn complete(&self, message: &ReceivedMessage) -> Result<()> {
+        self.settle(Q_COMPLETE, message, None).await
+    }
+
+    async fn complete_messages(&self, messages: &[ReceivedMessage]) -> Result<Vec<Result<()>>> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.send_and_complete(&[], messages).await
+    }
+
+    async fn send_and_complete(
+        &self,
+        sends: &[orderly_core::transport::Envelope],
+        consumed: &[ReceivedMessage],
+    ) -> Result<Vec<Result<()>>> {
+        let (mut tx, now) = self.begin().await?;
+        let woken = self.enqueue_all(&mut tx, now, sends).await?;
+        let done: Vec<(i64, String)> = if consumed.is_empty() {
+            Vec::new()
+        } else {
+            q(D::SQL.q_complete_many)
+                .bind(
+                    consumed
+                        .iter()
+                        .map(|m| m.sequence_number)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    consumed
+                        .iter()
+                        .map(|m| m.lock_token.0.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(Ts(now))
+                .fetch_all::<D>(&mut tx)
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| {
+                    let c = Cols(r);
+                    Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
+                })
+                .collect::<orderly_core::Result<Vec<_>>>()?
+        };
+        D::commit(tx).await.map_err(db)?;
+        self.wake_queues(&woken);
+        // A verdict belongs to a hold (seq and token), not to a message: a stale
+        // hold on a message that a fresh hold completed has still lost its lock.
+        let done: std::collections::HashSet<(i64, String)> = done.into_iter().collect();
+        Ok(consumed
+            .iter()
+            .map(|m| {
+                if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
+                    Ok(())
+                } else {
+                    Err(TransportError::LockLost {
+                        queue: m.queue.clone(),
+                        message_id: m.message_id.clone(),
+                    })
+                }
+            })
+            .collect())
+    }
+
+    async fn abandon(&self, message: &ReceivedMessage) -> Result<()> {
+        self.settle(Q_ABANDON, message, None).await
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &ReceivedMessage,
+        reason: &str,
+        description: &str,
+    ) -> Result<()> {
+        if reason.is_empty() {
+            return Err(ValidationError::new("reason", "a dead letter needs a reason").into());
+        }
+        let reason = orderly_core::store::bounded_text(reason);
+        let description = orderly_core::store::bounded_text(description);
+        self.settle(Q_DEAD_LETTER, message, Some((reason, description)))
+            .await
+    }
+
+    async fn renew_lock(&self, message: &ReceivedMessage) -> Result<chrono::DateTime<chrono::Utc>> {
+        let (mut tx, now) = self.begin().await?;
+        let settings = Self::queue_settings(&mut tx, &message.queue).await?;
+        let until = q(Q_RENEW)
+            .bind(message.sequence_number)
+            .bind(&message.lock_token.0)
+            .bind(Ts(now))
+            .bind(Ts(now + millis(settings.lock_ms)))
+            .fetch_optional::<D>(&mut tx)
+            .await
+            .map_err(db)?
+            .map(|r| Cols(&r).ts("locked_until"))
+            .transpose()?;
+        let until = until.ok_or_else(|| TransportError::LockLost {
+            queue: message.queue.clone(),
+            message_id: message.message_id.clone(),
+        })?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(until)
+    }
+
+    async fn dead_letters(&self, queue: &QueueName, limit: u32) -> Result<Vec<DeadLetter>> {
+        let rows = q(Q_DEAD_LETTERS)
+            .bind(queue.as_str())
+            .bind(i64::from(limit.min(MAX_MESSAGES)))
+            .fetch_all::<D>(&mut *self.driver.acquire().await?)
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| Cols(r).dead_letter())
+            .collect::<orderly_core::Result<Vec<_>>>()?)
+    }
+}
+
+#[async_trait]
+impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
+    async fn depths(&self) -> Result<Vec<orderly_core::transport::QueueDepth>> {
+        let mut conn = self.driver.acquire().await?;
+        let now = self.driver.now(&mut conn).await?;
+        let rows = q(Q_DEPTHS)
+            .bind(Ts(now))
+            .fetch_all::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                let name: String = c.get("queue")?;
+                Ok(orderly_core::transport::QueueDepth {
+                    queue: QueueName::parse(name)?,
+                    ready: c.get("ready")?,
+                    locked: c.get("locked")?,
+                    scheduled: c.get("scheduled")?,
+                    dead_lettered: c.get("dead_lettered")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn requeue_dead_letters(
+        &self,
+        queue: &QueueName,
+        message_id: Option<&str>,
+    ) -> Result<usize> {
+        let (mut tx, now) = self.begin().await?;
+        let n = q(Q_REQUEUE)
+            .bind(queue.as_str())
+            .bind(message_id)
+            .bind(Ts(now))
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        q(Q_FORGET_DEAD)
+            .bind(queue.as_str())
+            .bind(message_id)
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(n as usize)
+    }
+}

@@ -4,8 +4,8 @@ use orderly_core::history::{HistoryEvent, HistoryKind};
 use orderly_core::step::{StepRecord, StepStatus};
 use orderly_core::transport::{DeadLetter, LockToken, QueueName, ReceivedMessage};
 use orderly_core::{Actor, Epoch, InstanceId, OrderId, ProcessState, Result, StateRow};
-use sqlx::{ColumnIndex, Decode, Row, Type};
 
+use crate::driver::{FromCol, SqlRow};
 use crate::error::{corrupt, db};
 use crate::time::Ts;
 
@@ -52,43 +52,33 @@ macro_rules! dead_letter_columns {
 }
 pub(crate) use dead_letter_columns;
 
-/// A row to decode; the bounds below hold for both SQLite and PostgreSQL rows.
-pub(crate) struct Cols<'r, R>(pub &'r R);
+/// A row to decode, whichever dialect it came from.
+pub(crate) struct Cols<'r, R: ?Sized>(pub &'r R);
 
-impl<'r, R> Cols<'r, R>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i32: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Ts: Decode<'r, R::Database> + Type<R::Database>,
-    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    pub fn get<T: Decode<'r, R::Database> + Type<R::Database>>(&self, col: &'r str) -> Result<T> {
-        self.0.try_get(col).map_err(db)
+impl<R: SqlRow + ?Sized> Cols<'_, R> {
+    pub fn get<T: FromCol>(&self, col: &str) -> Result<T> {
+        T::from_col(self.0, col).map_err(db)
     }
 
-    pub fn ts(&self, col: &'r str) -> Result<chrono::DateTime<chrono::Utc>> {
+    pub fn ts(&self, col: &str) -> Result<chrono::DateTime<chrono::Utc>> {
         Ok(self.get::<Ts>(col)?.0)
     }
 
-    pub fn opt_ts(&self, col: &'r str) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+    pub fn opt_ts(&self, col: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
         Ok(self.get::<Option<Ts>>(col)?.map(|t| t.0))
     }
 
-    pub fn order_id(&self, col: &'r str) -> Result<OrderId> {
+    pub fn order_id(&self, col: &str) -> Result<OrderId> {
         OrderId::parse(self.get::<String>(col)?).map_err(|e| corrupt(col, e))
     }
 
-    pub fn state(&self, col: &'r str) -> Result<ProcessState> {
+    pub fn state(&self, col: &str) -> Result<ProcessState> {
         self.get::<String>(col)?
             .parse()
             .map_err(|e| corrupt(col, e))
     }
 
-    pub fn opt_state(&self, col: &'r str) -> Result<Option<ProcessState>> {
+    pub fn opt_state(&self, col: &str) -> Result<Option<ProcessState>> {
         self.get::<Option<String>>(col)?
             .map(|s| s.parse().map_err(|e| corrupt(col, e)))
             .transpose()
@@ -143,6 +133,26 @@ where
             }
             _ => Ok(None),
         }
+    }
+
+    /// A claimed (or resumed) order held under `fence`, from the columns of a claim.
+    pub fn claimed(
+        &self,
+        fence: orderly_core::Fence,
+        details: orderly_core::OrderDetails,
+    ) -> Result<orderly_core::store::ClaimedOrder> {
+        Ok(orderly_core::store::ClaimedOrder {
+            fence,
+            complete_by: self.ts("complete_by")?,
+            current_step: self.get("current_step")?,
+            failure_count: self.get("failure_count")?,
+            details,
+            reply_to: self.get("reply_to")?,
+            finish_as: self.opt_state("finish_as")?,
+            generation: self.get("generation")?,
+            last_error: self.get("last_error")?,
+            workflow: self.workflow_ref()?,
+        })
     }
 
     pub fn step_record(&self) -> Result<StepRecord> {

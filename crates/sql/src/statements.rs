@@ -1,6 +1,7 @@
 //! SQL that reads the same in both dialects: `$n` parameters, no casts, no dialect
 //! functions. Times are bound as [`Ts`](crate::time::Ts), which each dialect encodes
-//! its own way. Statements that differ live in `sqlite.rs` and `postgres.rs`.
+//! its own way. Statements that differ live in `sqlite/statements.rs` and
+//! `postgres/statements.rs`, named alike (`driver::Statements`).
 
 use orderly_core::store::{MAX_BATCH, OrderFilter};
 
@@ -33,31 +34,6 @@ macro_rules! fenced {
     };
 }
 
-/// Step progress on the state row: `$4` status, `$6` step index, `$7` detail.
-pub(crate) const TOUCH_FOR_STEP: &str = concat!(
-    "UPDATE order_state SET \
-     current_step = CASE WHEN $4 = 'Succeeded' AND current_step <= $6 THEN $6 + 1 ELSE current_step END, \
-     last_error = CASE WHEN $4 = 'Failed' THEN $7 ELSE last_error END, \
-     updated_at = $5",
-    fenced!()
-);
-
-/// [`TOUCH_FOR_STEP`] guarded by the step the order is at: `$8` (negative: any).
-pub(crate) const TOUCH_FOR_STEP_AT: &str = concat!(
-    "UPDATE order_state SET \
-     current_step = CASE WHEN $4 = 'Succeeded' AND current_step <= $6 THEN $6 + 1 ELSE current_step END, \
-     last_error = CASE WHEN $4 = 'Failed' THEN $7 ELSE last_error END, \
-     updated_at = $5",
-    fenced!(),
-    " AND ($8 < 0 OR current_step = $8)"
-);
-
-/// Checks the fence of a step write that updates no step (it only sends): `$1` order,
-/// `$2` owner, `$3` epoch, `$4` now, `$5` the step it must be at (negative: any).
-pub(crate) const TOUCH: &str = "UPDATE order_state SET updated_at = $4 \
-    WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
-    AND process_state = 'Processing' AND complete_by > $4 AND ($5 < 0 OR current_step = $5)";
-
 /// The owner starts undoing the order, to end as `$4`.
 pub(crate) const BEGIN_COMPENSATION: &str = concat!(
     "UPDATE order_state SET finish_as = $4, updated_at = $5",
@@ -80,15 +56,14 @@ pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_
 
 /// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
 pub(crate) const COUNT_OWNED: &str =
-    "SELECT count(*) FROM order_state WHERE process_state = 'Processing' AND locked_by = $1";
+    "SELECT count(*) AS n FROM order_state WHERE process_state = 'Processing' AND locked_by = $1";
 
 /// The fences of the Processing orders `$1` holds.
 pub(crate) const OWNED: &str = "SELECT order_id, lock_epoch FROM order_state \
      WHERE process_state = 'Processing' AND locked_by = $1 ORDER BY order_id";
 
 /// Whether any step of order `$1` may have taken effect.
-pub(crate) const HAS_EFFECTS: &str =
-    "SELECT count(*) FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";
+pub(crate) const HAS_EFFECTS: &str = "SELECT count(*) AS n FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";
 
 /// The columns an alert is read from (`a` alerts, `s` its step).
 macro_rules! alert_select {
@@ -332,11 +307,4 @@ pub(crate) fn start_json(
 /// A claim's versions it carries on, as `name@version` texts.
 pub(crate) fn carry_on(filter: &orderly_core::workflow::WorkflowFilter) -> Vec<String> {
     filter.carry_on.iter().map(ToString::to_string).collect()
-}
-
-/// [`carry_on`] as a JSON array (a bind value).
-pub(crate) fn carry_on_json(
-    filter: &orderly_core::workflow::WorkflowFilter,
-) -> orderly_core::Result<String> {
-    serde_json::to_string(&carry_on(filter)).map_err(|e| crate::error::corrupt("claim filter", e))
 }

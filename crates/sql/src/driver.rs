@@ -1,0 +1,497 @@
+//! The seam between the store's logic and a SQL dialect.
+//!
+//! The store, queue and outbox (`store/`, `queue.rs`, `outbox.rs`) are written once,
+//! generic over a [`Driver`]. A driver maps statements to its database: it binds
+//! [`Param`]s, runs a [`Q`] on a connection, hands back rows that decode through
+//! [`SqlRow`], and runs the few hot statements whose shape differs by dialect
+//! (a claim, a batch of completions, step writes, recoveries, message inserts) from
+//! values the shared code has already decided. Each dialect's SQL text lives in its
+//! `statements.rs`, under the same names in both ([`Statements`]).
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::ops::DerefMut;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use orderly_core::store::{ClaimRequest, ClaimedOrder};
+use orderly_core::transport::QueueName;
+use orderly_core::{Fence, Result};
+
+use crate::migrate::Migration;
+use crate::queue::Wakeups;
+use crate::time::Ts;
+
+/// A value bound to a statement parameter.
+#[derive(Debug, Clone)]
+pub(crate) enum Param<'a> {
+    Text(Cow<'a, str>),
+    OptText(Option<Cow<'a, str>>),
+    I64(i64),
+    OptI64(Option<i64>),
+    I32(i32),
+    OptI32(Option<i32>),
+    Bool(bool),
+    Ts(Ts),
+    OptTs(Option<Ts>),
+    Bytes(&'a [u8]),
+    /// A list of integers: an array on PostgreSQL, a JSON array on SQLite (read there
+    /// with `json_each`).
+    I64s(Vec<i64>),
+    /// A list of texts, bound as [`Param::I64s`] is.
+    Texts(Vec<String>),
+}
+
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(v: &'a str) -> Self {
+        Param::Text(Cow::Borrowed(v))
+    }
+}
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(v: &'a String) -> Self {
+        Param::Text(Cow::Borrowed(v))
+    }
+}
+impl From<String> for Param<'_> {
+    fn from(v: String) -> Self {
+        Param::Text(Cow::Owned(v))
+    }
+}
+impl<'a> From<Option<&'a str>> for Param<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        Param::OptText(v.map(Cow::Borrowed))
+    }
+}
+impl From<Option<String>> for Param<'_> {
+    fn from(v: Option<String>) -> Self {
+        Param::OptText(v.map(Cow::Owned))
+    }
+}
+impl From<i64> for Param<'_> {
+    fn from(v: i64) -> Self {
+        Param::I64(v)
+    }
+}
+impl From<Option<i64>> for Param<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Param::OptI64(v)
+    }
+}
+impl From<i32> for Param<'_> {
+    fn from(v: i32) -> Self {
+        Param::I32(v)
+    }
+}
+impl From<Option<i32>> for Param<'_> {
+    fn from(v: Option<i32>) -> Self {
+        Param::OptI32(v)
+    }
+}
+impl From<bool> for Param<'_> {
+    fn from(v: bool) -> Self {
+        Param::Bool(v)
+    }
+}
+impl From<Ts> for Param<'_> {
+    fn from(v: Ts) -> Self {
+        Param::Ts(v)
+    }
+}
+impl From<Option<Ts>> for Param<'_> {
+    fn from(v: Option<Ts>) -> Self {
+        Param::OptTs(v)
+    }
+}
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Param::Bytes(v)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for Param<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Param::Bytes(v)
+    }
+}
+impl From<Vec<i64>> for Param<'_> {
+    fn from(v: Vec<i64>) -> Self {
+        Param::I64s(v)
+    }
+}
+impl From<Vec<String>> for Param<'_> {
+    fn from(v: Vec<String>) -> Self {
+        Param::Texts(v)
+    }
+}
+
+/// A statement and its parameters, `$1` first.
+#[derive(Debug, Clone)]
+pub(crate) struct Q<'a> {
+    pub sql: Cow<'static, str>,
+    pub params: Vec<Param<'a>>,
+}
+
+/// A statement to bind parameters to.
+pub(crate) fn q<'a>(sql: &'static str) -> Q<'a> {
+    Q {
+        sql: Cow::Borrowed(sql),
+        params: Vec::new(),
+    }
+}
+
+impl<'a> Q<'a> {
+    /// A statement built at run time (its values still bound as parameters).
+    pub fn dynamic(sql: String) -> Self {
+        Q {
+            sql: Cow::Owned(sql),
+            params: Vec::new(),
+        }
+    }
+
+    /// Binds the next parameter.
+    pub fn bind(mut self, value: impl Into<Param<'a>>) -> Self {
+        self.params.push(value.into());
+        self
+    }
+
+    /// Runs it; the number of rows it changed.
+    pub async fn execute<D: Driver>(self, conn: &mut D::Conn) -> Result<u64, sqlx::Error> {
+        D::execute(conn, self).await
+    }
+
+    /// Runs it; every row it returned.
+    pub async fn fetch_all<D: Driver>(
+        self,
+        conn: &mut D::Conn,
+    ) -> Result<Vec<D::Row>, sqlx::Error> {
+        D::fetch_all(conn, self).await
+    }
+
+    /// Runs it; its first row, if any.
+    pub async fn fetch_optional<D: Driver>(
+        self,
+        conn: &mut D::Conn,
+    ) -> Result<Option<D::Row>, sqlx::Error> {
+        D::fetch_optional(conn, self).await
+    }
+
+    /// Runs it; its one row.
+    pub async fn fetch_one<D: Driver>(self, conn: &mut D::Conn) -> Result<D::Row, sqlx::Error> {
+        D::fetch_optional(conn, self)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+}
+
+/// A row, read column by column (by name). Implemented for the rows of every dialect.
+pub(crate) trait SqlRow: Send + Sync {
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
+    fn int64(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
+    fn int32(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn boolean(&self, col: &str) -> Result<Option<bool>, sqlx::Error>;
+    fn bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+    fn ts(&self, col: &str) -> Result<Option<Ts>, sqlx::Error>;
+}
+
+impl<R> SqlRow for R
+where
+    R: sqlx::Row + Send + Sync,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Ts: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int64(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int32(&self, col: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn boolean(&self, col: &str) -> Result<Option<bool>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn ts(&self, col: &str) -> Result<Option<Ts>, sqlx::Error> {
+        self.try_get(col)
+    }
+}
+
+/// A column type a [`SqlRow`] can be read as.
+pub(crate) trait FromCol: Sized {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error>;
+}
+
+fn required<T>(value: Option<T>, col: &str) -> Result<T, sqlx::Error> {
+    value.ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: col.to_owned(),
+        source: "unexpected NULL".into(),
+    })
+}
+
+/// A column type [`SqlRow`] reads directly.
+pub(crate) trait ColType: Sized {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error>;
+}
+
+impl<T: ColType> FromCol for Option<T> {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        T::read(row, col)
+    }
+}
+
+impl ColType for String {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.text(col)
+    }
+}
+
+impl FromCol for String {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.text(col)?, col)
+    }
+}
+
+impl ColType for i64 {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.int64(col)
+    }
+}
+
+impl FromCol for i64 {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.int64(col)?, col)
+    }
+}
+
+impl ColType for i32 {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.int32(col)
+    }
+}
+
+impl FromCol for i32 {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.int32(col)?, col)
+    }
+}
+
+impl ColType for bool {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.boolean(col)
+    }
+}
+
+impl FromCol for bool {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.boolean(col)?, col)
+    }
+}
+
+impl ColType for Vec<u8> {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.bytes(col)
+    }
+}
+
+impl FromCol for Vec<u8> {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.bytes(col)?, col)
+    }
+}
+
+impl ColType for Ts {
+    fn read<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Option<Self>, sqlx::Error> {
+        row.ts(col)
+    }
+}
+
+impl FromCol for Ts {
+    fn from_col<R: SqlRow + ?Sized>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+        required(row.ts(col)?, col)
+    }
+}
+
+/// One message to insert into a queue.
+pub(crate) struct MessageRow<'a> {
+    pub message_id: &'a str,
+    pub correlation_id: Option<&'a str>,
+    pub properties: String,
+    pub body: &'a [u8],
+    pub visible_at: Ts,
+}
+
+/// The fenced touch of one step write, decided by the shared code: the step it must be
+/// at (-1: any), the step to move to (-1: none), whether a step failed and its error.
+pub(crate) struct Touch<'a> {
+    pub fence: &'a Fence,
+    pub expect: i32,
+    pub new_step: i32,
+    pub failed: bool,
+    pub error: Option<String>,
+}
+
+/// One step record to write, with the history entry it makes (`kind`).
+pub(crate) struct StepRow<'a> {
+    pub fence: &'a Fence,
+    pub index: i32,
+    pub name: &'a str,
+    pub status: &'static str,
+    pub idempotency_key: &'a str,
+    pub detail: Option<String>,
+    pub kind: &'static str,
+}
+
+/// One timed-out order's recovery, decided by the shared code.
+pub(crate) struct Rescue {
+    pub order_id: String,
+    pub epoch: i64,
+    pub failure_count: i32,
+    pub state: &'static str,
+    pub finish_as: Option<&'static str>,
+    pub next_attempt_at: Option<Ts>,
+    pub reason: String,
+    pub kind: &'static str,
+}
+
+/// The statements the shared code runs whose text differs by dialect. Each dialect's
+/// `statements.rs` defines one of these, so both name the same statements.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// A new order's details: `$1` id, `$2` JSON, `$3` now; no row on a repeat.
+    pub insert_order: &'static str,
+    /// The stored details of order `$1` (as text, column `details`).
+    pub select_details: &'static str,
+    /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
+    /// dialect can, with what a recovery decision needs.
+    pub lock_expired: &'static str,
+    /// Whether queue `$1` has a visible message at `$2` (the dialect's now parameter).
+    pub q_any_ready: &'static str,
+    /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
+    pub q_candidates: &'static str,
+    /// Locks the messages `$1` (list) under token `$2` until `$3`.
+    pub q_lock: &'static str,
+    /// Dead-letters the messages `$1` (list) at `$2`: delivered too often.
+    pub q_dead_letter_exhausted: &'static str,
+    /// Deletes the messages `$1` (list).
+    pub q_delete_many: &'static str,
+    /// Completes the holds `$1` (seqs) / `$2` (tokens) still locked at `$3`; returns
+    /// `seq`, `lock_token` of those it completed.
+    pub q_complete_many: &'static str,
+    /// Leases unsent outbox rows: `$1` relay, `$2` lease end, `$3` now, `$4` limit.
+    pub o_lease: &'static str,
+    /// Outbox rows `$1` (list) of relay `$2` dead at `$3` for reason `$4`.
+    pub o_dead: &'static str,
+    /// Outbox rows `$1` (list) of relay `$2` sent at `$3`.
+    pub o_sent: &'static str,
+    /// Outbox rows `$1` (list) of relay `$2` failed with `$3`, retried after `$4`.
+    pub o_failed: &'static str,
+}
+
+/// A SQL dialect: its connections, how it binds and runs statements, and its hot
+/// statements. Everything it is given is decided; it decides nothing.
+#[async_trait]
+pub(crate) trait Driver: Send + Sync + 'static {
+    /// The dialect's name, in logs.
+    const NAME: &'static str;
+    /// Its text of the statements the shared code runs.
+    const SQL: Statements;
+    /// Its migrations, in order.
+    const MIGRATIONS: &'static [Migration];
+
+    type Conn: Send;
+    /// A write transaction (serialized with other writers where the dialect needs it).
+    type Tx: Send + DerefMut<Target = Self::Conn>;
+    /// A connection from the pool, for reads.
+    type Pooled: Send + DerefMut<Target = Self::Conn>;
+    type Row: SqlRow + 'static;
+
+    async fn begin_write(&self) -> Result<Self::Tx>;
+    async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error>;
+    async fn acquire(&self) -> Result<Self::Pooled>;
+
+    /// "Now" inside a transaction: the injected clock if any, else the dialect's clock
+    /// (PostgreSQL: the server's; SQLite: the host's).
+    async fn now(&self, conn: &mut Self::Conn) -> Result<DateTime<Utc>>;
+    /// "Now" as a parameter of a statement run on its own (PostgreSQL: NULL for the
+    /// server's clock unless one is injected).
+    fn now_param(&self) -> Param<'static>;
+
+    /// Makes concurrent start-ups migrate one after the other.
+    async fn lock_migrations(conn: &mut Self::Conn) -> Result<()>;
+    /// Runs a migration's script.
+    async fn run_script(conn: &mut Self::Conn, sql: &'static str) -> Result<(), sqlx::Error>;
+
+    async fn execute(conn: &mut Self::Conn, q: Q<'_>) -> Result<u64, sqlx::Error>;
+    async fn fetch_all(conn: &mut Self::Conn, q: Q<'_>) -> Result<Vec<Self::Row>, sqlx::Error>;
+    async fn fetch_optional(
+        conn: &mut Self::Conn,
+        q: Q<'_>,
+    ) -> Result<Option<Self::Row>, sqlx::Error>;
+
+    /// Claims up to the request's limit inside the caller's transaction, with the
+    /// claims' history (kind `Claimed`).
+    async fn claim_in(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>>;
+    /// [`Driver::claim_in`] as a transaction of its own.
+    async fn claim(&self, request: &ClaimRequest, timeout_micros: i64)
+    -> Result<Vec<ClaimedOrder>>;
+
+    /// Completes the orders `fences` hold inside the caller's transaction, with their
+    /// history (kind `Completed`); returns the ids it completed.
+    async fn complete_in(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        fences: &[&Fence],
+    ) -> Result<HashSet<String>>;
+    /// [`Driver::complete_in`] as a transaction of its own.
+    async fn complete(&self, fences: &[&Fence]) -> Result<HashSet<String>>;
+
+    /// The fenced touches of a batch of step writes (at most one per order); returns
+    /// the ids of the orders it touched.
+    async fn touch_steps(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        touches: &[Touch<'_>],
+    ) -> Result<HashSet<String>>;
+    /// Writes step records and their history entries, in order.
+    async fn write_steps(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        rows: &[StepRow<'_>],
+    ) -> Result<()>;
+
+    /// Applies decided recoveries (each still Processing under its epoch and past its
+    /// deadline) with their history, by `actor`; returns the ids it applied.
+    async fn rescue(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        actor: &str,
+        rescues: &[Rescue],
+    ) -> Result<HashSet<String>>;
+
+    /// Inserts messages into `queue` unless (with `dedup_until`) their id was seen
+    /// within the window; returns how many it inserted.
+    async fn insert_messages(
+        conn: &mut Self::Conn,
+        now: Ts,
+        queue: &QueueName,
+        dedup_until: Option<Ts>,
+        rows: &[MessageRow<'_>],
+    ) -> Result<usize, sqlx::Error>;
+    /// Tells other processes, at commit, that `queue` has new messages.
+    async fn notify_sent(conn: &mut Self::Conn, queue: &QueueName) -> Result<(), sqlx::Error>;
+    /// Starts, once, waking `wakeups` on other processes' sends (where the dialect can).
+    fn start_listening(&self, wakeups: &Arc<Wakeups>);
+}

@@ -1,0 +1,511 @@
+//! The PostgreSQL state store: production and scale.
+//!
+//! Claims take rows with `FOR UPDATE SKIP LOCKED`, so concurrent schedulers never wait
+//! for one another and never get the same row. The hot paths (claim, batched
+//! completion, step writes, the supervisor's sweep) are one statement each, one round
+//! trip for a whole batch, history included. Deadlines are compared on the server's
+//! clock (`now()`, the transaction's start), unless a test injects its own.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
+use orderly_core::store::{ClaimRequest, ClaimedOrder};
+use orderly_core::transport::QueueName;
+use orderly_core::{Fence, Result, TimeSource};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use crate::driver::{Driver, MessageRow, Param, Q, Rescue, StepRow, Touch, q};
+use crate::error::{corrupt, db};
+use crate::migrate;
+use crate::queue::Wakeups;
+use crate::rows::Cols;
+use crate::statements as st;
+use crate::store::SqlStore;
+use crate::time::Ts;
+
+mod statements;
+
+use statements as sql;
+
+/// Connections per store unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// The PostgreSQL state store (the SQL queue and the outbox in the same database).
+pub type PgStore = SqlStore<PgDriver>;
+
+/// The PostgreSQL dialect of [`SqlStore`]: its pool and its clock.
+#[derive(Debug, Clone)]
+pub struct PgDriver {
+    pool: PgPool,
+    time: TimeSource,
+}
+
+/// The fallback poll interval of idle receivers (notifications are the fast path).
+const POLL: Duration = Duration::from_secs(1);
+
+impl SqlStore<PgDriver> {
+    /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
+    pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+        Self::connect(options, DEFAULT_MAX_CONNECTIONS, time).await
+    }
+
+    /// Connects with explicit options (e.g. a `search_path` for an isolated schema) and
+    /// applies pending migrations.
+    pub async fn connect(
+        options: PgConnectOptions,
+        max_connections: u32,
+        time: TimeSource,
+    ) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(15))
+            .connect_with(options.application_name("orderly"))
+            .await
+            .map_err(db)?;
+        let store = SqlStore::new(PgDriver { pool, time }, Arc::new(Wakeups::new(POLL)));
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The connection pool (for tests and tools).
+    pub fn pool(&self) -> &PgPool {
+        &self.driver.pool
+    }
+}
+
+impl PgDriver {
+    fn injected_now(&self) -> Option<Ts> {
+        self.time.injected_now().map(Ts)
+    }
+}
+
+/// Binds one parameter; lists as arrays.
+fn bind<'q>(
+    query: sqlx::query::Query<'q, Postgres, <Postgres as sqlx::Database>::Arguments>,
+    param: Param<'_>,
+) -> sqlx::query::Query<'q, Postgres, <Postgres as sqlx::Database>::Arguments> {
+    match param {
+        Param::Text(v) => query.bind(v.into_owned()),
+        Param::OptText(v) => query.bind(v.map(|v| v.into_owned())),
+        Param::I64(v) => query.bind(v),
+        Param::OptI64(v) => query.bind(v),
+        Param::I32(v) => query.bind(v),
+        Param::OptI32(v) => query.bind(v),
+        Param::Bool(v) => query.bind(v),
+        Param::Ts(v) => query.bind(v),
+        Param::OptTs(v) => query.bind(v),
+        Param::Bytes(v) => query.bind(v.to_vec()),
+        Param::I64s(v) => query.bind(v),
+        Param::Texts(v) => query.bind(v),
+    }
+}
+
+fn prepare(
+    q: Q<'_>,
+) -> sqlx::query::Query<'static, Postgres, <Postgres as sqlx::Database>::Arguments> {
+    let query = match q.sql {
+        std::borrow::Cow::Borrowed(sql) => sqlx::query(sql),
+        std::borrow::Cow::Owned(sql) => sqlx::query(sqlx::AssertSqlSafe(sql)),
+    };
+    q.params.into_iter().fold(query, bind)
+}
+
+/// The columns of a claim, as [`ClaimedOrder`]s of `request`'s owner.
+fn claimed_orders(rows: &[PgRow], request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
+    rows.iter()
+        .map(|r| {
+            let c = Cols(r);
+            let details = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
+                .map_err(|e| corrupt("orders.details", e))?;
+            let fence = Fence {
+                order_id: c.order_id("order_id")?,
+                owner: request.owner.clone(),
+                epoch: orderly_core::Epoch(c.get("lock_epoch")?),
+            };
+            c.claimed(fence, details)
+        })
+        .collect()
+}
+
+/// A batch of fences as the parallel arrays of the COMPLETE statement.
+fn complete_query(
+    now: Option<Ts>,
+    fences: &[&Fence],
+) -> sqlx::query::Query<'static, Postgres, <Postgres as sqlx::Database>::Arguments> {
+    let ids: Vec<String> = fences
+        .iter()
+        .map(|f| f.order_id.as_str().to_owned())
+        .collect();
+    let owners: Vec<String> = fences.iter().map(|f| f.owner.as_str().to_owned()).collect();
+    let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
+    // Unnamed (not cached) so the server plans it for this batch's actual arrays; a
+    // cached generic plan cannot see their size and picks a far slower join.
+    sqlx::query(sql::COMPLETE)
+        .persistent(false)
+        .bind(now)
+        .bind(ids)
+        .bind(owners)
+        .bind(epochs)
+        .bind(HistoryKind::Completed.as_str())
+}
+
+fn order_ids(rows: Vec<PgRow>) -> Result<HashSet<String>> {
+    rows.iter()
+        .map(|r| Cols(r).get::<String>("order_id"))
+        .collect()
+}
+
+#[async_trait]
+impl Driver for PgDriver {
+    const NAME: &'static str = "postgres";
+    const SQL: crate::driver::Statements = sql::SQL;
+    const MIGRATIONS: &'static [migrate::Migration] = migrate::POSTGRES;
+
+    type Conn = PgConnection;
+    type Tx = Transaction<'static, Postgres>;
+    type Pooled = sqlx::pool::PoolConnection<Postgres>;
+    type Row = PgRow;
+
+    async fn begin_write(&self) -> Result<Self::Tx> {
+        self.pool.begin().await.map_err(db)
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn acquire(&self) -> Result<Self::Pooled> {
+        self.pool.acquire().await.map_err(db)
+    }
+
+    async fn now(&self, conn: &mut PgConnection) -> Result<DateTime<Utc>> {
+        let row = q(sql::NOW)
+            .bind(self.injected_now())
+            .fetch_one::<Self>(conn)
+            .await
+            .map_err(db)?;
+        Ok(Cols(&row).ts("now")?)
+    }
+
+    fn now_param(&self) -> Param<'static> {
+        Param::OptTs(self.injected_now())
+    }
+
+    /// Start-ups of several instances at once migrate one after the other.
+    async fn lock_migrations(conn: &mut PgConnection) -> Result<()> {
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.orderly_migrations'))",
+        )
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn run_script(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sql).execute(conn).await.map(|_| ())
+    }
+
+    async fn execute(conn: &mut PgConnection, q: Q<'_>) -> Result<u64, sqlx::Error> {
+        Ok(prepare(q).execute(conn).await?.rows_affected())
+    }
+
+    async fn fetch_all(conn: &mut PgConnection, q: Q<'_>) -> Result<Vec<PgRow>, sqlx::Error> {
+        prepare(q).fetch_all(conn).await
+    }
+
+    async fn fetch_optional(
+        conn: &mut PgConnection,
+        q: Q<'_>,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        prepare(q).fetch_optional(conn).await
+    }
+
+    async fn claim_in(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let rows = claim_query(Some(Ts(now)), request, timeout_micros)?
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        claimed_orders(&rows, request)
+    }
+
+    /// One statement on its own: claim, history and details in one round trip.
+    async fn claim(
+        &self,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let rows = claim_query(self.injected_now(), request, timeout_micros)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        claimed_orders(&rows, request)
+    }
+
+    async fn complete_in(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        fences: &[&Fence],
+    ) -> Result<HashSet<String>> {
+        order_ids(
+            complete_query(Some(Ts(now)), fences)
+                .fetch_all(conn)
+                .await
+                .map_err(db)?,
+        )
+    }
+
+    /// One statement on its own: nothing else to commit with it.
+    async fn complete(&self, fences: &[&Fence]) -> Result<HashSet<String>> {
+        order_ids(
+            complete_query(self.injected_now(), fences)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?,
+        )
+    }
+
+    async fn touch_steps(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        touches: &[Touch<'_>],
+    ) -> Result<HashSet<String>> {
+        let rows = sqlx::query(sql::TOUCH_STEPS)
+            .persistent(false)
+            .bind(Ts(now))
+            .bind(
+                touches
+                    .iter()
+                    .map(|t| t.fence.order_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                touches
+                    .iter()
+                    .map(|t| t.fence.owner.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(touches.iter().map(|t| t.fence.epoch.0).collect::<Vec<_>>())
+            .bind(touches.iter().map(|t| t.expect).collect::<Vec<_>>())
+            .bind(touches.iter().map(|t| t.new_step).collect::<Vec<_>>())
+            .bind(touches.iter().map(|t| t.failed).collect::<Vec<_>>())
+            .bind(
+                touches
+                    .iter()
+                    .map(|t| t.error.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        order_ids(rows)
+    }
+
+    async fn write_steps(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        rows: &[StepRow<'_>],
+    ) -> Result<()> {
+        let ids: Vec<&str> = rows.iter().map(|r| r.fence.order_id.as_str()).collect();
+        let indexes: Vec<i32> = rows.iter().map(|r| r.index).collect();
+        let epochs: Vec<i64> = rows.iter().map(|r| r.fence.epoch.0).collect();
+        let details: Vec<Option<&str>> = rows.iter().map(|r| r.detail.as_deref()).collect();
+        sqlx::query(sql::UPSERT_STEPS)
+            .persistent(false)
+            .bind(Ts(now))
+            .bind(&ids)
+            .bind(&indexes)
+            .bind(rows.iter().map(|r| r.name).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.status).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.idempotency_key).collect::<Vec<_>>())
+            .bind(&details)
+            .bind(&epochs)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        sqlx::query(sql::STEP_HISTORY)
+            .persistent(false)
+            .bind(Ts(now))
+            .bind(&ids)
+            .bind(
+                rows.iter()
+                    .map(|r| r.fence.owner.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.kind).collect::<Vec<_>>())
+            .bind(&epochs)
+            .bind(&indexes)
+            .bind(&details)
+            .execute(conn)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn rescue(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        actor: &str,
+        rescues: &[Rescue],
+    ) -> Result<HashSet<String>> {
+        let rows = sqlx::query(sql::RECOVER)
+            .bind(Ts(now))
+            .bind(actor)
+            .bind(
+                rescues
+                    .iter()
+                    .map(|r| r.order_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rescues.iter().map(|r| r.epoch).collect::<Vec<_>>())
+            .bind(rescues.iter().map(|r| r.failure_count).collect::<Vec<_>>())
+            .bind(rescues.iter().map(|r| r.state).collect::<Vec<_>>())
+            .bind(rescues.iter().map(|r| r.finish_as).collect::<Vec<_>>())
+            .bind(
+                rescues
+                    .iter()
+                    .map(|r| r.next_attempt_at.map(|t| t.0))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rescues
+                    .iter()
+                    .map(|r| orderly_core::store::bounded_text(&r.reason))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rescues.iter().map(|r| r.kind).collect::<Vec<_>>())
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        order_ids(rows)
+    }
+
+    /// Two statements for the whole batch.
+    async fn insert_messages(
+        conn: &mut PgConnection,
+        now: Ts,
+        queue: &QueueName,
+        dedup_until: Option<Ts>,
+        rows: &[MessageRow<'_>],
+    ) -> Result<usize, sqlx::Error> {
+        let mut ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
+        if let Some(until) = dedup_until {
+            let fresh: Vec<String> = sqlx::query_scalar(sql::Q_DEDUP_MANY)
+                .persistent(false)
+                .bind(queue.as_str())
+                .bind(&ids)
+                .bind(until)
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await?;
+            let fresh: HashSet<String> = fresh.into_iter().collect();
+            ids.retain(|id| fresh.contains(*id));
+        }
+        let keep: Vec<&MessageRow<'_>> = rows
+            .iter()
+            .filter(|r| ids.contains(&r.message_id))
+            .collect();
+        if keep.is_empty() {
+            return Ok(0);
+        }
+        sqlx::query(sql::Q_INSERT_MANY)
+            .persistent(false)
+            .bind(queue.as_str())
+            .bind(keep.iter().map(|r| r.message_id).collect::<Vec<_>>())
+            .bind(keep.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
+            .bind(
+                keep.iter()
+                    .map(|r| r.properties.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(keep.iter().map(|r| r.body).collect::<Vec<_>>())
+            .bind(now)
+            .bind(keep.iter().map(|r| r.visible_at.0).collect::<Vec<_>>())
+            .execute(conn)
+            .await?;
+        Ok(keep.len())
+    }
+
+    /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.
+    async fn notify_sent(conn: &mut PgConnection, queue: &QueueName) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(crate::queue::CHANNEL)
+            .bind(queue.as_str())
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
+    /// Starts, once, a task that `LISTEN`s for sends from any process and wakes this
+    /// store's receivers. It holds one connection of the pool. If the listener cannot
+    /// connect (e.g. behind a transaction-pooling proxy) receivers still poll.
+    fn start_listening(&self, wakeups: &Arc<Wakeups>) {
+        use std::sync::atomic::Ordering;
+        if wakeups.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = self.pool.clone();
+        let wakeups = Arc::downgrade(wakeups);
+        tokio::spawn(async move {
+            loop {
+                match sqlx::postgres::PgListener::connect_with(&pool).await {
+                    Ok(mut listener) => match listener.listen(crate::queue::CHANNEL).await {
+                        Ok(()) => loop {
+                            match listener.recv().await {
+                                Ok(n) => match wakeups.upgrade() {
+                                    Some(w) => w.wake(n.payload()),
+                                    None => return,
+                                },
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "queue listener lost its connection; polling until it is back");
+                                    break;
+                                }
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot LISTEN for queue sends; polling instead")
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot connect the queue listener; polling instead")
+                    }
+                }
+                match wakeups.upgrade() {
+                    Some(w) => w.wake_all(),
+                    None => return,
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        });
+    }
+}
+
+/// The claim statement for `request` at `now` (`None`: the server's clock).
+fn claim_query(
+    now: Option<Ts>,
+    request: &ClaimRequest,
+    timeout_micros: i64,
+) -> Result<sqlx::query::Query<'static, Postgres, <Postgres as sqlx::Database>::Arguments>> {
+    Ok(sqlx::query(sql::CLAIM)
+        .bind(now)
+        .bind(i64::from(request.limit))
+        .bind(request.owner.as_str().to_owned())
+        .bind(timeout_micros)
+        .bind(request.workflows.default_name.clone())
+        .bind(st::start_json(&request.workflows)?)
+        .bind(st::carry_on(&request.workflows))
+        .bind(HistoryKind::Claimed.as_str()))
+}

@@ -1,0 +1,215 @@
+//! The PostgreSQL text of the store's statements. Lists are bound as arrays; the hot
+//! statements take a whole batch as parallel arrays (`unnest`) and write its history in
+//! the same statement.
+
+use crate::driver::Statements;
+use crate::rows::{dead_letter_columns, message_columns};
+
+/// The statements the shared code runs, in PostgreSQL.
+pub(crate) const SQL: Statements = Statements {
+    insert_order: INSERT_ORDER,
+    select_details: SELECT_DETAILS,
+    lock_expired: LOCK_EXPIRED,
+    q_any_ready: Q_ANY_READY,
+    q_candidates: Q_CANDIDATES,
+    q_lock: Q_LOCK,
+    q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
+    q_delete_many: Q_DELETE_MANY,
+    q_complete_many: Q_COMPLETE_MANY,
+    o_lease: O_LEASE,
+    o_dead: O_DEAD,
+    o_sent: O_SENT,
+    o_failed: O_FAILED,
+};
+
+/// Whether queue `$1` has a visible message at `$2` (NULL: the server's now).
+pub(crate) const Q_ANY_READY: &str = "SELECT seq FROM queue_messages \
+    WHERE queue = $1 AND visible_at <= coalesce($2::timestamptz, now()) ORDER BY visible_at, seq LIMIT 1";
+
+/// Up to `$3` visible messages of queue `$1` at `$2`, locked.
+pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
+    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
+
+/// `$1` seqs, `$2` lock token, `$3` locked until.
+pub(crate) const Q_LOCK: &str = concat!(
+    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
+     locked_until = $3, visible_at = $3 WHERE seq = ANY($1::bigint[]) RETURNING ",
+    message_columns!()
+);
+
+/// `$1` seqs dead-lettered at `$2`: delivered too often.
+pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
+    "INSERT INTO queue_dead_letters (",
+    dead_letter_columns!(),
+    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+     'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
+     FROM queue_messages WHERE seq = ANY($1::bigint[])"
+);
+
+/// Deletes the messages `$1`.
+pub(crate) const Q_DELETE_MANY: &str = "DELETE FROM queue_messages WHERE seq = ANY($1::bigint[])";
+
+/// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
+pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
+    WHERE seq = ANY(ARRAY(SELECT seq FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL \
+        AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED)) \
+    RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at, attempts";
+
+/// `$1` seqs, `$2` relay, `$3` now, `$4` the reason.
+pub(crate) const O_DEAD: &str = "UPDATE outbox SET dead_at = $3, dead_reason = $4, last_error = $4, \
+    leased_until = NULL WHERE seq = ANY($1::bigint[]) AND relay = $2";
+
+/// `$1` seqs, `$2` relay, `$3` now.
+pub(crate) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NULL \
+    WHERE seq = ANY($1::bigint[]) AND relay = $2";
+
+/// `$1` seqs, `$2` relay, `$3` the error, `$4` not before.
+pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
+    WHERE seq = ANY($1::bigint[]) AND relay = $2";
+
+/// `$1` seqs and `$2` their lock tokens, pairwise; `$3` now.
+pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
+    USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
+    WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
+
+/// Records each id of `$2` as seen in queue `$1` until `$3` unless seen and not
+/// expired at `$4`; returns the ids that were not duplicates.
+pub(crate) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
+    SELECT $1, id, $3 FROM unnest($2::text[]) AS id \
+    ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+    WHERE queue_dedup.expires_at <= $4 RETURNING message_id";
+
+/// Inserts messages into queue `$1`: ids `$2`, correlations `$3`, properties `$4`,
+/// bodies `$5`, enqueued at `$6`, visible at `$7`.
+pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
+    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+    SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
+        AS m(id, correlation, properties, body, visible)";
+
+/// A new order's details: `$1` id, `$2` JSON, `$3` now.
+pub(crate) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
+    VALUES ($1, $2::json, $3) ON CONFLICT (order_id) DO NOTHING";
+
+/// The details of order `$1` (as text).
+pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
+
+/// The injected now (`$1`) or the server's.
+pub(crate) const NOW: &str = "SELECT coalesce($1::timestamptz, now()) AS now";
+
+// The hot statements below select their rows with `= ANY(ARRAY(...))` (or an
+// id array) so every row of a batch is one primary-key probe: joined as a CTE
+// instead, the planner hash-joins the batch against a scan of the whole table.
+
+/// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds,
+/// `$5` the default workflow's name, `$6` JSON object of the workflows it starts
+/// (name to version), `$7` the `name@version`s it carries on. A new order is
+/// pinned here. `$8` the history kind.
+pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+    claimed AS ( \
+        UPDATE order_state s SET process_state = 'Processing', locked_by = $3, \
+            complete_by = clock.now + $4::bigint * interval '1 microsecond', \
+            lock_epoch = s.lock_epoch + 1, updated_at = clock.now, \
+            workflow = coalesce(s.workflow, $5), \
+            workflow_version = coalesce(s.workflow_version, $6::text::jsonb ->> coalesce(s.workflow, $5)) \
+        FROM clock \
+        WHERE s.order_id = ANY(ARRAY( \
+                SELECT c.order_id FROM order_state c \
+                WHERE c.process_state = 'Pending' AND c.locked_by IS NULL \
+                    AND c.next_attempt_at <= (SELECT now FROM clock) \
+                    AND CASE WHEN c.workflow_version IS NULL \
+                        THEN ($6::text::jsonb ->> coalesce(c.workflow, $5)) IS NOT NULL \
+                        ELSE (c.workflow || '@' || c.workflow_version) = ANY($7::text[]) END \
+                ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+            AND s.process_state = 'Pending' \
+        RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
+            s.reply_to, s.finish_as, s.generation, s.last_error, s.workflow, s.workflow_version, \
+            clock.now AS at), \
+    history AS ( \
+        INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
+        SELECT order_id, at, $3, $8, 'Pending', 'Processing', lock_epoch FROM claimed) \
+    SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
+        c.finish_as, c.generation, c.last_error, c.workflow, c.workflow_version, \
+        (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
+    FROM claimed c";
+
+/// `$1` injected now or NULL, `$2` order ids, `$3` owners, `$4` epochs, `$5` the
+/// history kind.
+pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+    done AS ( \
+        UPDATE order_state s SET process_state = 'Processed', locked_by = NULL, complete_by = NULL, \
+            updated_at = clock.now \
+        FROM clock, unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch) \
+        WHERE s.order_id = ANY($2::text[]) AND s.order_id = f.order_id \
+            AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
+            AND s.process_state = 'Processing' AND s.complete_by > clock.now \
+        RETURNING s.order_id, s.lock_epoch, f.owner, clock.now AS at), \
+    history AS ( \
+        INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
+        SELECT order_id, at, owner, $5, 'Processing', 'Processed', lock_epoch FROM done) \
+    SELECT order_id FROM done";
+
+/// The fenced, step-guarded touch of many step writes at once: `$1` now, then per
+/// write order id, owner, epoch, expected step (-1: any), the step to move to (-1:
+/// none), whether a step failed and its error. Returns the orders touched.
+pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state s SET \
+        current_step = CASE WHEN w.new_step > s.current_step THEN w.new_step ELSE s.current_step END, \
+        last_error = CASE WHEN w.failed THEN w.err ELSE s.last_error END, \
+        updated_at = $1 \
+    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[], $6::int[], $7::bool[], $8::text[]) \
+        AS w(order_id, owner, epoch, expect, new_step, failed, err) \
+    WHERE s.order_id = ANY($2::text[]) AND s.order_id = w.order_id \
+        AND s.locked_by = w.owner AND s.lock_epoch = w.epoch \
+        AND s.process_state = 'Processing' AND s.complete_by > $1 \
+        AND (w.expect < 0 OR s.current_step = w.expect) \
+    RETURNING s.order_id";
+
+/// Many step records at once: `$1` now, then per update order id, index, name,
+/// status, idempotency key, detail, epoch.
+pub(crate) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
+        (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+    SELECT u.order_id, u.idx, u.name, u.status, u.key, \
+        CASE WHEN u.status = 'Started' THEN 1 ELSE 0 END, u.detail, u.epoch, $1 \
+    FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[]) \
+        AS u(order_id, idx, name, status, key, detail, epoch) \
+    ON CONFLICT (order_id, step_index) DO UPDATE SET \
+        name = excluded.name, status = excluded.status, \
+        attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
+        epoch = excluded.epoch, updated_at = excluded.updated_at";
+
+/// Many step history entries at once, in array order: `$1` now, then per update
+/// order id, actor, kind, epoch, step, reason.
+pub(crate) const STEP_HISTORY: &str = "INSERT INTO order_history \
+        (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+    SELECT h.order_id, $1, h.actor, h.kind, 'Processing', 'Processing', h.epoch, h.step, h.reason \
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[]) \
+        WITH ORDINALITY AS h(order_id, actor, kind, epoch, step, reason, n) \
+    ORDER BY h.n";
+
+/// The expired orders of a sweep, locked (others' sweeps skip them): `$1` now,
+/// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).
+pub(crate) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
+        s.complete_by, s.failure_count, s.current_step, s.finish_as, \
+        EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
+            AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+    FROM order_state s \
+    WHERE s.process_state = 'Processing' AND s.complete_by < $1 \
+    ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED";
+
+/// The decided recoveries, set-based: `$1` now, `$2` actor, then per order its id,
+/// epoch, failure count, new state, finish_as, next attempt (NULL: unchanged),
+/// reason and history kind.
+pub(crate) const RECOVER: &str = "WITH recovered AS ( \
+        UPDATE order_state s SET failure_count = d.failure_count, process_state = d.state, \
+            finish_as = d.finish_as, next_attempt_at = coalesce(d.next_at, s.next_attempt_at), \
+            last_error = d.reason, locked_by = NULL, complete_by = NULL, updated_at = $1 \
+        FROM unnest($3::text[], $4::bigint[], $5::int[], $6::text[], $7::text[], \
+            $8::timestamptz[], $9::text[], $10::text[]) \
+            AS d(order_id, epoch, failure_count, state, finish_as, next_at, reason, kind) \
+        WHERE s.order_id = ANY($3::text[]) AND s.order_id = d.order_id \
+            AND s.process_state = 'Processing' AND s.lock_epoch = d.epoch AND s.complete_by < $1 \
+        RETURNING s.order_id, d.state, d.reason, d.kind, s.lock_epoch), \
+    history AS ( \
+        INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch, reason) \
+        SELECT order_id, $1, $2, kind, 'Processing', state, lock_epoch, reason FROM recovered) \
+    SELECT order_id FROM recovered";

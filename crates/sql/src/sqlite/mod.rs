@@ -1,0 +1,565 @@
+//! The SQLite state store: the embedded default, one file and nothing else.
+//!
+//! SQLite has one writer at a time: every write transaction starts with
+//! `BEGIN IMMEDIATE`, which takes the write lock up front (waiting up to the busy
+//! timeout), so concurrent claimers and recoverers, in this process or another, are
+//! serialized and can never claim or count the same row twice. WAL mode lets readers
+//! run beside the writer; `synchronous = FULL` makes every commit durable before it is
+//! acknowledged, so an accepted order survives a power cut, not only a crash.
+//!
+//! A SQLite file is shared by processes of one host only, so "now" is that host's
+//! clock (or the injected one).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::{Deref, DerefMut};
+use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use orderly_core::store::{ClaimRequest, ClaimedOrder};
+use orderly_core::transport::QueueName;
+use orderly_core::{Fence, Result, TimeSource};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use crate::driver::{Driver, MessageRow, Param, Q, Rescue, StepRow, Touch, q};
+use crate::error::{corrupt, db};
+use crate::migrate;
+use crate::queue::Wakeups;
+use crate::rows::Cols;
+use crate::statements as st;
+use crate::store::SqlStore;
+use crate::time::Ts;
+
+mod statements;
+
+use statements as sql;
+
+/// How long a writer waits for the write lock before reporting the store busy.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Puts the database file in WAL mode, once. WAL is a property of the file, so pool
+/// connections do not set it: switching modes takes a lock that SQLite's busy timeout
+/// cannot wait for, and a connection opened mid-run would fail with "database is
+/// locked" while another one writes. Here the switch is retried instead.
+async fn ensure_wal(options: &SqliteConnectOptions) -> Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect_with(options)
+        .await
+        .map_err(crate::error::db)?;
+    let mut last = String::new();
+    for _ in 0..50 {
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .fetch_one(&mut conn)
+            .await
+        {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => {
+                conn.close().await.map_err(crate::error::db)?;
+                return Ok(());
+            }
+            Ok(mode) => last = format!("journal mode stayed {mode}"),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(orderly_core::Error::Unavailable(
+        format!("cannot put the SQLite file in WAL mode: {last}").into(),
+    ))
+}
+
+/// The SQLite state store (the SQL queue and the outbox in the same file).
+pub type SqliteStore = SqlStore<SqliteDriver>;
+
+/// The SQLite dialect of [`SqlStore`]: its pool, its clock and this process's turn
+/// to write to the file.
+#[derive(Debug, Clone)]
+pub struct SqliteDriver {
+    pool: SqlitePool,
+    time: TimeSource,
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The turn of in-process writers to one database file. Writers in this process wait
+/// here in order instead of in SQLite's busy handler, which polls with sleeps of up to
+/// 100 ms; writers in other processes still meet at SQLite's lock (busy timeout).
+fn writer_turn(file: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static TURNS: Registry<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
+    per_file(&TURNS, file, || tokio::sync::Mutex::new(()))
+}
+
+/// The queue wake-ups of one database file, shared by every handle in this process:
+/// a send through one handle wakes receivers waiting on another.
+fn file_wakeups(file: &str) -> Arc<Wakeups> {
+    static WAKEUPS: Registry<Wakeups> = LazyLock::new(Default::default);
+    per_file(&WAKEUPS, file, || Wakeups::new(POLL))
+}
+
+/// Other processes' sends are seen by polling this often.
+const POLL: Duration = Duration::from_millis(200);
+
+type Registry<T> = LazyLock<std::sync::Mutex<HashMap<String, Weak<T>>>>;
+
+fn per_file<T>(registry: &Registry<T>, file: &str, make: impl FnOnce() -> T) -> Arc<T> {
+    let mut entries = registry
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    entries.retain(|_, entry| entry.strong_count() > 0);
+    if let Some(entry) = entries.get(file).and_then(Weak::upgrade) {
+        return entry;
+    }
+    let entry = Arc::new(make());
+    entries.insert(file.to_owned(), Arc::downgrade(&entry));
+    entry
+}
+
+/// A write transaction holding this process's turn to write.
+pub(crate) struct WriteTx {
+    tx: Transaction<'static, Sqlite>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Deref for WriteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+/// How writers of this process share a database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriterQueue {
+    /// Writers in this process take turns in order before asking SQLite for the write
+    /// lock (the default: no busy-handler sleeps between them).
+    #[default]
+    Process,
+    /// Every handle asks SQLite for the lock directly, as separate processes do
+    /// (used by tests to exercise SQLite's own locking).
+    None,
+}
+
+impl SqlStore<SqliteDriver> {
+    /// Opens (creating if missing) the database at `url` (`sqlite://file.db`,
+    /// `sqlite::memory:`) and applies pending migrations.
+    pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
+        Self::open_with(url, time, WriterQueue::Process).await
+    }
+
+    /// [`SqliteStore::open`] with an explicit [`WriterQueue`].
+    pub async fn open_with(url: &str, time: TimeSource, queue: WriterQueue) -> Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?
+            .create_if_missing(true)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        // An in-memory database lives in one connection; a file can serve several readers.
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !in_memory {
+            ensure_wal(&options).await?;
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if in_memory { 1 } else { 4 })
+            .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
+            .connect_with(options.clone())
+            .await
+            .map_err(db)?;
+        let file = options.get_filename();
+        let key = std::fs::canonicalize(file)
+            .unwrap_or_else(|_| file.to_owned())
+            .to_string_lossy()
+            .into_owned();
+        let writer = if in_memory || queue == WriterQueue::None {
+            Arc::new(tokio::sync::Mutex::new(()))
+        } else {
+            writer_turn(&key)
+        };
+        let wakeups = if in_memory {
+            Arc::new(Wakeups::new(POLL))
+        } else {
+            file_wakeups(&key)
+        };
+        let store = SqlStore::new(SqliteDriver { pool, time, writer }, wakeups);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The connection pool (for tests and tools).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.driver.pool
+    }
+}
+
+/// Binds one parameter; lists as JSON arrays.
+fn bind<'q>(
+    query: sqlx::query::Query<'q, Sqlite, <Sqlite as sqlx::Database>::Arguments>,
+    param: Param<'_>,
+) -> sqlx::query::Query<'q, Sqlite, <Sqlite as sqlx::Database>::Arguments> {
+    match param {
+        Param::Text(v) => query.bind(v.into_owned()),
+        Param::OptText(v) => query.bind(v.map(|v| v.into_owned())),
+        Param::I64(v) => query.bind(v),
+        Param::OptI64(v) => query.bind(v),
+        Param::I32(v) => query.bind(v),
+        Param::OptI32(v) => query.bind(v),
+        Param::Bool(v) => query.bind(v),
+        Param::Ts(v) => query.bind(v),
+        Param::OptTs(v) => query.bind(v),
+        Param::Bytes(v) => query.bind(v.to_vec()),
+        Param::I64s(v) => query.bind(json_list(v)),
+        Param::Texts(v) => query.bind(json_list(v)),
+    }
+}
+
+fn json_list(values: impl Into<serde_json::Value>) -> String {
+    values.into().to_string()
+}
+
+fn prepare(q: Q<'_>) -> sqlx::query::Query<'static, Sqlite, <Sqlite as sqlx::Database>::Arguments> {
+    let query = match q.sql {
+        std::borrow::Cow::Borrowed(sql) => sqlx::query(sql),
+        std::borrow::Cow::Owned(sql) => sqlx::query(sqlx::AssertSqlSafe(sql)),
+    };
+    q.params.into_iter().fold(query, bind)
+}
+
+#[async_trait]
+impl Driver for SqliteDriver {
+    const NAME: &'static str = "sqlite";
+    const SQL: crate::driver::Statements = sql::SQL;
+    const MIGRATIONS: &'static [migrate::Migration] = migrate::SQLITE;
+
+    type Conn = SqliteConnection;
+    type Tx = WriteTx;
+    type Pooled = sqlx::pool::PoolConnection<Sqlite>;
+    type Row = SqliteRow;
+
+    async fn begin_write(&self) -> Result<WriteTx> {
+        let turn = self.writer.clone().lock_owned().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        Ok(WriteTx { tx, _turn: turn })
+    }
+
+    async fn commit(tx: WriteTx) -> Result<(), sqlx::Error> {
+        tx.tx.commit().await
+    }
+
+    async fn acquire(&self) -> Result<Self::Pooled> {
+        self.pool.acquire().await.map_err(db)
+    }
+
+    async fn now(&self, _conn: &mut SqliteConnection) -> Result<DateTime<Utc>> {
+        Ok(self.time.now_or_host())
+    }
+
+    fn now_param(&self) -> Param<'static> {
+        Param::Ts(Ts(self.time.now_or_host()))
+    }
+
+    /// `BEGIN IMMEDIATE` already excludes every other writer.
+    async fn lock_migrations(_conn: &mut SqliteConnection) -> Result<()> {
+        Ok(())
+    }
+
+    async fn run_script(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sql).execute(conn).await.map(|_| ())
+    }
+
+    async fn execute(conn: &mut SqliteConnection, q: Q<'_>) -> Result<u64, sqlx::Error> {
+        Ok(prepare(q).execute(conn).await?.rows_affected())
+    }
+
+    async fn fetch_all(
+        conn: &mut SqliteConnection,
+        q: Q<'_>,
+    ) -> Result<Vec<SqliteRow>, sqlx::Error> {
+        prepare(q).fetch_all(conn).await
+    }
+
+    async fn fetch_optional(
+        conn: &mut SqliteConnection,
+        q: Q<'_>,
+    ) -> Result<Option<SqliteRow>, sqlx::Error> {
+        prepare(q).fetch_optional(conn).await
+    }
+
+    async fn claim_in(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let deadline = now + chrono::Duration::microseconds(timeout_micros);
+        let rows = q(sql::CLAIM)
+            .bind(request.owner.as_str())
+            .bind(Ts(deadline))
+            .bind(Ts(now))
+            .bind(i64::from(request.limit))
+            .bind(&request.workflows.default_name)
+            .bind(st::start_json(&request.workflows)?)
+            .bind(st::carry_on(&request.workflows))
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = rows
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect::<Result<Vec<_>>>()?;
+        q(sql::CLAIMED_HISTORY)
+            .bind(ids.clone())
+            .bind(Ts(now))
+            .bind(request.owner.as_str())
+            .bind(orderly_core::history::HistoryKind::Claimed.as_str())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
+        let mut details = std::collections::HashMap::with_capacity(rows.len());
+        for r in q(sql::DETAILS_OF)
+            .bind(ids)
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?
+        {
+            let c = Cols(&r);
+            let d = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
+                .map_err(|e| corrupt("orders.details", e))?;
+            details.insert(c.get::<String>("order_id")?, d);
+        }
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                let order_id = c.order_id("order_id")?;
+                let details = details.remove(order_id.as_str()).ok_or_else(|| {
+                    corrupt(
+                        "orders",
+                        format!("order {order_id} has a state row but no details"),
+                    )
+                })?;
+                let fence = Fence {
+                    order_id,
+                    owner: request.owner.clone(),
+                    epoch: orderly_core::Epoch(c.get("lock_epoch")?),
+                };
+                c.claimed(fence, details)
+            })
+            .collect()
+    }
+
+    async fn claim(
+        &self,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let mut tx = self.begin_write().await?;
+        let now = self.now(&mut tx).await?;
+        let claimed = Self::claim_in(&mut tx, now, request, timeout_micros).await?;
+        if !claimed.is_empty() {
+            Self::commit(tx).await.map_err(db)?;
+        }
+        Ok(claimed)
+    }
+
+    async fn complete_in(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        fences: &[&Fence],
+    ) -> Result<HashSet<String>> {
+        let json = |fences: &mut dyn Iterator<Item = &&Fence>| {
+            let triples: Vec<_> = fences
+                .map(|f| serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0]))
+                .collect();
+            serde_json::Value::Array(triples).to_string()
+        };
+        let done = q(sql::COMPLETE)
+            .bind(json(&mut fences.iter()))
+            .bind(Ts(now))
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect::<Result<HashSet<String>>>()?;
+        if !done.is_empty() {
+            q(sql::COMPLETED_HISTORY)
+                .bind(json(
+                    &mut fences.iter().filter(|f| done.contains(f.order_id.as_str())),
+                ))
+                .bind(Ts(now))
+                .bind(orderly_core::history::HistoryKind::Completed.as_str())
+                .execute::<Self>(conn)
+                .await
+                .map_err(db)?;
+        }
+        Ok(done)
+    }
+
+    async fn complete(&self, fences: &[&Fence]) -> Result<HashSet<String>> {
+        let mut tx = self.begin_write().await?;
+        let now = self.now(&mut tx).await?;
+        let done = Self::complete_in(&mut tx, now, fences).await?;
+        Self::commit(tx).await.map_err(db)?;
+        Ok(done)
+    }
+
+    async fn touch_steps(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        touches: &[Touch<'_>],
+    ) -> Result<HashSet<String>> {
+        let mut touched = HashSet::with_capacity(touches.len());
+        for t in touches {
+            let row = q(sql::TOUCH_STEP)
+                .bind(t.fence.order_id.as_str())
+                .bind(t.fence.owner.as_str())
+                .bind(t.fence.epoch.0)
+                .bind(t.expect)
+                .bind(Ts(now))
+                .bind(t.new_step)
+                .bind(t.failed)
+                .bind(t.error.as_deref())
+                .fetch_optional::<Self>(conn)
+                .await
+                .map_err(db)?;
+            if row.is_some() {
+                touched.insert(t.fence.order_id.as_str().to_owned());
+            }
+        }
+        Ok(touched)
+    }
+
+    async fn write_steps(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        rows: &[StepRow<'_>],
+    ) -> Result<()> {
+        for r in rows {
+            q(st::UPSERT_STEP)
+                .bind(r.fence.order_id.as_str())
+                .bind(r.index)
+                .bind(r.name)
+                .bind(r.status)
+                .bind(r.idempotency_key)
+                .bind(r.detail.as_deref())
+                .bind(r.fence.epoch.0)
+                .bind(Ts(now))
+                .execute::<Self>(conn)
+                .await
+                .map_err(db)?;
+            q(st::INSERT_HISTORY)
+                .bind(r.fence.order_id.as_str())
+                .bind(Ts(now))
+                .bind(r.fence.owner.as_str())
+                .bind(r.kind)
+                .bind(Some("Processing"))
+                .bind("Processing")
+                .bind(r.fence.epoch.0)
+                .bind(Some(r.index))
+                .bind(r.detail.as_deref())
+                .execute::<Self>(conn)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn rescue(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        actor: &str,
+        rescues: &[Rescue],
+    ) -> Result<HashSet<String>> {
+        let mut applied = HashSet::with_capacity(rescues.len());
+        for r in rescues {
+            let n = q(sql::RECOVER)
+                .bind(r.order_id.as_str())
+                .bind(r.failure_count)
+                .bind(r.state)
+                .bind(r.next_attempt_at)
+                .bind(r.reason.as_str())
+                .bind(Ts(now))
+                .bind(r.epoch)
+                .bind(r.finish_as)
+                .execute::<Self>(conn)
+                .await
+                .map_err(db)?;
+            if n == 0 {
+                // Cannot happen under the write lock; refuse to count what we did not see.
+                continue;
+            }
+            q(st::INSERT_HISTORY)
+                .bind(r.order_id.as_str())
+                .bind(Ts(now))
+                .bind(actor)
+                .bind(r.kind)
+                .bind(Some("Processing"))
+                .bind(r.state)
+                .bind(r.epoch)
+                .bind(None::<i32>)
+                .bind(Some(orderly_core::store::bounded_text(&r.reason)))
+                .execute::<Self>(conn)
+                .await
+                .map_err(db)?;
+            applied.insert(r.order_id.clone());
+        }
+        Ok(applied)
+    }
+
+    /// Row by row: SQLite statements are in-process calls, the commit is what costs.
+    async fn insert_messages(
+        conn: &mut SqliteConnection,
+        now: Ts,
+        queue: &QueueName,
+        dedup_until: Option<Ts>,
+        rows: &[MessageRow<'_>],
+    ) -> Result<usize, sqlx::Error> {
+        let mut accepted = 0;
+        for row in rows {
+            if let Some(until) = dedup_until {
+                let fresh = q(crate::queue::Q_DEDUP)
+                    .bind(queue.as_str())
+                    .bind(row.message_id)
+                    .bind(until)
+                    .bind(now)
+                    .fetch_optional::<Self>(conn)
+                    .await?;
+                if fresh.is_none() {
+                    continue;
+                }
+            }
+            q(crate::queue::Q_INSERT)
+                .bind(queue.as_str())
+                .bind(row.message_id)
+                .bind(row.correlation_id)
+                .bind(row.properties.as_str())
+                .bind(row.body)
+                .bind(now)
+                .bind(row.visible_at)
+                .execute::<Self>(conn)
+                .await?;
+            accepted += 1;
+        }
+        Ok(accepted)
+    }
+
+    /// Receivers in this process are woken after the commit; other processes poll.
+    async fn notify_sent(
+        _conn: &mut SqliteConnection,
+        _queue: &QueueName,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    fn start_listening(&self, _wakeups: &Arc<Wakeups>) {}
+}

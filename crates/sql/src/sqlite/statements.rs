@@ -1,0 +1,154 @@
+//! The SQLite text of the store's statements. Lists are bound as JSON arrays and read
+//! with `json_each`; the statements of a batch that PostgreSQL runs set-based over
+//! arrays run here once per row (in-process calls; the commit is what costs).
+
+use crate::driver::Statements;
+use crate::rows::{dead_letter_columns, message_columns};
+
+/// The statements the shared code runs, in SQLite.
+pub(crate) const SQL: Statements = Statements {
+    insert_order: INSERT_ORDER,
+    select_details: SELECT_DETAILS,
+    lock_expired: LOCK_EXPIRED,
+    q_any_ready: Q_ANY_READY,
+    q_candidates: Q_CANDIDATES,
+    q_lock: Q_LOCK,
+    q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
+    q_delete_many: Q_DELETE_MANY,
+    q_complete_many: Q_COMPLETE_MANY,
+    o_lease: O_LEASE,
+    o_dead: O_DEAD,
+    o_sent: O_SENT,
+    o_failed: O_FAILED,
+};
+
+/// Whether queue `$1` has a visible message at `$2`.
+pub(crate) const Q_ANY_READY: &str = "SELECT seq FROM queue_messages \
+    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT 1";
+
+/// Up to `$3` visible messages of queue `$1` at `$2`.
+pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
+    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3";
+
+/// `$1` JSON array of seqs, `$2` lock token, `$3` locked until.
+pub(crate) const Q_LOCK: &str = concat!(
+    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
+     locked_until = $3, visible_at = $3 WHERE seq IN (SELECT value FROM json_each($1)) RETURNING ",
+    message_columns!()
+);
+
+/// `$1` JSON array of seqs dead-lettered at `$2`: delivered too often.
+pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
+    "INSERT INTO queue_dead_letters (",
+    dead_letter_columns!(),
+    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
+     'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
+     FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))"
+);
+
+/// `$1` JSON array of seqs and `$2` of their lock tokens, pairwise; `$3` now.
+pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages \
+    WHERE (seq, lock_token) IN (SELECT s.value, t.value FROM json_each($1) s \
+        JOIN json_each($2) t ON t.key = s.key) \
+    AND locked_until > $3 RETURNING seq, lock_token";
+
+/// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
+pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
+    WHERE seq IN (SELECT seq FROM outbox INDEXED BY outbox_unsent WHERE sent_at IS NULL \
+        AND dead_at IS NULL AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4) \
+    RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at, attempts";
+
+/// `$1` seqs, `$2` relay, `$3` now, `$4` the reason.
+pub(crate) const O_DEAD: &str = "UPDATE outbox SET dead_at = $3, dead_reason = $4, last_error = $4, \
+    leased_until = NULL WHERE seq IN (SELECT value FROM json_each($1)) AND relay = $2";
+
+/// `$1` seqs, `$2` relay, `$3` now.
+pub(crate) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NULL \
+    WHERE seq IN (SELECT value FROM json_each($1)) AND relay = $2";
+
+/// `$1` seqs, `$2` relay, `$3` the error, `$4` not before.
+pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
+    WHERE seq IN (SELECT value FROM json_each($1)) AND relay = $2";
+
+/// Deletes the messages `$1` (JSON array of seqs).
+pub(crate) const Q_DELETE_MANY: &str =
+    "DELETE FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))";
+
+/// A new order's details: `$1` id, `$2` JSON, `$3` now.
+pub(crate) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
+    VALUES ($1, $2, $3) ON CONFLICT (order_id) DO NOTHING";
+
+/// The details of order `$1`.
+pub(crate) const SELECT_DETAILS: &str = "SELECT details FROM orders WHERE order_id = $1";
+
+/// The details of the orders `$1` (JSON array).
+pub(crate) const DETAILS_OF: &str =
+    "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))";
+
+/// `$1` owner, `$2` deadline, `$3` now, `$4` limit, `$5` the default workflow's
+/// name, `$6` JSON object of the workflows it starts (name to version), `$7` JSON
+/// array of the `name@version`s it carries on. A new order is pinned here.
+pub(crate) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processing', \
+    locked_by = $1, complete_by = $2, lock_epoch = lock_epoch + 1, updated_at = $3, \
+    workflow = coalesce(workflow, $5), \
+    workflow_version = coalesce(workflow_version, \
+        json_extract($6, '$.\"' || coalesce(workflow, $5) || '\"')) \
+    WHERE order_id IN (SELECT order_id FROM order_state INDEXED BY order_state_claimable \
+        WHERE process_state = 'Pending' AND locked_by IS NULL AND next_attempt_at <= $3 \
+        AND CASE WHEN workflow_version IS NULL \
+            THEN json_extract($6, '$.\"' || coalesce(workflow, $5) || '\"') IS NOT NULL \
+            ELSE workflow || '@' || workflow_version IN (SELECT value FROM json_each($7)) END \
+        ORDER BY next_attempt_at LIMIT $4) \
+    RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
+    finish_as, generation, last_error, workflow, workflow_version";
+
+/// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner,
+/// `$4` the kind.
+pub(crate) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
+    (order_id, at, actor, kind, from_state, to_state, epoch) \
+    SELECT order_id, $2, $3, $4, 'Pending', 'Processing', lock_epoch FROM order_state \
+    WHERE order_id IN (SELECT value FROM json_each($1))";
+
+/// `$1` JSON array of `[order_id, owner, epoch]` fences, `$2` now. The `+` keeps
+/// the planner off the process_state index: the batch drives, each fence one
+/// primary-key probe, however many orders are Processing.
+pub(crate) const COMPLETE: &str = "UPDATE order_state SET process_state = 'Processed', \
+    locked_by = NULL, complete_by = NULL, updated_at = $2 \
+    FROM (SELECT value ->> 0 AS order_id, value ->> 1 AS owner, value ->> 2 AS epoch \
+          FROM json_each($1)) AS f \
+    WHERE order_state.order_id = f.order_id AND order_state.locked_by = f.owner \
+    AND order_state.lock_epoch = f.epoch \
+    AND +order_state.process_state = 'Processing' AND order_state.complete_by > $2 \
+    RETURNING order_state.order_id";
+
+/// History for a completed batch: `$1` JSON array of fences, `$2` now, `$3` the kind.
+pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
+    (order_id, at, actor, kind, from_state, to_state, epoch) \
+    SELECT value ->> 0, $2, value ->> 1, $3, 'Processing', 'Processed', value ->> 2 \
+    FROM json_each($1)";
+
+/// The timed-out orders of a sweep: `$1` now, `$2` limit (the write lock is held).
+pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
+    failure_count, current_step, finish_as, \
+    EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
+        AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+    FROM order_state s INDEXED BY order_state_deadlines \
+    WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT $2";
+
+/// One decided recovery: `$1` order, `$2` failure count, `$3` state, `$4` next attempt
+/// (NULL: unchanged), `$5` reason, `$6` now, `$7` epoch, `$8` finish_as.
+pub(crate) const RECOVER: &str = "UPDATE order_state SET failure_count = $2, \
+    process_state = $3, locked_by = NULL, complete_by = NULL, \
+    next_attempt_at = coalesce($4, next_attempt_at), last_error = $5, updated_at = $6, \
+    finish_as = $8 \
+    WHERE order_id = $1 AND process_state = 'Processing' AND lock_epoch = $7 AND complete_by < $6";
+/// The fenced touch of one step write: `$1` order, `$2` owner, `$3` epoch, `$4` the
+/// step it must be at (-1: any), `$5` now, `$6` the step to move to (-1: none), `$7`
+/// whether a step failed, `$8` its error. Returns the order if touched.
+pub(crate) const TOUCH_STEP: &str = "UPDATE order_state SET \
+    current_step = CASE WHEN $6 > current_step THEN $6 ELSE current_step END, \
+    last_error = CASE WHEN $7 THEN $8 ELSE last_error END, \
+    updated_at = $5 \
+    WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
+    AND process_state = 'Processing' AND complete_by > $5 AND ($4 < 0 OR current_step = $4) \
+    RETURNING order_id";

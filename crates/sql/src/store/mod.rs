@@ -1,0 +1,310 @@
+//! The SQL state store, written once for both dialects over a [`Driver`].
+//!
+//! Where each transition is decided:
+//! - intake (`Submitted`): [`intake`];
+//! - claim, step progress, completion, failure, hand-back, compensation, resume:
+//!   [`scheduler`] and [`steps`] (step progress is [`steps::progress`]);
+//! - timeout recovery (failure count, back-off, give-up, reason):
+//!   `RecoveryPolicy::decide` in `orderly-core`, applied by [`supervisor`];
+//! - operator retry, cancel: [`operator`];
+//! - an alert when an order enters Error: the `order_state_raises_alert` trigger of
+//!   migration 0004 (named where `Alert` is defined in `orderly-core`), published by
+//!   [`supervisor`].
+//!
+//! Every transition appends to the order's history in the same transaction, with its
+//! kind bound as a parameter.
+
+mod intake;
+mod leadership;
+mod operator;
+mod scheduler;
+mod steps;
+mod supervisor;
+
+use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
+use orderly_core::step::StepRecord;
+use orderly_core::store::{ClaimRequest, MAX_BATCH, bounded_text};
+use orderly_core::transport::Envelope;
+use orderly_core::{Error, Fence, OrderId, ProcessState, Result, StateRow, ValidationError};
+
+use crate::driver::{Driver, q};
+use crate::error::db;
+use crate::fence::refusal;
+use crate::rows::Cols;
+use crate::statements as st;
+use crate::time::Ts;
+
+/// The SQL state store over one dialect's driver: SQLite
+/// ([`SqliteStore`](crate::SqliteStore)) or PostgreSQL ([`PgStore`](crate::PgStore)).
+/// It also serves the SQL queue and the outbox in the same database.
+#[derive(Debug, Clone)]
+pub struct SqlStore<D> {
+    pub(crate) driver: D,
+    pub(crate) wakeups: std::sync::Arc<crate::queue::Wakeups>,
+    pub(crate) delivery: crate::Delivery,
+}
+
+/// A history entry to append.
+pub(crate) struct Event<'a> {
+    pub order_id: &'a OrderId,
+    pub at: DateTime<Utc>,
+    pub actor: &'a str,
+    pub kind: HistoryKind,
+    pub from: Option<ProcessState>,
+    pub to: ProcessState,
+    pub epoch: i64,
+    pub step: Option<i32>,
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> Event<'a> {
+    /// The owner of a Processing order records `kind`, moving it to `to`.
+    pub fn by_owner(
+        fence: &'a Fence,
+        at: DateTime<Utc>,
+        kind: HistoryKind,
+        to: ProcessState,
+    ) -> Self {
+        Self {
+            order_id: &fence.order_id,
+            at,
+            actor: fence.owner.as_str(),
+            kind,
+            from: Some(ProcessState::Processing),
+            to,
+            epoch: fence.epoch.0,
+            step: None,
+            reason: None,
+        }
+    }
+}
+
+impl<D> SqlStore<D> {
+    /// A store over `driver`, its queues woken through `wakeups`.
+    pub(crate) fn new(driver: D, wakeups: std::sync::Arc<crate::queue::Wakeups>) -> Self {
+        Self {
+            driver,
+            wakeups,
+            delivery: crate::Delivery::Queue,
+        }
+    }
+
+    /// Sends the messages state changes cause to `delivery` from now on.
+    pub fn with_delivery(mut self, delivery: crate::Delivery) -> Self {
+        self.delivery = delivery;
+        self
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// Applies pending migrations, each in the same transaction as its bookkeeping row
+    /// and under the dialect's migration lock; returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i64>> {
+        let mut tx = self.driver.begin_write().await?;
+        D::lock_migrations(&mut tx).await?;
+        D::run_script(&mut tx, crate::migrate::CREATE_BOOKKEEPING)
+            .await
+            .map_err(db)?;
+        let applied = q("SELECT version, checksum FROM orderly_migrations")
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok((c.get::<i64>("version")?, c.get::<String>("checksum")?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let now = self.driver.now(&mut tx).await?;
+        let mut done = Vec::new();
+        for m in crate::migrate::pending(&applied, D::MIGRATIONS)? {
+            D::run_script(&mut tx, m.sql).await.map_err(db)?;
+            q(
+                "INSERT INTO orderly_migrations (version, name, checksum, applied_at) \
+               VALUES ($1, $2, $3, $4)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(m.checksum())
+            .bind(Ts(now).to_text())
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+            tracing::info!(
+                dialect = D::NAME,
+                version = m.version,
+                name = m.name,
+                "applied migration"
+            );
+            done.push(m.version);
+        }
+        D::commit(tx).await.map_err(db)?;
+        Ok(done)
+    }
+
+    /// A write transaction and its "now".
+    pub(crate) async fn begin(&self) -> Result<(D::Tx, DateTime<Utc>)> {
+        let mut tx = self.driver.begin_write().await?;
+        let now = self.driver.now(&mut tx).await?;
+        Ok((tx, now))
+    }
+
+    /// Enqueues `sends` in the transaction, commits, then wakes their receivers: the
+    /// state change and the messages it causes commit together or not at all.
+    pub(crate) async fn commit_with(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        sends: &[Envelope],
+    ) -> Result<()> {
+        let send_error = |e| Error::Send(Box::new(e));
+        match self.delivery {
+            crate::Delivery::Queue => {
+                let woken = self
+                    .enqueue_all(&mut tx, now, sends)
+                    .await
+                    .map_err(send_error)?;
+                D::commit(tx).await.map_err(db)?;
+                self.wake_queues(&woken);
+            }
+            crate::Delivery::Outbox => {
+                self.write_outbox(&mut tx, now, sends)
+                    .await
+                    .map_err(send_error)?;
+                D::commit(tx).await.map_err(db)?;
+                if !sends.is_empty() {
+                    self.wakeups.outbox.notify_one();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses the write unless `leader`'s term is the current one: the first statement
+    /// of every leader's transaction.
+    pub(crate) async fn check_leader(
+        conn: &mut D::Conn,
+        leader: &orderly_core::leader::LeaderFence,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let n = q(st::LEADER_GUARD)
+            .bind(&leader.name)
+            .bind(leader.epoch.0)
+            .bind(leader.holder.as_str())
+            .bind(Ts(now))
+            .execute::<D>(conn)
+            .await
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(Error::Deposed {
+                name: leader.name.clone(),
+                holder: leader.holder.clone(),
+                epoch: leader.epoch,
+            })
+        }
+    }
+
+    pub(crate) async fn fetch_state(
+        conn: &mut D::Conn,
+        order_id: &OrderId,
+    ) -> Result<Option<StateRow>> {
+        let row = q(st::SELECT_STATE)
+            .bind(order_id.as_str())
+            .fetch_optional::<D>(conn)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(|r| Cols(r).state_row()).transpose()
+    }
+
+    pub(crate) async fn fetch_steps(
+        conn: &mut D::Conn,
+        order_id: &OrderId,
+    ) -> Result<Vec<StepRecord>> {
+        q(st::SELECT_STEPS)
+            .bind(order_id.as_str())
+            .fetch_all::<D>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Cols(r).step_record())
+            .collect()
+    }
+
+    /// The stored details of `order_id`.
+    pub(crate) async fn fetch_details(
+        conn: &mut D::Conn,
+        order_id: &OrderId,
+    ) -> Result<orderly_core::OrderDetails> {
+        let row = q(D::SQL.select_details)
+            .bind(order_id.as_str())
+            .fetch_one::<D>(conn)
+            .await
+            .map_err(db)?;
+        let details: String = Cols(&row).get("details")?;
+        orderly_core::OrderDetails::from_json(&details)
+            .map_err(|e| crate::error::corrupt("orders.details", e))
+    }
+
+    pub(crate) async fn append(conn: &mut D::Conn, ev: Event<'_>) -> Result<()> {
+        q(st::INSERT_HISTORY)
+            .bind(ev.order_id.as_str())
+            .bind(Ts(ev.at))
+            .bind(ev.actor)
+            .bind(ev.kind.as_str())
+            .bind(ev.from.map(ProcessState::as_str))
+            .bind(ev.to.as_str())
+            .bind(ev.epoch)
+            .bind(ev.step)
+            .bind(ev.reason.map(bounded_text))
+            .execute::<D>(conn)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Why a fenced write matched no row.
+    pub(crate) async fn explain(
+        conn: &mut D::Conn,
+        fence: &Fence,
+        now: DateTime<Utc>,
+        target: ProcessState,
+    ) -> Error {
+        match Self::fetch_state(conn, &fence.order_id).await {
+            Ok(row) => refusal(fence, row, now, target),
+            Err(e) => e,
+        }
+    }
+}
+
+/// Checks a claim's limit and timeout; the timeout in microseconds.
+pub(crate) fn checked_claim(request: &ClaimRequest) -> Result<i64> {
+    if request.limit == 0 || request.limit > MAX_BATCH {
+        return Err(ValidationError::new("limit", format!("must be 1 to {MAX_BATCH}")).into());
+    }
+    timeout_micros(request.timeout)
+}
+
+/// A processing timeout or extension in microseconds: more than zero, at most 7 days.
+pub(crate) fn timeout_micros(d: std::time::Duration) -> Result<i64> {
+    const MAX: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+    if d.is_zero() || d > MAX {
+        return Err(
+            ValidationError::new("timeout", "must be more than 0 and at most 7 days").into(),
+        );
+    }
+    Ok(d.as_micros() as i64)
+}
+
+/// The history kind a step status records.
+pub(crate) fn step_kind(status: orderly_core::StepStatus) -> HistoryKind {
+    use orderly_core::StepStatus;
+    match status {
+        StepStatus::Started => HistoryKind::StepStarted,
+        StepStatus::Succeeded => HistoryKind::StepSucceeded,
+        StepStatus::Failed => HistoryKind::StepFailed,
+        StepStatus::Compensated => HistoryKind::StepCompensated,
+    }
+}

@@ -1,0 +1,192 @@
+//! Step writes: the fenced touch of the order (its step progress decided here, in
+//! [`progress`]), the step records, and their history, in the caller's transaction.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use orderly_core::store::{StepUpdate, StepWrite, bounded_text};
+use orderly_core::{Error, Fence, ProcessState, Result, StepStatus};
+
+use super::{SqlStore, step_kind};
+use crate::driver::{Driver, StepRow, Touch};
+use crate::fence::refusal;
+
+/// What a write's updates do to the order's row: the step it moves to (the step after
+/// the highest one that succeeded; -1: none), and the error of the last one that
+/// failed (`None`: no step failed; `Some(None)`: one failed without a detail).
+pub(crate) fn progress(updates: &[StepUpdate]) -> (i32, Option<Option<String>>) {
+    let new_step = updates
+        .iter()
+        .filter(|u| u.status == StepStatus::Succeeded)
+        .map(|u| u.index + 1)
+        .max()
+        .unwrap_or(-1);
+    let failed = updates
+        .iter()
+        .rev()
+        .find(|u| u.status == StepStatus::Failed)
+        .map(|u| u.detail.as_deref().map(|d| bounded_text(d).to_owned()));
+    (new_step, failed)
+}
+
+/// The touch of `fence`'s order for `updates`, at step `expect` (if given).
+pub(crate) fn touch<'a>(
+    fence: &'a Fence,
+    expect: Option<i32>,
+    updates: &[StepUpdate],
+) -> Touch<'a> {
+    let (new_step, failed) = progress(updates);
+    Touch {
+        fence,
+        expect: expect.unwrap_or(-1),
+        new_step,
+        failed: failed.is_some(),
+        error: failed.flatten(),
+    }
+}
+
+/// The record (and history entry) of one update.
+pub(crate) fn step_row<'a>(fence: &'a Fence, step: &'a StepUpdate) -> StepRow<'a> {
+    StepRow {
+        fence,
+        index: step.index,
+        name: &step.name,
+        status: step.status.as_str(),
+        idempotency_key: &step.idempotency_key,
+        detail: step.detail.as_deref().map(|d| bounded_text(d).to_owned()),
+        kind: step_kind(step.status).as_str(),
+    }
+}
+
+/// Refuses an update with an out-of-range index or name.
+pub(crate) fn check_update(step: &StepUpdate) -> Result<()> {
+    if step.index < 0 || step.name.is_empty() || step.name.len() > 100 {
+        return Err(orderly_core::ValidationError::new(
+            "step",
+            "index must be >= 0 and name 1 to 100 characters",
+        )
+        .into());
+    }
+    Ok(())
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// Why a step write matched no row: [`refusal`], or `StaleStep` when only the step
+    /// guard failed.
+    pub(crate) async fn explain_step(
+        conn: &mut D::Conn,
+        fence: &Fence,
+        now: DateTime<Utc>,
+        expect: Option<i32>,
+    ) -> Error {
+        let row = match Self::fetch_state(conn, &fence.order_id).await {
+            Ok(row) => row,
+            Err(e) => return e,
+        };
+        if let (Some(r), Some(expected)) = (&row, expect)
+            && r.locked_by.as_ref() == Some(&fence.owner)
+            && r.lock_epoch == fence.epoch
+            && r.process_state == ProcessState::Processing
+            && r.complete_by.is_some_and(|d| d > now)
+            && r.current_step != expected
+        {
+            return Error::StaleStep {
+                order_id: fence.order_id.clone(),
+                expected,
+                current: r.current_step,
+            };
+        }
+        refusal(fence, row, now, ProcessState::Processing)
+    }
+
+    /// The writes of a batch in the caller's transaction: `Some(refusal)` for each
+    /// refused write (nothing of it written). Writes with updates, for distinct orders
+    /// and distinct steps, go together (one touch, one write of records and history);
+    /// the others one after the other, in order.
+    pub(crate) async fn apply_step_writes(
+        conn: &mut D::Conn,
+        writes: &[StepWrite],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<Error>>> {
+        let mut seen = HashSet::new();
+        let (bulk, alone): (Vec<usize>, Vec<usize>) = (0..writes.len()).partition(|&i| {
+            let w = &writes[i];
+            let mut steps = HashSet::new();
+            !w.updates.is_empty()
+                && w.updates.iter().all(|u| steps.insert(u.index))
+                && seen.insert(w.fence.order_id.as_str())
+        });
+        let mut refusals: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
+        if !bulk.is_empty() {
+            let touches: Vec<Touch<'_>> = bulk
+                .iter()
+                .map(|&i| touch(&writes[i].fence, writes[i].expect_step, &writes[i].updates))
+                .collect();
+            let touched = D::touch_steps(conn, now, &touches).await?;
+            let rows: Vec<StepRow<'_>> = bulk
+                .iter()
+                .map(|&i| &writes[i])
+                .filter(|w| touched.contains(w.fence.order_id.as_str()))
+                .flat_map(|w| w.updates.iter().map(|u| step_row(&w.fence, u)))
+                .collect();
+            if !rows.is_empty() {
+                D::write_steps(conn, now, &rows).await?;
+            }
+            for &i in &bulk {
+                let w = &writes[i];
+                if !touched.contains(w.fence.order_id.as_str()) {
+                    refusals[i] =
+                        Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
+                }
+            }
+        }
+        for i in alone {
+            refusals[i] = Self::apply_step_write(conn, &writes[i], now).await?;
+        }
+        Ok(refusals)
+    }
+
+    /// One write, update by update: `Some(refusal)` if it was refused (nothing of it
+    /// written), `None` if applied. A write without updates only checks the fence.
+    async fn apply_step_write(
+        conn: &mut D::Conn,
+        w: &StepWrite,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Error>> {
+        let fence = &w.fence;
+        if w.updates.is_empty() {
+            let touched = D::touch_steps(conn, now, &[touch(fence, w.expect_step, &[])]).await?;
+            if touched.is_empty() {
+                return Ok(Some(
+                    Self::explain_step(conn, fence, now, w.expect_step).await,
+                ));
+            }
+            return Ok(None);
+        }
+        for (i, step) in w.updates.iter().enumerate() {
+            let expect = if i == 0 { w.expect_step } else { None };
+            let touched = D::touch_steps(
+                conn,
+                now,
+                &[touch(fence, expect, std::slice::from_ref(step))],
+            )
+            .await?;
+            if touched.is_empty() {
+                if i == 0 {
+                    return Ok(Some(Self::explain_step(conn, fence, now, expect).await));
+                }
+                // The first update held under this transaction's lock: only a concurrent
+                // writer could break it, and the caller may retry.
+                return Err(Error::Unavailable(
+                    format!(
+                        "write to order {} raced with another writer; retry",
+                        fence.order_id
+                    )
+                    .into(),
+                ));
+            }
+            D::write_steps(conn, now, &[step_row(fence, step)]).await?;
+        }
+        Ok(None)
+    }
+}
