@@ -1,22 +1,21 @@
 //! `orderly`: the operator and developer command line. Thin: parse, connect, call the
 //! store (or start the embedded system), print.
 
-use std::io::Read;
-
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use orderly_core::store::{NewOrder, OrderFilter, SubmitOutcome};
 use orderly_core::transport::QueueName;
-use orderly_core::{Actor, OrderId, ProcessState, TimeSource};
+use orderly_core::{Actor, OrderId, TimeSource};
 
-use orderly_cli::demo;
-use orderly_cli::sample;
-use orderly_cli::system::{System, SystemConfig};
-use orderly_remote_sim::SimConfig;
-
+mod config;
+mod local;
 mod outbox;
 mod post;
 mod print;
+mod triage;
+
+use config::ConfigCommand;
+use local::Faults;
+use triage::{Filter, confirm};
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
 #[derive(Parser)]
@@ -268,110 +267,6 @@ enum Command {
     },
 }
 
-/// Which orders: by state, error text, step, age.
-#[derive(clap::Args, Clone, Debug, Default)]
-struct Filter {
-    /// Only this state (Pending, Processing, Processed, Error, Cancelled).
-    #[arg(long)]
-    state: Option<ProcessState>,
-    /// Only orders whose last error contains this text.
-    #[arg(long)]
-    error: Option<String>,
-    /// Only orders at this step (0-based index).
-    #[arg(long)]
-    step: Option<i32>,
-    /// Only orders created more than this many seconds ago.
-    #[arg(long, value_name = "SECS")]
-    older_than: Option<u64>,
-}
-
-impl Filter {
-    fn to_store(&self, limit: u32) -> OrderFilter {
-        OrderFilter {
-            state: self.state,
-            error_contains: self.error.clone(),
-            current_step: self.step,
-            created_before: self.older_than.map(|s| {
-                chrono::Utc::now()
-                    - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 2))
-            }),
-            limit,
-            ..Default::default()
-        }
-    }
-}
-
-/// Every order `filter` selects, page by page.
-async fn select_all(
-    store: &dyn orderly_core::store::StateStore,
-    filter: &Filter,
-) -> anyhow::Result<Vec<OrderId>> {
-    let mut query = filter.to_store(500);
-    let mut ids = Vec::new();
-    loop {
-        let page = store.list(&query).await?;
-        ids.extend(page.orders.into_iter().map(|o| o.order_id));
-        match page.next {
-            Some(next) => query.after = Some(next),
-            None => return Ok(ids),
-        }
-    }
-}
-
-/// The orders one command acts on: the one named, or all the filter selects once the
-/// operator confirmed.
-async fn targets(
-    store: &dyn orderly_core::store::StateStore,
-    order_id: Option<String>,
-    filter: &Filter,
-    yes: bool,
-    verb: &str,
-) -> anyhow::Result<Vec<OrderId>> {
-    if let Some(id) = order_id {
-        return Ok(vec![OrderId::parse(id)?]);
-    }
-    let ids = select_all(store, filter).await?;
-    if ids.is_empty() {
-        bail!("no order matches the filter");
-    }
-    if !yes && !confirm(&format!("{verb} {} orders?", ids.len()))? {
-        bail!("nothing done");
-    }
-    Ok(ids)
-}
-
-/// What `orderly config` does.
-#[derive(Subcommand)]
-enum ConfigCommand {
-    /// Check a settings file (TOML) as each worker role would read it, with this
-    /// environment: unknown keys and invalid values are named; exits non-zero if any.
-    Check {
-        /// The file.
-        file: std::path::PathBuf,
-    },
-}
-
-/// Fault injection presets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Faults {
-    On,
-    Off,
-}
-
-impl Faults {
-    fn sim(self) -> SimConfig {
-        match self {
-            Faults::Off => SimConfig::default(),
-            Faults::On => SimConfig {
-                transient_rate: 0.10,
-                hang_rate: 0.02,
-                permanent_rate: 0.01,
-                ..SimConfig::default()
-            },
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match run().await {
@@ -427,14 +322,14 @@ async fn run() -> anyhow::Result<()> {
             faults,
             timeout_secs,
             store,
-        } => return run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
-        Command::Bench { orders, store } => return run_bench(*orders, store.clone()).await,
+        } => return local::run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
+        Command::Bench { orders, store } => return local::run_bench(*orders, store.clone()).await,
         Command::Up {
             faults,
             dashboard,
             dashboard_token,
         } => {
-            return run_up(
+            return local::run_up(
                 &cli.database_url,
                 *faults,
                 *dashboard,
@@ -444,7 +339,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Config {
             command: ConfigCommand::Check { file },
-        } => return check_config(file),
+        } => return config::check_config(file),
 
         Command::Dashboard { listen, token } => {
             let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
@@ -493,28 +388,34 @@ async fn run() -> anyhow::Result<()> {
             file,
             sample,
             operator,
+        } => triage::submit(store.as_ref(), file, sample, &operator).await?,
+        Command::Resubmit {
+            order_id,
+            all: _,
+            filter,
+            yes,
+            reason,
+            operator,
+        } => triage::resubmit(store.as_ref(), order_id, filter, yes, &reason, &operator).await?,
+        Command::Cancel {
+            order_id,
+            all: _,
+            filter,
+            yes,
+            reason,
+            operator,
+            no_compensation,
         } => {
-            let submitter = Actor::operator(&operator);
-            let orders = match (file, sample) {
-                (_, Some(n)) => (0..n).map(sample::order).collect(),
-                (Some(path), None) => read_orders(&path)?,
-                (None, None) => bail!("give a JSON file (or - for stdin), or --sample N"),
-            };
-            let (mut accepted, mut duplicates) = (0, 0);
-            for order in &orders {
-                match store
-                    .submit(order, &submitter, &[])
-                    .await
-                    .with_context(|| format!("order {}", order.order_id))?
-                {
-                    SubmitOutcome::Accepted => accepted += 1,
-                    SubmitOutcome::Duplicate => duplicates += 1,
-                }
-            }
-            println!(
-                "submitted {} orders: {accepted} accepted, {duplicates} duplicates",
-                orders.len()
-            );
+            triage::cancel(
+                store.as_ref(),
+                order_id,
+                &filter,
+                yes,
+                &reason,
+                &operator,
+                no_compensation,
+            )
+            .await?
         }
         Command::List {
             filter,
@@ -538,107 +439,6 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Workflows { json } => {
             print::workflows(&store.workflows_in_flight().await?, json)?;
-        }
-        Command::Resubmit {
-            order_id,
-            all: _,
-            mut filter,
-            yes,
-            reason,
-            operator,
-        } => {
-            filter.state = Some(ProcessState::Error);
-            let one = order_id.is_some();
-            let ids = targets(store.as_ref(), order_id, &filter, true, "resubmit").await?;
-            // What each retry will do: continue from the failed step, or (some step was
-            // undone) run afresh from the first step under a new generation.
-            let mut plans = Vec::with_capacity(ids.len());
-            for id in &ids {
-                let view = store.get(id).await?;
-                let plan = orderly_core::RetryPlan::for_order(
-                    view.state.generation,
-                    view.state.current_step,
-                    &view.steps,
-                );
-                plans.push((view.state.generation, plan));
-            }
-            if !one && !yes {
-                let fresh = plans
-                    .iter()
-                    .filter(|(_, p)| matches!(p, orderly_core::RetryPlan::FreshRun { .. }))
-                    .count();
-                let question = format!(
-                    "resubmit {} orders? {} continue from their failed step; {fresh} run afresh \
-                     from the first step (steps of theirs were undone, so the redo gets new \
-                     idempotency keys)",
-                    ids.len(),
-                    ids.len() - fresh
-                );
-                if !confirm(&question)? {
-                    bail!("nothing done");
-                }
-            }
-            let actor = Actor::operator(&operator);
-            let mut failed = 0;
-            for (id, (generation, plan)) in ids.iter().zip(plans) {
-                match store.resubmit(id, &actor, &reason, &[]).await {
-                    Ok(row) => {
-                        let what = if row.generation > generation {
-                            plan.describe()
-                        } else {
-                            orderly_core::RetryPlan::Continue {
-                                from_step: row.current_step,
-                            }
-                            .describe()
-                        };
-                        println!(
-                            "order {} is {} again: {what}",
-                            row.order_id, row.process_state
-                        )
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("order {id}: {e}");
-                    }
-                }
-            }
-            if failed > 0 {
-                bail!("{failed} of {} orders not resubmitted", ids.len());
-            }
-        }
-        Command::Cancel {
-            order_id,
-            all: _,
-            filter,
-            yes,
-            reason,
-            operator,
-            no_compensation,
-        } => {
-            let ids = targets(store.as_ref(), order_id, &filter, yes, "cancel").await?;
-            let actor = Actor::operator(&operator);
-            let mut failed = 0;
-            for id in &ids {
-                let row = if no_compensation {
-                    store.cancel(id, &actor, &reason, &[]).await
-                } else {
-                    store.request_cancel(id, &actor, &reason, &[]).await
-                };
-                match row {
-                    Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => println!(
-                        "order {} will be Cancelled once its completed steps are undone",
-                        row.order_id
-                    ),
-                    Ok(row) => println!("order {} is {}", row.order_id, row.process_state),
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("order {id}: {e}");
-                    }
-                }
-            }
-            if failed > 0 {
-                bail!("{failed} of {} orders not cancelled", ids.len());
-            }
         }
         Command::Alerts {
             all,
@@ -701,237 +501,4 @@ async fn run() -> anyhow::Result<()> {
         | Command::Dashboard { .. } => {}
     }
     Ok(())
-}
-
-/// Runs each worker role's binary (beside this one) with `--config FILE
-/// --check-config`: the same layering and checks it does at start-up, nothing started.
-fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
-    let dir = std::env::current_exe()
-        .context("cannot find this executable")?
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .context("cannot find this executable's directory")?;
-    let mut failed = Vec::new();
-    for role in ["submitter", "scheduler", "agent", "supervisor"] {
-        let bin = dir.join(format!("orderly-{role}"));
-        let out = std::process::Command::new(&bin)
-            .arg("--config")
-            .arg(file)
-            .arg("--check-config")
-            .env_remove("ORDERLY_CONFIG")
-            .output()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
-        if out.status.success() {
-            print!("{}", String::from_utf8_lossy(&out.stdout));
-        } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let first = err
-                .lines()
-                .find(|l| !l.trim().is_empty() && !l.contains(" INFO "))
-                .unwrap_or("failed");
-            println!("orderly-{role}: {}", first.trim_start_matches("Error: "));
-            failed.push(role);
-        }
-    }
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        bail!("invalid settings for: {}", failed.join(", "))
-    }
-}
-
-/// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).
-fn confirm(question: &str) -> anyhow::Result<bool> {
-    use std::io::Write;
-    print!("{question} [y/N] ");
-    std::io::stdout().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().read_line(&mut answer)?;
-    Ok(matches!(
-        answer.trim().to_ascii_lowercase().as_str(),
-        "y" | "yes"
-    ))
-}
-
-/// A fresh SQLite file for one run, in the temporary directory.
-fn scratch_sqlite(what: &str) -> String {
-    let file = std::env::temp_dir().join(format!(
-        "orderly-{what}-{}.db",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    ));
-    format!("sqlite://{}", file.display())
-}
-
-async fn run_demo(
-    orders: usize,
-    faults: Faults,
-    timeout_secs: u64,
-    store: Option<String>,
-) -> anyhow::Result<()> {
-    let url = store.unwrap_or_else(|| scratch_sqlite("demo"));
-    let backend = orderly_sql::connect(&url, TimeSource::Database)
-        .await
-        .context("cannot open the demo's state store (--store)")?;
-    let mut cfg = SystemConfig::new().quick();
-    cfg.sim = Some(faults.sim());
-    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
-    eprintln!(
-        "orderly demo: {orders} orders, faults {}, store {}",
-        if faults == Faults::On { "on" } else { "off" },
-        if url.starts_with("sqlite:") {
-            url.as_str()
-        } else {
-            "(given by --store)"
-        }
-    );
-    let system = System::start(backend, cfg).await?;
-    let batch = sample_batch(orders);
-    let sent_at = demo::submit(&system, &batch).await?;
-    let finished = demo::wait_done(
-        &system,
-        orders,
-        std::time::Duration::from_secs(timeout_secs),
-    )
-    .await?;
-    let mut report = demo::report(&system, &sent_at, &workflows, true).await?;
-    system.stop(std::time::Duration::from_secs(5)).await;
-    if !finished {
-        report.violations.insert(
-            0,
-            format!("not every order finished within {timeout_secs} s"),
-        );
-    }
-    report.print();
-    if url.starts_with("sqlite:") {
-        println!("inspect it: orderly --database-url {url} list --state Error");
-    }
-    if report.violations.is_empty() {
-        Ok(())
-    } else {
-        bail!("{} invariant violations", report.violations.len())
-    }
-}
-
-fn sample_batch(n: usize) -> Vec<NewOrder> {
-    demo::sample_orders(n)
-}
-
-async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
-    let url = store.unwrap_or_else(|| scratch_sqlite("bench"));
-    let backend = orderly_sql::connect(&url, TimeSource::Database)
-        .await
-        .context("cannot open the benchmark's state store (--store)")?;
-    let dialect = if url.starts_with("sqlite:") {
-        "SQLite"
-    } else {
-        "PostgreSQL"
-    };
-    let mut cfg = SystemConfig::new();
-    cfg.sim = Some(SimConfig::default());
-    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
-    let system = System::start(backend, cfg).await?;
-    // Burst: everything at once; throughput at saturation.
-    let burst = demo::sample_orders(orders);
-    let sent_at = demo::submit(&system, &burst).await?;
-    if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
-        bail!("the burst did not finish within 600 s");
-    }
-    let peak = demo::report(&system, &sent_at, &workflows, true).await?;
-    println!(
-        "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
-    );
-    peak.print();
-    // Paced: half the burst's throughput, for latency under a steady load.
-    let rate = (peak.throughput() / 2.0).max(1.0);
-    let paced_n = orders.min((rate * 10.0) as usize).max(100);
-    let paced = demo::sample_orders(paced_n);
-    let mut sent_at = std::collections::HashMap::new();
-    let started = std::time::Instant::now();
-    for (i, chunk) in paced.chunks(10).enumerate() {
-        let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
-        sent_at.extend(demo::submit(&system, chunk).await?);
-    }
-    let before = peak.count(ProcessState::Processed) + peak.count(ProcessState::Error);
-    if !demo::wait_done(
-        &system,
-        before + paced_n,
-        std::time::Duration::from_secs(600),
-    )
-    .await?
-    {
-        bail!("the paced run did not finish within 600 s");
-    }
-    let steady = demo::report(&system, &sent_at, &workflows, true).await?;
-    system.stop(std::time::Duration::from_secs(5)).await;
-    println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
-    steady.print();
-    if !peak.violations.is_empty() || !steady.violations.is_empty() {
-        bail!("invariant violations during the benchmark");
-    }
-    Ok(())
-}
-
-async fn run_up(
-    url: &str,
-    faults: Faults,
-    dashboard: std::net::SocketAddr,
-    token: Option<String>,
-) -> anyhow::Result<()> {
-    let backend = orderly_sql::connect(url, TimeSource::Database)
-        .await
-        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
-    let shutdown = orderly_runtime::shutdown_on_signals();
-    // Installed before the roles start, so that none of their measurements is lost.
-    let metrics = orderly_cli::ops::install_metrics()?;
-    let mut cfg = SystemConfig::new();
-    cfg.sim = Some(faults.sim());
-    let system = System::start(backend.clone(), cfg).await?;
-    let ops =
-        orderly_cli::ops::endpoints("embedded", backend.clone(), metrics, system.leaders.clone());
-    let (dash_addr, dash) =
-        match orderly_cli::dashboard::serve(dashboard, backend, token, ops, shutdown.clone()).await
-        {
-            Ok(served) => served,
-            Err(e) => {
-                system.stop(std::time::Duration::from_secs(10)).await;
-                return Err(e);
-            }
-        };
-    eprintln!(
-        "orderly is up: post orders with `orderly post --sample 10 --wait` (through the \"orders\" queue); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
-        system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
-    );
-    shutdown.cancelled().await;
-    eprintln!("stopping...");
-    system.stop(std::time::Duration::from_secs(10)).await;
-    let _ = dash.await;
-    Ok(())
-}
-
-fn read_orders(path: &str) -> anyhow::Result<Vec<NewOrder>> {
-    let mut text = String::new();
-    if path == "-" {
-        std::io::stdin().read_to_string(&mut text)?;
-    } else {
-        text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
-    }
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{path} is not JSON"))?;
-    let items = match value {
-        serde_json::Value::Array(items) => items,
-        one => vec![one],
-    };
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let order: NewOrder = serde_json::from_value(item)
-                .with_context(|| format!("{path}: order #{i} is invalid"))?;
-            order
-                .validate()
-                .with_context(|| format!("{path}: order #{i} is invalid"))?;
-            Ok(order)
-        })
-        .collect()
 }

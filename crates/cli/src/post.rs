@@ -48,7 +48,7 @@ pub struct PostArgs {
 pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
     let mut orders: Vec<NewOrder> = match (&args.file, args.sample) {
         (_, Some(n)) => (0..n).map(orderly_cli::sample::order).collect(),
-        (Some(path), None) => crate::read_orders(path)?,
+        (Some(path), None) => crate::triage::read_orders(path)?,
         (None, None) => anyhow::bail!("give a JSON file (or - for stdin), or --sample N"),
     };
     if let Some(name) = &args.workflow {

@@ -369,6 +369,9 @@ pub(crate) struct Statements {
     pub insert_order: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
+    /// Overdue orders for reading, most overdue first: `$1` the dialect's now
+    /// parameter, `$2` limit.
+    pub find_expired: &'static str,
     /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
     /// dialect can, with what a recovery decision needs.
     pub lock_expired: &'static str,

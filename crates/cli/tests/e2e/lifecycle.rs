@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use orderly_cli::demo;
 use orderly_cli::system::{System, SystemConfig};
+use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::{ProcessState, StepStatus};
 use orderly_remote_sim::{Effect, SimConfig};
@@ -75,7 +75,7 @@ async fn retry_after_compensation(dialect: Dialect) {
     let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
 
-    let report = demo::report_on(
+    let report = invariants::report_on(
         store.as_ref(),
         Some(ledger.clone()),
         &sent,
@@ -167,7 +167,7 @@ async fn give_up_compensates(dialect: Dialect) {
     let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
 
-    let report = demo::report_on(
+    let report = invariants::report_on(
         store.as_ref(),
         Some(ledger.clone()),
         &sent,
@@ -301,7 +301,7 @@ async fn operators_at_random(dialect: Dialect) {
     let ledger = system.sim.as_ref().unwrap().effects();
     let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
-    let report = demo::report_on(store.as_ref(), Some(ledger), &sent, &workflows, true)
+    let report = invariants::report_on(store.as_ref(), Some(ledger), &sent, &workflows, true)
         .await
         .unwrap();
     eprintln!(

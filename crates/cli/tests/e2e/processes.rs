@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use orderly_cli::demo;
+use orderly_cli::{demo, invariants};
 use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{OrderFilter, StateStore};
@@ -32,13 +32,13 @@ pub(crate) async fn assert_invariants(
     sim_port: u16,
     sent: &std::collections::HashMap<orderly_core::OrderId, chrono::DateTime<chrono::Utc>>,
     effects: Option<usize>,
-) -> demo::Report {
+) -> invariants::Report {
     let applied = ledger(sim_port).await;
     if let Some(n) = effects {
         assert_eq!(applied.len(), n, "effects applied at the service");
     }
     assert!(orderly_remote_sim::double_effects(&applied).is_empty());
-    let report = demo::report_on(
+    let report = invariants::report_on(
         store,
         Some(applied),
         sent,
@@ -281,7 +281,7 @@ async fn random_kills(dialect: Dialect) {
     )
     .await;
     let effects = ledger(port).await;
-    let report = demo::report_on(
+    let report = invariants::report_on(
         store.as_ref(),
         Some(effects.clone()),
         &sent,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use orderly_agent::{Agent, AgentConfig, Endpoints, HttpRemote};
-use orderly_cli::demo;
 use orderly_cli::system::{System, SystemConfig};
+use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::messages::{StepContext, StepKind, StepReply, StepRequest, json_message, queues};
 use orderly_core::store::NewOrder;
@@ -23,10 +23,14 @@ use tokio_util::sync::CancellationToken;
 use crate::both;
 use crate::fixtures::{Db, Dialect};
 
-async fn run_to_the_end(system: &System, orders: &[NewOrder], limit: Duration) -> demo::Report {
+async fn run_to_the_end(
+    system: &System,
+    orders: &[NewOrder],
+    limit: Duration,
+) -> invariants::Report {
     let sent = demo::submit(system, orders).await.unwrap();
     let done = demo::wait_done(system, orders.len(), limit).await.unwrap();
-    let report = demo::report(system, &sent, &system.workflows, true)
+    let report = invariants::report(system, &sent, &system.workflows, true)
         .await
         .unwrap();
     assert!(

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use orderly_cli::demo;
+use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::StateStore;
 use orderly_core::workflow::{Workflow, Workflows};
@@ -294,7 +294,7 @@ async fn rolling_workflow_change(dialect: Dialect) {
     // invariants checked against each order's own version.
     let effects = ledger(port).await;
     let all = Workflows::new(vec![v2.clone(), v1.clone(), gift.clone()]).unwrap();
-    let report = demo::report_on(store.as_ref(), Some(effects.clone()), &sent, &all, true)
+    let report = invariants::report_on(store.as_ref(), Some(effects.clone()), &sent, &all, true)
         .await
         .unwrap();
     assert_eq!(report.violations, Vec::<String>::new());

@@ -9,6 +9,7 @@ use crate::rows::{dead_letter_columns, message_columns};
 pub(crate) const SQL: Statements = Statements {
     insert_order: INSERT_ORDER,
     select_details: SELECT_DETAILS,
+    find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
     q_any_ready: Q_ANY_READY,
     q_candidates: Q_CANDIDATES,
@@ -185,6 +186,13 @@ pub(crate) const STEP_HISTORY: &str = "INSERT INTO order_history \
     FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[]) \
         WITH ORDINALITY AS h(order_id, actor, kind, epoch, step, reason, n) \
     ORDER BY h.n";
+
+/// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
+/// or NULL, `$2` limit.
+pub(crate) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
+    failure_count FROM order_state \
+    WHERE process_state = 'Processing' AND complete_by < coalesce($1::timestamptz, now()) \
+    ORDER BY complete_by LIMIT $2";
 
 /// The expired orders of a sweep, locked (others' sweeps skip them): `$1` now,
 /// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).

@@ -9,6 +9,7 @@ use crate::rows::{dead_letter_columns, message_columns};
 pub(crate) const SQL: Statements = Statements {
     insert_order: INSERT_ORDER,
     select_details: SELECT_DETAILS,
+    find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,
     q_any_ready: Q_ANY_READY,
     q_candidates: Q_CANDIDATES,

@@ -74,9 +74,8 @@ impl<D: Driver> SqlStore<D> {
 impl<D: Driver> SupervisorStore for SqlStore<D> {
     async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>> {
         let mut conn = self.driver.acquire().await?;
-        let now = self.driver.now(&mut conn).await?;
-        let rows = q(D::SQL.lock_expired)
-            .bind(Ts(now))
+        let rows = q(D::SQL.find_expired)
+            .bind(self.driver.now_param())
             .bind(i64::from(limit.min(MAX_BATCH)))
             .fetch_all::<D>(&mut conn)
             .await

@@ -1,0 +1,52 @@
+//! `orderly config check`: a settings file checked as each worker role reads it.
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+
+/// What `orderly config` does.
+#[derive(Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Check a settings file (TOML) as each worker role would read it, with this
+    /// environment: unknown keys and invalid values are named; exits non-zero if any.
+    Check {
+        /// The file.
+        file: std::path::PathBuf,
+    },
+}
+
+/// Runs each worker role's binary (beside this one) with `--config FILE
+/// --check-config`: the same layering and checks it does at start-up, nothing started.
+pub(crate) fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    let dir = std::env::current_exe()
+        .context("cannot find this executable")?
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .context("cannot find this executable's directory")?;
+    let mut failed = Vec::new();
+    for role in ["submitter", "scheduler", "agent", "supervisor"] {
+        let bin = dir.join(format!("orderly-{role}"));
+        let out = std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(file)
+            .arg("--check-config")
+            .env_remove("ORDERLY_CONFIG")
+            .output()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        if out.status.success() {
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let first = err
+                .lines()
+                .find(|l| !l.trim().is_empty() && !l.contains(" INFO "))
+                .unwrap_or("failed");
+            println!("orderly-{role}: {}", first.trim_start_matches("Error: "));
+            failed.push(role);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("invalid settings for: {}", failed.join(", "))
+    }
+}

@@ -1,0 +1,424 @@
+//! The invariant checker: reads every order of a run back (state, steps, history) and
+//! checks the invariants of DESIGN.md section 4 against the store's history and the
+//! remote simulator's ledger; used by `orderly demo`, `orderly bench` and the
+//! end-to-end tests. [`Report`] is what it found.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
+use orderly_core::store::OrderView;
+use orderly_core::{OrderId, ProcessState, StepStatus};
+use orderly_remote_sim::{Effect, double_effects};
+
+use crate::system::System;
+
+/// What a run found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Orders submitted.
+    pub submitted: usize,
+    /// Orders per final state (or still open, if the run timed out).
+    pub by_state: HashMap<ProcessState, usize>,
+    /// Orders the supervisor sent back to Pending after a timeout.
+    pub recoveries: usize,
+    /// Orders given up by the supervisor (too many timeouts).
+    pub gave_up: usize,
+    /// Step requests sent beyond one per step (re-runs after timeouts).
+    pub step_retries: usize,
+    /// Steps compensated.
+    pub compensated: usize,
+    /// From the first submit to the last order done.
+    pub elapsed: Duration,
+    /// Submit-to-Processed latencies, sorted.
+    pub latencies: Vec<Duration>,
+    /// Invariant violations; empty when all held.
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    /// Orders in `state`.
+    pub fn count(&self, state: ProcessState) -> usize {
+        self.by_state.get(&state).copied().unwrap_or(0)
+    }
+
+    /// Orders done (Processed, Error or Cancelled) per second.
+    pub fn throughput(&self) -> f64 {
+        let done = self.count(ProcessState::Processed)
+            + self.count(ProcessState::Error)
+            + self.count(ProcessState::Cancelled);
+        done as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `p`-th percentile (0 to 100) of submit-to-Processed latency.
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((p / 100.0) * (self.latencies.len() - 1) as f64).round() as usize;
+        self.latencies[rank.min(self.latencies.len() - 1)]
+    }
+
+    /// Prints the summary.
+    pub fn print(&self) {
+        println!("orders submitted     {}", self.submitted);
+        for s in ProcessState::ALL {
+            let n = self.count(s);
+            if n > 0
+                || matches!(
+                    s,
+                    ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
+                )
+            {
+                println!("  {:<18} {n}", s.as_str());
+            }
+        }
+        println!(
+            "timeouts recovered   {} (given up: {})",
+            self.recoveries, self.gave_up
+        );
+        println!("step re-runs         {}", self.step_retries);
+        println!("steps compensated    {}", self.compensated);
+        println!(
+            "throughput           {:.0} orders/s ({} in {:.2} s)",
+            self.throughput(),
+            self.submitted,
+            self.elapsed.as_secs_f64()
+        );
+        println!(
+            "submit -> Processed  p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+            ms(self.percentile(50.0)),
+            ms(self.percentile(95.0)),
+            ms(self.percentile(99.0))
+        );
+        if self.violations.is_empty() {
+            println!("invariants           all hold");
+        } else {
+            println!("invariants           {} VIOLATED:", self.violations.len());
+            for v in self.violations.iter().take(20) {
+                println!("  - {v}");
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Reads every order back and checks the invariants; fills the report.
+pub async fn report(
+    system: &System,
+    sent_at: &HashMap<OrderId, DateTime<Utc>>,
+    workflows: &orderly_core::workflow::Workflows,
+    check: bool,
+) -> anyhow::Result<Report> {
+    let effects = system.sim.as_ref().map(|s| s.effects());
+    report_on(
+        system.backend.store.as_ref(),
+        effects,
+        sent_at,
+        workflows,
+        check,
+    )
+    .await
+}
+
+/// [`report`] for a system running elsewhere: its store, and the simulator's ledger
+/// if there is one. Each order is checked against the workflow version it is pinned
+/// to, looked up in `workflows`.
+pub async fn report_on(
+    store: &dyn orderly_core::store::StateStore,
+    effects: Option<Vec<Effect>>,
+    sent_at: &HashMap<OrderId, DateTime<Utc>>,
+    workflows: &orderly_core::workflow::Workflows,
+    check: bool,
+) -> anyhow::Result<Report> {
+    let has_ledger = effects.is_some();
+    let effects = effects.unwrap_or_default();
+    let mut r = Report {
+        submitted: sent_at.len(),
+        ..Report::default()
+    };
+    let first_sent = sent_at.values().min().copied().unwrap_or_else(Utc::now);
+    let mut last_done = first_sent;
+    let mut effects_by_order: HashMap<&str, Vec<&Effect>> = HashMap::new();
+    for e in &effects {
+        effects_by_order
+            .entry(e.order_id.as_str())
+            .or_default()
+            .push(e);
+    }
+    let alerts = store.alerts(false, orderly_core::store::MAX_BATCH).await?;
+    let alerted: HashMap<&str, usize> = alerts.iter().fold(HashMap::new(), |mut m, a| {
+        *m.entry(a.order_id.as_str()).or_default() += 1;
+        m
+    });
+    for (id, sent) in sent_at {
+        let view = match store.get(id).await {
+            Ok(v) => v,
+            Err(orderly_core::Error::OrderNotFound(_)) => {
+                r.violations
+                    .push(format!("order {id} was posted but never recorded (lost)"));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        *r.by_state.entry(view.state.process_state).or_default() += 1;
+        let count = |k: HistoryKind| view.history.iter().filter(|e| e.kind == k).count();
+        r.recoveries += count(HistoryKind::Recovered);
+        r.gave_up += count(HistoryKind::GaveUp);
+        r.compensated += count(HistoryKind::StepCompensated);
+        r.step_retries += view
+            .steps
+            .iter()
+            .map(|s| usize::try_from(s.attempts - 1).unwrap_or(0))
+            .sum::<usize>();
+        if let Some(done) = view.history.iter().rev().find(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Completed
+                    | HistoryKind::Failed
+                    | HistoryKind::GaveUp
+                    | HistoryKind::Cancelled
+            )
+        }) {
+            last_done = last_done.max(done.at);
+            if done.kind == HistoryKind::Completed {
+                r.latencies
+                    .push((done.at - *sent).to_std().unwrap_or_default());
+            }
+        }
+        if check {
+            let pinned = view.state.workflow_version.as_ref().map(|version| {
+                orderly_core::workflow::WorkflowRef {
+                    name: view.state.workflow.clone().unwrap_or_default(),
+                    version: version.clone(),
+                }
+            });
+            let Some(workflow) = workflows.get(pinned.as_ref()) else {
+                r.violations.push(format!(
+                    "order {id} is pinned to workflow {}, which none of the workflows checked against is",
+                    view.state.workflow_label()
+                ));
+                continue;
+            };
+            let order_effects = has_ledger.then(|| {
+                effects_by_order
+                    .get(id.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[])
+            });
+            check_order(
+                &view,
+                workflow,
+                order_effects,
+                alerted.get(id.as_str()).copied(),
+                &mut r.violations,
+            );
+        }
+    }
+    if check && has_ledger {
+        for (order, action, n) in double_effects(&effects) {
+            r.violations
+                .push(format!("order {order}: {action} took effect {n} times"));
+        }
+    }
+    r.latencies.sort();
+    r.elapsed = (last_done - first_sent).to_std().unwrap_or_default();
+    Ok(r)
+}
+
+/// The invariants one order's record must satisfy.
+fn check_order(
+    view: &OrderView,
+    workflow: &orderly_core::workflow::Workflow,
+    effects: Option<&[&Effect]>,
+    alerts: Option<usize>,
+    violations: &mut Vec<String>,
+) {
+    let id = &view.state.order_id;
+    let state = view.state.process_state;
+    // 1. Nothing lost or stuck.
+    if !matches!(
+        state,
+        ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
+    ) {
+        violations.push(format!("order {id} is still {state}"));
+    }
+    // 2. Ownership terms only grow.
+    let epochs: Vec<i64> = view
+        .history
+        .iter()
+        .filter(|e| matches!(e.kind, HistoryKind::Claimed | HistoryKind::Resumed))
+        .map(|e| e.epoch.0)
+        .collect();
+    if epochs.windows(2).any(|w| w[1] <= w[0]) {
+        violations.push(format!("order {id}: claim epochs do not grow: {epochs:?}"));
+    }
+    // 5. FailureCount counts each timeout or failure exactly once (since the last
+    // operator move back to Pending, a retry or a cancel that undoes steps, which gives
+    // the order a fresh failure budget).
+    let since_retry = view
+        .history
+        .iter()
+        .rposition(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Resubmitted
+                    | HistoryKind::RetriedAfresh
+                    | HistoryKind::CancelRequested
+            )
+        })
+        .map_or(0, |i| i + 1);
+    let failures = view.history[since_retry..]
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                HistoryKind::Recovered | HistoryKind::GaveUp | HistoryKind::Failed
+            )
+        })
+        .count();
+    if usize::try_from(view.state.failure_count).unwrap_or(0) != failures {
+        violations.push(format!(
+            "order {id}: failure_count {} but {failures} timeouts/failures in its history",
+            view.state.failure_count
+        ));
+    }
+    // 3. A Processed order did every step exactly once (in its last run: a fresh run
+    // after an operator's retry redoes every step), and each is in effect once.
+    let run = view
+        .history
+        .iter()
+        .rposition(|e| e.kind == HistoryKind::RetriedAfresh)
+        .map_or(0, |i| i + 1);
+    if state == ProcessState::Processed {
+        for (i, def) in workflow.steps.iter().enumerate() {
+            let succeeded = view.history[run..]
+                .iter()
+                .filter(|e| e.kind == HistoryKind::StepSucceeded && e.step == Some(i as i32))
+                .count();
+            if succeeded != 1 {
+                violations.push(format!(
+                    "order {id}: step {} recorded done {succeeded} times",
+                    def.name
+                ));
+            }
+            if !view
+                .steps
+                .iter()
+                .any(|s| s.index == i as i32 && s.status == StepStatus::Succeeded)
+            {
+                violations.push(format!(
+                    "order {id}: Processed but step {} is not done",
+                    def.name
+                ));
+            }
+            if let Some(effects) = effects {
+                // In effect: applied and not undone (a run before an operator's retry
+                // may have been undone; its redo is the one in effect).
+                let applied = effects
+                    .iter()
+                    .filter(|e| e.action == def.name && e.kind == "do")
+                    .filter(|e| {
+                        !effects
+                            .iter()
+                            .any(|u| u.compensates.as_deref() == Some(e.key.as_str()))
+                    })
+                    .count();
+                if applied != 1 {
+                    violations.push(format!(
+                        "order {id}: {} is in effect {applied} times",
+                        def.name
+                    ));
+                }
+            }
+        }
+    }
+    // 9. It ran the workflow version it is pinned to: every step it recorded is that
+    // version's step at that index, and every action applied for it is one of its.
+    for s in &view.steps {
+        if workflow.step(s.index).is_none_or(|d| d.name != s.name) {
+            violations.push(format!(
+                "order {id}: step {} recorded at index {} is not that step of its workflow {}",
+                s.name,
+                s.index,
+                view.state.workflow_label()
+            ));
+        }
+    }
+    if let Some(effects) = effects {
+        for e in effects.iter() {
+            let known = workflow.steps.iter().any(|d| {
+                d.name == e.action || d.compensation.as_deref() == Some(e.action.as_str())
+            });
+            if !known {
+                violations.push(format!(
+                    "order {id}: {} took effect but is no action of its workflow {}",
+                    e.action,
+                    view.state.workflow_label()
+                ));
+            }
+        }
+    }
+    // Every compensated step's undo took effect.
+    for s in view
+        .steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Compensated)
+    {
+        let undo = workflow.step(s.index).and_then(|d| d.compensation.clone());
+        if let Some(undo) = undo
+            && let Some(effects) = effects
+            && !effects.iter().any(|e| e.action == undo)
+        {
+            violations.push(format!(
+                "order {id}: step {} marked compensated but {undo} never took effect",
+                s.name
+            ));
+        }
+    }
+    // 8. An Error or Cancelled order whose steps were undone has each step that took
+    // effect undone exactly once, unless it says it needs repair by hand (a
+    // compensation that failed for good, or undoing that never finished).
+    let undoes = match state {
+        ProcessState::Cancelled => view
+            .history
+            .iter()
+            .any(|e| e.kind == HistoryKind::CancelRequested),
+        ProcessState::Error => workflow.compensate_on_error,
+        _ => false,
+    };
+    let by_hand = view
+        .state
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("by hand") || e.contains("manual repair"));
+    if undoes
+        && !by_hand
+        && let Some(effects) = effects
+    {
+        for e in effects.iter().filter(|e| e.kind == "do") {
+            let compensable = workflow
+                .steps
+                .iter()
+                .any(|d| d.name == e.action && d.compensation.is_some());
+            let undone = effects
+                .iter()
+                .filter(|u| u.compensates.as_deref() == Some(e.key.as_str()))
+                .count();
+            if compensable && undone != 1 {
+                violations.push(format!(
+                    "order {id} ended {state} but {} ({}) was undone {undone} times",
+                    e.action, e.key
+                ));
+            }
+        }
+    }
+    // 7. Every Error raised an alert.
+    if state == ProcessState::Error && alerts.unwrap_or(0) == 0 {
+        violations.push(format!("order {id} is in Error without an alert"));
+    }
+}

@@ -1,0 +1,185 @@
+//! The whole system in this process: `orderly demo`, `orderly bench`, `orderly up`.
+
+use anyhow::{Context, bail};
+use orderly_cli::system::{System, SystemConfig};
+use orderly_cli::{demo, invariants};
+use orderly_core::store::NewOrder;
+use orderly_core::{ProcessState, TimeSource};
+use orderly_remote_sim::SimConfig;
+
+/// Fault injection presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Faults {
+    On,
+    Off,
+}
+
+impl Faults {
+    fn sim(self) -> SimConfig {
+        match self {
+            Faults::Off => SimConfig::default(),
+            Faults::On => SimConfig {
+                transient_rate: 0.10,
+                hang_rate: 0.02,
+                permanent_rate: 0.01,
+                ..SimConfig::default()
+            },
+        }
+    }
+}
+
+/// A fresh SQLite file for one run, in the temporary directory.
+fn scratch_sqlite(what: &str) -> String {
+    let file = std::env::temp_dir().join(format!(
+        "orderly-{what}-{}.db",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    format!("sqlite://{}", file.display())
+}
+
+pub(crate) async fn run_demo(
+    orders: usize,
+    faults: Faults,
+    timeout_secs: u64,
+    store: Option<String>,
+) -> anyhow::Result<()> {
+    let url = store.unwrap_or_else(|| scratch_sqlite("demo"));
+    let backend = orderly_sql::connect(&url, TimeSource::Database)
+        .await
+        .context("cannot open the demo's state store (--store)")?;
+    let mut cfg = SystemConfig::new().quick();
+    cfg.sim = Some(faults.sim());
+    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
+    eprintln!(
+        "orderly demo: {orders} orders, faults {}, store {}",
+        if faults == Faults::On { "on" } else { "off" },
+        if url.starts_with("sqlite:") {
+            url.as_str()
+        } else {
+            "(given by --store)"
+        }
+    );
+    let system = System::start(backend, cfg).await?;
+    let batch = sample_batch(orders);
+    let sent_at = demo::submit(&system, &batch).await?;
+    let finished = demo::wait_done(
+        &system,
+        orders,
+        std::time::Duration::from_secs(timeout_secs),
+    )
+    .await?;
+    let mut report = invariants::report(&system, &sent_at, &workflows, true).await?;
+    system.stop(std::time::Duration::from_secs(5)).await;
+    if !finished {
+        report.violations.insert(
+            0,
+            format!("not every order finished within {timeout_secs} s"),
+        );
+    }
+    report.print();
+    if url.starts_with("sqlite:") {
+        println!("inspect it: orderly --database-url {url} list --state Error");
+    }
+    if report.violations.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} invariant violations", report.violations.len())
+    }
+}
+
+fn sample_batch(n: usize) -> Vec<NewOrder> {
+    demo::sample_orders(n)
+}
+
+pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
+    let url = store.unwrap_or_else(|| scratch_sqlite("bench"));
+    let backend = orderly_sql::connect(&url, TimeSource::Database)
+        .await
+        .context("cannot open the benchmark's state store (--store)")?;
+    let dialect = if url.starts_with("sqlite:") {
+        "SQLite"
+    } else {
+        "PostgreSQL"
+    };
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(SimConfig::default());
+    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
+    let system = System::start(backend, cfg).await?;
+    // Burst: everything at once; throughput at saturation.
+    let burst = demo::sample_orders(orders);
+    let sent_at = demo::submit(&system, &burst).await?;
+    if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
+        bail!("the burst did not finish within 600 s");
+    }
+    let peak = invariants::report(&system, &sent_at, &workflows, true).await?;
+    println!(
+        "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
+    );
+    peak.print();
+    // Paced: half the burst's throughput, for latency under a steady load.
+    let rate = (peak.throughput() / 2.0).max(1.0);
+    let paced_n = orders.min((rate * 10.0) as usize).max(100);
+    let paced = demo::sample_orders(paced_n);
+    let mut sent_at = std::collections::HashMap::new();
+    let started = std::time::Instant::now();
+    for (i, chunk) in paced.chunks(10).enumerate() {
+        let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        sent_at.extend(demo::submit(&system, chunk).await?);
+    }
+    let before = peak.count(ProcessState::Processed) + peak.count(ProcessState::Error);
+    if !demo::wait_done(
+        &system,
+        before + paced_n,
+        std::time::Duration::from_secs(600),
+    )
+    .await?
+    {
+        bail!("the paced run did not finish within 600 s");
+    }
+    let steady = invariants::report(&system, &sent_at, &workflows, true).await?;
+    system.stop(std::time::Duration::from_secs(5)).await;
+    println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
+    steady.print();
+    if !peak.violations.is_empty() || !steady.violations.is_empty() {
+        bail!("invariant violations during the benchmark");
+    }
+    Ok(())
+}
+
+pub(crate) async fn run_up(
+    url: &str,
+    faults: Faults,
+    dashboard: std::net::SocketAddr,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let backend = orderly_sql::connect(url, TimeSource::Database)
+        .await
+        .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    // Installed before the roles start, so that none of their measurements is lost.
+    let metrics = orderly_cli::ops::install_metrics()?;
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(faults.sim());
+    let system = System::start(backend.clone(), cfg).await?;
+    let ops =
+        orderly_cli::ops::endpoints("embedded", backend.clone(), metrics, system.leaders.clone());
+    let (dash_addr, dash) =
+        match orderly_cli::dashboard::serve(dashboard, backend, token, ops, shutdown.clone()).await
+        {
+            Ok(served) => served,
+            Err(e) => {
+                system.stop(std::time::Duration::from_secs(10)).await;
+                return Err(e);
+            }
+        };
+    eprintln!(
+        "orderly is up: post orders with `orderly post --sample 10 --wait` (through the \"orders\" queue); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
+        system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
+    );
+    shutdown.cancelled().await;
+    eprintln!("stopping...");
+    system.stop(std::time::Duration::from_secs(10)).await;
+    let _ = dash.await;
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! The operator's actions on orders: import (`submit`), retry (`resubmit`) and
+//! `cancel`, one order or every order a filter selects, after a confirmation that says
+//! how many and what a retry will do.
+
+use std::io::Read;
+
+use anyhow::{Context, bail};
+use orderly_cli::sample;
+use orderly_core::store::{NewOrder, OrderFilter, StateStore, SubmitOutcome};
+use orderly_core::{Actor, OrderId, ProcessState};
+
+/// Which orders: by state, error text, step, age.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub(crate) struct Filter {
+    /// Only this state (Pending, Processing, Processed, Error, Cancelled).
+    #[arg(long)]
+    pub(crate) state: Option<ProcessState>,
+    /// Only orders whose last error contains this text.
+    #[arg(long)]
+    error: Option<String>,
+    /// Only orders at this step (0-based index).
+    #[arg(long)]
+    step: Option<i32>,
+    /// Only orders created more than this many seconds ago.
+    #[arg(long, value_name = "SECS")]
+    older_than: Option<u64>,
+}
+
+impl Filter {
+    pub(crate) fn to_store(&self, limit: u32) -> OrderFilter {
+        OrderFilter {
+            state: self.state,
+            error_contains: self.error.clone(),
+            current_step: self.step,
+            created_before: self.older_than.map(|s| {
+                chrono::Utc::now()
+                    - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 2))
+            }),
+            limit,
+            ..Default::default()
+        }
+    }
+}
+
+/// Every order `filter` selects, page by page.
+async fn select_all(store: &dyn StateStore, filter: &Filter) -> anyhow::Result<Vec<OrderId>> {
+    let mut query = filter.to_store(500);
+    let mut ids = Vec::new();
+    loop {
+        let page = store.list(&query).await?;
+        ids.extend(page.orders.into_iter().map(|o| o.order_id));
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return Ok(ids),
+        }
+    }
+}
+
+/// The orders one command acts on: the one named, or all the filter selects once the
+/// operator confirmed.
+async fn targets(
+    store: &dyn StateStore,
+    order_id: Option<String>,
+    filter: &Filter,
+    yes: bool,
+    verb: &str,
+) -> anyhow::Result<Vec<OrderId>> {
+    if let Some(id) = order_id {
+        return Ok(vec![OrderId::parse(id)?]);
+    }
+    let ids = select_all(store, filter).await?;
+    if ids.is_empty() {
+        bail!("no order matches the filter");
+    }
+    if !yes && !confirm(&format!("{verb} {} orders?", ids.len()))? {
+        bail!("nothing done");
+    }
+    Ok(ids)
+}
+
+/// `orderly submit`: orders from a file (or `-`) or samples, straight into the store.
+pub(crate) async fn submit(
+    store: &dyn StateStore,
+    file: Option<String>,
+    samples: Option<u64>,
+    operator: &str,
+) -> anyhow::Result<()> {
+    let submitter = Actor::operator(operator);
+    let orders = match (file, samples) {
+        (_, Some(n)) => (0..n).map(sample::order).collect(),
+        (Some(path), None) => read_orders(&path)?,
+        (None, None) => bail!("give a JSON file (or - for stdin), or --sample N"),
+    };
+    let (mut accepted, mut duplicates) = (0, 0);
+    for order in &orders {
+        match store
+            .submit(order, &submitter, &[])
+            .await
+            .with_context(|| format!("order {}", order.order_id))?
+        {
+            SubmitOutcome::Accepted => accepted += 1,
+            SubmitOutcome::Duplicate => duplicates += 1,
+        }
+    }
+    println!(
+        "submitted {} orders: {accepted} accepted, {duplicates} duplicates",
+        orders.len()
+    );
+    Ok(())
+}
+
+/// `orderly resubmit`: Error orders back to Pending, continuing or afresh.
+pub(crate) async fn resubmit(
+    store: &dyn StateStore,
+    order_id: Option<String>,
+    mut filter: Filter,
+    yes: bool,
+    reason: &str,
+    operator: &str,
+) -> anyhow::Result<()> {
+    filter.state = Some(ProcessState::Error);
+    let one = order_id.is_some();
+    let ids = targets(store, order_id, &filter, true, "resubmit").await?;
+    // What each retry will do: continue from the failed step, or (some step was
+    // undone) run afresh from the first step under a new generation.
+    let mut plans = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let view = store.get(id).await?;
+        let plan = orderly_core::RetryPlan::for_order(
+            view.state.generation,
+            view.state.current_step,
+            &view.steps,
+        );
+        plans.push((view.state.generation, plan));
+    }
+    if !one && !yes {
+        let fresh = plans
+            .iter()
+            .filter(|(_, p)| matches!(p, orderly_core::RetryPlan::FreshRun { .. }))
+            .count();
+        let question = format!(
+            "resubmit {} orders? {} continue from their failed step; {fresh} run afresh \
+                 from the first step (steps of theirs were undone, so the redo gets new \
+                 idempotency keys)",
+            ids.len(),
+            ids.len() - fresh
+        );
+        if !confirm(&question)? {
+            bail!("nothing done");
+        }
+    }
+    let actor = Actor::operator(operator);
+    let mut failed = 0;
+    for (id, (generation, plan)) in ids.iter().zip(plans) {
+        match store.resubmit(id, &actor, reason, &[]).await {
+            Ok(row) => {
+                let what = if row.generation > generation {
+                    plan.describe()
+                } else {
+                    orderly_core::RetryPlan::Continue {
+                        from_step: row.current_step,
+                    }
+                    .describe()
+                };
+                println!(
+                    "order {} is {} again: {what}",
+                    row.order_id, row.process_state
+                )
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("order {id}: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} orders not resubmitted", ids.len());
+    }
+    Ok(())
+}
+
+/// `orderly cancel`: undo what took effect, then Cancelled (or at once).
+pub(crate) async fn cancel(
+    store: &dyn StateStore,
+    order_id: Option<String>,
+    filter: &Filter,
+    yes: bool,
+    reason: &str,
+    operator: &str,
+    no_compensation: bool,
+) -> anyhow::Result<()> {
+    let ids = targets(store, order_id, &filter, yes, "cancel").await?;
+    let actor = Actor::operator(operator);
+    let mut failed = 0;
+    for id in &ids {
+        let row = if no_compensation {
+            store.cancel(id, &actor, reason, &[]).await
+        } else {
+            store.request_cancel(id, &actor, reason, &[]).await
+        };
+        match row {
+            Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => println!(
+                "order {} will be Cancelled once its completed steps are undone",
+                row.order_id
+            ),
+            Ok(row) => println!("order {} is {}", row.order_id, row.process_state),
+            Err(e) => {
+                failed += 1;
+                eprintln!("order {id}: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} orders not cancelled", ids.len());
+    }
+    Ok(())
+}
+
+/// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).
+pub(crate) fn confirm(question: &str) -> anyhow::Result<bool> {
+    use std::io::Write;
+    print!("{question} [y/N] ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+pub(crate) fn read_orders(path: &str) -> anyhow::Result<Vec<NewOrder>> {
+    let mut text = String::new();
+    if path == "-" {
+        std::io::stdin().read_to_string(&mut text)?;
+    } else {
+        text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{path} is not JSON"))?;
+    let items = match value {
+        serde_json::Value::Array(items) => items,
+        one => vec![one],
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let order: NewOrder = serde_json::from_value(item)
+                .with_context(|| format!("{path}: order #{i} is invalid"))?;
+            order
+                .validate()
+                .with_context(|| format!("{path}: order #{i} is invalid"))?;
+            Ok(order)
+        })
+        .collect()
+}
