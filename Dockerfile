@@ -10,7 +10,10 @@ COPY Cargo.toml Cargo.lock ./
 COPY crates crates
 COPY migrations migrations
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
-RUN cargo build --release --locked -p orderly-cli --features otel --bins \
+# Each role's binary is built by its own crate; the operators' CLI by orderly-cli.
+RUN cargo build --release --locked --bins --features orderly-runtime/otel \
+      -p orderly-cli -p orderly-submitter -p orderly-scheduler -p orderly-agent \
+      -p orderly-supervisor -p orderly-remote-sim \
  && mkdir /out \
  && cp target/release/orderly target/release/orderly-submitter target/release/orderly-scheduler \
        target/release/orderly-agent target/release/orderly-supervisor target/release/orderly-remote-sim /out/

@@ -45,7 +45,7 @@ pub async fn serve(
     listen: SocketAddr,
     backend: Backend,
     token: Option<String>,
-    ops: crate::ops::Endpoints,
+    ops: orderly_runtime::ops::Endpoints,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     if !listen.ip().is_loopback() && token.as_deref().is_none_or(str::is_empty) {

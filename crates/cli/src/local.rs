@@ -158,12 +158,16 @@ pub(crate) async fn run_up(
         .context("cannot open the state store (--database-url / ORDERLY_DATABASE_URL)")?;
     let shutdown = orderly_runtime::shutdown_on_signals();
     // Installed before the roles start, so that none of their measurements is lost.
-    let metrics = orderly_cli::ops::install_metrics()?;
+    let metrics = orderly_runtime::ops::install_metrics()?;
     let mut cfg = SystemConfig::new();
     cfg.sim = Some(faults.sim());
     let system = System::start(backend.clone(), cfg).await?;
-    let ops =
-        orderly_cli::ops::endpoints("embedded", backend.clone(), metrics, system.leaders.clone());
+    let ops = orderly_runtime::ops::endpoints(
+        "embedded",
+        backend.clone(),
+        metrics,
+        system.leaders.clone(),
+    );
     let (dash_addr, dash) =
         match orderly_cli::dashboard::serve(dashboard, backend, token, ops, shutdown.clone()).await
         {

@@ -348,10 +348,10 @@ async fn run() -> anyhow::Result<()> {
                     "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
                 )?;
             let shutdown = orderly_runtime::shutdown_on_signals();
-            let ops = orderly_cli::ops::endpoints(
+            let ops = orderly_runtime::ops::endpoints(
                 "dashboard",
                 backend.clone(),
-                orderly_cli::ops::install_metrics()?,
+                orderly_runtime::ops::install_metrics()?,
                 Vec::new(),
             );
             let (addr, task) =
@@ -375,11 +375,12 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Migrate { workflow } => {
             let workflows = orderly_runtime::load_workflows(&workflow)?;
-            let wanted: Vec<QueueName> = orderly_cli::backend::fixed_queues()
+            let wanted: Vec<QueueName> = orderly_runtime::backend::fixed_queues()
                 .into_iter()
                 .chain(workflows.queues())
                 .collect();
-            orderly_cli::backend::ensure_queues(backend.transport.as_ref(), wanted.clone()).await?;
+            orderly_runtime::backend::ensure_queues(backend.transport.as_ref(), wanted.clone())
+                .await?;
             println!("migrations applied; the store is up to date");
             let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
             println!("queues declared: {}", names.join(", "));

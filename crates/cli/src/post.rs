@@ -65,7 +65,9 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
             "the SQL queue",
         ),
         TransportKind::Servicebus => (
-            Target::ServiceBus(orderly_cli::backend::servicebus_settings(&args.servicebus)?),
+            Target::ServiceBus(orderly_runtime::backend::servicebus_settings(
+                &args.servicebus,
+            )?),
             "Service Bus",
         ),
     };

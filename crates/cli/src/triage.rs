@@ -189,7 +189,7 @@ pub(crate) async fn cancel(
     operator: &str,
     no_compensation: bool,
 ) -> anyhow::Result<()> {
-    let ids = targets(store, order_id, &filter, yes, "cancel").await?;
+    let ids = targets(store, order_id, filter, yes, "cancel").await?;
     let actor = Actor::operator(operator);
     let mut failed = 0;
     for id in &ids {

@@ -1,6 +1,11 @@
 //! The `orderly` binary as a newcomer runs it: the README's commands on a fresh
 //! SQLite file, and the errors an operator sees.
 
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/procs.rs"]
+mod procs;
+
 use std::process::{Command, Output};
 
 struct Db(std::path::PathBuf);
@@ -11,7 +16,7 @@ impl Db {
     }
 
     fn orderly(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_orderly"))
+        Command::new(role("orderly"))
             .args(args)
             .env(
                 "ORDERLY_DATABASE_URL",
@@ -124,7 +129,7 @@ fn an_invalid_order_file_is_refused_naming_the_field() {
 
 #[test]
 fn an_unknown_database_url_names_the_setting() {
-    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+    let out = Command::new(role("orderly"))
         .args([
             "--database-url",
             "mysql://root:hunter2-pw@db/orders",
@@ -145,7 +150,7 @@ fn an_unknown_database_url_names_the_setting() {
 fn the_readme_demo_processes_its_orders_and_checks_the_invariants() {
     let db = Db::new();
     let url = format!("sqlite://{}", db.0.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+    let out = Command::new(role("orderly"))
         .args([
             "demo",
             "--orders",
@@ -185,33 +190,24 @@ fn the_readme_demo_processes_its_orders_and_checks_the_invariants() {
 fn invalid_role_settings_stop_start_up_naming_the_setting() {
     let db = Db::new();
     let url = format!("sqlite://{}", db.0.display());
-    let run = |bin: &str, args: &[&str]| {
-        let out = Command::new(bin)
+    let run = |bin: std::path::PathBuf, args: &[&str]| {
+        let out = Command::new(&bin)
             .args(args)
             .env("ORDERLY_DATABASE_URL", &url)
             .env_remove("ORDERLY_WORKFLOW")
             .output()
             .expect("run the binary");
-        assert!(!out.status.success(), "{bin} {args:?} started");
+        assert!(!out.status.success(), "{} {args:?} started", bin.display());
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let err = run(
-        env!("CARGO_BIN_EXE_orderly-supervisor"),
-        &["--max-failures", "0"],
-    );
+    let err = run(role("orderly-supervisor"), &["--max-failures", "0"]);
     assert!(
         err.contains("max_failures") && err.contains("--max-failures"),
         "{err}"
     );
-    let err = run(
-        env!("CARGO_BIN_EXE_orderly-agent"),
-        &["--remote-url", "ftp://x"],
-    );
+    let err = run(role("orderly-agent"), &["--remote-url", "ftp://x"]);
     assert!(err.contains("--remote-url"), "{err}");
-    let err = run(
-        env!("CARGO_BIN_EXE_orderly-agent"),
-        &["--queues", "bad queue!"],
-    );
+    let err = run(role("orderly-agent"), &["--queues", "bad queue!"]);
     assert!(err.contains("ORDERLY_AGENT_QUEUES"), "{err}");
     let wf =
         std::env::temp_dir().join(format!("orderly-wf-{}.toml", uuid::Uuid::new_v4().simple()));
@@ -221,7 +217,7 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
     )
     .unwrap();
     let err = run(
-        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        role("orderly-scheduler"),
         &["--workflow", wf.to_str().unwrap()],
     );
     assert!(
@@ -235,7 +231,7 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
     )
     .unwrap();
     let err = run(
-        env!("CARGO_BIN_EXE_orderly-scheduler"),
+        role("orderly-scheduler"),
         &["--workflow", wf.to_str().unwrap()],
     );
     let _ = std::fs::remove_file(&wf);
@@ -243,13 +239,10 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         err.contains("name") && err.contains("gift wrap") && err.contains("--workflow"),
         "{err}"
     );
-    let err = run(
-        env!("CARGO_BIN_EXE_orderly-remote-sim"),
-        &["--transient-rate", "2"],
-    );
+    let err = run(role("orderly-remote-sim"), &["--transient-rate", "2"]);
     assert!(err.contains("transient_rate"), "{err}");
     let err = run(
-        env!("CARGO_BIN_EXE_orderly-submitter"),
+        role("orderly-submitter"),
         &["--database-url", "mysql://nope"],
     );
     assert!(
@@ -258,11 +251,14 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
     );
     // Service Bus: checked before anything is opened, the secret never echoed.
     for bin in [
-        env!("CARGO_BIN_EXE_orderly-submitter"),
-        env!("CARGO_BIN_EXE_orderly-scheduler"),
-        env!("CARGO_BIN_EXE_orderly-supervisor"),
+        role("orderly-submitter"),
+        role("orderly-scheduler"),
+        role("orderly-supervisor"),
     ] {
-        let err = run(bin, &["--transport", "servicebus", "--check-config"]);
+        let err = run(
+            bin.clone(),
+            &["--transport", "servicebus", "--check-config"],
+        );
         assert!(err.contains("ORDERLY_SERVICEBUS_CONNECTION"), "{err}");
         let err = run(
             bin,
@@ -280,10 +276,7 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
             "{err}"
         );
     }
-    let err = run(
-        env!("CARGO_BIN_EXE_orderly-agent"),
-        &["--transport", "kafka"],
-    );
+    let err = run(role("orderly-agent"), &["--transport", "kafka"]);
     assert!(
         err.contains("--transport") && err.contains("servicebus"),
         "{err}"
@@ -296,26 +289,27 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
 #[test]
 fn an_otel_endpoint_without_the_otel_feature_stops_start_up_naming_the_setting() {
     for bin in [
-        env!("CARGO_BIN_EXE_orderly-submitter"),
-        env!("CARGO_BIN_EXE_orderly-scheduler"),
-        env!("CARGO_BIN_EXE_orderly-agent"),
-        env!("CARGO_BIN_EXE_orderly-supervisor"),
+        role("orderly-submitter"),
+        role("orderly-scheduler"),
+        role("orderly-agent"),
+        role("orderly-supervisor"),
     ] {
-        let out = std::process::Command::new(bin)
+        let out = std::process::Command::new(&bin)
             .args(["--check-config", "--otel-endpoint", "http://collector:4318"])
             .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bin} started");
+        assert!(!out.status.success(), "{} started", bin.display());
         assert!(
             err.contains("--otel-endpoint / ORDERLY_OTEL_ENDPOINT")
                 && err.contains("--features otel"),
-            "{bin}: {err}"
+            "{}: {err}",
+            bin.display()
         );
     }
     // The span filter is checked even where nothing is exported.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-submitter"))
+    let out = std::process::Command::new(role("orderly-submitter"))
         .args(["--check-config", "--otel-filter", "info,[bad"])
         .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
         .output()
@@ -327,7 +321,7 @@ fn an_otel_endpoint_without_the_otel_feature_stops_start_up_naming_the_setting()
         String::from_utf8_lossy(&out.stderr)
     );
     // Empty is unset (the compose file passes `${ORDERLY_OTEL_ENDPOINT:-}`).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-agent"))
+    let out = std::process::Command::new(role("orderly-agent"))
         .arg("--check-config")
         .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
         .env("ORDERLY_OTEL_ENDPOINT", "")
@@ -339,7 +333,7 @@ fn an_otel_endpoint_without_the_otel_feature_stops_start_up_naming_the_setting()
         String::from_utf8_lossy(&out.stderr)
     );
     // The standard variable, set cluster-wide perhaps, is only warned about.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderly-scheduler"))
+    let out = std::process::Command::new(role("orderly-scheduler"))
         .arg("--check-config")
         .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
@@ -358,7 +352,7 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
     let db = Db::new();
     let url = format!("sqlite://{}", db.0.display());
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_orderly-supervisor"))
+        let out = Command::new(role("orderly-supervisor"))
             .args(args)
             .env("ORDERLY_DATABASE_URL", &url)
             .output()
@@ -569,18 +563,12 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
     let compose = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
     let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
     let bins = [
-        ("orderly", env!("CARGO_BIN_EXE_orderly")),
-        ("orderly-submitter", env!("CARGO_BIN_EXE_orderly-submitter")),
-        ("orderly-scheduler", env!("CARGO_BIN_EXE_orderly-scheduler")),
-        ("orderly-agent", env!("CARGO_BIN_EXE_orderly-agent")),
-        (
-            "orderly-supervisor",
-            env!("CARGO_BIN_EXE_orderly-supervisor"),
-        ),
-        (
-            "orderly-remote-sim",
-            env!("CARGO_BIN_EXE_orderly-remote-sim"),
-        ),
+        ("orderly", role("orderly")),
+        ("orderly-submitter", role("orderly-submitter")),
+        ("orderly-scheduler", role("orderly-scheduler")),
+        ("orderly-agent", role("orderly-agent")),
+        ("orderly-supervisor", role("orderly-supervisor")),
+        ("orderly-remote-sim", role("orderly-remote-sim")),
     ];
     let help: String = bins
         .iter()
@@ -610,7 +598,21 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
         );
     }
     // The image can export traces (the variable is in the compose file, on for no one).
-    assert!(dockerfile.contains("-p orderly-cli --features otel --bins"));
+    assert!(dockerfile.contains("--bins --features orderly-runtime/otel"));
+    for package in [
+        "orderly-cli",
+        "orderly-submitter",
+        "orderly-scheduler",
+        "orderly-agent",
+        "orderly-supervisor",
+        "orderly-remote-sim",
+    ] {
+        assert!(
+            dockerfile.contains(&format!("-p {package} "))
+                || dockerfile.contains(&format!("-p {package}\n")),
+            "the image builds {package}"
+        );
+    }
     assert!(compose.contains("ORDERLY_OTEL_ENDPOINT: ${ORDERLY_OTEL_ENDPOINT:-}"));
     // The binaries the image copies.
     let copied: Vec<&str> = dockerfile
@@ -718,7 +720,7 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
         p
     };
     let orderly = |args: &[&str], env: &[(&str, &str)]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_orderly"));
+        let mut c = Command::new(role("orderly"));
         c.args(args).env_remove("RUST_BACKTRACE");
         for (k, v) in env {
             c.env(k, v);
@@ -765,9 +767,9 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
     );
     assert!(text.contains("ORDERLY_LEASE_RENEW_DEADLINE_MS"), "{text}");
     // The environment wins over the file, and a flag over the environment.
-    let sup = env!("CARGO_BIN_EXE_orderly-supervisor");
+    let sup = role("orderly-supervisor");
     let run = |args: &[&str], env: &[(&str, &str)]| {
-        let mut c = Command::new(sup);
+        let mut c = Command::new(&sup);
         c.args(args).arg("--check-config");
         for (k, v) in env {
             c.env(k, v);
@@ -897,7 +899,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
     assert_eq!(last["reason"], "fixed the card (browser test)");
 
     // Not loopback: refused without a token; with one, only requests carrying it pass.
-    let out = Command::new(env!("CARGO_BIN_EXE_orderly"))
+    let out = Command::new(role("orderly"))
         .args(["dashboard", "--listen", "0.0.0.0:0"])
         .env("ORDERLY_DATABASE_URL", &url)
         .output()
@@ -995,7 +997,7 @@ fn start_dashboard(url: &str, host: &str, token: Option<&str>) -> (std::process:
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orderly"));
+    let mut cmd = Command::new(role("orderly"));
     cmd.args(["dashboard", "--listen", &format!("{host}:{port}")])
         .env("ORDERLY_DATABASE_URL", url)
         .env_remove("ORDERLY_DASHBOARD_TOKEN")
@@ -1038,4 +1040,9 @@ async fn error_order(
         .fail(&claimed[0].fence, "card declined", &[])
         .await
         .expect("fail");
+}
+
+/// A binary of ours (see `support/procs.rs`: the role binaries are built first).
+fn role(name: &str) -> std::path::PathBuf {
+    procs::bin(name)
 }

@@ -25,6 +25,9 @@ mod ports;
 mod store_lease;
 mod timing;
 
+/// The leadership the supervisors elect (the name of its term and lease).
+pub const SUPERVISORS: &str = "supervisor";
+
 pub use elector::*;
 pub use ports::*;
 pub use store_lease::*;

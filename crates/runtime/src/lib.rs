@@ -1,9 +1,12 @@
 //! What every orderly binary shares: the common settings (database URL, instance id,
-//! log format), tracing set-up, the shutdown signal, and reading a workflow file.
-//! Binaries stay thin: parse, set up, wire, `run(shutdown)`.
-//!
-//! Depends on `orderly-core` only (no database, no queue client).
+//! log format), tracing set-up, the shutdown signal, reading a workflow file, and the
+//! wiring of a role: which store and transport it opens and the outbox relay
+//! ([`backend`]), its operations endpoints ([`ops`]), and the supervisors' leader
+//! election ([`election`]). Binaries stay thin: parse, set up, wire, `run(shutdown)`.
 
+pub mod backend;
+pub mod election;
+pub mod ops;
 pub mod settings;
 pub mod telemetry;
 

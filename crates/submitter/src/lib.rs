@@ -4,7 +4,10 @@
 //! malformed or invalid one is dead-lettered with a reason naming the field; a store
 //! outage leaves the message to be delivered again. It never crashes on input.
 //!
-//! Depends on `orderly-core` ports only.
+//! The role depends on `orderly-core` ports only; [`intake`] also takes orders over
+//! HTTP onto the orders queue, and the binary (`src/main.rs`) wires both.
+
+pub mod intake;
 
 use std::sync::Arc;
 use std::time::Duration;

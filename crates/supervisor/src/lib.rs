@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::InstanceId;
-use orderly_core::leader::{
-    Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership, StoreLease,
-};
+use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
@@ -29,7 +27,7 @@ pub mod webhook;
 pub use webhook::{AlertWebhook, WebhookConfig};
 
 /// The leadership the supervisors elect.
-pub const LEADERSHIP: &str = "supervisor";
+pub const LEADERSHIP: &str = orderly_core::leader::SUPERVISORS;
 
 /// An elector over the SQL lease row in `store`: the embedded default.
 pub fn sql_elector(
@@ -37,13 +35,7 @@ pub fn sql_elector(
     instance: InstanceId,
     timing: ElectorTiming,
 ) -> Result<Elector, orderly_core::ValidationError> {
-    let lease = Arc::new(StoreLease::new(
-        store.clone(),
-        LEADERSHIP,
-        instance.clone(),
-        timing.lease,
-    ));
-    Elector::new(LEADERSHIP, instance, lease, store, timing)
+    orderly_core::leader::sql_elector(LEADERSHIP, store, instance, timing)
 }
 
 /// How a supervisor works.

@@ -9,17 +9,41 @@ use std::time::{Duration, Instant};
 
 use orderly_testkit::azurite::Azurite;
 
-/// A role binary (built with the tests: they are targets of this package).
+/// A binary of ours: `orderly` is this package's; each role's is its own crate's.
+/// The first call in a process builds the workspace's binaries (`cargo build
+/// --workspace --bins`, a no-op when they are up to date), so a test never runs a
+/// role binary older than its sources.
 pub(crate) fn bin(name: &str) -> PathBuf {
-    PathBuf::from(match name {
-        "orderly-scheduler" => env!("CARGO_BIN_EXE_orderly-scheduler"),
-        "orderly-agent" => env!("CARGO_BIN_EXE_orderly-agent"),
-        "orderly-supervisor" => env!("CARGO_BIN_EXE_orderly-supervisor"),
-        "orderly-submitter" => env!("CARGO_BIN_EXE_orderly-submitter"),
-        "orderly-remote-sim" => env!("CARGO_BIN_EXE_orderly-remote-sim"),
-        "orderly" => env!("CARGO_BIN_EXE_orderly"),
-        other => panic!("no binary {other}"),
-    })
+    let orderly = PathBuf::from(env!("CARGO_BIN_EXE_orderly"));
+    if name == "orderly" {
+        return orderly;
+    }
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    if let Err(e) = BUILT.get_or_init(build_binaries) {
+        panic!("cannot build the role binaries: {e}");
+    }
+    let path = orderly.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.exists(), "no binary {}", path.display());
+    path
+}
+
+/// `cargo build --workspace --bins` with the features of this build (OpenTelemetry
+/// export when the tests have it), into the same target directory.
+fn build_binaries() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--locked", "--quiet", "--workspace", "--bins"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if cfg!(feature = "otel") {
+        build.args(["--features", "orderly-runtime/otel"]);
+    }
+    let out = build.output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// A child process, killed (SIGKILL) when dropped.

@@ -100,3 +100,20 @@ impl Lease for StoreLease {
         Ok(())
     }
 }
+
+/// An elector of `name` over the SQL lease row in `store` (the embedded default: no
+/// blob store needed).
+pub fn sql_elector(
+    name: &str,
+    store: Arc<dyn LeadershipStore>,
+    instance: InstanceId,
+    timing: super::ElectorTiming,
+) -> std::result::Result<super::Elector, crate::ValidationError> {
+    let lease = Arc::new(StoreLease::new(
+        store.clone(),
+        name,
+        instance.clone(),
+        timing.lease,
+    ));
+    super::Elector::new(name, instance, lease, store, timing)
+}

@@ -178,7 +178,7 @@ async fn refresh(ops: &Ops) -> anyhow::Result<()> {
     if let Some(term) = ops
         .backend
         .store
-        .term(orderly_supervisor::LEADERSHIP)
+        .term(orderly_core::leader::SUPERVISORS)
         .await?
     {
         metrics::gauge!("orderly_leadership_epoch", "leadership" => term.fence.name)

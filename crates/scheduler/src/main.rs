@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-scheduler", &args.common, &instance)?;
     let workflows = Arc::new(orderly_runtime::load_workflows(&args.workflow)?);
-    let plan = orderly_cli::backend::Plan::new(&args.common)?;
+    let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-scheduler") {
         return Ok(());
     }
@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     // It reads replies and sends each step's requests.
     opened
         .ensure_queues(
-            std::iter::once(orderly_cli::backend::queue(
+            std::iter::once(orderly_runtime::backend::queue(
                 orderly_core::messages::queues::REPLIES,
             ))
             .chain(workflows.queues()),
@@ -70,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
         cfg.processing_timeout = t;
     }
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let ops = orderly_cli::ops::maybe_serve(
+    let ops = orderly_runtime::ops::maybe_serve(
         args.common.http_listen,
         "scheduler",
         &backend,

@@ -71,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
     .context("cannot build the HTTP client")?;
     let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
-    let plan = orderly_cli::backend::Plan::new(&args.common)?;
+    let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-agent") {
         return Ok(());
     }
@@ -79,14 +79,19 @@ async fn main() -> anyhow::Result<()> {
     // It reads its request queues and answers on the replies queue.
     opened
         .ensure_queues(cfg.queues.iter().cloned().chain(std::iter::once(
-            orderly_cli::backend::queue(orderly_core::messages::queues::REPLIES),
+            orderly_runtime::backend::queue(orderly_core::messages::queues::REPLIES),
         )))
         .await?;
     let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let ops =
-        orderly_cli::ops::maybe_serve(args.common.http_listen, "agent", &backend, None, &shutdown)
-            .await?;
+    let ops = orderly_runtime::ops::maybe_serve(
+        args.common.http_listen,
+        "agent",
+        &backend,
+        None,
+        &shutdown,
+    )
+    .await?;
     Agent::new(
         backend.transport.clone(),
         Arc::new(remote),

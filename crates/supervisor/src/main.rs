@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use orderly_cli::election::ElectionArgs;
+use orderly_runtime::election::ElectionArgs;
 use orderly_supervisor::{AlertWebhook, Supervisor, SupervisorConfig, WebhookConfig};
 
 /// orderly-supervisor: recovers orders whose deadline passed and publishes operator
@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.policy
         .validate()
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
-    let plan = orderly_cli::backend::Plan::new(&args.common)?;
+    let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-supervisor") {
         return Ok(());
     }
@@ -98,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
     let backend = opened.backend.clone();
     let elector = election.elector(backend.store.clone(), instance.clone())?;
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let ops = orderly_cli::ops::maybe_serve(
+    let ops = orderly_runtime::ops::maybe_serve(
         args.common.http_listen,
         "supervisor",
         &backend,

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{Common, TransportKind};
 use anyhow::Context;
 use async_trait::async_trait;
 use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
@@ -19,7 +20,6 @@ use orderly_core::transport::{
     Outbox, QueueDepth, QueueInspector, QueueName, QueueSettings, Transport, TransportError,
 };
 use orderly_core::{InstanceId, SystemClock, TimeSource};
-use orderly_runtime::{Common, TransportKind};
 use orderly_sql::Backend;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -128,9 +128,7 @@ impl Opened {
 
 /// The Service Bus settings `args` give, checked; errors name the setting and never
 /// show the connection string.
-pub fn servicebus_settings(
-    args: &orderly_runtime::ServiceBusArgs,
-) -> anyhow::Result<ServiceBusSettings> {
+pub fn servicebus_settings(args: &crate::ServiceBusArgs) -> anyhow::Result<ServiceBusSettings> {
     let connection = args.connection()?;
     ServiceBusSettings::check_connection(
         &connection,

@@ -26,14 +26,14 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
     let cfg = SubmitterConfig::new(instance.clone());
-    let plan = orderly_cli::backend::Plan::new(&args.common)?;
+    let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     let intake_on = match (args.http_intake, args.common.http_listen) {
         (false, _) => None,
         (true, None) => anyhow::bail!(
             "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
         ),
         (true, Some(listen)) => {
-            orderly_cli::intake::check(listen, args.intake_token.as_deref())?;
+            orderly_submitter::intake::check(listen, args.intake_token.as_deref())?;
             Some(listen)
         }
     };
@@ -46,17 +46,17 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops = match intake_on {
         Some(listen) => {
-            let intake = orderly_cli::intake::router(
+            let intake = orderly_submitter::intake::router(
                 backend.store.clone(),
                 backend.transport.clone(),
-                orderly_cli::intake::IntakeConfig {
+                orderly_submitter::intake::IntakeConfig {
                     orders: cfg.orders.clone(),
                     token: args.intake_token.clone(),
                 },
             );
             tracing::info!(%listen, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
             Some(
-                orderly_cli::ops::serve(
+                orderly_runtime::ops::serve(
                     listen,
                     "submitter",
                     backend.clone(),
@@ -68,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
             )
         }
         None => {
-            orderly_cli::ops::maybe_serve(
+            orderly_runtime::ops::maybe_serve(
                 args.common.http_listen,
                 "submitter",
                 &backend,

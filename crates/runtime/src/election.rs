@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use orderly_azure::{BlobLease, BlobLocation, EntraSource};
 use orderly_core::InstanceId;
+use orderly_core::leader::SUPERVISORS as LEADERSHIP;
 use orderly_core::leader::{Elector, ElectorTiming};
 use orderly_core::store::StateStore;
-use orderly_supervisor::LEADERSHIP;
 
 /// Which lease elects the leader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,31 +40,31 @@ pub struct ElectionArgs {
     #[arg(long, env = "ORDERLY_ELECTOR", value_enum, default_value = "sql")]
     pub elector: ElectorKind,
     /// How long a lease lasts from its acquire or renewal, in ms (blob: 15000-60000, whole seconds).
-    #[arg(long, env = "ORDERLY_LEASE_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_MS", default_value = "30000", value_parser = crate::millis)]
     pub lease_ms: Duration,
     /// Time between renewals, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_INTERVAL_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_INTERVAL_MS", default_value = "5000", value_parser = crate::millis)]
     pub renew_interval_ms: Duration,
     /// Time before the next renewal after a failed one, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_RETRY_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_RETRY_MS", default_value = "2000", value_parser = crate::millis)]
     pub renew_retry_ms: Duration,
     /// Leader work stops this long after the send time of the last successful renewal, in ms; shorter than the lease.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_DEADLINE_MS", default_value = "20000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_RENEW_DEADLINE_MS", default_value = "20000", value_parser = crate::millis)]
     pub renew_deadline_ms: Duration,
     /// Followers try to acquire this often, in ms (plus jitter).
-    #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_RETRY_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_RETRY_MS", default_value = "2000", value_parser = crate::millis)]
     pub acquire_retry_ms: Duration,
     /// Up to this fraction of the acquire retry is added at random.
     #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_JITTER", default_value_t = 0.2)]
     pub acquire_jitter: f64,
     /// Each lease call is abandoned after this long, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_CALL_TIMEOUT_MS", default_value = "3000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEASE_CALL_TIMEOUT_MS", default_value = "3000", value_parser = crate::millis)]
     pub lease_call_timeout_ms: Duration,
     /// A leader task still running this long after its cancellation ends the process, in ms.
-    #[arg(long, env = "ORDERLY_LEADER_STOP_GRACE_MS", default_value = "3000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEADER_STOP_GRACE_MS", default_value = "3000", value_parser = crate::millis)]
     pub leader_stop_grace_ms: Duration,
     /// A leader task whose heartbeat is older than this is wedged and loses the lease, in ms.
-    #[arg(long, env = "ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS", default_value = "15000", value_parser = orderly_runtime::millis)]
+    #[arg(long, env = "ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS", default_value = "15000", value_parser = crate::millis)]
     pub leader_heartbeat_timeout_ms: Duration,
     /// Blob lease: a storage connection string (AccountName/AccountKey, UseDevelopmentStorage=true, or BlobEndpoint + SharedAccessSignature).
     #[arg(
@@ -219,7 +219,8 @@ impl PreparedElection {
         instance: InstanceId,
     ) -> anyhow::Result<Elector> {
         match self.blob {
-            None => Ok(orderly_supervisor::sql_elector(
+            None => Ok(orderly_core::leader::sql_elector(
+                LEADERSHIP,
                 store,
                 instance,
                 self.timing,
