@@ -35,6 +35,31 @@ fn build_binaries() -> Result<(), String> {
     build
         .args(["build", "--locked", "--quiet", "--workspace", "--bins"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // Without the variables cargo and the test runner set for this test process: build
+    // scripts watch some (ring's, CARGO_MANIFEST_DIR), and a build that saw them would
+    // not be the one `cargo build` from a shell made, so each would rebuild the other's.
+    let keep = |name: &str| {
+        ["CARGO_HOME", "CARGO_TARGET_DIR", "CARGO_INCREMENTAL"].contains(&name)
+            || [
+                "CARGO_BUILD_",
+                "CARGO_NET_",
+                "CARGO_HTTP_",
+                "CARGO_REGISTRIES_",
+                "CARGO_PROFILE_",
+                "CARGO_TERM_",
+            ]
+            .iter()
+            .any(|p| name.starts_with(p))
+    };
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("CARGO") && !keep(&name))
+            || name.starts_with("NEXTEST")
+            || name == "OUT_DIR"
+        {
+            build.env_remove(name.as_ref());
+        }
+    }
     if cfg!(feature = "otel") {
         build.args(["--features", "orderly-runtime/otel"]);
     }
