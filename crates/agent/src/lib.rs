@@ -7,7 +7,8 @@
 //! taking that queue's requests (one in hand is given back at once), so a service that
 //! is down holds neither permits nor message locks that the others need.
 //!
-//! Depends on `orderly-core` ports and an HTTP client; no database.
+//! The library depends on `orderly-core` ports and an HTTP client (no database); the
+//! binary (`src/main.rs`) wires it through `orderly-runtime`.
 
 mod breaker;
 mod remote;

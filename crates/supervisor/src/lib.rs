@@ -9,7 +9,8 @@
 //! leader makes carries its term, so a deposed leader's writes are refused by the
 //! store. (Even without that, the store counts each expiry once however many race.)
 //!
-//! Depends on `orderly-core` ports only.
+//! The library depends on `orderly-core` ports only; the binary (`src/main.rs`) wires
+//! it, and its leader election, through `orderly-runtime`.
 
 use std::sync::Arc;
 use std::time::Duration;

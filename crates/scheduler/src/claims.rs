@@ -1,0 +1,234 @@
+//! The claim path: orders claimed (or resumed after a restart) and their first
+//! request sent in the claim's own transaction.
+
+use orderly_core::messages::{OrderStatus, StatusNotice, StepContext};
+use orderly_core::store::{ClaimRequest, ClaimedOrder, StepWrite};
+use orderly_core::workflow::Workflow;
+use orderly_core::{Fence, ProcessState};
+use tracing::{debug, info, info_span, warn};
+
+use crate::{Next, Pass, Scheduler};
+
+impl Scheduler {
+    /// Takes back the orders an earlier run with this instance id still holds (under
+    /// a new epoch) and sends their current step again; the idempotency key makes the
+    /// repeat harmless. Call once at start-up.
+    pub async fn resume(&self) -> orderly_core::Result<Pass> {
+        let orders = self.store.resume_owned(&self.cfg.instance).await?;
+        if !orders.is_empty() {
+            info!(instance_id = %self.cfg.instance, orders = orders.len(), "resumed orders held before a restart");
+        }
+        self.advance_claimed(orders).await
+    }
+
+    /// Claims one batch of due orders (fewer if it holds nearly its maximum) and sends
+    /// each its next request.
+    pub async fn claim_once(&self) -> orderly_core::Result<Pass> {
+        let held = self.store.count_owned(&self.cfg.instance).await?;
+        let room = i64::from(self.cfg.max_in_flight).saturating_sub(held);
+        let limit = u32::try_from(room.min(i64::from(self.cfg.claim_batch))).unwrap_or(0);
+        if limit == 0 {
+            return Ok(Pass::default());
+        }
+        // Orders running forward get their first request in the claim's own
+        // transaction; the rest (to be undone, or with every step done) after it.
+        let plan = |order: &ClaimedOrder| self.first_request(order);
+        let claimed = self
+            .store
+            .claim_and_start(
+                &ClaimRequest {
+                    owner: self.cfg.instance.clone(),
+                    limit,
+                    timeout: self.cfg.processing_timeout,
+                    workflows: self.filter.clone(),
+                },
+                &plan,
+            )
+            .await?;
+        let started = claimed.iter().filter(|(_, started)| *started).count();
+        if started > 0 {
+            metrics::counter!("orderly_orders_claimed_total").increment(started as u64);
+            debug!(batch = started, "claimed and started");
+        }
+        let rest: Vec<ClaimedOrder> = claimed
+            .into_iter()
+            .filter_map(|(order, started)| (!started).then_some(order))
+            .collect();
+        let mut pass = self.advance_claimed(rest).await?;
+        pass.claimed += started;
+        pass.requests += started;
+        Ok(pass)
+    }
+
+    /// The write that starts an order's current step, telling the client's queue (if
+    /// any) that it is processing.
+    pub(crate) fn start_write(
+        &self,
+        flow: &Workflow,
+        order: &ClaimedOrder,
+        context: &StepContext,
+    ) -> StepWrite {
+        let mut write = self.start_step(
+            flow,
+            &order.fence,
+            order.current_step,
+            order.complete_by,
+            context,
+        );
+        let notice = StatusNotice {
+            order_id: order.fence.order_id.clone(),
+            status: OrderStatus::Processing,
+            step: None,
+            detail: None,
+        };
+        write
+            .sends
+            .extend(notice.envelope(order.reply_to.as_deref(), &order.fence.epoch.to_string()));
+        write
+    }
+
+    /// The write that starts a forward-running order's current step (and tells the
+    /// client it is processing), built in the order's `dispatch` span so its request
+    /// starts the order's trace; `None` for an order to be undone or already done.
+    pub(crate) fn first_request(&self, order: &ClaimedOrder) -> Option<StepWrite> {
+        let flow = self.flow(order.workflow.as_ref())?;
+        let def = flow.step(order.current_step)?;
+        if order.finish_as.is_some() {
+            return None;
+        }
+        let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step = %def.name, epoch = %order.fence.epoch);
+        orderly_core::tracecontext::start_trace(&span);
+        let _entered = span.enter();
+        let context = StepContext {
+            workflow: order.workflow.clone(),
+            details: order.details.clone(),
+            notify_to: order.reply_to.clone(),
+            finish_as: None,
+            generation: order.generation,
+        };
+        Some(self.start_write(flow, order, &context))
+    }
+
+    pub(crate) async fn advance_claimed(
+        &self,
+        claimed: Vec<ClaimedOrder>,
+    ) -> orderly_core::Result<Pass> {
+        let mut pass = Pass {
+            claimed: claimed.len(),
+            ..Pass::default()
+        };
+        if claimed.is_empty() {
+            return Ok(pass);
+        }
+        metrics::counter!("orderly_orders_claimed_total").increment(claimed.len() as u64);
+        debug!(batch = claimed.len(), "claimed");
+        // A claim only takes orders of loaded versions; a resumed order may be of one
+        // this restart no longer loads: handed back for a scheduler that has it.
+        let (claimed, foreign): (Vec<ClaimedOrder>, Vec<ClaimedOrder>) = claimed
+            .into_iter()
+            .partition(|o| self.flow(o.workflow.as_ref()).is_some());
+        for order in &foreign {
+            let why = self.not_here(order.workflow.as_ref());
+            warn!(order_id = %order.fence.order_id, reason = %why, "order left alone: handed back");
+            if let Err(e) = self.store.release(&order.fence, &why).await {
+                debug!(order_id = %order.fence.order_id, error = %e, "not handed back (it moved on)");
+            }
+        }
+        pass.claimed -= foreign.len();
+        let mut nexts = Vec::with_capacity(claimed.len());
+        for order in &claimed {
+            let Some(flow) = self.flow(order.workflow.as_ref()) else {
+                continue;
+            };
+            // Each claim starts the order's trace; its requests carry it to the agents.
+            let step = flow
+                .step(order.current_step)
+                .map_or("(complete)", |d| d.name.as_str());
+            let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step, epoch = %order.fence.epoch);
+            orderly_core::tracecontext::start_trace(&span);
+            let steps = match order.finish_as {
+                Some(_) => Some(self.store.steps(&order.fence.order_id).await?),
+                None => None,
+            };
+            // Not held across an await: the requests below are built in the span.
+            let _entered = span.enter();
+            let context = StepContext {
+                details: order.details.clone(),
+                notify_to: order.reply_to.clone(),
+                finish_as: order.finish_as,
+                generation: order.generation,
+                workflow: order.workflow.clone(),
+            };
+            let next = match steps {
+                // Given up on, in a workflow that leaves completed steps in effect.
+                Some(_)
+                    if order.finish_as == Some(ProcessState::Error)
+                        && !flow.compensate_on_error =>
+                {
+                    Next::Fail(
+                        order.fence.clone(),
+                        order
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| "gave up".to_owned()),
+                    )
+                }
+                Some(steps) => self.plan_compensation(
+                    flow,
+                    &order.fence,
+                    order.complete_by,
+                    &context,
+                    &steps,
+                    None,
+                ),
+                None if order.current_step >= flow.len() => {
+                    Next::Complete(self.completion(&order.fence, &context))
+                }
+                None => Next::Write(self.start_write(flow, order, &context)),
+            };
+            nexts.push(next);
+        }
+        let fences: Vec<Fence> = claimed.into_iter().map(|o| o.fence).collect();
+        match self.execute(nexts, &mut pass).await {
+            Ok(()) => Ok(pass),
+            Err(e) => {
+                // Hand the batch back rather than leave it to time out.
+                for fence in &fences {
+                    if let Err(release) = self
+                        .store
+                        .release(fence, "scheduler could not start it")
+                        .await
+                    {
+                        debug!(order_id = %fence.order_id, error = %release, "release after a failed start");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The Pending orders this scheduler leaves alone because it does not run their
+    /// workflow (or the version they are pinned to), as `(workflow, orders)`, each
+    /// logged as a warning that says why. Another scheduler may run them; if none
+    /// does, they wait until one that loads that workflow's file is started.
+    pub async fn report_unserved(&self) -> orderly_core::Result<Vec<(String, i64)>> {
+        let waiting: Vec<(String, i64)> = self
+            .store
+            .workflows_in_flight()
+            .await?
+            .into_iter()
+            .filter(|c| {
+                c.state == ProcessState::Pending
+                    && !self
+                        .cfg
+                        .workflows
+                        .serves(c.workflow.as_deref(), c.version.as_deref())
+            })
+            .map(|c| (c.label(), c.orders))
+            .collect();
+        for (workflow, orders) in &waiting {
+            warn!(%workflow, orders, instance_id = %self.cfg.instance, "Pending orders of a workflow this scheduler does not run are left to a scheduler that runs it (start one with that workflow's file)");
+        }
+        Ok(waiting)
+    }
+}

@@ -1,0 +1,413 @@
+//! The reply path: agents' replies applied under the fence they carry, each step
+//! recorded and the next one started (or the order completed, failed, cancelled, or
+//! undone) in as few transactions as the batch allows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::messages::{OrderStatus, StatusNotice, StepKind, StepOutcome, StepReply};
+use orderly_core::store::{Completion, StepUpdate, StepWrite};
+use orderly_core::transport::{Envelope, ReceivedMessage, receive_json};
+use orderly_core::workflow::Workflow;
+use orderly_core::{Error, ProcessState, StepStatus};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{Next, Pass, Scheduler, plan};
+
+/// How many times a reply of a workflow version this scheduler does not run is given
+/// back to the queue (for a scheduler that runs it) before it hands the order back.
+const FOREIGN_REPLY_GIVE_BACKS: u32 = 3;
+
+impl Scheduler {
+    /// Receives one batch of replies (waiting at most `wait` for the first) and
+    /// applies them.
+    pub async fn replies_once(&self, wait: Duration) -> orderly_core::Result<Pass> {
+        let (replies, poison) = receive_json::<StepReply>(
+            self.transport.as_ref(),
+            &self.cfg.replies,
+            self.cfg.reply_batch,
+            wait,
+            orderly_core::transport::MAX_BODY_BYTES,
+        )
+        .await
+        .map_err(|e| Error::Queue(Box::new(e)))?;
+        let mut pass = Pass {
+            rejected: poison.len(),
+            ..Pass::default()
+        };
+        for p in &poison {
+            warn!(message_id = %p.message_id, reason = p.reason, problem = %p.description, "step reply dead-lettered");
+        }
+        if replies.is_empty() {
+            return Ok(pass);
+        }
+        debug!(batch = replies.len(), "replies received");
+        let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(replies.len());
+        let mut retry: Vec<ReceivedMessage> = Vec::new();
+        let mut give_back: Vec<ReceivedMessage> = Vec::new();
+        let mut forward: Vec<(Arc<Workflow>, StepReply, ReceivedMessage)> = Vec::new();
+        for (reply, message) in replies {
+            let Some(flow) = self.flow(reply.context.workflow.as_ref()).cloned() else {
+                // Pinned to a version not loaded here: given back for a scheduler that
+                // has it; after a few rounds (none may be running), the order itself
+                // is handed back (Pending, no failure counted, the step re-sent under
+                // the same idempotency key by whoever claims it) and the reply dropped.
+                pass.foreign += 1;
+                let why = self.not_here(reply.context.workflow.as_ref());
+                if message.delivery_count < FOREIGN_REPLY_GIVE_BACKS {
+                    debug!(order_id = %reply.fence.order_id, reason = %why, "reply given back");
+                    give_back.push(message);
+                    continue;
+                }
+                match self.store.release(&reply.fence, &why).await {
+                    Err(e) if e.is_retryable() => retry.push(message),
+                    Ok(()) => {
+                        warn!(order_id = %reply.fence.order_id, reason = %why, "order left alone: handed back");
+                        settle.push(message);
+                    }
+                    Err(e) => {
+                        debug!(order_id = %reply.fence.order_id, error = %e, "reply of another workflow version dropped: the order moved on");
+                        settle.push(message);
+                    }
+                }
+                continue;
+            };
+            match self.check_reply(&flow, &reply) {
+                Ok(()) => forward.push((flow, reply, message)),
+                Err(problem) => {
+                    warn!(order_id = %reply.fence.order_id, step = %reply.step, action = %reply.action, problem = %problem, "step reply for a step this workflow does not have: dead-lettered");
+                    let _ = self
+                        .transport
+                        .dead_letter(&message, "UnknownStep", &problem)
+                        .await;
+                    pass.rejected += 1;
+                }
+            }
+        }
+        // Forward successes and failures first, in one batch; compensation replies and
+        // the rare paths after.
+        let mut writes = Vec::new();
+        let mut write_msgs = Vec::new();
+        let mut later = Vec::new();
+        for (flow, reply, message) in forward {
+            let span = self.reply_span(&reply, &message);
+            let _entered = span.enter();
+            if self.clock.now() >= reply.complete_by {
+                debug!(order_id = %reply.fence.order_id, step = %reply.step, "reply after the deadline: the supervisor owns the order now");
+                pass.dropped += 1;
+                settle.push(message);
+                continue;
+            }
+            match (&reply.kind, &reply.outcome) {
+                (StepKind::Do, StepOutcome::Succeeded { detail }) => {
+                    writes.push(self.step_succeeded(&flow, &reply, detail));
+                    write_msgs.push((flow.len(), reply, message, span.clone()));
+                }
+                _ => later.push((flow, reply, message, span.clone())),
+            }
+        }
+        let verdicts = if writes.is_empty() {
+            Vec::new()
+        } else {
+            let started = std::time::Instant::now();
+            let verdicts = self.store.record_steps(&writes).await;
+            metrics::histogram!("orderly_step_writes_seconds")
+                .record(started.elapsed().as_secs_f64());
+            metrics::counter!("orderly_steps_succeeded_total").increment(writes.len() as u64);
+            debug!(
+                batch = writes.len(),
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "step writes applied"
+            );
+            match verdicts {
+                Ok(v) => v,
+                Err(e) if e.is_retryable() => {
+                    retry.extend(write_msgs.drain(..).map(|(_, _, m, _)| m));
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        for ((steps, reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
+            let _entered = span.enter();
+            match verdict {
+                Ok(()) => {
+                    pass.applied += 1;
+                    if reply.step_index + 1 < steps {
+                        pass.requests += 1;
+                    } else {
+                        // Completed with the write that recorded its last step.
+                        pass.completed += 1;
+                        metrics::counter!("orderly_orders_processed_total").increment(1);
+                        debug!(order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, "order processed");
+                    }
+                    settle.push(message);
+                }
+                Err(e) if e.is_retryable() => retry.push(message),
+                Err(e) => {
+                    debug!(error = %e, "reply refused by the store: dropped");
+                    pass.dropped += 1;
+                    settle.push(message);
+                }
+            }
+        }
+        for (flow, reply, message, span) in later {
+            match self
+                .apply_other(&flow, &reply, &mut pass)
+                .instrument(span)
+                .await
+            {
+                Ok(()) => settle.push(message),
+                Err(e) if e.is_retryable() => retry.push(message),
+                Err(e) => {
+                    debug!(order_id = %reply.fence.order_id, error = %e, "reply refused by the store: dropped");
+                    pass.dropped += 1;
+                    settle.push(message);
+                }
+            }
+        }
+        if !settle.is_empty() {
+            // A lost lock means the reply comes back; applying it again is refused
+            // (stale step) or repeats an idempotent write.
+            let _ = self.transport.complete_messages(&settle).await;
+        }
+        pass.retried += retry.len();
+        for m in retry.iter().chain(&give_back) {
+            let _ = self.transport.abandon(m).await;
+        }
+        Ok(pass)
+    }
+
+    /// The span of everything a reply causes here: it continues the agent's span
+    /// that sent it, so the order's next request stays in the order's trace.
+    pub(crate) fn reply_span(&self, reply: &StepReply, message: &ReceivedMessage) -> tracing::Span {
+        let span = info_span!("reply", order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, step = %reply.step, action = %reply.action, epoch = %reply.fence.epoch);
+        orderly_core::tracecontext::continue_from(&span, &message.properties);
+        span
+    }
+
+    /// Applies a reply other than a forward success: a permanent failure, or a
+    /// compensation's outcome.
+    pub(crate) async fn apply_other(
+        &self,
+        flow: &Workflow,
+        reply: &StepReply,
+        pass: &mut Pass,
+    ) -> orderly_core::Result<()> {
+        let fence = &reply.fence;
+        match (&reply.kind, &reply.outcome) {
+            (StepKind::Do, StepOutcome::Failed { error }) => {
+                warn!(error = %error, "step failed permanently");
+                let write = StepWrite {
+                    complete: false,
+                    fence: fence.clone(),
+                    expect_step: Some(reply.step_index),
+                    updates: vec![StepUpdate {
+                        index: reply.step_index,
+                        name: reply.step.clone(),
+                        status: StepStatus::Failed,
+                        detail: Some(error.clone()),
+                        idempotency_key: plan::reply_key(reply),
+                    }],
+                    sends: Vec::new(),
+                };
+                single(self.store.record_steps(&[write]).await?)?;
+                pass.applied += 1;
+                let steps = self.store.steps(&fence.order_id).await?;
+                let undoable = steps.iter().any(|s| {
+                    matches!(s.status, StepStatus::Succeeded | StepStatus::Started)
+                        && flow.step(s.index).is_some_and(|d| d.compensation.is_some())
+                });
+                let mut context = reply.context.clone();
+                if flow.compensate_on_error && undoable {
+                    self.store
+                        .begin_compensation(
+                            fence,
+                            ProcessState::Error,
+                            &format!("step {} failed: {error}", reply.step),
+                            &[],
+                        )
+                        .await?;
+                    context.finish_as = Some(ProcessState::Error);
+                    let next = self.plan_compensation(
+                        flow,
+                        fence,
+                        reply.complete_by,
+                        &context,
+                        &steps,
+                        None,
+                    );
+                    self.execute(vec![next], pass).await
+                } else {
+                    self.execute(
+                        vec![Next::Fail(
+                            fence.clone(),
+                            format!("step {} failed: {error}", reply.step),
+                        )],
+                        pass,
+                    )
+                    .await
+                }
+            }
+            (StepKind::Compensate, StepOutcome::Succeeded { detail }) => {
+                let steps = self.store.steps(&fence.order_id).await?;
+                let already = steps
+                    .iter()
+                    .any(|s| s.index == reply.step_index && s.status == StepStatus::Compensated);
+                if already {
+                    pass.dropped += 1;
+                    return Ok(());
+                }
+                pass.applied += 1;
+                let next = self.plan_compensation(
+                    flow,
+                    fence,
+                    reply.complete_by,
+                    &reply.context,
+                    &steps,
+                    Some((reply.step_index, detail)),
+                );
+                self.execute(vec![next], pass).await
+            }
+            (StepKind::Compensate, StepOutcome::Failed { error }) => {
+                pass.applied += 1;
+                let steps = self.store.steps(&fence.order_id).await?;
+                let left: Vec<String> = steps
+                    .iter()
+                    .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+                    .map(|s| s.name.clone())
+                    .collect();
+                let error = format!(
+                    "compensation {} of step {} failed: {error}; still to undo by hand: {}",
+                    reply.action,
+                    reply.step,
+                    left.join(", ")
+                );
+                self.execute(vec![Next::Fail(fence.clone(), error)], pass)
+                    .await
+            }
+            (StepKind::Do, StepOutcome::Succeeded { .. }) => Ok(()),
+        }
+    }
+
+    /// Carries out planned moves: writes in one batch, completions in one batch, the
+    /// rest one by one. A write that ends a compensation is followed by the finish.
+    pub(crate) async fn execute(
+        &self,
+        nexts: Vec<Next>,
+        pass: &mut Pass,
+    ) -> orderly_core::Result<()> {
+        let mut writes = Vec::new();
+        let mut completions = Vec::new();
+        let mut finishes = Vec::new();
+        for next in nexts {
+            match next {
+                Next::Write(w) => writes.push(w),
+                Next::Complete(c) => completions.push(c),
+                Next::Finish(w, finish_as, notify_to) => {
+                    match single(self.store.record_steps(std::slice::from_ref(&w)).await?) {
+                        Ok(()) => {
+                            let steps = self.store.steps(&w.fence.order_id).await?;
+                            finishes.push(Self::plan_finish(
+                                &w.fence,
+                                finish_as,
+                                &steps,
+                                notify_to.as_deref(),
+                            ));
+                        }
+                        Err(e) if e.is_retryable() => return Err(e),
+                        Err(e) => {
+                            debug!(order_id = %w.fence.order_id, error = %e, "write refused: the order moved on");
+                            pass.dropped += 1;
+                        }
+                    }
+                }
+                other => finishes.push(other),
+            }
+        }
+        if !writes.is_empty() {
+            let verdicts = self.store.record_steps(&writes).await?;
+            for (w, verdict) in writes.iter().zip(verdicts) {
+                match verdict {
+                    Ok(()) => {
+                        pass.requests += w.sends.iter().filter(|e| is_request(e)).count();
+                    }
+                    Err(e) if e.is_retryable() => return Err(e),
+                    Err(e) => {
+                        debug!(order_id = %w.fence.order_id, error = %e, "write refused: the order moved on");
+                        pass.dropped += 1;
+                    }
+                }
+            }
+        }
+        if !completions.is_empty() {
+            self.complete(completions, pass).await?;
+        }
+        for finish in finishes {
+            match finish {
+                Next::Fail(fence, error) => match self.store.fail(&fence, &error, &[]).await {
+                    Ok(()) => {
+                        warn!(order_id = %fence.order_id, error = %error, "order failed");
+                        pass.failed += 1;
+                    }
+                    Err(e) if e.is_retryable() => return Err(e),
+                    Err(e) => debug!(order_id = %fence.order_id, error = %e, "fail refused"),
+                },
+                Next::Cancel(fence, notify_to) => {
+                    let notice = StatusNotice {
+                        order_id: fence.order_id.clone(),
+                        status: OrderStatus::Cancelled,
+                        step: None,
+                        detail: Some("cancelled; completed steps undone".into()),
+                    };
+                    let sends: Vec<Envelope> = notice
+                        .envelope(notify_to.as_deref(), &fence.epoch.to_string())
+                        .into_iter()
+                        .collect();
+                    match self
+                        .store
+                        .finish_cancelled(&fence, "cancelled; completed steps undone", &sends)
+                        .await
+                    {
+                        Ok(()) => {
+                            info!(order_id = %fence.order_id, "order cancelled after compensation");
+                            pass.cancelled += 1;
+                        }
+                        Err(e) if e.is_retryable() => return Err(e),
+                        Err(e) => debug!(order_id = %fence.order_id, error = %e, "cancel refused"),
+                    }
+                }
+                Next::Write(_) | Next::Complete(_) | Next::Finish(..) => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        completions: Vec<Completion>,
+        pass: &mut Pass,
+    ) -> orderly_core::Result<()> {
+        let outcome = self.store.complete_many(&completions).await?;
+        pass.completed += outcome.completed.len();
+        metrics::counter!("orderly_orders_processed_total")
+            .increment(outcome.completed.len() as u64);
+        metrics::counter!("orderly_completions_refused_total")
+            .increment(outcome.refused.len() as u64);
+        for id in &outcome.completed {
+            debug!(order_id = %id, instance_id = %self.cfg.instance, "order processed");
+        }
+        for (id, e) in &outcome.refused {
+            debug!(order_id = %id, error = %e, "completion refused: the order moved on");
+        }
+        Ok(())
+    }
+}
+
+fn is_request(e: &Envelope) -> bool {
+    e.message.message_id.starts_with("req:")
+}
+
+fn single(mut verdicts: Vec<orderly_core::Result<()>>) -> orderly_core::Result<()> {
+    verdicts.pop().unwrap_or(Ok(()))
+}
