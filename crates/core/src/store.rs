@@ -155,7 +155,11 @@ pub struct StepWrite {
     pub complete: bool,
 }
 
-/// An operator alert, raised when an order enters Error.
+/// An operator alert, raised when an order enters Error. It is created in the same
+/// transaction as that transition, whichever writes it (a scheduler's failure, a
+/// supervisor giving up, an operator), by the SQL trigger `order_state_raises_alert`
+/// (migration 0004, both dialects): one alert per entry into Error. The supervisor
+/// publishes it (`SupervisorStore::unpublished_alerts`, `mark_alerts_published`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alert {
     /// Its number (grows with time).
