@@ -36,11 +36,56 @@ pub(crate) enum Param<'a> {
     Ts(Ts),
     OptTs(Option<Ts>),
     Bytes(&'a [u8]),
-    /// A list of integers: an array on PostgreSQL, a JSON array on SQLite (read there
-    /// with `json_each`).
+    /// A list: bound as the dialect binds lists (see [`prepare`]).
+    List(List),
+}
+
+/// A list parameter: an array on PostgreSQL, a JSON array on SQLite (read there with
+/// `json_each`).
+#[derive(Debug, Clone)]
+pub(crate) enum List {
     I64s(Vec<i64>),
-    /// A list of texts, bound as [`Param::I64s`] is.
     Texts(Vec<String>),
+}
+
+/// A statement ready to run on a dialect.
+pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as sqlx::Database>::Arguments>;
+
+/// `q` as a statement of `DB`: scalars bound the same way in every dialect (borrowed
+/// text and bytes are encoded straight from the borrow), lists by `bind_list`.
+pub(crate) fn prepare<DB>(q: Q<'_>, bind_list: fn(Query<DB>, List) -> Query<DB>) -> Query<DB>
+where
+    DB: sqlx::Database,
+    for<'e> &'e str: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Option<&'e str>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> &'e [u8]: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Option<i64>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> i32: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Option<i32>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> bool: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Ts: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Option<Ts>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+{
+    let query = match q.sql {
+        Cow::Borrowed(sql) => sqlx::query(sql),
+        Cow::Owned(sql) => sqlx::query(sqlx::AssertSqlSafe(sql)),
+    };
+    q.params
+        .into_iter()
+        .fold(query, |query, param| match param {
+            Param::Text(v) => query.bind(&*v),
+            Param::OptText(v) => query.bind(v.as_deref()),
+            Param::I64(v) => query.bind(v),
+            Param::OptI64(v) => query.bind(v),
+            Param::I32(v) => query.bind(v),
+            Param::OptI32(v) => query.bind(v),
+            Param::Bool(v) => query.bind(v),
+            Param::Ts(v) => query.bind(v),
+            Param::OptTs(v) => query.bind(v),
+            Param::Bytes(v) => query.bind(v),
+            Param::List(list) => bind_list(query, list),
+        })
 }
 
 impl<'a> From<&'a str> for Param<'a> {
@@ -115,12 +160,12 @@ impl<'a> From<&'a Vec<u8>> for Param<'a> {
 }
 impl From<Vec<i64>> for Param<'_> {
     fn from(v: Vec<i64>) -> Self {
-        Param::I64s(v)
+        Param::List(List::I64s(v))
     }
 }
 impl From<Vec<String>> for Param<'_> {
     fn from(v: Vec<String>) -> Self {
-        Param::Texts(v)
+        Param::List(List::Texts(v))
     }
 }
 

@@ -20,7 +20,7 @@ use orderly_core::{Fence, Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::driver::{Driver, MessageRow, Param, Q, Rescue, StepRow, Touch, q};
+use crate::driver::{Driver, List, MessageRow, Param, Q, Query, Rescue, StepRow, Touch, q};
 use crate::error::{corrupt, db};
 use crate::migrate;
 use crate::queue::Wakeups;
@@ -87,35 +87,16 @@ impl PgDriver {
     }
 }
 
-/// Binds one parameter; lists as arrays.
-fn bind<'q>(
-    query: sqlx::query::Query<'q, Postgres, <Postgres as sqlx::Database>::Arguments>,
-    param: Param<'_>,
-) -> sqlx::query::Query<'q, Postgres, <Postgres as sqlx::Database>::Arguments> {
-    match param {
-        Param::Text(v) => query.bind(v.into_owned()),
-        Param::OptText(v) => query.bind(v.map(|v| v.into_owned())),
-        Param::I64(v) => query.bind(v),
-        Param::OptI64(v) => query.bind(v),
-        Param::I32(v) => query.bind(v),
-        Param::OptI32(v) => query.bind(v),
-        Param::Bool(v) => query.bind(v),
-        Param::Ts(v) => query.bind(v),
-        Param::OptTs(v) => query.bind(v),
-        Param::Bytes(v) => query.bind(v.to_vec()),
-        Param::I64s(v) => query.bind(v),
-        Param::Texts(v) => query.bind(v),
+/// Binds a list as an array.
+fn bind_list(query: Query<Postgres>, list: List) -> Query<Postgres> {
+    match list {
+        List::I64s(v) => query.bind(v),
+        List::Texts(v) => query.bind(v),
     }
 }
 
-fn prepare(
-    q: Q<'_>,
-) -> sqlx::query::Query<'static, Postgres, <Postgres as sqlx::Database>::Arguments> {
-    let query = match q.sql {
-        std::borrow::Cow::Borrowed(sql) => sqlx::query(sql),
-        std::borrow::Cow::Owned(sql) => sqlx::query(sqlx::AssertSqlSafe(sql)),
-    };
-    q.params.into_iter().fold(query, bind)
+fn prepare(q: Q<'_>) -> Query<Postgres> {
+    crate::driver::prepare(q, bind_list)
 }
 
 /// The columns of a claim, as [`ClaimedOrder`]s of `request`'s owner.

@@ -26,7 +26,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use crate::driver::{Driver, MessageRow, Param, Q, Rescue, StepRow, Touch, q};
+use crate::driver::{Driver, List, MessageRow, Param, Q, Query, Rescue, StepRow, Touch, q};
 use crate::error::{corrupt, db};
 use crate::migrate;
 use crate::queue::Wakeups;
@@ -199,24 +199,11 @@ impl SqlStore<SqliteDriver> {
     }
 }
 
-/// Binds one parameter; lists as JSON arrays.
-fn bind<'q>(
-    query: sqlx::query::Query<'q, Sqlite, <Sqlite as sqlx::Database>::Arguments>,
-    param: Param<'_>,
-) -> sqlx::query::Query<'q, Sqlite, <Sqlite as sqlx::Database>::Arguments> {
-    match param {
-        Param::Text(v) => query.bind(v.into_owned()),
-        Param::OptText(v) => query.bind(v.map(|v| v.into_owned())),
-        Param::I64(v) => query.bind(v),
-        Param::OptI64(v) => query.bind(v),
-        Param::I32(v) => query.bind(v),
-        Param::OptI32(v) => query.bind(v),
-        Param::Bool(v) => query.bind(v),
-        Param::Ts(v) => query.bind(v),
-        Param::OptTs(v) => query.bind(v),
-        Param::Bytes(v) => query.bind(v.to_vec()),
-        Param::I64s(v) => query.bind(json_list(v)),
-        Param::Texts(v) => query.bind(json_list(v)),
+/// Binds a list as a JSON array.
+fn bind_list(query: Query<Sqlite>, list: List) -> Query<Sqlite> {
+    match list {
+        List::I64s(v) => query.bind(json_list(v)),
+        List::Texts(v) => query.bind(json_list(v)),
     }
 }
 
@@ -224,12 +211,8 @@ fn json_list(values: impl Into<serde_json::Value>) -> String {
     values.into().to_string()
 }
 
-fn prepare(q: Q<'_>) -> sqlx::query::Query<'static, Sqlite, <Sqlite as sqlx::Database>::Arguments> {
-    let query = match q.sql {
-        std::borrow::Cow::Borrowed(sql) => sqlx::query(sql),
-        std::borrow::Cow::Owned(sql) => sqlx::query(sqlx::AssertSqlSafe(sql)),
-    };
-    q.params.into_iter().fold(query, bind)
+fn prepare(q: Q<'_>) -> Query<Sqlite> {
+    crate::driver::prepare(q, bind_list)
 }
 
 #[async_trait]

@@ -27,6 +27,26 @@ struct OperatorMove<'a> {
     undo_first: bool,
 }
 
+impl<'a> OperatorMove<'a> {
+    /// A cancel of a live or failed order: at once, or (`undo_first`) after its steps
+    /// that may have taken effect are undone.
+    fn cancel(actor: &'a Actor, reason: &'a str, sends: &'a [Envelope], undo_first: bool) -> Self {
+        Self {
+            from: &[
+                ProcessState::Pending,
+                ProcessState::Processing,
+                ProcessState::Error,
+            ],
+            target: ProcessState::Cancelled,
+            kind: HistoryKind::Cancelled,
+            actor,
+            reason,
+            sends,
+            undo_first,
+        }
+    }
+}
+
 /// How often an operator's read-then-move is retried when the order keeps changing.
 const OPERATOR_ATTEMPTS: usize = 5;
 
@@ -296,19 +316,7 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         reason: &str,
         sends: &[Envelope],
     ) -> Result<StateRow> {
-        let mv = OperatorMove {
-            from: &[
-                ProcessState::Pending,
-                ProcessState::Processing,
-                ProcessState::Error,
-            ],
-            target: ProcessState::Cancelled,
-            kind: HistoryKind::Cancelled,
-            actor,
-            reason,
-            sends,
-            undo_first: true,
-        };
+        let mv = OperatorMove::cancel(actor, reason, sends, true);
         self.operator_move(order_id, mv).await
     }
 
@@ -351,19 +359,7 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         reason: &str,
         sends: &[Envelope],
     ) -> Result<StateRow> {
-        let mv = OperatorMove {
-            from: &[
-                ProcessState::Pending,
-                ProcessState::Processing,
-                ProcessState::Error,
-            ],
-            target: ProcessState::Cancelled,
-            kind: HistoryKind::Cancelled,
-            actor,
-            reason,
-            sends,
-            undo_first: false,
-        };
+        let mv = OperatorMove::cancel(actor, reason, sends, false);
         self.operator_move(order_id, mv).await
     }
 }
