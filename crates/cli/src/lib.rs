@@ -5,5 +5,6 @@
 pub mod dashboard;
 pub mod demo;
 pub mod invariants;
+pub mod measure;
 pub mod sample;
 pub mod system;

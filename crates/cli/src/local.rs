@@ -1,6 +1,7 @@
 //! The whole system in this process: `orderly demo`, `orderly bench`, `orderly up`.
 
 use anyhow::{Context, bail};
+use orderly_cli::measure::Meter;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_cli::{demo, invariants};
 use orderly_core::store::NewOrder;
@@ -104,23 +105,29 @@ pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::R
     let mut cfg = SystemConfig::new();
     cfg.sim = Some(SimConfig::default());
     let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
+    let stats = backend.stats.clone();
+    let pg_url = (!url.starts_with("sqlite:")).then_some(url.as_str());
     let system = System::start(backend, cfg).await?;
     // Burst: everything at once; throughput at saturation.
     let burst = demo::sample_orders(orders);
+    let meter = Meter::start(stats.clone(), pg_url).await;
     let sent_at = demo::submit(&system, &burst).await?;
     if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
         bail!("the burst did not finish within 600 s");
     }
+    let burst_cost = meter.finish(orders).await;
     let peak = invariants::report(&system, &sent_at, &workflows, true).await?;
     println!(
         "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
     );
     peak.print();
+    burst_cost.print();
     // Paced: half the burst's throughput, for latency under a steady load.
     let rate = (peak.throughput() / 2.0).max(1.0);
     let paced_n = orders.min((rate * 10.0) as usize).max(100);
     let paced = demo::sample_orders(paced_n);
     let mut sent_at = std::collections::HashMap::new();
+    let meter = Meter::start(stats, pg_url).await;
     let started = std::time::Instant::now();
     for (i, chunk) in paced.chunks(10).enumerate() {
         let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
@@ -137,10 +144,12 @@ pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::R
     {
         bail!("the paced run did not finish within 600 s");
     }
+    let paced_cost = meter.finish(paced_n).await;
     let steady = invariants::report(&system, &sent_at, &workflows, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
     println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
     steady.print();
+    paced_cost.print();
     if !peak.violations.is_empty() || !steady.violations.is_empty() {
         bail!("invariant violations during the benchmark");
     }

@@ -189,6 +189,7 @@ impl Plan {
                 transport: transport.clone(),
                 inspector: Arc::new(ServiceBusInspector { transport }),
                 outbox: sql.outbox.clone(),
+                stats: sql.stats,
             },
             relay: Some((stop, task)),
         })

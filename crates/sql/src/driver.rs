@@ -464,6 +464,8 @@ pub(crate) trait Driver: Send + Sync + 'static {
     async fn begin_write(&self) -> Result<Self::Tx>;
     async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error>;
     async fn acquire(&self) -> Result<Self::Pooled>;
+    /// This handle's counters (write transactions, batch sizes).
+    fn stats(&self) -> &std::sync::Arc<crate::stats::Stats>;
 
     /// "Now" inside a transaction: the injected clock if any, else the dialect's clock
     /// (PostgreSQL: the server's; SQLite: the host's).

@@ -19,6 +19,7 @@ mod queue;
 mod rows;
 pub mod sqlite;
 mod statements;
+pub mod stats;
 mod store;
 mod time;
 
@@ -54,6 +55,8 @@ pub struct Backend {
     /// The store's outbox (used with an external transport): its dead letters, for
     /// operators.
     pub outbox: Arc<dyn orderly_core::transport::Outbox>,
+    /// What the store did: write transactions, batch sizes per stage.
+    pub stats: Arc<stats::Stats>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -71,6 +74,7 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
             store: store.clone(),
             transport: store.clone(),
             inspector: store.clone(),
+            stats: store.stats(),
             outbox: store,
         })
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -79,6 +83,7 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
             store: store.clone(),
             transport: store.clone(),
             inspector: store.clone(),
+            stats: store.stats(),
             outbox: store,
         })
     } else {
@@ -101,6 +106,8 @@ pub struct OutboxBackend {
     pub store: Arc<dyn StateStore>,
     /// The outbox, for the relay.
     pub outbox: Arc<dyn orderly_core::transport::Outbox>,
+    /// What the store did: write transactions, batch sizes per stage.
+    pub stats: Arc<stats::Stats>,
 }
 
 /// Opens the store a URL names (see [`open`]) with [`Delivery::Outbox`].
@@ -113,6 +120,7 @@ pub async fn connect_outbox(url: &str, time: TimeSource) -> Result<OutboxBackend
         );
         Ok(OutboxBackend {
             store: store.clone(),
+            stats: store.stats(),
             outbox: store,
         })
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -123,6 +131,7 @@ pub async fn connect_outbox(url: &str, time: TimeSource) -> Result<OutboxBackend
         );
         Ok(OutboxBackend {
             store: store.clone(),
+            stats: store.stats(),
             outbox: store,
         })
     } else {

@@ -378,6 +378,9 @@ impl<D: Driver> SqlStore<D> {
             .map(|r| Cols(r).message(&token))
             .collect::<orderly_core::Result<Vec<_>>>()?;
         messages.sort_by_key(|m| m.sequence_number);
+        self.driver
+            .stats()
+            .batch(&format!("receive {queue}"), messages.len());
         Ok(messages)
     }
 
@@ -523,6 +526,7 @@ impl<D: Driver> Transport for SqlStore<D> {
         sends: &[orderly_core::transport::Envelope],
         consumed: &[ReceivedMessage],
     ) -> Result<Vec<Result<()>>> {
+        self.driver.stats().batch("settle", consumed.len());
         let (mut tx, now) = self.begin().await?;
         let woken = self.enqueue_all(&mut tx, now, sends).await?;
         let done: Vec<(i64, String)> = if consumed.is_empty() {

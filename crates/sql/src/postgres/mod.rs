@@ -44,6 +44,7 @@ pub type PgStore = SqlStore<PgDriver>;
 pub struct PgDriver {
     pool: PgPool,
     time: TimeSource,
+    stats: Arc<crate::stats::Stats>,
 }
 
 /// The fallback poll interval of idle receivers (notifications are the fast path).
@@ -70,7 +71,14 @@ impl SqlStore<PgDriver> {
             .connect_with(options.application_name("orderly"))
             .await
             .map_err(db)?;
-        let store = SqlStore::new(PgDriver { pool, time }, Arc::new(Wakeups::new(POLL)));
+        let store = SqlStore::new(
+            PgDriver {
+                pool,
+                time,
+                stats: Arc::default(),
+            },
+            Arc::new(Wakeups::new(POLL)),
+        );
         store.migrate().await?;
         Ok(store)
     }
@@ -79,6 +87,25 @@ impl SqlStore<PgDriver> {
     pub fn pool(&self) -> &PgPool {
         &self.driver.pool
     }
+}
+
+/// Transactions the server has committed in the current database so far
+/// (`pg_stat_database.xact_commit`, every client's, reads included). The server
+/// publishes each backend's counts when it goes idle, at most once a second and at
+/// the latest after ten; read it after that long to see all of a run.
+pub async fn server_commits(url: &str) -> Result<i64> {
+    use sqlx::Connection;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    let mut conn = PgConnection::connect_with(&options).await.map_err(db)?;
+    let row: (i64,) = sqlx::query_as(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .map_err(db)?;
+    let _ = conn.close().await;
+    Ok(row.0)
 }
 
 impl PgDriver {
@@ -156,6 +183,7 @@ impl Driver for PgDriver {
     type Row = PgRow;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
+        self.stats.write();
         self.pool.begin().await.map_err(db)
     }
 
@@ -165,6 +193,10 @@ impl Driver for PgDriver {
 
     async fn acquire(&self) -> Result<Self::Pooled> {
         self.pool.acquire().await.map_err(db)
+    }
+
+    fn stats(&self) -> &Arc<crate::stats::Stats> {
+        &self.stats
     }
 
     async fn now(&self, conn: &mut PgConnection) -> Result<DateTime<Utc>> {

@@ -81,6 +81,7 @@ pub struct SqliteDriver {
     pool: SqlitePool,
     time: TimeSource,
     writer: Arc<tokio::sync::Mutex<()>>,
+    stats: Arc<crate::stats::Stats>,
 }
 
 /// The turn of in-process writers to one database file. Writers in this process wait
@@ -188,7 +189,15 @@ impl SqlStore<SqliteDriver> {
         } else {
             file_wakeups(&key)
         };
-        let store = SqlStore::new(SqliteDriver { pool, time, writer }, wakeups);
+        let store = SqlStore::new(
+            SqliteDriver {
+                pool,
+                time,
+                writer,
+                stats: Arc::default(),
+            },
+            wakeups,
+        );
         store.migrate().await?;
         Ok(store)
     }
@@ -228,6 +237,7 @@ impl Driver for SqliteDriver {
 
     async fn begin_write(&self) -> Result<WriteTx> {
         let turn = self.writer.clone().lock_owned().await;
+        self.stats.write();
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
         Ok(WriteTx { tx, _turn: turn })
     }
@@ -238,6 +248,10 @@ impl Driver for SqliteDriver {
 
     async fn acquire(&self) -> Result<Self::Pooled> {
         self.pool.acquire().await.map_err(db)
+    }
+
+    fn stats(&self) -> &Arc<crate::stats::Stats> {
+        &self.stats
     }
 
     async fn now(&self, _conn: &mut SqliteConnection) -> Result<DateTime<Utc>> {

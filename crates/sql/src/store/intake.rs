@@ -89,6 +89,7 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        self.driver.stats().batch("submit", batch.len());
         let (mut tx, now) = self.begin().await?;
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut sends = Vec::new();

@@ -98,6 +98,11 @@ impl<D> SqlStore<D> {
 }
 
 impl<D: Driver> SqlStore<D> {
+    /// What this store did so far: write transactions, batch sizes per stage.
+    pub fn stats(&self) -> std::sync::Arc<crate::stats::Stats> {
+        self.driver.stats().clone()
+    }
+
     /// Applies pending migrations, each in the same transaction as its bookkeeping row
     /// and under the dialect's migration lock; returns the versions applied.
     pub async fn migrate(&self) -> Result<Vec<i64>> {

@@ -135,7 +135,9 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, instance_id = %request.owner, limit = request.limit))]
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
         let timeout = checked_claim(request)?;
-        self.driver.claim(request, timeout).await
+        let claimed = self.driver.claim(request, timeout).await?;
+        self.driver.stats().batch("claim", claimed.len());
+        Ok(claimed)
     }
 
     async fn claim_and_start(
@@ -146,6 +148,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         let timeout = checked_claim(request)?;
         let (mut tx, now) = self.begin().await?;
         let claimed = D::claim_in(&mut tx, now, request, timeout).await?;
+        self.driver.stats().batch("claim", claimed.len());
         if claimed.is_empty() {
             return Ok(Vec::new());
         }
@@ -271,6 +274,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         for w in writes {
             w.updates.iter().try_for_each(check_update)?;
         }
+        self.driver.stats().batch("record steps", writes.len());
         let (mut tx, now) = self.begin().await?;
         let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
         let mut verdicts = Vec::with_capacity(writes.len());

@@ -1,0 +1,184 @@
+//! What a benchmark phase cost besides time: write transactions and the batch sizes
+//! each stage reached (the store's own counters), transactions the PostgreSQL server
+//! committed (`pg_stat_database`), and CPU seconds of this process and of the local
+//! PostgreSQL server's processes.
+
+use std::time::Duration;
+
+use orderly_sql::stats::{Stats, StatsSnapshot};
+
+/// The readings at the start of a phase.
+pub struct Meter {
+    stats: std::sync::Arc<Stats>,
+    pg_url: Option<String>,
+    store: StatsSnapshot,
+    own_cpu: Option<Duration>,
+    pg_cpu: Option<Duration>,
+    server_commits: Option<i64>,
+}
+
+/// What one phase cost.
+#[derive(Debug, Clone)]
+pub struct Cost {
+    /// Orders the phase finished.
+    pub orders: usize,
+    /// The store's counters over the phase.
+    pub store: StatsSnapshot,
+    /// CPU time of this process (all its threads).
+    pub own_cpu: Option<Duration>,
+    /// CPU time of the PostgreSQL server's processes on this machine, if it runs here.
+    pub pg_cpu: Option<Duration>,
+    /// Transactions the PostgreSQL server committed in the database, reads included.
+    pub server_commits: Option<i64>,
+}
+
+/// How long the server may take to publish a backend's transaction counts (its idle
+/// flush interval is ten seconds).
+pub const PG_STATS_SETTLE: Duration = Duration::from_secs(11);
+
+impl Meter {
+    /// Starts measuring; `pg_url` when the store is PostgreSQL.
+    pub async fn start(stats: std::sync::Arc<Stats>, pg_url: Option<&str>) -> Self {
+        let server_commits = match pg_url {
+            Some(url) => orderly_sql::postgres::server_commits(url).await.ok(),
+            None => None,
+        };
+        Self {
+            store: stats.snapshot(),
+            stats,
+            pg_url: pg_url.map(str::to_owned),
+            own_cpu: process_cpu("self"),
+            pg_cpu: pg_url.and_then(|_| postgres_cpu()),
+            server_commits,
+        }
+    }
+
+    /// The cost since [`Meter::start`] of a phase that finished `orders`. On
+    /// PostgreSQL the server's count is read after [`PG_STATS_SETTLE`] (and counts
+    /// what the idle system committed meanwhile).
+    pub async fn finish(self, orders: usize) -> Cost {
+        let store = self.stats.snapshot().since(&self.store);
+        let own_cpu = process_cpu("self")
+            .zip(self.own_cpu)
+            .map(|(now, then)| now.saturating_sub(then));
+        let pg_cpu = self
+            .pg_url
+            .as_ref()
+            .and_then(|_| postgres_cpu())
+            .zip(self.pg_cpu)
+            .map(|(now, then)| now.saturating_sub(then));
+        let server_commits = match (&self.pg_url, self.server_commits) {
+            (Some(url), Some(before)) => {
+                tokio::time::sleep(PG_STATS_SETTLE).await;
+                orderly_sql::postgres::server_commits(url)
+                    .await
+                    .ok()
+                    .map(|after| after - before)
+            }
+            _ => None,
+        };
+        Cost {
+            orders,
+            store,
+            own_cpu,
+            pg_cpu,
+            server_commits,
+        }
+    }
+}
+
+impl Cost {
+    /// Prints the figures, per order where that is how they are compared.
+    pub fn print(&self) {
+        let per = |n: f64| n / self.orders.max(1) as f64;
+        println!(
+            "write transactions   {:.2} per order ({} in all, store's count)",
+            per(self.store.writes as f64),
+            self.store.writes
+        );
+        if let Some(n) = self.server_commits {
+            println!(
+                "server transactions  {:.2} per order ({n}, pg_stat_database.xact_commit, reads included)",
+                per(n as f64)
+            );
+        }
+        let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / self.orders.max(1) as f64;
+        match self.own_cpu {
+            Some(cpu) => println!(
+                "cpu, orderly         {:.2} s per 1,000 orders ({:.1} s)",
+                per_k(cpu),
+                cpu.as_secs_f64()
+            ),
+            None => println!("cpu, orderly         n/a (no /proc)"),
+        }
+        if let Some(cpu) = self.pg_cpu {
+            println!(
+                "cpu, postgres        {:.2} s per 1,000 orders ({:.1} s, server processes on this machine)",
+                per_k(cpu),
+                cpu.as_secs_f64()
+            );
+        }
+        let stages: Vec<String> = self
+            .store
+            .batches
+            .iter()
+            .map(|(stage, b)| format!("{stage} {:.1} (max {})", b.mean(), b.max))
+            .collect();
+        println!("batch sizes, mean    {}", stages.join(", "));
+    }
+}
+
+/// User plus system CPU time of process `pid` ("self" for this one), from
+/// `/proc/<pid>/stat` (in the kernel's fixed 100 ticks a second).
+fn process_cpu(pid: &str) -> Option<Duration> {
+    parse_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_cpu(stat: &str) -> Option<Duration> {
+    // The command name may hold spaces: count fields after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// CPU time of every `postgres` process on this machine (None when there is none).
+fn postgres_cpu() -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut seen = false;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
+            continue;
+        };
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        if let Some(cpu) = process_cpu(pid) {
+            total += cpu;
+            seen = true;
+        }
+    }
+    seen.then_some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_user_and_system_ticks_after_a_name_with_spaces() {
+        let line =
+            "4242 (tokio worker) S 1 4242 4242 0 -1 4194560 9000 0 3 0 250 37 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_cpu(line), Some(Duration::from_millis(2_870)));
+        assert_eq!(parse_cpu("4242 (cut short) S 1"), None);
+        assert!(process_cpu("self").is_some(), "Linux has /proc/self/stat");
+    }
+}

@@ -1,0 +1,143 @@
+//! What a store did, for benchmarks and operators: write transactions begun, and the
+//! size of each batch every stage handed to the store (orders submitted at once,
+//! orders claimed at once, messages received or settled at once, ...).
+//!
+//! Counting costs one atomic add per transaction and one short lock per batch, never
+//! per order.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The counters of one store handle.
+#[derive(Debug, Default)]
+pub struct Stats {
+    writes: AtomicU64,
+    batches: Mutex<BTreeMap<String, Batches>>,
+}
+
+/// The batches one stage handed to the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batches {
+    /// Batches (calls with at least one item).
+    pub calls: u64,
+    /// Items in all of them.
+    pub items: u64,
+    /// The largest batch.
+    pub max: u64,
+}
+
+impl Batches {
+    /// Items per batch on average.
+    pub fn mean(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.items as f64 / self.calls as f64
+        }
+    }
+}
+
+/// A copy of the counters at one moment; subtract two to measure a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Write transactions begun (committed or not).
+    pub writes: u64,
+    /// Batches by stage.
+    pub batches: BTreeMap<String, Batches>,
+}
+
+impl StatsSnapshot {
+    /// What happened between `earlier` and this snapshot. The largest batch is the
+    /// largest seen so far (not only in between).
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        let batches = self
+            .batches
+            .iter()
+            .map(|(stage, b)| {
+                let before = earlier.batches.get(stage).copied().unwrap_or_default();
+                (
+                    stage.clone(),
+                    Batches {
+                        calls: b.calls - before.calls,
+                        items: b.items - before.items,
+                        max: b.max,
+                    },
+                )
+            })
+            .filter(|(_, b)| b.calls > 0)
+            .collect();
+        StatsSnapshot {
+            writes: self.writes - earlier.writes,
+            batches,
+        }
+    }
+}
+
+impl Stats {
+    /// One write transaction begun.
+    pub(crate) fn write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `stage` handed over `items` at once (empty batches are not counted).
+    pub(crate) fn batch(&self, stage: &str, items: usize) {
+        if items == 0 {
+            return;
+        }
+        let items = items as u64;
+        let mut batches = self
+            .batches
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let b = match batches.get_mut(stage) {
+            Some(b) => b,
+            None => batches.entry(stage.to_owned()).or_default(),
+        };
+        b.calls += 1;
+        b.items += items;
+        b.max = b.max.max(items);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            writes: self.writes.load(Ordering::Relaxed),
+            batches: self
+                .batches
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_batches_and_differences() {
+        let s = Stats::default();
+        s.write();
+        s.batch("claim", 3);
+        s.batch("claim", 0);
+        let first = s.snapshot();
+        s.write();
+        s.write();
+        s.batch("claim", 5);
+        s.batch("submit", 64);
+        let d = s.snapshot().since(&first);
+        assert_eq!(d.writes, 2);
+        assert_eq!(
+            d.batches["claim"],
+            Batches {
+                calls: 1,
+                items: 5,
+                max: 5
+            }
+        );
+        assert_eq!(d.batches["submit"].mean(), 64.0);
+        assert_eq!(first.batches["claim"].calls, 1, "an empty batch is not one");
+    }
+}
