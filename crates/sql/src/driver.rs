@@ -383,6 +383,14 @@ pub(crate) struct Touch<'a> {
     pub error: Option<String>,
 }
 
+/// A new order to insert, with its Pending state row and Submitted history entry.
+pub(crate) struct NewOrderRow<'a> {
+    pub order_id: &'a str,
+    pub details: String,
+    pub reply_to: Option<&'a str>,
+    pub workflow: Option<&'a str>,
+}
+
 /// One step record to write, with the history entry it makes (`kind`).
 pub(crate) struct StepRow<'a> {
     pub fence: &'a Fence,
@@ -521,6 +529,14 @@ pub(crate) trait Driver: Send + Sync + 'static {
         now: DateTime<Utc>,
         rows: &[StepRow<'_>],
     ) -> Result<()>;
+    /// Inserts the orders whose id is new (details, Pending state row, Submitted
+    /// history entry by `actor`), each id once; returns the ids inserted.
+    async fn insert_orders(
+        conn: &mut Self::Conn,
+        now: DateTime<Utc>,
+        actor: &str,
+        orders: &[NewOrderRow<'_>],
+    ) -> Result<HashSet<String>>;
 
     /// Applies decided recoveries (each still Processing under its epoch and past its
     /// deadline) with their history, by `actor`; returns the ids it applied.

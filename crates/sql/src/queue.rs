@@ -99,18 +99,8 @@ pub(crate) const Q_ENSURE: &str = "INSERT INTO queues \
     (name, lock_duration_ms, max_delivery_count, dedup_window_ms, created_at) VALUES ($1, $2, $3, $4, $5) \
     ON CONFLICT (name) DO NOTHING RETURNING name";
 
-/// Records `$2` as seen in queue `$1` until `$3`, unless it was seen and that has not
-/// expired at `$4`: no row back means a duplicate.
-pub(crate) const Q_DEDUP: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
-    VALUES ($1, $2, $3) ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-    WHERE queue_dedup.expires_at <= $4 RETURNING message_id";
-
 pub(crate) const Q_DEDUP_SWEEP: &str = "DELETE FROM queue_dedup WHERE (queue, message_id) IN \
     (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 LIMIT 100)";
-
-pub(crate) const Q_INSERT: &str = "INSERT INTO queue_messages \
-    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// Settling checks the delivery's hold: `$1` seq, `$2` lock token, still locked at `$3`.
 macro_rules! held {

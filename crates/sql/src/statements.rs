@@ -98,20 +98,6 @@ pub(crate) const ONE_ALERT: &str = concat!(alert_select!(), "WHERE a.alert_id = 
 pub(crate) const MARK_ALERT_PUBLISHED: &str =
     "UPDATE alerts SET published_at = $2 WHERE alert_id = $1 AND published_at IS NULL";
 
-/// Insert or update one step: `$1` order, `$2` index, `$3` name, `$4` status, `$5` key,
-/// `$6` detail, `$7` epoch, `$8` time. Each start counts as an attempt.
-pub(crate) const UPSERT_STEP: &str = concat!(
-    "INSERT INTO order_steps \
-     (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 'Started' THEN 1 ELSE 0 END, $6, $7, $8) \
-     ON CONFLICT (order_id, step_index) DO UPDATE SET \
-     name = excluded.name, status = excluded.status, \
-     attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
-     epoch = excluded.epoch, updated_at = excluded.updated_at \
-     RETURNING ",
-    step_columns!()
-);
-
 /// A heartbeat: the deadline moves to `$4` (never backwards).
 pub(crate) const EXTEND: &str = concat!(
     "UPDATE order_state SET \

@@ -486,6 +486,43 @@ pub async fn submit_many_records_a_batch_and_judges_each_order_alone(ctx: &Ctx) 
         b.details,
         "the conflict changed nothing"
     );
+    // The same id twice in one batch: the first row is the order, the second a repeat
+    // (same details) or a conflict (other details), exactly as one by one.
+    let (d, e) = (crate::builders::order(5), crate::builders::order(6));
+    let mut e_other = e.clone();
+    e_other.details = crate::builders::details(98);
+    let third = store
+        .submit_many(
+            &[sub(d.clone()), sub(d.clone()), sub(e.clone()), sub(e_other)],
+            &crate::builders::submitter(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            third[..],
+            [
+                Ok(SubmitOutcome::Accepted),
+                Ok(SubmitOutcome::Duplicate),
+                Ok(SubmitOutcome::Accepted),
+                Err(Error::OrderIdConflict(_))
+            ]
+        ),
+        "{third:?}"
+    );
+    for o in [&d, &e] {
+        let view = store.get(&o.order_id).await.unwrap();
+        assert_eq!(view.details, o.details, "the first row's details are kept");
+        assert_eq!(
+            view.history
+                .iter()
+                .filter(|h| h.kind == HistoryKind::Submitted)
+                .count(),
+            1
+        );
+    }
+    let counts = store.count_by_state().await.unwrap();
+    assert!(counts.contains(&(ProcessState::Pending, 5)), "{counts:?}");
 }
 
 /// `owned` lists the fences of exactly the Processing orders an owner holds, and

@@ -20,7 +20,9 @@ use orderly_core::{Fence, Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::driver::{Driver, List, MessageRow, Param, Q, Query, Rescue, StepRow, Touch, q};
+use crate::driver::{
+    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, StepRow, Touch, q,
+};
 use crate::error::{corrupt, db};
 use crate::migrate;
 use crate::queue::Wakeups;
@@ -366,6 +368,34 @@ impl Driver for PgDriver {
             .await
             .map_err(db)?;
         Ok(())
+    }
+
+    async fn insert_orders(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        actor: &str,
+        orders: &[NewOrderRow<'_>],
+    ) -> Result<HashSet<String>> {
+        sqlx::query(sql::INSERT_ORDERS)
+            .persistent(false)
+            .bind(Ts(now))
+            .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
+            .bind(
+                orders
+                    .iter()
+                    .map(|o| o.details.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(orders.iter().map(|o| o.reply_to).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.workflow).collect::<Vec<_>>())
+            .bind(actor)
+            .bind(HistoryKind::Submitted.as_str())
+            .fetch_all(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect()
     }
 
     async fn rescue(

@@ -221,3 +221,23 @@ pub(crate) const RECOVER: &str = "WITH recovered AS ( \
         INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch, reason) \
         SELECT order_id, $1, $2, kind, 'Processing', state, lock_epoch, reason FROM recovered) \
     SELECT order_id FROM recovered";
+
+/// Many new orders at `$1`: `$2` ids, `$3` details, `$4` reply queues, `$5` workflows,
+/// in batch order; each new id gets its details, its Pending state row (from its first
+/// row in the batch) and a Submitted history entry by `$6` (`$7` the kind). Returns
+/// the ids inserted.
+pub(crate) const INSERT_ORDERS: &str = "WITH u AS ( \
+        SELECT DISTINCT ON (id) id, details, reply_to, workflow, n \
+        FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
+            AS x(id, details, reply_to, workflow, n) \
+        ORDER BY id, n), \
+    o AS (INSERT INTO orders (order_id, details, created_at) \
+        SELECT id, details::json, $1 FROM u ORDER BY n \
+        ON CONFLICT (order_id) DO NOTHING RETURNING order_id), \
+    s AS (INSERT INTO order_state \
+        (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
+        SELECT u.id, 'Pending', $1, u.reply_to, u.workflow, $1, $1 \
+        FROM u JOIN o ON o.order_id = u.id), \
+    h AS (INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
+        SELECT u.id, $1, $6, $7, NULL, 'Pending', 0 FROM u JOIN o ON o.order_id = u.id ORDER BY u.n) \
+    SELECT order_id FROM o";

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
 use orderly_core::transport::QueueName;
 use orderly_core::{Fence, Result, TimeSource};
@@ -26,7 +27,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use crate::driver::{Driver, List, MessageRow, Param, Q, Query, Rescue, StepRow, Touch, q};
+use crate::driver::{
+    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, StepRow, Touch, q,
+};
 use crate::error::{corrupt, db};
 use crate::migrate;
 use crate::queue::Wakeups;
@@ -206,6 +209,17 @@ impl SqlStore<SqliteDriver> {
     pub fn pool(&self) -> &SqlitePool {
         &self.driver.pool
     }
+}
+
+/// Bytes as lowercase hex, for `unhex()` inside a JSON batch.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    out
 }
 
 /// Binds a list as a JSON array.
@@ -415,8 +429,7 @@ impl Driver for SqliteDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
-        let mut touched = HashSet::with_capacity(touches.len());
-        for t in touches {
+        if let [t] = touches {
             let row = q(sql::TOUCH_STEP)
                 .bind(t.fence.order_id.as_str())
                 .bind(t.fence.owner.as_str())
@@ -429,11 +442,34 @@ impl Driver for SqliteDriver {
                 .fetch_optional::<Self>(conn)
                 .await
                 .map_err(db)?;
-            if row.is_some() {
-                touched.insert(t.fence.order_id.as_str().to_owned());
-            }
+            return Ok(row
+                .map(|_| t.fence.order_id.as_str().to_owned())
+                .into_iter()
+                .collect());
         }
-        Ok(touched)
+        let batch: Vec<serde_json::Value> = touches
+            .iter()
+            .map(|t| {
+                serde_json::json!([
+                    t.fence.order_id.as_str(),
+                    t.fence.owner.as_str(),
+                    t.fence.epoch.0,
+                    t.expect,
+                    t.new_step,
+                    t.failed,
+                    t.error.as_deref()
+                ])
+            })
+            .collect();
+        q(sql::TOUCH_STEPS)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(batch).to_string())
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect()
     }
 
     async fn write_steps(
@@ -441,34 +477,110 @@ impl Driver for SqliteDriver {
         now: DateTime<Utc>,
         rows: &[StepRow<'_>],
     ) -> Result<()> {
-        for r in rows {
-            q(st::UPSERT_STEP)
-                .bind(r.fence.order_id.as_str())
-                .bind(r.index)
-                .bind(r.name)
-                .bind(r.status)
-                .bind(r.idempotency_key)
-                .bind(r.detail.as_deref())
-                .bind(r.fence.epoch.0)
-                .bind(Ts(now))
-                .execute::<Self>(conn)
-                .await
-                .map_err(db)?;
-            q(st::INSERT_HISTORY)
-                .bind(r.fence.order_id.as_str())
-                .bind(Ts(now))
-                .bind(r.fence.owner.as_str())
-                .bind(r.kind)
-                .bind(Some("Processing"))
-                .bind("Processing")
-                .bind(r.fence.epoch.0)
-                .bind(Some(r.index))
-                .bind(r.detail.as_deref())
-                .execute::<Self>(conn)
-                .await
-                .map_err(db)?;
-        }
+        let steps: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!([
+                    r.fence.order_id.as_str(),
+                    r.index,
+                    r.name,
+                    r.status,
+                    r.idempotency_key,
+                    r.detail.as_deref(),
+                    r.fence.epoch.0
+                ])
+            })
+            .collect();
+        q(sql::UPSERT_STEPS)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(steps).to_string())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
+        let history: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!([
+                    r.fence.order_id.as_str(),
+                    r.fence.owner.as_str(),
+                    r.kind,
+                    "Processing",
+                    "Processing",
+                    r.fence.epoch.0,
+                    r.index,
+                    r.detail.as_deref()
+                ])
+            })
+            .collect();
+        q(sql::INSERT_HISTORIES)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(history).to_string())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
         Ok(())
+    }
+
+    async fn insert_orders(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        actor: &str,
+        orders: &[NewOrderRow<'_>],
+    ) -> Result<HashSet<String>> {
+        let batch: Vec<serde_json::Value> = orders
+            .iter()
+            .map(|o| serde_json::json!([o.order_id, o.details]))
+            .collect();
+        let inserted = q(sql::INSERT_ORDERS)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(batch).to_string())
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect::<Result<HashSet<String>>>()?;
+        if inserted.is_empty() {
+            return Ok(inserted);
+        }
+        // Each inserted id once, as its first row in the batch carried it.
+        let mut first = HashSet::with_capacity(inserted.len());
+        let new: Vec<&NewOrderRow<'_>> = orders
+            .iter()
+            .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
+            .collect();
+        let states: Vec<serde_json::Value> = new
+            .iter()
+            .map(|o| serde_json::json!([o.order_id, o.reply_to, o.workflow]))
+            .collect();
+        q(sql::INSERT_STATES)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(states).to_string())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
+        let history: Vec<serde_json::Value> = new
+            .iter()
+            .map(|o| {
+                serde_json::json!([
+                    o.order_id,
+                    actor,
+                    HistoryKind::Submitted.as_str(),
+                    None::<&str>,
+                    "Pending",
+                    0,
+                    None::<i32>,
+                    None::<&str>
+                ])
+            })
+            .collect();
+        q(sql::INSERT_HISTORIES)
+            .bind(Ts(now))
+            .bind(serde_json::Value::Array(history).to_string())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
+        Ok(inserted)
     }
 
     async fn rescue(
@@ -513,7 +625,8 @@ impl Driver for SqliteDriver {
         Ok(applied)
     }
 
-    /// Row by row: SQLite statements are in-process calls, the commit is what costs.
+    /// One statement for the duplicate check and one for the inserts, whatever the
+    /// batch's size: each statement is a round trip to the connection's thread.
     async fn insert_messages(
         conn: &mut SqliteConnection,
         now: Ts,
@@ -521,33 +634,53 @@ impl Driver for SqliteDriver {
         dedup_until: Option<Ts>,
         rows: &[MessageRow<'_>],
     ) -> Result<usize, sqlx::Error> {
-        let mut accepted = 0;
-        for row in rows {
-            if let Some(until) = dedup_until {
-                let fresh = q(crate::queue::Q_DEDUP)
+        let fresh: Option<HashSet<String>> = match dedup_until {
+            Some(until) => {
+                let ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
+                let fresh = q(sql::Q_DEDUP_MANY)
                     .bind(queue.as_str())
-                    .bind(row.message_id)
                     .bind(until)
                     .bind(now)
-                    .fetch_optional::<Self>(conn)
-                    .await?;
-                if fresh.is_none() {
-                    continue;
-                }
+                    .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
+                    .fetch_all::<Self>(conn)
+                    .await?
+                    .iter()
+                    .map(|r| sqlx::Row::try_get::<String, _>(r, "message_id"))
+                    .collect::<Result<HashSet<String>, sqlx::Error>>()?;
+                Some(fresh)
             }
-            q(crate::queue::Q_INSERT)
-                .bind(queue.as_str())
-                .bind(row.message_id)
-                .bind(row.correlation_id)
-                .bind(row.properties.as_str())
-                .bind(row.body)
-                .bind(now)
-                .bind(row.visible_at)
-                .execute::<Self>(conn)
-                .await?;
-            accepted += 1;
+            None => None,
+        };
+        // A message id seen for the first time is taken once, as its first row.
+        let mut taken = HashSet::new();
+        let accepted: Vec<serde_json::Value> = rows
+            .iter()
+            .filter(|r| {
+                fresh
+                    .as_ref()
+                    .is_none_or(|f| f.contains(r.message_id) && taken.insert(r.message_id))
+            })
+            .map(|r| {
+                serde_json::json!([
+                    r.message_id,
+                    r.correlation_id,
+                    r.properties.as_str(),
+                    hex(r.body),
+                    r.visible_at.to_text()
+                ])
+            })
+            .collect();
+        if accepted.is_empty() {
+            return Ok(0);
         }
-        Ok(accepted)
+        let n = accepted.len();
+        q(sql::Q_INSERT_MANY)
+            .bind(queue.as_str())
+            .bind(now)
+            .bind(serde_json::Value::Array(accepted).to_string())
+            .execute::<Self>(conn)
+            .await?;
+        Ok(n)
     }
 
     /// Receivers in this process are woken after the commit; other processes poll.

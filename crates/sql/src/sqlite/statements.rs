@@ -153,3 +153,69 @@ pub(crate) const TOUCH_STEP: &str = "UPDATE order_state SET \
     WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
     AND process_state = 'Processing' AND complete_by > $5 AND ($4 < 0 OR current_step = $4) \
     RETURNING order_id";
+
+// Batches arrive as one JSON array bound to one parameter, each element an array of
+// the row's values, so a batch costs one statement however large it is: every
+// statement is a round trip to the connection's worker thread.
+
+/// Many step touches: `$1` now, `$2` JSON array of
+/// `[order_id, owner, epoch, expect, new_step, failed, error]` (distinct orders).
+pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state SET \
+    current_step = CASE WHEN w.new_step > order_state.current_step THEN w.new_step \
+        ELSE order_state.current_step END, \
+    last_error = CASE WHEN w.failed THEN w.err ELSE order_state.last_error END, \
+    updated_at = $1 \
+    FROM (SELECT value ->> 0 AS order_id, value ->> 1 AS owner, value ->> 2 AS epoch, \
+          value ->> 3 AS expect, value ->> 4 AS new_step, value ->> 5 AS failed, \
+          value ->> 6 AS err FROM json_each($2)) AS w \
+    WHERE order_state.order_id = w.order_id AND order_state.locked_by = w.owner \
+    AND order_state.lock_epoch = w.epoch AND +order_state.process_state = 'Processing' \
+    AND order_state.complete_by > $1 \
+    AND (w.expect < 0 OR order_state.current_step = w.expect) \
+    RETURNING order_state.order_id";
+
+/// Many step records: `$1` now, `$2` JSON array of
+/// `[order_id, index, name, status, idempotency_key, detail, epoch]`, applied in order.
+pub(crate) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
+    (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+        CASE WHEN value ->> 3 = 'Started' THEN 1 ELSE 0 END, value ->> 5, value ->> 6, $1 \
+    FROM json_each($2) WHERE true ORDER BY key \
+    ON CONFLICT (order_id, step_index) DO UPDATE SET \
+    name = excluded.name, status = excluded.status, \
+    attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
+    epoch = excluded.epoch, updated_at = excluded.updated_at";
+
+/// Many history entries at `$1`: `$2` JSON array of
+/// `[order_id, actor, kind, from_state, to_state, epoch, step, reason]`, in order.
+pub(crate) const INSERT_HISTORIES: &str = "INSERT INTO order_history \
+    (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+    SELECT value ->> 0, $1, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+        value ->> 5, value ->> 6, value ->> 7 \
+    FROM json_each($2) ORDER BY key";
+
+/// Many new orders at `$1`: `$2` JSON array of `[order_id, details]`; returns the
+/// ids inserted (a repeated id, here or already stored, is not).
+pub(crate) const INSERT_ORDERS: &str = "INSERT INTO orders (order_id, details, created_at) \
+    SELECT value ->> 0, value ->> 1, $1 FROM json_each($2) WHERE true ORDER BY key \
+    ON CONFLICT (order_id) DO NOTHING RETURNING order_id";
+
+/// The Pending state rows of new orders at `$1`: `$2` JSON array of
+/// `[order_id, reply_to, workflow]`.
+pub(crate) const INSERT_STATES: &str = "INSERT INTO order_state \
+    (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
+    SELECT value ->> 0, 'Pending', $1, value ->> 1, value ->> 2, $1, $1 FROM json_each($2)";
+
+/// Records many message ids of queue `$1` as seen until `$2`, unless seen and not
+/// expired at `$3`: `$4` JSON array of ids. Returns the ids that are new.
+pub(crate) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
+    SELECT $1, value, $2 FROM json_each($4) WHERE true ORDER BY key \
+    ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+    WHERE queue_dedup.expires_at <= $3 RETURNING message_id";
+
+/// Many messages on queue `$1` enqueued at `$2`: `$3` JSON array of
+/// `[message_id, correlation_id, properties, body as hex, visible_at]`, in order.
+pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
+    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+    SELECT $1, value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), $2, value ->> 4 \
+    FROM json_each($3) ORDER BY key";

@@ -1,5 +1,7 @@
 //! Intake: a new order becomes Pending (`Submitted`), once.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
@@ -8,7 +10,7 @@ use orderly_core::transport::Envelope;
 use orderly_core::{Actor, Error, ProcessState, Result};
 
 use super::{Event, SqlStore};
-use crate::driver::{Driver, q};
+use crate::driver::{Driver, NewOrderRow, q};
 use crate::error::db;
 use crate::statements as st;
 use crate::time::Ts;
@@ -91,22 +93,48 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
         }
         self.driver.stats().batch("submit", batch.len());
         let (mut tx, now) = self.begin().await?;
+        let checked: Vec<Result<()>> = batch
+            .iter()
+            .map(|s| s.order.validate().map_err(Error::from))
+            .collect();
+        let rows: Vec<NewOrderRow<'_>> = batch
+            .iter()
+            .zip(&checked)
+            .filter(|(_, ok)| ok.is_ok())
+            .map(|(s, _)| NewOrderRow {
+                order_id: s.order.order_id.as_str(),
+                details: s.order.details.to_json(),
+                reply_to: s.order.reply_to.as_deref(),
+                workflow: s.order.workflow.as_deref(),
+            })
+            .collect();
+        let inserted = if rows.is_empty() {
+            HashSet::new()
+        } else {
+            D::insert_orders(&mut tx, now, actor.as_str(), &rows).await?
+        };
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut sends = Vec::new();
-        for s in batch {
-            if let Err(invalid) = s.order.validate() {
-                outcomes.push(Err(invalid.into()));
+        // An id inserted now is Accepted once, for its first row; any other row with
+        // an id already stored is a repeat or a conflict, as one by one.
+        let mut taken = HashSet::with_capacity(inserted.len());
+        for (s, ok) in batch.iter().zip(checked) {
+            if let Err(invalid) = ok {
+                outcomes.push(Err(invalid));
                 continue;
             }
-            let outcome = match Self::insert_order(&mut tx, &s.order, actor, now).await {
-                Err(e @ Error::OrderIdConflict(_)) => Err(e),
-                Err(e) => return Err(e),
-                Ok(o) => Ok(o),
-            };
-            if matches!(outcome, Ok(SubmitOutcome::Accepted)) {
+            let id = s.order.order_id.as_str();
+            if inserted.contains(id) && taken.insert(id) {
                 sends.extend(s.sends.iter().cloned());
+                outcomes.push(Ok(SubmitOutcome::Accepted));
+                continue;
             }
-            outcomes.push(outcome);
+            let stored = Self::fetch_details(&mut tx, &s.order.order_id).await?;
+            outcomes.push(if stored == s.order.details {
+                Ok(SubmitOutcome::Duplicate)
+            } else {
+                Err(Error::OrderIdConflict(s.order.order_id.clone()))
+            });
         }
         self.commit_with(tx, now, &sends).await?;
         Ok(outcomes)
