@@ -55,14 +55,14 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Defaults: 64 requests at once, batches of 32, 200 ms idle wait, 20 ms reply
+    /// Defaults: 256 requests at once per queue, batches of 256, 200 ms idle wait, 20 ms reply
     /// margin, lock renewal every 10 s.
     pub fn new(instance: InstanceId, queues: Vec<QueueName>) -> Self {
         Self {
             instance,
             queues,
             concurrency: 256,
-            receive_batch: 64,
+            receive_batch: 256,
             idle_wait: Duration::from_millis(200),
             reply_margin: Duration::from_millis(20),
             lock_renewal: Duration::from_secs(10),

@@ -39,6 +39,9 @@ struct Args {
     /// Requests worked on at once, per queue (each queue, one remote service, has its own).
     #[arg(long, env = "ORDERLY_AGENT_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: u64,
+    /// Most requests received from a queue at once.
+    #[arg(long, env = "ORDERLY_AGENT_RECEIVE_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    receive_batch: u32,
 }
 
 #[tokio::main]
@@ -71,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
     .context("cannot build the HTTP client")?;
     let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
+    cfg.receive_batch = args.receive_batch;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-agent") {
         return Ok(());

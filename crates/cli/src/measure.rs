@@ -15,6 +15,7 @@ pub struct Meter {
     own_cpu: Option<Duration>,
     pg_cpu: Option<Duration>,
     server_commits: Option<i64>,
+    started: std::time::Instant,
 }
 
 /// What one phase cost.
@@ -22,6 +23,8 @@ pub struct Meter {
 pub struct Cost {
     /// Orders the phase finished.
     pub orders: usize,
+    /// How long the phase took.
+    pub elapsed: Duration,
     /// The store's counters over the phase.
     pub store: StatsSnapshot,
     /// CPU time of this process (all its threads).
@@ -50,6 +53,7 @@ impl Meter {
             own_cpu: process_cpu("self"),
             pg_cpu: pg_url.and_then(|_| postgres_cpu()),
             server_commits,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -57,6 +61,7 @@ impl Meter {
     /// PostgreSQL the server's count is read after [`PG_STATS_SETTLE`] (and counts
     /// what the idle system committed meanwhile).
     pub async fn finish(self, orders: usize) -> Cost {
+        let elapsed = self.started.elapsed();
         let store = self.stats.snapshot().since(&self.store);
         let own_cpu = process_cpu("self")
             .zip(self.own_cpu)
@@ -79,6 +84,7 @@ impl Meter {
         };
         Cost {
             orders,
+            elapsed,
             store,
             own_cpu,
             pg_cpu,
@@ -96,6 +102,15 @@ impl Cost {
             per(self.store.writes as f64),
             self.store.writes
         );
+        if !self.store.write_held.is_zero() {
+            println!(
+                "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time), committing {:.1} s",
+                self.store.write_held.as_secs_f64(),
+                self.elapsed.as_secs_f64(),
+                100.0 * self.store.write_held.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9),
+                self.store.committing.as_secs_f64()
+            );
+        }
         if let Some(n) = self.server_commits {
             println!(
                 "server transactions  {:.2} per order ({n}, pg_stat_database.xact_commit, reads included)",

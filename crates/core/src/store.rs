@@ -512,6 +512,15 @@ pub trait SchedulerStore: Send + Sync {
     /// its epoch raised by one. No order is ever given to two claimers.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>>;
 
+    /// Waits until orders may have become claimable (submitted, released, sent back to
+    /// Pending) since `*seen`, a count it keeps up to date (start at 0), or until
+    /// `within` passes: a claimer that found nothing waits here instead of polling. A
+    /// store that cannot tell waits `within`.
+    async fn wait_claimable(&self, seen: &mut u64, within: Duration) {
+        let _ = seen;
+        tokio::time::sleep(within).await;
+    }
+
     /// [`SchedulerStore::claim`], and in the same transaction the write `plan` gives
     /// for each order claimed (its first step started and its request enqueued), so a
     /// claim and its first request commit together or not at all. Returns each order

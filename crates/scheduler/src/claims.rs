@@ -24,11 +24,17 @@ impl Scheduler {
     /// Claims one batch of due orders (fewer if it holds nearly its maximum) and sends
     /// each its next request.
     pub async fn claim_once(&self) -> orderly_core::Result<Pass> {
+        Ok(self.claim_pass().await?.0)
+    }
+
+    /// [`Self::claim_once`], and whether it held its maximum (so claimed nothing
+    /// whatever was waiting).
+    pub(crate) async fn claim_pass(&self) -> orderly_core::Result<(Pass, bool)> {
         let held = self.store.count_owned(&self.cfg.instance).await?;
         let room = i64::from(self.cfg.max_in_flight).saturating_sub(held);
         let limit = u32::try_from(room.min(i64::from(self.cfg.claim_batch))).unwrap_or(0);
         if limit == 0 {
-            return Ok(Pass::default());
+            return Ok((Pass::default(), true));
         }
         // Orders running forward get their first request in the claim's own
         // transaction; the rest (to be undone, or with every step done) after it.
@@ -57,7 +63,7 @@ impl Scheduler {
         let mut pass = self.advance_claimed(rest).await?;
         pass.claimed += started;
         pass.requests += started;
-        Ok(pass)
+        Ok((pass, false))
     }
 
     /// The write that starts an order's current step, telling the client's queue (if

@@ -48,8 +48,13 @@ pub struct SchedulerConfig {
     pub reply_batch: u32,
     /// An order's deadline after its claim (CompleteBy = claim time + this).
     pub processing_timeout: Duration,
-    /// How long an idle loop waits before looking again.
+    /// How long an idle loop waits before looking again (replies; claims while it
+    /// holds its maximum).
     pub idle_wait: Duration,
+    /// With nothing to claim, the longest it waits before looking again: submitted,
+    /// released and recovered orders wake it at once (across processes too on
+    /// PostgreSQL); this fallback finds orders whose retry back-off ended.
+    pub claim_poll: Duration,
     /// Most orders this instance holds at once; it claims no more until some finish.
     pub max_in_flight: u32,
     /// On shutdown: how long to keep applying replies to the orders it holds (claiming
@@ -60,9 +65,9 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// A configuration for `workflows` with the defaults: batches of 64 and 256, a
-    /// processing timeout of the longest total budget of its workflows, 50 ms idle
-    /// wait.
+    /// A configuration for `workflows` with the defaults: claims and replies in
+    /// batches of 256, a processing timeout of the longest total budget of its
+    /// workflows, 50 ms idle wait, a 250 ms fallback poll for claims.
     pub fn new(instance: InstanceId, workflows: Arc<Workflows>) -> Self {
         Self {
             instance,
@@ -70,9 +75,10 @@ impl SchedulerConfig {
             workflows,
             replies: QueueName::parse(orderly_core::messages::queues::REPLIES)
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
-            claim_batch: 64,
+            claim_batch: 256,
             reply_batch: 256,
             idle_wait: Duration::from_millis(50),
+            claim_poll: Duration::from_millis(250),
             max_in_flight: 1_000,
             shutdown_grace: Duration::from_secs(10),
             unserved_check: Duration::from_secs(30),
@@ -234,6 +240,7 @@ impl Scheduler {
                 let shutdown = shutdown.clone();
                 async move {
                     let mut backoff = Backoff::new();
+                    let mut seen = 0;
                     let mut next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
                     while !shutdown.is_cancelled() {
                         if tokio::time::Instant::now() >= next_check {
@@ -242,13 +249,20 @@ impl Scheduler {
                                 debug!(error = %e, "cannot count orders by workflow");
                             }
                         }
-                        match me.claim_once().await {
-                            Ok(p) if p.claimed > 0 => backoff.reset(),
-                            Ok(_) => {
+                        match me.claim_pass().await {
+                            Ok((p, _)) if p.claimed > 0 => backoff.reset(),
+                            Ok((_, full)) => {
                                 backoff.reset();
+                                let wait = async {
+                                    if full {
+                                        tokio::time::sleep(me.cfg.idle_wait).await;
+                                    } else {
+                                        me.store.wait_claimable(&mut seen, me.cfg.claim_poll).await;
+                                    }
+                                };
                                 tokio::select! {
                                     () = shutdown.cancelled() => {}
-                                    () = tokio::time::sleep(me.cfg.idle_wait) => {}
+                                    () = wait => {}
                                 }
                             }
                             Err(e) => {

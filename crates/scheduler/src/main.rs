@@ -25,8 +25,16 @@ struct Args {
     #[arg(long, env = "ORDERLY_PROCESSING_TIMEOUT_MS", value_parser = orderly_runtime::millis)]
     processing_timeout_ms: Option<Duration>,
     /// Most orders claimed at once.
-    #[arg(long, env = "ORDERLY_CLAIM_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, env = "ORDERLY_CLAIM_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     claim_batch: u32,
+    /// Most replies applied in one transaction.
+    #[arg(long, env = "ORDERLY_REPLY_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    reply_batch: u32,
+    /// With nothing to claim, the longest wait before looking again, in ms: new,
+    /// released and recovered orders wake it at once; this finds orders whose retry
+    /// back-off ended.
+    #[arg(long, env = "ORDERLY_CLAIM_POLL_MS", default_value = "250", value_parser = orderly_runtime::millis)]
+    claim_poll_ms: Duration,
     /// Most orders this instance holds at once.
     #[arg(long, env = "ORDERLY_MAX_IN_FLIGHT", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_in_flight: u32,
@@ -63,6 +71,8 @@ async fn main() -> anyhow::Result<()> {
     let backend = opened.backend.clone();
     let mut cfg = SchedulerConfig::new(instance.clone(), workflows);
     cfg.claim_batch = args.claim_batch;
+    cfg.reply_batch = args.reply_batch;
+    cfg.claim_poll = args.claim_poll_ms;
     cfg.max_in_flight = args.max_in_flight;
     cfg.shutdown_grace = args.shutdown_grace_ms;
     cfg.unserved_check = args.unserved_check_ms;

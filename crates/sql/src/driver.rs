@@ -556,8 +556,9 @@ pub(crate) trait Driver: Send + Sync + 'static {
         dedup_until: Option<Ts>,
         rows: &[MessageRow<'_>],
     ) -> Result<usize, sqlx::Error>;
-    /// Tells other processes, at commit, that `queue` has new messages.
-    async fn notify_sent(conn: &mut Self::Conn, queue: &QueueName) -> Result<(), sqlx::Error>;
+    /// Tells other processes, at commit, that `what` happened: a queue's name (it has
+    /// new messages) or [`crate::queue::CLAIMABLE`] (orders can be claimed).
+    async fn notify_sent(conn: &mut Self::Conn, what: &str) -> Result<(), sqlx::Error>;
     /// Starts, once, waking `wakeups` on other processes' sends (where the dialect can).
     fn start_listening(&self, wakeups: &Arc<Wakeups>);
 }

@@ -38,6 +38,9 @@ pub(crate) struct Wakeups {
     /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
     /// expired duplicate-detection rows (housekeeping, kept off most sends).
     pub sends: std::sync::atomic::AtomicU64,
+    /// Times orders became claimable ([`CLAIMABLE`] woken), so a scheduler that was
+    /// busy claiming when it happened does not wait for the next one.
+    pub claimable: std::sync::atomic::AtomicU64,
     /// Signalled after each commit that wrote to the outbox (a permit is kept when no
     /// relay waits, so a write during a relay pass is not missed).
     pub outbox: Notify,
@@ -54,6 +57,7 @@ impl Wakeups {
             poll,
             listening: false.into(),
             sends: 0.into(),
+            claimable: 0.into(),
             outbox: Notify::new(),
         }
     }
@@ -67,8 +71,13 @@ impl Wakeups {
         queues.entry(queue.to_owned()).or_default().clone()
     }
 
-    /// Wakes every receiver waiting on `queue`.
+    /// Wakes every receiver waiting on `queue` (or every scheduler waiting for
+    /// claimable orders, for [`CLAIMABLE`]).
     pub fn wake(&self, queue: &str) {
+        if queue == CLAIMABLE {
+            self.claimable
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         self.of(queue).notify_waiters();
     }
 
@@ -82,7 +91,12 @@ impl Wakeups {
     }
 }
 
-/// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue).
+/// The signal that orders became claimable (submitted, released, sent back to Pending):
+/// not a queue name (those cannot start with `#`).
+pub(crate) const CLAIMABLE: &str = "#claimable";
+
+/// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue, or
+/// [`CLAIMABLE`]).
 pub(crate) const CHANNEL: &str = "orderly_queue_sends";
 
 pub(crate) const Q_SETTINGS: &str =
@@ -252,7 +266,9 @@ impl<D: Driver> SqlStore<D> {
         outcome.duplicates += rows.len() - accepted;
         outcome.accepted += accepted;
         if outcome.accepted > 0 {
-            D::notify_sent(&mut *conn, queue).await.map_err(db)?;
+            D::notify_sent(&mut *conn, queue.as_str())
+                .await
+                .map_err(db)?;
         }
         Ok(outcome)
     }

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct Stats {
     writes: AtomicU64,
+    held_micros: AtomicU64,
+    commit_micros: AtomicU64,
     batches: Mutex<BTreeMap<String, Batches>>,
 }
 
@@ -43,6 +45,11 @@ impl Batches {
 pub struct StatsSnapshot {
     /// Write transactions begun (committed or not).
     pub writes: u64,
+    /// How long this handle held the database's write lock in all (SQLite only: its
+    /// writers take turns, so this is the share of time the one writer was busy).
+    pub write_held: std::time::Duration,
+    /// Of which committing (SQLite: writing and syncing the log).
+    pub committing: std::time::Duration,
     /// Batches by stage.
     pub batches: BTreeMap<String, Batches>,
 }
@@ -69,6 +76,8 @@ impl StatsSnapshot {
             .collect();
         StatsSnapshot {
             writes: self.writes - earlier.writes,
+            write_held: self.write_held.saturating_sub(earlier.write_held),
+            committing: self.committing.saturating_sub(earlier.committing),
             batches,
         }
     }
@@ -78,6 +87,18 @@ impl Stats {
     /// One write transaction begun.
     pub(crate) fn write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The write lock was held for `d`.
+    pub(crate) fn held(&self, d: std::time::Duration) {
+        self.held_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A commit took `d`.
+    pub(crate) fn committed(&self, d: std::time::Duration) {
+        self.commit_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// `stage` handed over `items` at once (empty batches are not counted).
@@ -103,6 +124,10 @@ impl Stats {
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             writes: self.writes.load(Ordering::Relaxed),
+            write_held: std::time::Duration::from_micros(self.held_micros.load(Ordering::Relaxed)),
+            committing: std::time::Duration::from_micros(
+                self.commit_micros.load(Ordering::Relaxed),
+            ),
             batches: self
                 .batches
                 .lock()

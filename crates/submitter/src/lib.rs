@@ -35,13 +35,13 @@ pub struct SubmitterConfig {
 }
 
 impl SubmitterConfig {
-    /// Defaults: the `orders` queue, batches of 64, 200 ms idle wait.
+    /// Defaults: the `orders` queue, batches of 256, 200 ms idle wait.
     pub fn new(instance: InstanceId) -> Self {
         Self {
             instance,
             orders: QueueName::parse(orderly_core::messages::queues::ORDERS)
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
-            batch: 64,
+            batch: 256,
             idle_wait: Duration::from_millis(200),
         }
     }

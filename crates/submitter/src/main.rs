@@ -17,6 +17,9 @@ struct Args {
     /// --http-listen is not loopback; a secret).
     #[arg(long, env = "ORDERLY_INTAKE_TOKEN", hide_env_values = true)]
     intake_token: Option<String>,
+    /// Most orders read from the orders queue and recorded in one transaction.
+    #[arg(long, env = "ORDERLY_SUBMIT_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    submit_batch: u32,
 }
 
 #[tokio::main]
@@ -25,7 +28,8 @@ async fn main() -> anyhow::Result<()> {
     let instance = args.common.instance("submitter")?;
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
-    let cfg = SubmitterConfig::new(instance.clone());
+    let mut cfg = SubmitterConfig::new(instance.clone());
+    cfg.batch = args.submit_batch;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     let intake_on = match (args.http_intake, args.common.http_listen) {
         (false, _) => None,

@@ -80,6 +80,7 @@ macro_rules! store_conformance {
             request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
             every_error_raises_one_alert_which_is_published_once,
             submit_many_records_a_batch_and_judges_each_order_alone,
+            a_waiting_claimer_is_woken_by_a_submit_and_a_release,
             owned_lists_what_an_owner_holds_and_release_hands_it_back,
             a_retry_after_compensation_is_a_fresh_run_under_the_next_generation,
             giving_up_undoes_the_steps_done_first,

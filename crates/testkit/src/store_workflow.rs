@@ -1,6 +1,7 @@
 //! Conformance cases for what the worker roles need of the store: batched step
 //! writes, resuming after a restart, compensation, cancel requests and alerts.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::history::HistoryKind;
@@ -523,6 +524,66 @@ pub async fn submit_many_records_a_batch_and_judges_each_order_alone(ctx: &Ctx) 
     }
     let counts = store.count_by_state().await.unwrap();
     assert!(counts.contains(&(ProcessState::Pending, 5)), "{counts:?}");
+}
+
+/// A claimer with nothing to claim waits for orders instead of polling: a submit, and
+/// a release back to Pending, through another handle (on PostgreSQL another pool, so
+/// the signal crosses connections as between processes) end its wait at once; and one
+/// that happened while it was busy ends the next wait at once, not after it.
+pub async fn a_waiting_claimer_is_woken_by_a_submit_and_a_release(ctx: &Ctx) {
+    let claimer = ctx.store().await;
+    let writer = ctx.store().await;
+    let long = Duration::from_secs(30);
+    // Prime: the first wait may start the cross-connection listener.
+    let mut seen = 0;
+    claimer
+        .wait_claimable(&mut seen, Duration::from_millis(300))
+        .await;
+    let wait = |store: Arc<dyn orderly_core::store::StateStore>, mut seen: u64| {
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            store.wait_claimable(&mut seen, long).await;
+            (started.elapsed(), seen)
+        })
+    };
+    let waiting = wait(claimer.clone(), seen);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    submit_n(&*writer, 1).await;
+    let (waited, seen_now) = waiting.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(20),
+        "woken by the submit, not the 30 s limit ({waited:?})"
+    );
+    assert_ne!(seen_now, seen, "the count moved");
+    let seen = seen_now;
+
+    let a = owner("a");
+    let held = claim_one(&*claimer, &a, MINUTE).await;
+    let waiting = wait(claimer.clone(), seen);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer.release(&held.fence, "handed back").await.unwrap();
+    let (waited, seen_now) = waiting.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(20),
+        "woken by the release ({waited:?})"
+    );
+    let seen = seen_now;
+
+    // Something that happened between two waits is not missed.
+    writer
+        .submit(
+            &crate::builders::order(7),
+            &crate::builders::submitter(),
+            &[],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (waited, _) = wait(claimer.clone(), seen).await.unwrap();
+    assert!(
+        waited < Duration::from_secs(20),
+        "a submit before the wait ends it at once ({waited:?})"
+    );
 }
 
 /// `owned` lists the fences of exactly the Processing orders an owner holds, and

@@ -483,10 +483,10 @@ impl Driver for PgDriver {
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.
-    async fn notify_sent(conn: &mut PgConnection, queue: &QueueName) -> Result<(), sqlx::Error> {
+    async fn notify_sent(conn: &mut PgConnection, what: &str) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(crate::queue::CHANNEL)
-            .bind(queue.as_str())
+            .bind(what)
             .execute(conn)
             .await
             .map(|_| ())

@@ -124,6 +124,19 @@ fn per_file<T>(registry: &Registry<T>, file: &str, make: impl FnOnce() -> T) -> 
 pub(crate) struct WriteTx {
     tx: Transaction<'static, Sqlite>,
     _turn: tokio::sync::OwnedMutexGuard<()>,
+    _held: Held,
+}
+
+/// Counts how long a write transaction held the turn (dropped after the turn).
+struct Held {
+    since: std::time::Instant,
+    stats: Arc<crate::stats::Stats>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.stats.held(self.since.elapsed());
+    }
 }
 
 impl Deref for WriteTx {
@@ -253,11 +266,22 @@ impl Driver for SqliteDriver {
         let turn = self.writer.clone().lock_owned().await;
         self.stats.write();
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-        Ok(WriteTx { tx, _turn: turn })
+        Ok(WriteTx {
+            tx,
+            _turn: turn,
+            _held: Held {
+                since: std::time::Instant::now(),
+                stats: self.stats.clone(),
+            },
+        })
     }
 
     async fn commit(tx: WriteTx) -> Result<(), sqlx::Error> {
-        tx.tx.commit().await
+        let started = std::time::Instant::now();
+        let stats = tx._held.stats.clone();
+        let done = tx.tx.commit().await;
+        stats.committed(started.elapsed());
+        done
     }
 
     async fn acquire(&self) -> Result<Self::Pooled> {
@@ -684,10 +708,7 @@ impl Driver for SqliteDriver {
     }
 
     /// Receivers in this process are woken after the commit; other processes poll.
-    async fn notify_sent(
-        _conn: &mut SqliteConnection,
-        _queue: &QueueName,
-    ) -> Result<(), sqlx::Error> {
+    async fn notify_sent(_conn: &mut SqliteConnection, _what: &str) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

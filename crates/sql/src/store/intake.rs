@@ -77,7 +77,7 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
         let (mut tx, now) = self.begin().await?;
         let outcome = Self::insert_order(&mut tx, order, actor, now).await?;
         if outcome == SubmitOutcome::Accepted {
-            self.commit_with(tx, now, sends).await?;
+            self.commit_claimable(tx, now, sends).await?;
         }
         Ok(outcome)
     }
@@ -136,7 +136,11 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
                 Err(Error::OrderIdConflict(s.order.order_id.clone()))
             });
         }
-        self.commit_with(tx, now, &sends).await?;
+        if inserted.is_empty() {
+            self.commit_with(tx, now, &sends).await?;
+        } else {
+            self.commit_claimable(tx, now, &sends).await?;
+        }
         Ok(outcomes)
     }
 }

@@ -186,6 +186,39 @@ impl<D: Driver> SqlStore<D> {
         Ok(())
     }
 
+    /// [`Self::commit_with`] for a transaction that made orders claimable: schedulers
+    /// of other processes hear of it at commit (PostgreSQL `NOTIFY`), this process's
+    /// right after it.
+    pub(crate) async fn commit_claimable(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        sends: &[Envelope],
+    ) -> Result<()> {
+        D::notify_sent(&mut tx, crate::queue::CLAIMABLE)
+            .await
+            .map_err(db)?;
+        self.commit_with(tx, now, sends).await?;
+        self.wakeups.wake(crate::queue::CLAIMABLE);
+        Ok(())
+    }
+
+    /// Waits until orders may have become claimable since `*seen` (a count this
+    /// updates), or `within` passes.
+    pub(crate) async fn wait_claimable_for(&self, seen: &mut u64, within: std::time::Duration) {
+        use std::sync::atomic::Ordering;
+        let signal = self.wakeups.of(crate::queue::CLAIMABLE);
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let now = self.wakeups.claimable.load(Ordering::Acquire);
+        if now == *seen {
+            self.driver.start_listening(&self.wakeups);
+            let _ = tokio::time::timeout(within, woken).await;
+        }
+        *seen = self.wakeups.claimable.load(Ordering::Acquire);
+    }
+
     /// Refuses the write unless `leader`'s term is the current one: the first statement
     /// of every leader's transaction.
     pub(crate) async fn check_leader(

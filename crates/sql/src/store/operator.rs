@@ -189,7 +189,11 @@ impl<D: Driver> SqlStore<D> {
                 })
                 .flatten();
             let Some(notice) = notice else {
-                self.commit_with(tx, now, sends).await?;
+                if moved.process_state == ProcessState::Pending {
+                    self.commit_claimable(tx, now, sends).await?;
+                } else {
+                    self.commit_with(tx, now, sends).await?;
+                }
                 return Ok(moved);
             };
             let mut all = sends.to_vec();

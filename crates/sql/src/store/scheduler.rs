@@ -66,7 +66,11 @@ impl<D: Driver> SqlStore<D> {
             ..Event::by_owner(fence, now, kind, target)
         };
         Self::append(&mut tx, event).await?;
-        self.commit_with(tx, now, sends).await
+        if target == ProcessState::Pending {
+            self.commit_claimable(tx, now, sends).await
+        } else {
+            self.commit_with(tx, now, sends).await
+        }
     }
 
     /// Completes a batch of distinct orders; refusals are explained after the commit.
@@ -138,6 +142,10 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         let claimed = self.driver.claim(request, timeout).await?;
         self.driver.stats().batch("claim", claimed.len());
         Ok(claimed)
+    }
+
+    async fn wait_claimable(&self, seen: &mut u64, within: std::time::Duration) {
+        self.wait_claimable_for(seen, within).await;
     }
 
     async fn claim_and_start(

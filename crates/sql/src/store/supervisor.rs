@@ -60,7 +60,14 @@ impl<D: Driver> SqlStore<D> {
         // An order that goes to Error raises its alert (the `order_state_raises_alert`
         // trigger), in this transaction.
         let applied = D::rescue(&mut tx, now, leader.holder.as_str(), &rescues).await?;
-        D::commit(tx).await.map_err(db)?;
+        if rescues
+            .iter()
+            .any(|r| r.state == orderly_core::ProcessState::Pending.as_str())
+        {
+            self.commit_claimable(tx, now, &[]).await?;
+        } else {
+            D::commit(tx).await.map_err(db)?;
+        }
         // Only what was applied (all of them: the rows are locked) is reported.
         Ok(decided
             .into_iter()
