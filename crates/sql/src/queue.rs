@@ -71,12 +71,15 @@ impl Wakeups {
         queues.entry(queue.to_owned()).or_default().clone()
     }
 
-    /// Wakes every receiver waiting on `queue` (or every scheduler waiting for
-    /// claimable orders, for [`CLAIMABLE`]).
+    /// Wakes every receiver waiting on `queue`; for [`CLAIMABLE`], one scheduler
+    /// waiting for orders (it claims a whole batch; the others are not woken to find
+    /// nothing, and any that was busy sees the count moved and looks again).
     pub fn wake(&self, queue: &str) {
         if queue == CLAIMABLE {
             self.claimable
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.of(queue).notify_one();
+            return;
         }
         self.of(queue).notify_waiters();
     }
