@@ -418,8 +418,6 @@ pub(crate) struct Rescue {
 /// `statements.rs` defines one of these, so both name the same statements.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// A new order's details: `$1` id, `$2` JSON, `$3` now; no row on a repeat.
-    pub insert_order: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now

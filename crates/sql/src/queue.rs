@@ -38,8 +38,10 @@ pub(crate) struct Wakeups {
     /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
     /// expired duplicate-detection rows (housekeeping, kept off most sends).
     pub sends: std::sync::atomic::AtomicU64,
-    /// Times orders became claimable ([`CLAIMABLE`] woken), so a scheduler that was
-    /// busy claiming when it happened does not wait for the next one.
+    /// Signalled when orders became claimable (one waiting scheduler is woken).
+    pub claims: Notify,
+    /// Times orders became claimable, so a scheduler that was busy claiming when it
+    /// happened does not wait for the next one.
     pub claimable: std::sync::atomic::AtomicU64,
     /// Signalled after each commit that wrote to the outbox (a permit is kept when no
     /// relay waits, so a write during a relay pass is not missed).
@@ -57,6 +59,7 @@ impl Wakeups {
             poll,
             listening: false.into(),
             sends: 0.into(),
+            claims: Notify::new(),
             claimable: 0.into(),
             outbox: Notify::new(),
         }
@@ -71,17 +74,27 @@ impl Wakeups {
         queues.entry(queue.to_owned()).or_default().clone()
     }
 
-    /// Wakes every receiver waiting on `queue`; for [`CLAIMABLE`], one scheduler
-    /// waiting for orders (it claims a whole batch; the others are not woken to find
-    /// nothing, and any that was busy sees the count moved and looks again).
+    /// Wakes every receiver waiting on `queue`.
     pub fn wake(&self, queue: &str) {
-        if queue == CLAIMABLE {
-            self.claimable
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            self.of(queue).notify_one();
-            return;
-        }
         self.of(queue).notify_waiters();
+    }
+
+    /// Orders became claimable: wakes one waiting scheduler (it claims a whole batch;
+    /// the others are not woken to find nothing, and one that was busy sees the count
+    /// moved and looks again).
+    pub fn wake_claimers(&self) {
+        self.claimable
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.claims.notify_one();
+    }
+
+    /// Another process's notification: a queue's name, or [`CLAIMABLE`].
+    pub fn heard(&self, payload: &str) {
+        if payload == CLAIMABLE {
+            self.wake_claimers();
+        } else {
+            self.wake(payload);
+        }
     }
 
     /// Wakes every waiting receiver (after a lost listener connection, say).
@@ -91,11 +104,12 @@ impl Wakeups {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.values().for_each(|n| n.notify_waiters());
+        self.claims.notify_waiters();
     }
 }
 
-/// The signal that orders became claimable (submitted, released, sent back to Pending):
-/// not a queue name (those cannot start with `#`).
+/// The notification that orders became claimable (submitted, released, sent back to
+/// Pending): not a queue name (those cannot start with `#`).
 pub(crate) const CLAIMABLE: &str = "#claimable";
 
 /// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue, or

@@ -15,11 +15,6 @@ pub(crate) const SELECT_STATE: &str = concat!(
     " FROM order_state WHERE order_id = $1"
 );
 
-/// A new order's state row: Pending, unlocked, due now.
-pub(crate) const INSERT_STATE: &str = "INSERT INTO order_state \
-    (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
-    VALUES ($1, 'Pending', $2, $3, $4, $2, $2)";
-
 /// One history entry.
 pub(crate) const INSERT_HISTORY: &str = "INSERT INTO order_history \
     (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \

@@ -509,7 +509,7 @@ impl Driver for PgDriver {
                         Ok(()) => loop {
                             match listener.recv().await {
                                 Ok(n) => match wakeups.upgrade() {
-                                    Some(w) => w.wake(n.payload()),
+                                    Some(w) => w.heard(n.payload()),
                                     None => return,
                                 },
                                 Err(e) => {

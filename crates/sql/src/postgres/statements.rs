@@ -7,7 +7,6 @@ use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in PostgreSQL.
 pub(crate) const SQL: Statements = Statements {
-    insert_order: INSERT_ORDER,
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
@@ -87,10 +86,6 @@ pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
     SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
     FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
         AS m(id, correlation, properties, body, visible)";
-
-/// A new order's details: `$1` id, `$2` JSON, `$3` now.
-pub(crate) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
-    VALUES ($1, $2::json, $3) ON CONFLICT (order_id) DO NOTHING";
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";

@@ -124,7 +124,7 @@ fn per_file<T>(registry: &Registry<T>, file: &str, make: impl FnOnce() -> T) -> 
 pub(crate) struct WriteTx {
     tx: Transaction<'static, Sqlite>,
     _turn: tokio::sync::OwnedMutexGuard<()>,
-    _held: Held,
+    held: Held,
 }
 
 /// Counts how long a write transaction held the turn (dropped after the turn).
@@ -224,6 +224,37 @@ impl SqlStore<SqliteDriver> {
     }
 }
 
+/// A batch as one JSON array with a row of values per item: bound to one parameter,
+/// the batch costs one statement (see `statements.rs`).
+fn rows_json<T>(
+    items: impl IntoIterator<Item = T>,
+    row: impl FnMut(T) -> serde_json::Value,
+) -> String {
+    serde_json::Value::Array(items.into_iter().map(row).collect()).to_string()
+}
+
+/// Runs a batch statement taking `$1` now and `$2` the batch; the rows it returns.
+async fn run_batch(
+    conn: &mut SqliteConnection,
+    statement: &'static str,
+    now: DateTime<Utc>,
+    batch: String,
+) -> Result<Vec<SqliteRow>> {
+    q(statement)
+        .bind(Ts(now))
+        .bind(batch)
+        .fetch_all::<SqliteDriver>(conn)
+        .await
+        .map_err(db)
+}
+
+/// The `order_id` of each row.
+fn order_ids(rows: &[SqliteRow]) -> Result<HashSet<String>> {
+    rows.iter()
+        .map(|r| Cols(r).get::<String>("order_id"))
+        .collect()
+}
+
 /// Bytes as lowercase hex, for `unhex()` inside a JSON batch.
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -269,7 +300,7 @@ impl Driver for SqliteDriver {
         Ok(WriteTx {
             tx,
             _turn: turn,
-            _held: Held {
+            held: Held {
                 since: std::time::Instant::now(),
                 stats: self.stats.clone(),
             },
@@ -278,7 +309,7 @@ impl Driver for SqliteDriver {
 
     async fn commit(tx: WriteTx) -> Result<(), sqlx::Error> {
         let started = std::time::Instant::now();
-        let stats = tx._held.stats.clone();
+        let stats = tx.held.stats.clone();
         let done = tx.tx.commit().await;
         stats.committed(started.elapsed());
         done
@@ -412,20 +443,18 @@ impl Driver for SqliteDriver {
         fences: &[&Fence],
     ) -> Result<HashSet<String>> {
         let json = |fences: &mut dyn Iterator<Item = &&Fence>| {
-            let triples: Vec<_> = fences
-                .map(|f| serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0]))
-                .collect();
-            serde_json::Value::Array(triples).to_string()
+            rows_json(fences, |f| {
+                serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0])
+            })
         };
-        let done = q(sql::COMPLETE)
-            .bind(json(&mut fences.iter()))
-            .bind(Ts(now))
-            .fetch_all::<Self>(conn)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect::<Result<HashSet<String>>>()?;
+        let done = order_ids(
+            &q(sql::COMPLETE)
+                .bind(json(&mut fences.iter()))
+                .bind(Ts(now))
+                .fetch_all::<Self>(conn)
+                .await
+                .map_err(db)?,
+        )?;
         if !done.is_empty() {
             q(sql::COMPLETED_HISTORY)
                 .bind(json(
@@ -453,47 +482,18 @@ impl Driver for SqliteDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
-        if let [t] = touches {
-            let row = q(sql::TOUCH_STEP)
-                .bind(t.fence.order_id.as_str())
-                .bind(t.fence.owner.as_str())
-                .bind(t.fence.epoch.0)
-                .bind(t.expect)
-                .bind(Ts(now))
-                .bind(t.new_step)
-                .bind(t.failed)
-                .bind(t.error.as_deref())
-                .fetch_optional::<Self>(conn)
-                .await
-                .map_err(db)?;
-            return Ok(row
-                .map(|_| t.fence.order_id.as_str().to_owned())
-                .into_iter()
-                .collect());
-        }
-        let batch: Vec<serde_json::Value> = touches
-            .iter()
-            .map(|t| {
-                serde_json::json!([
-                    t.fence.order_id.as_str(),
-                    t.fence.owner.as_str(),
-                    t.fence.epoch.0,
-                    t.expect,
-                    t.new_step,
-                    t.failed,
-                    t.error.as_deref()
-                ])
-            })
-            .collect();
-        q(sql::TOUCH_STEPS)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(batch).to_string())
-            .fetch_all::<Self>(conn)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect()
+        let batch = rows_json(touches, |t| {
+            serde_json::json!([
+                t.fence.order_id.as_str(),
+                t.fence.owner.as_str(),
+                t.fence.epoch.0,
+                t.expect,
+                t.new_step,
+                t.failed,
+                t.error.as_deref()
+            ])
+        });
+        order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
     }
 
     async fn write_steps(
@@ -501,47 +501,31 @@ impl Driver for SqliteDriver {
         now: DateTime<Utc>,
         rows: &[StepRow<'_>],
     ) -> Result<()> {
-        let steps: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                serde_json::json!([
-                    r.fence.order_id.as_str(),
-                    r.index,
-                    r.name,
-                    r.status,
-                    r.idempotency_key,
-                    r.detail.as_deref(),
-                    r.fence.epoch.0
-                ])
-            })
-            .collect();
-        q(sql::UPSERT_STEPS)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(steps).to_string())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
-        let history: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                serde_json::json!([
-                    r.fence.order_id.as_str(),
-                    r.fence.owner.as_str(),
-                    r.kind,
-                    "Processing",
-                    "Processing",
-                    r.fence.epoch.0,
-                    r.index,
-                    r.detail.as_deref()
-                ])
-            })
-            .collect();
-        q(sql::INSERT_HISTORIES)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(history).to_string())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
+        let steps = rows_json(rows, |r| {
+            serde_json::json!([
+                r.fence.order_id.as_str(),
+                r.index,
+                r.name,
+                r.status,
+                r.idempotency_key,
+                r.detail.as_deref(),
+                r.fence.epoch.0
+            ])
+        });
+        run_batch(conn, sql::UPSERT_STEPS, now, steps).await?;
+        let history = rows_json(rows, |r| {
+            serde_json::json!([
+                r.fence.order_id.as_str(),
+                r.fence.owner.as_str(),
+                r.kind,
+                "Processing",
+                "Processing",
+                r.fence.epoch.0,
+                r.index,
+                r.detail.as_deref()
+            ])
+        });
+        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
         Ok(())
     }
 
@@ -551,19 +535,8 @@ impl Driver for SqliteDriver {
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
-        let batch: Vec<serde_json::Value> = orders
-            .iter()
-            .map(|o| serde_json::json!([o.order_id, o.details]))
-            .collect();
-        let inserted = q(sql::INSERT_ORDERS)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(batch).to_string())
-            .fetch_all::<Self>(conn)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect::<Result<HashSet<String>>>()?;
+        let batch = rows_json(orders, |o| serde_json::json!([o.order_id, o.details]));
+        let inserted = order_ids(&run_batch(conn, sql::INSERT_ORDERS, now, batch).await?)?;
         if inserted.is_empty() {
             return Ok(inserted);
         }
@@ -573,37 +546,23 @@ impl Driver for SqliteDriver {
             .iter()
             .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
             .collect();
-        let states: Vec<serde_json::Value> = new
-            .iter()
-            .map(|o| serde_json::json!([o.order_id, o.reply_to, o.workflow]))
-            .collect();
-        q(sql::INSERT_STATES)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(states).to_string())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
-        let history: Vec<serde_json::Value> = new
-            .iter()
-            .map(|o| {
-                serde_json::json!([
-                    o.order_id,
-                    actor,
-                    HistoryKind::Submitted.as_str(),
-                    None::<&str>,
-                    "Pending",
-                    0,
-                    None::<i32>,
-                    None::<&str>
-                ])
-            })
-            .collect();
-        q(sql::INSERT_HISTORIES)
-            .bind(Ts(now))
-            .bind(serde_json::Value::Array(history).to_string())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
+        let states = rows_json(&new, |o| {
+            serde_json::json!([o.order_id, o.reply_to, o.workflow])
+        });
+        run_batch(conn, sql::INSERT_STATES, now, states).await?;
+        let history = rows_json(&new, |o| {
+            serde_json::json!([
+                o.order_id,
+                actor,
+                HistoryKind::Submitted.as_str(),
+                None::<&str>,
+                "Pending",
+                0,
+                None::<i32>,
+                None::<&str>
+            ])
+        });
+        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
         Ok(inserted)
     }
 
@@ -677,14 +636,21 @@ impl Driver for SqliteDriver {
         };
         // A message id seen for the first time is taken once, as its first row.
         let mut taken = HashSet::new();
-        let accepted: Vec<serde_json::Value> = rows
+        let accepted: Vec<&MessageRow<'_>> = rows
             .iter()
             .filter(|r| {
                 fresh
                     .as_ref()
                     .is_none_or(|f| f.contains(r.message_id) && taken.insert(r.message_id))
             })
-            .map(|r| {
+            .collect();
+        if accepted.is_empty() {
+            return Ok(0);
+        }
+        q(sql::Q_INSERT_MANY)
+            .bind(queue.as_str())
+            .bind(now)
+            .bind(rows_json(&accepted, |r| {
                 serde_json::json!([
                     r.message_id,
                     r.correlation_id,
@@ -692,19 +658,10 @@ impl Driver for SqliteDriver {
                     hex(r.body),
                     r.visible_at.to_text()
                 ])
-            })
-            .collect();
-        if accepted.is_empty() {
-            return Ok(0);
-        }
-        let n = accepted.len();
-        q(sql::Q_INSERT_MANY)
-            .bind(queue.as_str())
-            .bind(now)
-            .bind(serde_json::Value::Array(accepted).to_string())
+            }))
             .execute::<Self>(conn)
             .await?;
-        Ok(n)
+        Ok(accepted.len())
     }
 
     /// Receivers in this process are woken after the commit; other processes poll.

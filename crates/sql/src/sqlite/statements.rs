@@ -7,7 +7,6 @@ use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
-    insert_order: INSERT_ORDER,
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,
@@ -76,10 +75,6 @@ pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_unt
 pub(crate) const Q_DELETE_MANY: &str =
     "DELETE FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))";
 
-/// A new order's details: `$1` id, `$2` JSON, `$3` now.
-pub(crate) const INSERT_ORDER: &str = "INSERT INTO orders (order_id, details, created_at) \
-    VALUES ($1, $2, $3) ON CONFLICT (order_id) DO NOTHING";
-
 /// The details of order `$1`.
 pub(crate) const SELECT_DETAILS: &str = "SELECT details FROM orders WHERE order_id = $1";
 
@@ -144,16 +139,6 @@ pub(crate) const RECOVER: &str = "UPDATE order_state SET failure_count = $2, \
     next_attempt_at = coalesce($4, next_attempt_at), last_error = $5, updated_at = $6, \
     finish_as = $8 \
     WHERE order_id = $1 AND process_state = 'Processing' AND lock_epoch = $7 AND complete_by < $6";
-/// The fenced touch of one step write: `$1` order, `$2` owner, `$3` epoch, `$4` the
-/// step it must be at (-1: any), `$5` now, `$6` the step to move to (-1: none), `$7`
-/// whether a step failed, `$8` its error. Returns the order if touched.
-pub(crate) const TOUCH_STEP: &str = "UPDATE order_state SET \
-    current_step = CASE WHEN $6 > current_step THEN $6 ELSE current_step END, \
-    last_error = CASE WHEN $7 THEN $8 ELSE last_error END, \
-    updated_at = $5 \
-    WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
-    AND process_state = 'Processing' AND complete_by > $5 AND ($4 < 0 OR current_step = $4) \
-    RETURNING order_id";
 
 // Batches arrive as one JSON array bound to one parameter, each element an array of
 // the row's values, so a batch costs one statement however large it is: every

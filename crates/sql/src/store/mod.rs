@@ -199,7 +199,7 @@ impl<D: Driver> SqlStore<D> {
             .await
             .map_err(db)?;
         self.commit_with(tx, now, sends).await?;
-        self.wakeups.wake(crate::queue::CLAIMABLE);
+        self.wakeups.wake_claimers();
         Ok(())
     }
 
@@ -207,8 +207,7 @@ impl<D: Driver> SqlStore<D> {
     /// updates), or `within` passes.
     pub(crate) async fn wait_claimable_for(&self, seen: &mut u64, within: std::time::Duration) {
         use std::sync::atomic::Ordering;
-        let signal = self.wakeups.of(crate::queue::CLAIMABLE);
-        let woken = signal.notified();
+        let woken = self.wakeups.claims.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let now = self.wakeups.claimable.load(Ordering::Acquire);
