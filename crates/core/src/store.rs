@@ -20,7 +20,7 @@ use crate::id::{Actor, InstanceId, OrderId};
 use crate::order::OrderDetails;
 use crate::state::{Epoch, Fence, ProcessState, StateRow};
 use crate::step::{StepRecord, StepStatus};
-use crate::transport::Envelope;
+use crate::transport::{Envelope, ReceivedMessage};
 
 /// Longest reply-queue name accepted.
 pub const MAX_REPLY_TO_LEN: usize = 260;
@@ -79,6 +79,44 @@ pub struct Submission {
     pub order: NewOrder,
     /// Sent if, and only if, the order is new.
     pub sends: Vec<Envelope>,
+}
+
+/// A batch's outcomes, item by item, and whether each item's message was consumed:
+/// deleted from its queue in the batch's own transaction, so the state change and the
+/// end of the message that asked for it commit together (exactly once on a queue that
+/// lives in the store's database). A message not consumed is the caller's to settle.
+#[derive(Debug)]
+pub struct Consumed<T> {
+    /// Per item, as the batch call without messages returns them.
+    pub outcomes: Vec<T>,
+    /// Per item: its message is settled; the caller must not settle it again.
+    pub consumed: Vec<bool>,
+}
+
+impl<T> Consumed<T> {
+    /// Outcomes with no message consumed (a store that holds no queue).
+    pub fn none(outcomes: Vec<T>) -> Self {
+        Self {
+            consumed: vec![false; outcomes.len()],
+            outcomes,
+        }
+    }
+}
+
+/// Refuses a batch whose messages are not one per item.
+pub fn check_consuming(items: usize, messages: &[ReceivedMessage]) -> Result<()> {
+    if items == messages.len() {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "messages",
+            format!(
+                "one message per item: {items} items, {} messages",
+                messages.len()
+            ),
+        )
+        .into())
+    }
 }
 
 /// A scheduler's request for work.
@@ -502,6 +540,21 @@ pub trait IntakeStore: Send + Sync {
         batch: &[Submission],
         actor: &Actor,
     ) -> Result<Vec<Result<SubmitOutcome>>>;
+
+    /// [`IntakeStore::submit_many`] where `messages[i]` carried `batch[i]`: a store
+    /// whose database also holds the queue they came from deletes, in the same
+    /// transaction, the message of each order that was `Accepted` or a `Duplicate`
+    /// (still held by this delivery); the others, and all of them on a store that holds
+    /// no queue (the default), are the caller's to settle.
+    async fn submit_consuming(
+        &self,
+        batch: &[Submission],
+        actor: &Actor,
+        messages: &[ReceivedMessage],
+    ) -> Result<Consumed<Result<SubmitOutcome>>> {
+        check_consuming(batch.len(), messages)?;
+        Ok(Consumed::none(self.submit_many(batch, actor).await?))
+    }
 }
 
 /// Owning and advancing orders (the scheduler). Every write is fenced.
@@ -576,6 +629,21 @@ pub trait SchedulerStore: Send + Sync {
     /// step-guarded) on its own: the result says, write by write, whether it was
     /// applied or why it was refused (refused writes change nothing and send nothing).
     async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>>;
+
+    /// [`SchedulerStore::record_steps`] where `messages[i]` asked for `writes[i]` (the
+    /// agent's reply): a store whose database also holds the queue they came from
+    /// deletes, in the same transaction, the message of each write that was applied
+    /// or refused for good (a retryable refusal keeps its message); the others, and
+    /// all of them on a store that holds no queue (the default), are the caller's to
+    /// settle.
+    async fn record_steps_consuming(
+        &self,
+        writes: &[StepWrite],
+        messages: &[ReceivedMessage],
+    ) -> Result<Consumed<Result<()>>> {
+        check_consuming(writes.len(), messages)?;
+        Ok(Consumed::none(self.record_steps(writes).await?))
+    }
 
     /// Takes back, under a new epoch, the Processing orders still locked by `owner`
     /// whose deadline has not passed: what a scheduler restarting with the same

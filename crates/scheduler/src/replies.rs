@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, StatusNotice, StepKind, StepOutcome, StepReply};
-use orderly_core::store::{Completion, StepUpdate, StepWrite};
+use orderly_core::store::{Completion, Consumed, StepUpdate, StepWrite};
 use orderly_core::transport::{Envelope, ReceivedMessage, receive_json};
 use orderly_core::workflow::Workflow;
 use orderly_core::{Error, ProcessState, StepStatus};
@@ -88,6 +88,7 @@ impl Scheduler {
         // the rare paths after.
         let mut writes = Vec::new();
         let mut write_msgs = Vec::new();
+        let mut write_replies = Vec::new();
         let mut later = Vec::new();
         for (flow, reply, message) in forward {
             let span = self.reply_span(&reply, &message);
@@ -101,16 +102,21 @@ impl Scheduler {
             match (&reply.kind, &reply.outcome) {
                 (StepKind::Do, StepOutcome::Succeeded { detail }) => {
                     writes.push(self.step_succeeded(&flow, &reply, detail));
-                    write_msgs.push((flow.len(), reply, message, span.clone()));
+                    write_msgs.push(message);
+                    write_replies.push((flow.len(), reply, span.clone()));
                 }
                 _ => later.push((flow, reply, message, span.clone())),
             }
         }
-        let verdicts = if writes.is_empty() {
-            Vec::new()
+        // On the SQL queue the replies of recorded steps end in the same transaction.
+        let (verdicts, consumed) = if writes.is_empty() {
+            (Vec::new(), Vec::new())
         } else {
             let started = std::time::Instant::now();
-            let verdicts = self.store.record_steps(&writes).await;
+            let applied = self
+                .store
+                .record_steps_consuming(&writes, &write_msgs)
+                .await;
             metrics::histogram!("orderly_step_writes_seconds")
                 .record(started.elapsed().as_secs_f64());
             metrics::counter!("orderly_steps_succeeded_total").increment(writes.len() as u64);
@@ -119,16 +125,22 @@ impl Scheduler {
                 elapsed_us = started.elapsed().as_micros() as u64,
                 "step writes applied"
             );
-            match verdicts {
-                Ok(v) => v,
+            match applied {
+                Ok(Consumed { outcomes, consumed }) => (outcomes, consumed),
                 Err(e) if e.is_retryable() => {
-                    retry.extend(write_msgs.drain(..).map(|(_, _, m, _)| m));
-                    Vec::new()
+                    retry.append(&mut write_msgs);
+                    write_replies.clear();
+                    (Vec::new(), Vec::new())
                 }
                 Err(e) => return Err(e),
             }
         };
-        for ((steps, reply, message, span), verdict) in write_msgs.into_iter().zip(verdicts) {
+        for ((((steps, reply, span), message), verdict), consumed) in write_replies
+            .into_iter()
+            .zip(write_msgs)
+            .zip(verdicts)
+            .zip(consumed)
+        {
             let _entered = span.enter();
             match verdict {
                 Ok(()) => {
@@ -141,13 +153,17 @@ impl Scheduler {
                         metrics::counter!("orderly_orders_processed_total").increment(1);
                         debug!(order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, "order processed");
                     }
-                    settle.push(message);
+                    if !consumed {
+                        settle.push(message);
+                    }
                 }
                 Err(e) if e.is_retryable() => retry.push(message),
                 Err(e) => {
                     debug!(error = %e, "reply refused by the store: dropped");
                     pass.dropped += 1;
-                    settle.push(message);
+                    if !consumed {
+                        settle.push(message);
+                    }
                 }
             }
         }

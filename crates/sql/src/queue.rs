@@ -290,6 +290,39 @@ impl<D: Driver> SqlStore<D> {
         Ok(outcome)
     }
 
+    /// Deletes, inside the caller's transaction, those of `held` this database's queue
+    /// still holds for their delivery (same seq, same lock token, lock not expired);
+    /// returns the holds it ended. A verdict belongs to a hold, not to a message: a
+    /// stale hold on a message a fresh hold completed has still lost its lock, and a
+    /// message from another transport matches nothing.
+    pub(crate) async fn complete_held(
+        conn: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        held: &[&ReceivedMessage],
+    ) -> Result<std::collections::HashSet<(i64, String)>> {
+        if held.is_empty() {
+            return Ok(std::collections::HashSet::new());
+        }
+        q(D::SQL.q_complete_many)
+            .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
+            .bind(
+                held.iter()
+                    .map(|m| m.lock_token.0.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(Ts(now))
+            .fetch_all::<D>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
+            })
+            .collect::<orderly_core::Result<_>>()
+            .map_err(TransportError::from)
+    }
+
     /// Enqueues the messages a state change causes, inside its transaction.
     /// Returns the queues to wake once the transaction has committed.
     pub(crate) async fn enqueue_all(
@@ -552,38 +585,10 @@ impl<D: Driver> Transport for SqlStore<D> {
         self.driver.stats().batch("settle", consumed.len());
         let (mut tx, now) = self.begin().await?;
         let woken = self.enqueue_all(&mut tx, now, sends).await?;
-        let done: Vec<(i64, String)> = if consumed.is_empty() {
-            Vec::new()
-        } else {
-            q(D::SQL.q_complete_many)
-                .bind(
-                    consumed
-                        .iter()
-                        .map(|m| m.sequence_number)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    consumed
-                        .iter()
-                        .map(|m| m.lock_token.0.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(Ts(now))
-                .fetch_all::<D>(&mut tx)
-                .await
-                .map_err(db)?
-                .iter()
-                .map(|r| {
-                    let c = Cols(r);
-                    Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
-                })
-                .collect::<orderly_core::Result<Vec<_>>>()?
-        };
+        let held: Vec<&ReceivedMessage> = consumed.iter().collect();
+        let done = Self::complete_held(&mut tx, now, &held).await?;
         D::commit(tx).await.map_err(db)?;
         self.wake_queues(&woken);
-        // A verdict belongs to a hold (seq and token), not to a message: a stale
-        // hold on a message that a fresh hold completed has still lost its lock.
-        let done: std::collections::HashSet<(i64, String)> = done.into_iter().collect();
         Ok(consumed
             .iter()
             .map(|m| {

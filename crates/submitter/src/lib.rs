@@ -1,6 +1,7 @@
 //! The submitter role: reads order-submitted messages from the orders queue and, in
-//! one transaction each, records the order, its Pending state row, its first history
-//! entry and the `received` status notification. A repeated message is absorbed; a
+//! one transaction per batch, records each order, its Pending state row, its first
+//! history entry and the `received` status notification (on the SQL queue, the
+//! message's own end too). A repeated message is absorbed; a
 //! malformed or invalid one is dead-lettered with a reason naming the field; a store
 //! outage leaves the message to be delivered again. It never crashes on input.
 //!
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
-use orderly_core::store::{IntakeStore, Submission, SubmitOutcome};
+use orderly_core::store::{Consumed, IntakeStore, Submission, SubmitOutcome};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json};
 use orderly_core::{Actor, Error, InstanceId};
 use tokio_util::sync::CancellationToken;
@@ -129,14 +130,22 @@ impl Submitter {
         debug!(batch = valid.len(), "orders received");
         let (submissions, messages): (Vec<Submission>, Vec<ReceivedMessage>) =
             valid.into_iter().unzip();
-        match self.store.submit_many(&submissions, &actor).await {
-            Ok(outcomes) => {
-                for ((s, message), outcome) in submissions.iter().zip(messages).zip(outcomes) {
+        // On the SQL queue the messages of recorded orders end in the same transaction.
+        match self
+            .store
+            .submit_consuming(&submissions, &actor, &messages)
+            .await
+        {
+            Ok(Consumed { outcomes, consumed }) => {
+                for (((s, message), outcome), consumed) in
+                    submissions.iter().zip(messages).zip(outcomes).zip(consumed)
+                {
                     let span = self.submit_span(s, &message);
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
                         .instrument(span)
                         .await
+                        && !consumed
                     {
                         done.push(m);
                     }

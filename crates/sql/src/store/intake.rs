@@ -4,8 +4,10 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use orderly_core::store::{IntakeStore, NewOrder, Submission, SubmitOutcome};
-use orderly_core::transport::Envelope;
+use orderly_core::store::{
+    Consumed, IntakeStore, NewOrder, Submission, SubmitOutcome, check_consuming,
+};
+use orderly_core::transport::{Envelope, ReceivedMessage};
 use orderly_core::{Actor, Error, Result};
 
 use super::SqlStore;
@@ -93,8 +95,32 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
         batch: &[Submission],
         actor: &Actor,
     ) -> Result<Vec<Result<SubmitOutcome>>> {
+        Ok(self.submit_batch(batch, actor, None).await?.outcomes)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, batch = batch.len(), actor = %actor))]
+    async fn submit_consuming(
+        &self,
+        batch: &[Submission],
+        actor: &Actor,
+        messages: &[ReceivedMessage],
+    ) -> Result<Consumed<Result<SubmitOutcome>>> {
+        check_consuming(batch.len(), messages)?;
+        self.submit_batch(batch, actor, Some(messages)).await
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// A batch of submissions in one transaction, ending the deliveries of the
+    /// `messages` that carried them where the order was accepted or a duplicate.
+    async fn submit_batch(
+        &self,
+        batch: &[Submission],
+        actor: &Actor,
+        messages: Option<&[ReceivedMessage]>,
+    ) -> Result<Consumed<Result<SubmitOutcome>>> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Consumed::none(Vec::new()));
         }
         self.driver.stats().batch("submit", batch.len());
         let (mut tx, now) = self.begin().await?;
@@ -107,11 +133,22 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
             .filter(|(_, o)| accepted(o))
             .flat_map(|(s, _)| s.sends.iter().cloned())
             .collect();
+        let consumed = match messages {
+            None => vec![false; outcomes.len()],
+            Some(messages) => {
+                let settled: Vec<Option<&ReceivedMessage>> = messages
+                    .iter()
+                    .zip(&outcomes)
+                    .map(|(m, o)| o.is_ok().then_some(m))
+                    .collect();
+                self.consume(&mut tx, now, &settled).await?
+            }
+        };
         if !outcomes.iter().any(accepted) {
             self.commit_with(tx, now, &sends).await?;
         } else {
             self.commit_claimable(tx, now, &sends).await?;
         }
-        Ok(outcomes)
+        Ok(Consumed { outcomes, consumed })
     }
 }

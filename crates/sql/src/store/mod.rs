@@ -155,6 +155,31 @@ impl<D: Driver> SqlStore<D> {
         Ok((tx, now))
     }
 
+    /// Ends, inside the caller's transaction, the deliveries of the `messages` it is
+    /// given (`None`: an item whose message stays the caller's), when this store's
+    /// database is also its transport (its sends go to its own queue); returns, item
+    /// by item, whether its message was consumed. A message this queue does not hold
+    /// for that delivery (another transport's, or a lock lost) is not.
+    pub(crate) async fn consume(
+        &self,
+        conn: &mut D::Conn,
+        now: DateTime<Utc>,
+        messages: &[Option<&orderly_core::transport::ReceivedMessage>],
+    ) -> Result<Vec<bool>> {
+        if self.delivery != crate::Delivery::Queue || messages.iter().all(Option::is_none) {
+            return Ok(vec![false; messages.len()]);
+        }
+        let held: Vec<_> = messages.iter().flatten().copied().collect();
+        self.driver.stats().batch("consume", held.len());
+        let done = Self::complete_held(conn, now, &held)
+            .await
+            .map_err(|e| Error::Queue(Box::new(e)))?;
+        Ok(messages
+            .iter()
+            .map(|m| m.is_some_and(|m| done.contains(&(m.sequence_number, m.lock_token.0.clone()))))
+            .collect())
+    }
+
     /// Enqueues `sends` in the transaction, commits, then wakes their receivers: the
     /// state change and the messages it causes commit together or not at all.
     pub(crate) async fn commit_with(

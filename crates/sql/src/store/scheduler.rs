@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::step::StepRecord;
 use orderly_core::store::{
-    BatchOutcome, ClaimRequest, ClaimedOrder, Completion, SchedulerStore, StepUpdate, StepWrite,
-    WorkflowCount, bounded_text,
+    BatchOutcome, ClaimRequest, ClaimedOrder, Completion, Consumed, SchedulerStore, StepUpdate,
+    StepWrite, WorkflowCount, bounded_text, check_consuming,
 };
-use orderly_core::transport::Envelope;
+use orderly_core::transport::{Envelope, ReceivedMessage};
 use orderly_core::{Epoch, Error, Fence, InstanceId, OrderId, ProcessState, Result};
 
 use super::steps::{check_update, step_row, touch};
@@ -276,36 +276,16 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, batch = writes.len()))]
     async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>> {
-        if writes.is_empty() {
-            return Ok(Vec::new());
-        }
-        for w in writes {
-            w.updates.iter().try_for_each(check_update)?;
-        }
-        self.driver.stats().batch("record steps", writes.len());
-        let (mut tx, now) = self.begin().await?;
-        let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
-        let mut verdicts = Vec::with_capacity(writes.len());
-        let mut sends = Vec::new();
-        let mut completing = Vec::new();
-        for (w, refused) in writes.iter().zip(refusals) {
-            match refused {
-                None => {
-                    sends.extend(w.sends.iter().cloned());
-                    if w.complete {
-                        completing.push(&w.fence);
-                    }
-                    verdicts.push(Ok(()));
-                }
-                Some(refused) => verdicts.push(Err(refused)),
-            }
-        }
-        // The last step's record and the completion commit together.
-        if !completing.is_empty() {
-            Self::complete_with_last_step(&mut tx, now, &completing).await?;
-        }
-        self.commit_with(tx, now, &sends).await?;
-        Ok(verdicts)
+        Ok(self.record_step_batch(writes, None).await?.outcomes)
+    }
+
+    async fn record_steps_consuming(
+        &self,
+        writes: &[StepWrite],
+        messages: &[ReceivedMessage],
+    ) -> Result<Consumed<Result<()>>> {
+        check_consuming(writes.len(), messages)?;
+        self.record_step_batch(writes, Some(messages)).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, instance_id = %owner))]
@@ -433,5 +413,65 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
     async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
         let mut conn = self.driver.acquire().await?;
         Self::fetch_steps(&mut conn, order_id).await
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// A batch of step writes in one transaction, ending the deliveries of the
+    /// `messages` that asked for them where the write was applied or refused for good.
+    async fn record_step_batch(
+        &self,
+        writes: &[StepWrite],
+        messages: Option<&[ReceivedMessage]>,
+    ) -> Result<Consumed<Result<()>>> {
+        if writes.is_empty() {
+            return Ok(Consumed::none(Vec::new()));
+        }
+        for w in writes {
+            w.updates.iter().try_for_each(check_update)?;
+        }
+        self.driver.stats().batch("record steps", writes.len());
+        let (mut tx, now) = self.begin().await?;
+        let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
+        let mut verdicts = Vec::with_capacity(writes.len());
+        let mut sends = Vec::new();
+        let mut completing = Vec::new();
+        for (w, refused) in writes.iter().zip(refusals) {
+            match refused {
+                None => {
+                    sends.extend(w.sends.iter().cloned());
+                    if w.complete {
+                        completing.push(&w.fence);
+                    }
+                    verdicts.push(Ok(()));
+                }
+                Some(refused) => verdicts.push(Err(refused)),
+            }
+        }
+        // The last step's record and the completion commit together.
+        if !completing.is_empty() {
+            Self::complete_with_last_step(&mut tx, now, &completing).await?;
+        }
+        let consumed = match messages {
+            None => vec![false; verdicts.len()],
+            Some(messages) => {
+                let settled: Vec<Option<&ReceivedMessage>> = messages
+                    .iter()
+                    .zip(&verdicts)
+                    .map(|(m, v): (_, &Result<()>)| {
+                        v.as_ref()
+                            .err()
+                            .is_none_or(|e| !e.is_retryable())
+                            .then_some(m)
+                    })
+                    .collect();
+                self.consume(&mut tx, now, &settled).await?
+            }
+        };
+        self.commit_with(tx, now, &sends).await?;
+        Ok(Consumed {
+            outcomes: verdicts,
+            consumed,
+        })
     }
 }

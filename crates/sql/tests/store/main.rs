@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod atomic;
+mod consume;
 mod crash;
 mod fixtures;
 mod inspect;

@@ -1,0 +1,243 @@
+//! Consuming in the transaction that acts: on the SQL queue (the store's own database)
+//! a batch of submissions or step writes ends the deliveries of the messages that asked
+//! for them in its own transaction, exactly for the items it settled for good; a
+//! message it could not end (lock lost, another transport's, a failed batch) stays the
+//! caller's, and nothing is lost or applied twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::step::StepStatus;
+use orderly_core::store::{
+    ClaimRequest, Consumed, StateStore, StepUpdate, StepWrite, Submission, SubmitOutcome,
+};
+use orderly_core::transport::{
+    Envelope, LockToken, OutgoingMessage, QueueName, QueueSettings, ReceivedMessage, Transport,
+    TransportError,
+};
+use orderly_core::{Error, Fence, InstanceId, ManualClock, TimeSource};
+use orderly_sql::{Delivery, SqliteStore};
+use orderly_testkit::builders;
+use orderly_testkit::store::StoreFactory;
+
+use crate::fixtures::{pg_factory, sqlite_factory};
+
+trait StoreAndQueue: StateStore + Transport {}
+impl<T: StateStore + Transport> StoreAndQueue for T {}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn queue(name: &str) -> QueueName {
+    QueueName::parse(name).unwrap()
+}
+
+/// Sends one message per id to `q` and receives them all (in order).
+async fn held(t: &dyn Transport, q: &QueueName, ids: &[&str]) -> Vec<ReceivedMessage> {
+    let messages: Vec<_> = ids
+        .iter()
+        .map(|id| OutgoingMessage::new(*id, id.as_bytes().to_vec()))
+        .collect();
+    t.send(q, &messages).await.unwrap();
+    let got = t.receive(q, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|m| m.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    got
+}
+
+/// The ids `q` delivers again once every lock has run out.
+async fn redelivered(t: &dyn Transport, clock: &ManualClock, q: &QueueName) -> Vec<String> {
+    clock.advance(QueueSettings::default().lock_duration + Duration::from_secs(1));
+    let got = t.receive(q, 100, Duration::ZERO).await.unwrap();
+    for m in &got {
+        t.complete(m).await.unwrap();
+    }
+    got.into_iter().map(|m| m.message_id).collect()
+}
+
+fn submission(order: orderly_core::store::NewOrder) -> Submission {
+    Submission {
+        order,
+        sends: Vec::new(),
+    }
+}
+
+fn lock_lost(m: &ReceivedMessage) -> ReceivedMessage {
+    ReceivedMessage {
+        lock_token: LockToken(uuid::Uuid::new_v4().to_string()),
+        ..m.clone()
+    }
+}
+
+async fn check(store: Arc<dyn StoreAndQueue>, outbox: Arc<dyn StoreAndQueue>, clock: ManualClock) {
+    let orders = queue("orders");
+    store
+        .ensure_queue(&orders, &QueueSettings::default())
+        .await
+        .unwrap();
+    let actor = builders::submitter();
+
+    // Submissions: accepted and duplicate end their messages; a conflict (dead-lettered
+    // by the caller) and a delivery whose lock was lost do not.
+    let a = builders::order(1);
+    let conflict = orderly_core::store::NewOrder {
+        details: builders::details(2),
+        ..a.clone()
+    };
+    let b = builders::order(3);
+    let m = held(&*store, &orders, &["a", "a-again", "conflict", "b"]).await;
+    let messages = [m[0].clone(), m[1].clone(), m[2].clone(), lock_lost(&m[3])];
+    let batch = [
+        submission(a.clone()),
+        submission(a.clone()),
+        submission(conflict),
+        submission(b.clone()),
+    ];
+    let Consumed { outcomes, consumed } = store
+        .submit_consuming(&batch, &actor, &messages)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcomes[0], Ok(SubmitOutcome::Accepted)),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[1], Ok(SubmitOutcome::Duplicate)),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[2], Err(Error::OrderIdConflict(_))),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[3], Ok(SubmitOutcome::Accepted)),
+        "{outcomes:?}"
+    );
+    assert_eq!(consumed, [true, true, false, false]);
+    // Consumed: settling again finds the lock gone. Not consumed: still held.
+    assert!(matches!(
+        Transport::complete(&*store, &m[0]).await,
+        Err(TransportError::LockLost { .. })
+    ));
+    Transport::complete(&*store, &m[2]).await.unwrap();
+    // The lost hold's message comes back (its order is then a duplicate); nothing else.
+    assert_eq!(redelivered(&*store, &clock, &orders).await, ["b"]);
+
+    // A batch that fails commits nothing and ends no delivery.
+    let nowhere = Submission {
+        order: builders::order(4),
+        sends: vec![Envelope {
+            queue: queue("no-such-queue"),
+            message: OutgoingMessage::new("n", b"n".to_vec()),
+        }],
+    };
+    let m = held(&*store, &orders, &["failing"]).await;
+    assert!(
+        store
+            .submit_consuming(&[nowhere], &actor, &m)
+            .await
+            .is_err()
+    );
+    Transport::complete(&*store, &m[0]).await.unwrap();
+
+    // One message per item, or nothing is done.
+    let refused = store
+        .submit_consuming(&[submission(builders::order(5))], &actor, &[])
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::Invalid(v)) if v.field == "messages"),
+        "{refused:?}"
+    );
+
+    // Step writes: applied and refused for good (a stale step) both end their reply.
+    let replies = queue("replies");
+    store
+        .ensure_queue(&replies, &QueueSettings::default())
+        .await
+        .unwrap();
+    let owner = InstanceId::parse("scheduler-consume").unwrap();
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: owner.clone(),
+            limit: 10,
+            timeout: MINUTE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let write = |fence: &Fence, expect: i32| StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: Some(expect),
+        updates: vec![StepUpdate {
+            index: expect,
+            name: format!("step-{expect}"),
+            status: StepStatus::Succeeded,
+            detail: None,
+            idempotency_key: format!("key-{expect}"),
+        }],
+        sends: Vec::new(),
+    };
+    let m = held(&*store, &replies, &["applied", "stale"]).await;
+    let writes = [write(&claimed[0].fence, 0), write(&claimed[1].fence, 5)];
+    let Consumed { outcomes, consumed } = store.record_steps_consuming(&writes, &m).await.unwrap();
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[1], Err(Error::StaleStep { .. })),
+        "{outcomes:?}"
+    );
+    assert_eq!(consumed, [true, true]);
+    let steps = store.steps(&claimed[0].fence.order_id).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].status, StepStatus::Succeeded);
+    assert!(redelivered(&*store, &clock, &replies).await.is_empty());
+
+    // A store whose messages go through the outbox (another transport) ends nothing.
+    let m = held(&*store, &orders, &["via-outbox"]).await;
+    let Consumed { outcomes, consumed } = outbox
+        .submit_consuming(&[submission(builders::order(6))], &actor, &m)
+        .await
+        .unwrap();
+    assert!(matches!(outcomes[0], Ok(SubmitOutcome::Accepted)));
+    assert_eq!(consumed, [false]);
+    Transport::complete(&*store, &m[0]).await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_consumes_the_messages_of_what_it_records() {
+    let clock = ManualClock::starting_now();
+    let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
+    let open = |delivery| {
+        let (url, time) = (f.url(), f.time.clone());
+        async move {
+            Arc::new(
+                SqliteStore::open(&url, time)
+                    .await
+                    .unwrap()
+                    .with_delivery(delivery),
+            ) as Arc<dyn StoreAndQueue>
+        }
+    };
+    check(
+        open(Delivery::Queue).await,
+        open(Delivery::Outbox).await,
+        clock,
+    )
+    .await;
+    StoreFactory::cleanup(&f).await;
+}
+
+#[tokio::test]
+async fn postgres_consumes_the_messages_of_what_it_records() {
+    let clock = ManualClock::starting_now();
+    let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
+    let store = Arc::new(f.store().await) as Arc<dyn StoreAndQueue>;
+    let outbox =
+        Arc::new(f.store().await.with_delivery(Delivery::Outbox)) as Arc<dyn StoreAndQueue>;
+    check(store, outbox, clock).await;
+    StoreFactory::cleanup(&f).await;
+}
