@@ -292,18 +292,18 @@ impl<D: Driver> SqlStore<D> {
 
     /// Deletes, inside the caller's transaction, those of `held` this database's queue
     /// still holds for their delivery (same seq, same lock token, lock not expired);
-    /// returns the holds it ended. A verdict belongs to a hold, not to a message: a
-    /// stale hold on a message a fresh hold completed has still lost its lock, and a
-    /// message from another transport matches nothing.
+    /// returns, hold by hold, whether it ended it. A verdict belongs to a hold, not to
+    /// a message: a stale hold on a message a fresh hold completed has still lost its
+    /// lock, and a message from another transport matches nothing.
     pub(crate) async fn complete_held(
         conn: &mut D::Conn,
         now: chrono::DateTime<chrono::Utc>,
         held: &[&ReceivedMessage],
-    ) -> Result<std::collections::HashSet<(i64, String)>> {
+    ) -> Result<Vec<bool>> {
         if held.is_empty() {
-            return Ok(std::collections::HashSet::new());
+            return Ok(Vec::new());
         }
-        q(D::SQL.q_complete_many)
+        let ended = q(D::SQL.q_complete_many)
             .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
             .bind(
                 held.iter()
@@ -319,8 +319,11 @@ impl<D: Driver> SqlStore<D> {
                 let c = Cols(r);
                 Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
             })
-            .collect::<orderly_core::Result<_>>()
-            .map_err(TransportError::from)
+            .collect::<orderly_core::Result<std::collections::HashMap<i64, String>>>()?;
+        Ok(held
+            .iter()
+            .map(|m| ended.get(&m.sequence_number) == Some(&m.lock_token.0))
+            .collect())
     }
 
     /// Enqueues the messages a state change causes, inside its transaction.
@@ -586,13 +589,14 @@ impl<D: Driver> Transport for SqlStore<D> {
         let (mut tx, now) = self.begin().await?;
         let woken = self.enqueue_all(&mut tx, now, sends).await?;
         let held: Vec<&ReceivedMessage> = consumed.iter().collect();
-        let done = Self::complete_held(&mut tx, now, &held).await?;
+        let ended = Self::complete_held(&mut tx, now, &held).await?;
         D::commit(tx).await.map_err(db)?;
         self.wake_queues(&woken);
         Ok(consumed
             .iter()
-            .map(|m| {
-                if done.contains(&(m.sequence_number, m.lock_token.0.clone())) {
+            .zip(ended)
+            .map(|(m, ended)| {
+                if ended {
                     Ok(())
                 } else {
                     Err(TransportError::LockLost {

@@ -133,17 +133,10 @@ impl<D: Driver> SqlStore<D> {
             .filter(|(_, o)| accepted(o))
             .flat_map(|(s, _)| s.sends.iter().cloned())
             .collect();
-        let consumed = match messages {
-            None => vec![false; outcomes.len()],
-            Some(messages) => {
-                let settled: Vec<Option<&ReceivedMessage>> = messages
-                    .iter()
-                    .zip(&outcomes)
-                    .map(|(m, o)| o.is_ok().then_some(m))
-                    .collect();
-                self.consume(&mut tx, now, &settled).await?
-            }
-        };
+        // A rejected order's message is dead-lettered by the caller.
+        let consumed = self
+            .consume(&mut tx, now, messages, &outcomes, Result::is_ok)
+            .await?;
         if !outcomes.iter().any(accepted) {
             self.commit_with(tx, now, &sends).await?;
         } else {

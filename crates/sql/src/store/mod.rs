@@ -155,29 +155,42 @@ impl<D: Driver> SqlStore<D> {
         Ok((tx, now))
     }
 
-    /// Ends, inside the caller's transaction, the deliveries of the `messages` it is
-    /// given (`None`: an item whose message stays the caller's), when this store's
+    /// Ends, inside the caller's transaction, the delivery of `messages[i]` for each
+    /// `outcomes[i]` that `ends` (the item is settled for good), when this store's
     /// database is also its transport (its sends go to its own queue); returns, item
-    /// by item, whether its message was consumed. A message this queue does not hold
-    /// for that delivery (another transport's, or a lock lost) is not.
-    pub(crate) async fn consume(
+    /// by item, whether its message was consumed. No messages, a store on the outbox,
+    /// or a message this queue does not hold for that delivery (another transport's,
+    /// a lock lost): not consumed, the caller's to settle.
+    pub(crate) async fn consume<T>(
         &self,
         conn: &mut D::Conn,
         now: DateTime<Utc>,
-        messages: &[Option<&orderly_core::transport::ReceivedMessage>],
+        messages: Option<&[orderly_core::transport::ReceivedMessage]>,
+        outcomes: &[T],
+        ends: impl Fn(&T) -> bool,
     ) -> Result<Vec<bool>> {
-        if self.delivery != crate::Delivery::Queue || messages.iter().all(Option::is_none) {
-            return Ok(vec![false; messages.len()]);
+        let mut consumed = vec![false; outcomes.len()];
+        let Some(messages) = messages.filter(|_| self.delivery == crate::Delivery::Queue) else {
+            return Ok(consumed);
+        };
+        let (items, held): (Vec<usize>, Vec<_>) = messages
+            .iter()
+            .zip(outcomes)
+            .enumerate()
+            .filter(|(_, (_, o))| ends(o))
+            .map(|(i, (m, _))| (i, m))
+            .unzip();
+        if held.is_empty() {
+            return Ok(consumed);
         }
-        let held: Vec<_> = messages.iter().flatten().copied().collect();
         self.driver.stats().batch("consume", held.len());
-        let done = Self::complete_held(conn, now, &held)
+        let ended = Self::complete_held(conn, now, &held)
             .await
             .map_err(|e| Error::Queue(Box::new(e)))?;
-        Ok(messages
-            .iter()
-            .map(|m| m.is_some_and(|m| done.contains(&(m.sequence_number, m.lock_token.0.clone()))))
-            .collect())
+        for (i, ended) in items.into_iter().zip(ended) {
+            consumed[i] = ended;
+        }
+        Ok(consumed)
     }
 
     /// Enqueues `sends` in the transaction, commits, then wakes their receivers: the

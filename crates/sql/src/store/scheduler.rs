@@ -279,6 +279,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         Ok(self.record_step_batch(writes, None).await?.outcomes)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, batch = writes.len()))]
     async fn record_steps_consuming(
         &self,
         writes: &[StepWrite],
@@ -452,22 +453,12 @@ impl<D: Driver> SqlStore<D> {
         if !completing.is_empty() {
             Self::complete_with_last_step(&mut tx, now, &completing).await?;
         }
-        let consumed = match messages {
-            None => vec![false; verdicts.len()],
-            Some(messages) => {
-                let settled: Vec<Option<&ReceivedMessage>> = messages
-                    .iter()
-                    .zip(&verdicts)
-                    .map(|(m, v): (_, &Result<()>)| {
-                        v.as_ref()
-                            .err()
-                            .is_none_or(|e| !e.is_retryable())
-                            .then_some(m)
-                    })
-                    .collect();
-                self.consume(&mut tx, now, &settled).await?
-            }
-        };
+        // A write refused for a reason that may pass keeps its reply, to be tried again.
+        let consumed = self
+            .consume(&mut tx, now, messages, &verdicts, |v: &Result<()>| {
+                v.as_ref().err().is_none_or(|e| !e.is_retryable())
+            })
+            .await?;
         self.commit_with(tx, now, &sends).await?;
         Ok(Consumed {
             outcomes: verdicts,
