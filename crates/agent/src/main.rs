@@ -76,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
     cfg.receive_batch = args.receive_batch;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
-    if args.common.checked("orderly-agent") {
+    if args.common.checked("orderly-agent")? {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;

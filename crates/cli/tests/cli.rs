@@ -249,6 +249,37 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         err.contains("database_url") && !err.contains("nope"),
         "the URL is not echoed: {err}"
     );
+    // The database URL is checked by --check-config too, without connecting, for every role.
+    for bin in [
+        role("orderly-submitter"),
+        role("orderly-scheduler"),
+        role("orderly-agent"),
+        role("orderly-supervisor"),
+    ] {
+        let err = run(
+            bin.clone(),
+            &["--database-url", "mysql://s3cr3t@db", "--check-config"],
+        );
+        assert!(
+            err.contains("database_url") && !err.contains("s3cr3t"),
+            "{}: {err}",
+            bin.display()
+        );
+        let err = run(
+            bin,
+            &[
+                "--database-url",
+                "sqlite://never-created.db?synchronous=off",
+                "--check-config",
+            ],
+        );
+        assert!(
+            err.contains("--database-url / ORDERLY_DATABASE_URL")
+                && err.contains("synchronous=off"),
+            "{err}"
+        );
+    }
+    assert!(!std::path::Path::new("never-created.db").exists());
     // Service Bus: checked before anything is opened, the secret never echoed.
     for bin in [
         role("orderly-submitter"),

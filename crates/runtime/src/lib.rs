@@ -126,12 +126,15 @@ impl ServiceBusArgs {
 }
 
 impl Common {
-    /// With `--check-config`: says the settings of `role` are valid; `true` means "exit now".
-    pub fn checked(&self, role: &str) -> bool {
+    /// With `--check-config`: checks the database URL without connecting and says the
+    /// settings of `role` are valid; `Ok(true)` means "exit now".
+    pub fn checked(&self, role: &str) -> anyhow::Result<bool> {
         if self.check_config {
+            orderly_sql::check_url(&self.database_url)
+                .context("--database-url / ORDERLY_DATABASE_URL")?;
             println!("{role}: settings OK");
         }
-        self.check_config
+        Ok(self.check_config)
     }
 }
 

@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         orderly_runtime::telemetry::init("orderly-scheduler", &args.common, &instance)?;
     let workflows = Arc::new(orderly_runtime::load_workflows(&args.workflow)?);
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
-    if args.common.checked("orderly-scheduler") {
+    if args.common.checked("orderly-scheduler")? {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;

@@ -91,6 +91,21 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
     }
 }
 
+/// Checks a state-store URL without connecting: its scheme, and that the dialect can
+/// parse it (on SQLite, the `synchronous` durability too). Errors name `database_url`,
+/// never echo the URL.
+pub fn check_url(url: &str) -> Result<()> {
+    if url.starts_with("sqlite:") {
+        sqlite::check_url(url)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
+            .map(drop)
+            .map_err(|e| ValidationError::new("database_url", e.to_string()).into())
+    } else {
+        Err(bad_url())
+    }
+}
+
 fn bad_url() -> Error {
     Error::Invalid(ValidationError::new(
         "database_url",

@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
             Some(listen)
         }
     };
-    if args.common.checked("orderly-submitter") {
+    if args.common.checked("orderly-submitter")? {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;

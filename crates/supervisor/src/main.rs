@@ -89,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
         .validate()
         .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
-    if args.common.checked("orderly-supervisor") {
+    if args.common.checked("orderly-supervisor")? {
         return Ok(());
     }
     let opened = plan.open(&instance).await?;

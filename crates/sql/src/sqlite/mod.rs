@@ -173,10 +173,11 @@ impl SqlStore<SqliteDriver> {
 
     /// [`SqliteStore::open`] with an explicit [`WriterQueue`].
     pub async fn open_with(url: &str, time: TimeSource, queue: WriterQueue) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)
+        let (url, synchronous) = durability(url)?;
+        let options = SqliteConnectOptions::from_str(&url)
             .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?
             .create_if_missing(true)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(synchronous)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
         // An in-memory database lives in one connection; a file can serve several readers.
@@ -222,6 +223,51 @@ impl SqlStore<SqliteDriver> {
     pub fn pool(&self) -> &SqlitePool {
         &self.driver.pool
     }
+}
+
+/// Reads and removes the `synchronous` parameter of a SQLite URL: `full` (the
+/// default: a commit is on disk before it is acknowledged, so an accepted order
+/// survives a power cut) or `normal` (an opt-in: in WAL mode a commit survives a crash
+/// of the process but the last commits before a power cut or an OS crash may be lost;
+/// the file is never corrupted). Any other value is refused, naming the setting.
+fn durability(url: &str) -> Result<(String, SqliteSynchronous)> {
+    let invalid = |detail: String| orderly_core::ValidationError::new("database_url", detail);
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), SqliteSynchronous::Full));
+    };
+    let mut synchronous = SqliteSynchronous::Full;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("synchronous", value)) => {
+                synchronous = match value.to_ascii_lowercase().as_str() {
+                    "full" => SqliteSynchronous::Full,
+                    "normal" => SqliteSynchronous::Normal,
+                    other => {
+                        return Err(invalid(format!(
+                            "synchronous={other}: SQLite durability is `full` (the default) or `normal`"
+                        ))
+                        .into());
+                    }
+                }
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, synchronous))
+}
+
+/// Parses a SQLite URL as [`SqliteStore::open`] would, without opening anything.
+pub(crate) fn check_url(url: &str) -> Result<()> {
+    let (url, _) = durability(url)?;
+    SqliteConnectOptions::from_str(&url)
+        .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    Ok(())
 }
 
 /// A batch as one JSON array with a row of values per item: bound to one parameter,

@@ -159,3 +159,46 @@ async fn sqlite_recoverers_meeting_only_at_the_file_lock_count_each_expiry_once(
     orderly_testkit::store::three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_threshold(&ctx).await;
     ctx.factory.cleanup().await;
 }
+
+#[tokio::test]
+async fn sqlite_commits_are_synced_unless_the_url_opts_out() {
+    let f = sqlite_factory(TimeSource::Database);
+    let synchronous = |store: SqliteStore| async move {
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap()
+    };
+    // 2 is FULL, 1 is NORMAL.
+    let store = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    assert_eq!(synchronous(store).await, 2);
+    let store = SqliteStore::open(
+        &format!("{}?synchronous=normal", f.url()),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap();
+    assert_eq!(synchronous(store).await, 1);
+    let store = SqliteStore::open(
+        &format!("{}?mode=rwc&synchronous=FULL", f.url()),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap();
+    assert_eq!(synchronous(store).await, 2);
+    let err = SqliteStore::open(
+        &format!("{}?synchronous=off", f.url()),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("database_url") && err.contains("synchronous=off"),
+        "{err}"
+    );
+    f.cleanup().await;
+}
