@@ -92,7 +92,11 @@ fn sample_batch(n: usize) -> Vec<NewOrder> {
     demo::sample_orders(n)
 }
 
-pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::Result<()> {
+pub(crate) async fn run_bench(
+    orders: usize,
+    store: Option<String>,
+    paced_rate: Option<f64>,
+) -> anyhow::Result<()> {
     let url = store.unwrap_or_else(|| scratch_sqlite("bench"));
     let backend = orderly_sql::connect(&url, TimeSource::Database)
         .await
@@ -122,8 +126,9 @@ pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::R
     );
     peak.print();
     burst_cost.print();
-    // Paced: half the burst's throughput, for latency under a steady load.
-    let rate = (peak.throughput() / 2.0).max(1.0);
+    // Paced: half the burst's throughput (or the rate asked for), for latency under a
+    // steady load.
+    let rate = paced_rate.unwrap_or((peak.throughput() / 2.0).max(1.0));
     let paced_n = orders.min((rate * 10.0) as usize).max(100);
     let paced = demo::sample_orders(paced_n);
     let mut sent_at = std::collections::HashMap::new();
@@ -147,7 +152,12 @@ pub(crate) async fn run_bench(orders: usize, store: Option<String>) -> anyhow::R
     let paced_cost = meter.finish(paced_n).await;
     let steady = invariants::report(&system, &sent_at, &workflows, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
-    println!("== {dialect}: paced at {rate:.0} orders/s (half the burst's), {paced_n} orders");
+    let pace = if paced_rate.is_some() {
+        "as asked"
+    } else {
+        "half the burst's"
+    };
+    println!("== {dialect}: paced at {rate:.0} orders/s ({pace}), {paced_n} orders");
     steady.print();
     paced_cost.print();
     if !peak.violations.is_empty() || !steady.violations.is_empty() {

@@ -264,7 +264,18 @@ enum Command {
         /// State store; by default a new SQLite file in the temporary directory.
         #[arg(long = "store")]
         store: Option<String>,
+        /// The paced run's rate in orders/s; by default half the burst's throughput.
+        /// Give one to compare latencies at the same load across builds or stores.
+        #[arg(long, value_parser = positive_rate)]
+        paced_rate: Option<f64>,
     },
+}
+
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate in orders/s above 0")),
+    }
 }
 
 #[tokio::main]
@@ -323,7 +334,11 @@ async fn run() -> anyhow::Result<()> {
             timeout_secs,
             store,
         } => return local::run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
-        Command::Bench { orders, store } => return local::run_bench(*orders, store.clone()).await,
+        Command::Bench {
+            orders,
+            store,
+            paced_rate,
+        } => return local::run_bench(*orders, store.clone(), *paced_rate).await,
         Command::Up {
             faults,
             dashboard,

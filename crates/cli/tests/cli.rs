@@ -104,6 +104,20 @@ fn an_illegal_transition_fails_with_a_message_and_no_backtrace() {
 }
 
 #[test]
+fn a_bench_rate_that_is_not_a_rate_is_refused_naming_the_flag() {
+    let db = Db::new();
+    for rate in ["0", "-5", "fast", "NaN"] {
+        let out = db.orderly(&["bench", "--orders", "10", &format!("--paced-rate={rate}")]);
+        assert!(!out.status.success(), "--paced-rate {rate} was taken");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--paced-rate") && err.contains("orders/s"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn an_invalid_order_file_is_refused_naming_the_field() {
     let db = Db::new();
     let file = std::env::temp_dir().join(format!(
