@@ -22,6 +22,7 @@ use orderly_core::messages::{StepOutcome, StepReply, StepRequest, json_message};
 use orderly_core::transport::{
     OutgoingMessage, QueueName, ReceivedMessage, Transport, receive_json, while_holding,
 };
+use orderly_core::workflow::{NotFound, StatusProbe};
 use orderly_core::{Clock, InstanceId};
 use rand::Rng;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use breaker::{Breaker, BreakerConfig};
-pub use remote::{CallError, Endpoints, HttpRemote, RemoteCall, RemoteService};
+pub use remote::{CallError, Endpoints, HttpRemote, ProbeAnswer, RemoteCall, RemoteService};
 
 /// How an agent works.
 #[derive(Debug, Clone)]
@@ -334,7 +335,8 @@ impl Agent {
         orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
             let started = std::time::Instant::now();
-            let work = self.work(&req, &msg.queue);
+            // A request delivered before may have been called by an agent that died.
+            let work = self.work(&req, &msg.queue, msg.delivery_count > 1);
             let outcome =
                 match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work)
                     .await
@@ -405,9 +407,55 @@ impl Agent {
         .await
     }
 
+    /// Asks the step's status probe whether its action already took effect; what the
+    /// history says of it is in the verdict.
+    async fn ask(&self, req: &StepRequest, probe: &StatusProbe, left: Duration) -> Verdict {
+        let url = probe.url_for(
+            &req.idempotency_key,
+            req.fence.order_id.as_str(),
+            &req.action,
+        );
+        let answer = self
+            .remote
+            .probe(&url, &req.idempotency_key, left.min(PROBE_TIMEOUT))
+            .await;
+        let verdict = match answer {
+            ProbeAnswer::Applied(answer) => Verdict::Applied(answer),
+            ProbeAnswer::NotFound if probe.not_found == NotFound::NotApplied => {
+                Verdict::Call("status probe: not applied; called".into())
+            }
+            ProbeAnswer::NotFound => Verdict::Call(
+                "status probe: unknown (404, which this service does not take as \"not applied\"); called under the same key".into(),
+            ),
+            ProbeAnswer::Unknown(why) => Verdict::Call(format!(
+                "status probe: unknown ({why}); called under the same key"
+            )),
+        };
+        let label = match &verdict {
+            Verdict::Applied(_) => "applied",
+            Verdict::Call(note) if note.contains("not applied") => "not_applied",
+            Verdict::Call(_) => "unknown",
+        };
+        info!(
+            verdict = label,
+            "status probe asked before sending the step again"
+        );
+        metrics::counter!("orderly_status_probes_total", "action" => req.action.clone(), "verdict" => label)
+            .increment(1);
+        verdict
+    }
+
     /// Calls the remote service until it answers, fails permanently, the tries run
     /// out, or the deadline passes. Returns the result and the number of calls.
-    async fn work(&self, req: &StepRequest, queue: &QueueName) -> (Handled, u32) {
+    /// `redelivered`: the request came before and may have been called. An uncertain
+    /// step (redelivered, sent again by the scheduler, or after a call that ended
+    /// without a clear answer) with a status probe is asked about before each call.
+    async fn work(
+        &self,
+        req: &StepRequest,
+        queue: &QueueName,
+        redelivered: bool,
+    ) -> (Handled, u32) {
         let started = self.clock.now();
         let budget =
             chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
@@ -419,6 +467,13 @@ impl Agent {
         let call = RemoteCall::from_request(req);
         let mut attempts = 0u32;
         let mut last_error = String::from("no attempt made");
+        let mut uncertain = req.uncertain || redelivered;
+        // What the probe said before the call that answered, for the history.
+        let mut probed: Option<String> = None;
+        let noted = |text: String, probed: &Option<String>| match probed {
+            Some(note) => format!("{note}: {text}"),
+            None => text,
+        };
         while attempts < req.retry.max_attempts {
             let now = self.clock.now();
             let Ok(left) = (stop_at - now).to_std() else {
@@ -437,23 +492,57 @@ impl Agent {
                     attempts,
                 );
             }
+            if let Some(probe) = req.probe.as_ref().filter(|_| uncertain) {
+                match self.ask(req, probe, left).await {
+                    Verdict::Applied(answer) => {
+                        // The service answered: it is up (this may have been the one
+                        // try a half-open breaker lets through).
+                        breaker.record_success();
+                        return (
+                            Handled::Replied(StepOutcome::Succeeded {
+                                detail: format!(
+                                    "status probe: applied before, not called again: {answer}"
+                                ),
+                            }),
+                            attempts,
+                        );
+                    }
+                    Verdict::Call(note) => probed = Some(note),
+                }
+                let Ok(rest) = (stop_at - self.clock.now()).to_std() else {
+                    break;
+                };
+                if rest.is_zero() {
+                    break;
+                }
+            }
+            let left = (stop_at - self.clock.now()).to_std().unwrap_or(left);
             attempts += 1;
             let result = tokio::time::timeout(left, self.remote.call(&call, left)).await;
             match result {
                 Ok(Ok(detail)) => {
                     breaker.record_success();
                     return (
-                        Handled::Replied(StepOutcome::Succeeded { detail }),
+                        Handled::Replied(StepOutcome::Succeeded {
+                            detail: noted(detail, &probed),
+                        }),
                         attempts,
                     );
                 }
                 Ok(Err(CallError::Permanent(error))) => {
                     // The service answered: it is up, the request is bad.
                     breaker.record_success();
-                    return (Handled::Replied(StepOutcome::Failed { error }), attempts);
+                    return (
+                        Handled::Replied(StepOutcome::Failed {
+                            error: noted(error, &probed),
+                        }),
+                        attempts,
+                    );
                 }
                 Ok(Err(CallError::Transient { error, retry_after })) => {
                     breaker.record_failure();
+                    // No clear answer: the call may have taken effect before failing.
+                    uncertain = true;
                     debug!(attempt = attempts, error = %error, "transient failure");
                     last_error = error;
                     let cap = req.retry.backoff_cap(attempts);
@@ -488,6 +577,17 @@ impl Agent {
 
 /// Most requests settled together.
 const SETTLE_BATCH: usize = 256;
+
+/// The longest a status probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What to do after asking a status probe.
+enum Verdict {
+    /// The action took effect: reply with this answer, do not call.
+    Applied(String),
+    /// Call; the note says why, for the history.
+    Call(String),
+}
 
 /// Settles requests in batches: the replies of a batch go out in one send per reply
 /// queue, then the requests are completed in one call. What waits while a batch is

@@ -71,11 +71,29 @@ pub enum CallError {
     Permanent(String),
 }
 
+/// What a step's status probe answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// The action took effect; its answer.
+    Applied(String),
+    /// The service has no record of it (404).
+    NotFound,
+    /// No telling: no answer, a timeout, or another status.
+    Unknown(String),
+}
+
 /// A remote service an agent calls.
 #[async_trait]
 pub trait RemoteService: Send + Sync {
     /// Performs `call`, giving up after `timeout`. `Ok` carries the answer.
     async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError>;
+
+    /// Asks the status endpoint at `url` whether the action under `key` took effect,
+    /// giving up after `timeout`. By default a service cannot be asked.
+    async fn probe(&self, url: &str, key: &str, timeout: Duration) -> ProbeAnswer {
+        let _ = (url, key, timeout);
+        ProbeAnswer::Unknown("this client cannot ask the service".into())
+    }
 }
 
 /// Where each action is served: `base_url/<action>` unless overridden.
@@ -171,6 +189,28 @@ impl RemoteService for HttpRemote {
                 retry_after: wait,
             }),
             _ => Err(CallError::Permanent(format!("HTTP {status}: {text}"))),
+        }
+    }
+
+    async fn probe(&self, url: &str, key: &str, timeout: Duration) -> ProbeAnswer {
+        let response = match self
+            .client
+            .get(url)
+            .timeout(timeout)
+            .header("Idempotency-Key", key)
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => return ProbeAnswer::Unknown("timed out".into()),
+            Err(e) => return ProbeAnswer::Unknown(format!("no answer: {e}")),
+        };
+        let status = response.status();
+        let text = cut(response.text().await.unwrap_or_default());
+        match status.as_u16() {
+            200..=299 => ProbeAnswer::Applied(text),
+            404 => ProbeAnswer::NotFound,
+            _ => ProbeAnswer::Unknown(format!("HTTP {status}: {text}")),
         }
     }
 }

@@ -11,20 +11,23 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::Utc;
 use orderly_agent::{
-    Agent, AgentConfig, BreakerConfig, CallError, Handled, RemoteCall, RemoteService,
+    Agent, AgentConfig, BreakerConfig, CallError, Handled, ProbeAnswer, RemoteCall, RemoteService,
 };
 use orderly_core::messages::{
     StepContext, StepKind, StepOutcome, StepReply, StepRequest, json_message,
 };
 use orderly_core::transport::{QueueName, QueueSettings, Transport};
-use orderly_core::workflow::RetryPolicy;
+use orderly_core::workflow::{NotFound, RetryPolicy, StatusProbe};
 use orderly_core::{Epoch, Fence, InstanceId, OrderId, SystemClock, TimeSource};
 
-/// Answers from a script; records the keys it was called with.
+/// Answers from a script; records the keys it was called with. Its status probe
+/// answers from a second script and records the URLs it was asked at.
 struct Scripted {
     script: Mutex<VecDeque<Result<String, CallError>>>,
     keys: Mutex<Vec<String>>,
     delay: Duration,
+    probe_script: Mutex<VecDeque<ProbeAnswer>>,
+    probed: Mutex<Vec<String>>,
 }
 
 impl Scripted {
@@ -33,7 +36,19 @@ impl Scripted {
             script: Mutex::new(script.into()),
             keys: Mutex::default(),
             delay: Duration::ZERO,
+            probe_script: Mutex::default(),
+            probed: Mutex::default(),
         })
+    }
+
+    fn with_probe(script: Vec<Result<String, CallError>>, probes: Vec<ProbeAnswer>) -> Arc<Self> {
+        let me = Self::new(script);
+        *me.probe_script.lock().unwrap() = probes.into();
+        me
+    }
+
+    fn probed(&self) -> Vec<String> {
+        self.probed.lock().unwrap().clone()
     }
 
     fn calls(&self) -> Vec<String> {
@@ -51,6 +66,15 @@ impl RemoteService for Scripted {
             .unwrap()
             .pop_front()
             .unwrap_or_else(|| Err(transient("script ran out")))
+    }
+
+    async fn probe(&self, url: &str, _key: &str, _timeout: Duration) -> ProbeAnswer {
+        self.probed.lock().unwrap().push(url.to_owned());
+        self.probe_script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or_else(|| ProbeAnswer::Unknown("probe script ran out".into()))
     }
 }
 
@@ -132,6 +156,8 @@ fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> Step
             finish_as: None,
             generation: 0,
         },
+        probe: None,
+        uncertain: false,
     }
 }
 
@@ -271,6 +297,8 @@ async fn a_call_still_running_at_the_deadline_is_abandoned_and_nothing_is_sent()
         script: Mutex::new(vec![Ok("late".into())].into()),
         keys: Mutex::default(),
         delay: Duration::from_secs(5),
+        probe_script: Mutex::default(),
+        probed: Mutex::default(),
     });
     let a = agent(&rig, remote.clone(), BreakerConfig::default());
     let started = Instant::now();
@@ -460,4 +488,181 @@ async fn one_service_down_leaves_the_others_their_throughput() {
         .await
         .unwrap();
     assert_eq!(ship.len(), 40);
+}
+
+fn probed_request(rig: &Rig, order: &str, uncertain: bool, not_found: NotFound) -> StepRequest {
+    let mut req = request(rig, order, Duration::from_secs(10), 5);
+    req.probe = Some(StatusProbe {
+        url: "http://inventory/status/{key}?order={order_id}".into(),
+        not_found,
+    });
+    req.uncertain = uncertain;
+    req
+}
+
+fn succeeded(detail: &str) -> Handled {
+    Handled::Replied(StepOutcome::Succeeded {
+        detail: detail.into(),
+    })
+}
+
+#[tokio::test]
+async fn an_uncertain_step_is_asked_about_first_and_not_called_when_it_took_effect() {
+    let rig = rig().await;
+    let remote = Scripted::with_probe(vec![], vec![ProbeAnswer::Applied("reserved".into())]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(
+        &rig,
+        &a,
+        probed_request(&rig, "o-1", true, NotFound::NotApplied),
+    )
+    .await;
+    assert_eq!(
+        handled,
+        succeeded("status probe: applied before, not called again: reserved")
+    );
+    assert!(remote.calls().is_empty(), "not called again");
+    assert_eq!(
+        remote.probed(),
+        ["http://inventory/status/o-1%2F0%2Freserve-inventory?order=o-1"],
+        "asked once, the key and order id encoded into the template"
+    );
+    let r = replies(&rig).await;
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].attempts, 0, "no call made");
+}
+
+#[tokio::test]
+async fn what_the_probe_said_decides_the_call_and_goes_into_the_answer() {
+    // Not applied: called.
+    let rig = rig().await;
+    let remote = Scripted::with_probe(vec![Ok("reserved".into())], vec![ProbeAnswer::NotFound]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(
+        &rig,
+        &a,
+        probed_request(&rig, "o-1", true, NotFound::NotApplied),
+    )
+    .await;
+    assert_eq!(
+        handled,
+        succeeded("status probe: not applied; called: reserved")
+    );
+    assert_eq!(remote.calls().len(), 1);
+    // A 404 from a service that forgets: no telling, called under the same key.
+    let remote = Scripted::with_probe(vec![Ok("reserved".into())], vec![ProbeAnswer::NotFound]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let Handled::Replied(StepOutcome::Succeeded { detail }) = handle(
+        &rig,
+        &a,
+        probed_request(&rig, "o-2", true, NotFound::Unknown),
+    )
+    .await
+    else {
+        panic!("not a success");
+    };
+    assert!(detail.starts_with("status probe: unknown (404"), "{detail}");
+    assert!(
+        detail.ends_with("called under the same key: reserved"),
+        "{detail}"
+    );
+    assert_eq!(remote.calls(), ["o-2/0/reserve-inventory"]);
+    // The probe down: called under the same key, and a permanent failure says so too.
+    let remote = Scripted::with_probe(
+        vec![Err(CallError::Permanent("HTTP 422: out of stock".into()))],
+        vec![ProbeAnswer::Unknown("no answer: connection refused".into())],
+    );
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    assert_eq!(
+        handle(&rig, &a, probed_request(&rig, "o-3", true, NotFound::NotApplied)).await,
+        Handled::Replied(StepOutcome::Failed {
+            error: "status probe: unknown (no answer: connection refused); called under the same key: HTTP 422: out of stock".into()
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_call_without_a_clear_answer_makes_the_next_try_ask_first() {
+    let rig = rig().await;
+    // A certain step is called at once; its call ends without an answer, so before the
+    // next try the probe is asked, and it finds the effect.
+    let remote = Scripted::with_probe(
+        vec![Err(transient("timed out"))],
+        vec![ProbeAnswer::Applied("reserved".into())],
+    );
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let handled = handle(
+        &rig,
+        &a,
+        probed_request(&rig, "o-1", false, NotFound::NotApplied),
+    )
+    .await;
+    assert_eq!(
+        handled,
+        succeeded("status probe: applied before, not called again: reserved")
+    );
+    assert_eq!(remote.calls().len(), 1, "called once, not twice");
+    assert_eq!(remote.probed().len(), 1);
+    // A certain step that succeeds is never asked about.
+    let remote = Scripted::with_probe(vec![Ok("reserved".into())], vec![]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    assert_eq!(
+        handle(
+            &rig,
+            &a,
+            probed_request(&rig, "o-2", false, NotFound::NotApplied)
+        )
+        .await,
+        succeeded("reserved")
+    );
+    assert!(remote.probed().is_empty());
+    // Without a probe an uncertain step is called under the same key, as always.
+    let remote = Scripted::with_probe(vec![Ok("reserved".into())], vec![]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let mut req = request(&rig, "o-3", Duration::from_secs(10), 5);
+    req.uncertain = true;
+    assert_eq!(handle(&rig, &a, req).await, succeeded("reserved"));
+    assert!(remote.probed().is_empty());
+}
+
+#[tokio::test]
+async fn a_probe_that_finds_the_effect_closes_a_half_open_breaker() {
+    let rig = rig().await;
+    let remote = Scripted::with_probe(
+        vec![Err(transient("503")), Ok("reserved".into())],
+        vec![ProbeAnswer::Applied("reserved".into())],
+    );
+    let a = agent(
+        &rig,
+        remote.clone(),
+        BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_millis(50),
+        },
+    );
+    // One failure opens the breaker.
+    let mut first = probed_request(&rig, "o-1", false, NotFound::NotApplied);
+    first.retry.max_attempts = 1;
+    assert!(matches!(handle(&rig, &a, first).await, Handled::Silent(_)));
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    // The one try a half-open breaker lets through is a status probe: it answers.
+    assert_eq!(
+        handle(
+            &rig,
+            &a,
+            probed_request(&rig, "o-2", true, NotFound::NotApplied)
+        )
+        .await,
+        succeeded("status probe: applied before, not called again: reserved")
+    );
+    // So the breaker is closed, not left waiting for a call that never came.
+    assert_eq!(
+        handle(
+            &rig,
+            &a,
+            probed_request(&rig, "o-3", false, NotFound::NotApplied)
+        )
+        .await,
+        succeeded("reserved")
+    );
 }

@@ -93,6 +93,15 @@ pub struct StepRequest {
     /// What the agent needs to know of the order, echoed in the reply so the scheduler
     /// that applies it needs no extra read.
     pub context: StepContext,
+    /// The step's status probe (see [`crate::workflow::StatusProbe`]), for a step that
+    /// declares one; sent only then, so agents of an earlier version see no change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::workflow::StatusProbe>,
+    /// The step may have been sent before and taken effect unseen (the order came back
+    /// after a timeout, or its scheduler restarted): with a probe, the agent asks the
+    /// service before calling. Set only with a probe.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncertain: bool,
 }
 
 /// The order's context carried by a request and echoed by its reply.

@@ -110,6 +110,86 @@ pub struct StepDef {
     /// The remote action that undoes this step, if it can be undone.
     #[serde(default)]
     pub compensation: Option<String>,
+    /// How to ask the remote service whether this step already took effect, before it
+    /// is sent again without knowing (after a timeout, a lost reply, a recovery or a
+    /// restart). Without one, an uncertain step is re-sent under the same key and the
+    /// service's idempotency is all that keeps it from applying twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<StatusProbe>,
+}
+
+/// A remote service's status endpoint: `GET url` (with `{key}` replaced by the step's
+/// idempotency key, `{order_id}` and `{action}` by theirs) answers 2xx when the action
+/// took effect (the body is kept as the step's answer) and 404 when it did not, or
+/// when the service does not know (`not_found`); anything else, or no answer, is
+/// unknown and the step is sent again under the same key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusProbe {
+    /// The URL template, e.g. `http://payment/status/{key}`.
+    pub url: String,
+    /// What a 404 means.
+    #[serde(default)]
+    pub not_found: NotFound,
+}
+
+/// What a status endpoint's 404 means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotFound {
+    /// The service keeps a record of everything it applied: 404 is "not applied", and
+    /// the step is sent.
+    #[default]
+    NotApplied,
+    /// The service forgets (or never keeps) what it applied: 404 proves nothing, and the
+    /// step is sent under the same key, as without a probe.
+    Unknown,
+}
+
+impl StatusProbe {
+    /// The URL to ask for the action `action` of `order_id` under `key` (each value
+    /// percent-encoded).
+    pub fn url_for(&self, key: &str, order_id: &str, action: &str) -> String {
+        self.url
+            .replace("{key}", &encode(key))
+            .replace("{order_id}", &encode(order_id))
+            .replace("{action}", &encode(action))
+    }
+
+    fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(ValidationError::new(
+                format!("{field}.url"),
+                "must be an http:// or https:// URL",
+            ));
+        }
+        if !self.url.contains("{key}") {
+            return Err(ValidationError::new(
+                format!("{field}.url"),
+                "must contain {key} (the step's idempotency key is what the service is asked about)",
+            ));
+        }
+        if self.url.len() > 2_000 {
+            return Err(ValidationError::new(
+                format!("{field}.url"),
+                "must be at most 2000 characters",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Percent-encodes all but RFC 3986's unreserved characters.
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 impl StepDef {
@@ -148,6 +228,7 @@ impl Default for Workflow {
             timeout_ms: 10_000,
             retry: RetryPolicy::default(),
             compensation: compensation.map(str::to_owned),
+            probe: None,
         };
         Self {
             name: "order".to_owned(),
@@ -214,6 +295,9 @@ impl Workflow {
                 ));
             }
             s.retry.validate(&format!("{field}.retry"))?;
+            if let Some(probe) = &s.probe {
+                probe.validate(&format!("{field}.probe"))?;
+            }
         }
         Ok(())
     }
@@ -270,6 +354,11 @@ impl Workflow {
                 r.multiplier,
                 s.compensation.as_deref().unwrap_or("-")
             ));
+            // Only a step with a probe says so: the versions of workflows without one
+            // stay what they were.
+            if let Some(p) = &s.probe {
+                canonical.push_str(&format!("probe={}|not_found={:?}\n", p.url, p.not_found));
+            }
         }
         let digest = Sha256::digest(canonical.as_bytes());
         digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
@@ -572,6 +661,60 @@ mod tests {
         assert_eq!(WorkflowRef::parse(&r.to_string()).unwrap(), r);
         assert!(WorkflowRef::parse("order").is_err());
         assert!(WorkflowRef::parse("or der@abc").is_err());
+    }
+
+    #[test]
+    fn a_status_probe_is_read_checked_and_part_of_the_version() {
+        let toml_text = r#"
+            name = "order"
+            [[steps]]
+            name = "charge-payment"
+            queue = "agent.payment"
+            timeout_ms = 10000
+            probe = { url = "https://payment.example/charges/{key}", not_found = "unknown" }
+        "#;
+        let w: Workflow = toml::from_str(toml_text).unwrap();
+        w.validate().unwrap();
+        let probe = w.steps[0].probe.clone().unwrap();
+        assert_eq!(probe.not_found, NotFound::Unknown);
+        assert_eq!(
+            probe.url_for("o 1/0/charge-payment", "o 1", "charge-payment"),
+            "https://payment.example/charges/o%201%2F0%2Fcharge-payment"
+        );
+        // The 404 meaning defaults to "not applied".
+        let plain: Workflow =
+            toml::from_str(&toml_text.replace(r#", not_found = "unknown""#, "")).unwrap();
+        assert_eq!(
+            plain.steps[0].probe.as_ref().unwrap().not_found,
+            NotFound::NotApplied
+        );
+        // A probe changes how an order runs: a new version; without one, the old version.
+        let mut without = w.clone();
+        without.steps[0].probe = None;
+        assert_ne!(w.version(), without.version());
+        assert_ne!(w.version(), plain.version());
+        assert_eq!(Workflow::default().version(), {
+            let mut d = Workflow::default();
+            d.steps[1].probe = None;
+            d.version()
+        });
+        for (url, why) in [
+            ("ftp://payment/{key}", "http"),
+            ("http://payment/charges", "{key}"),
+        ] {
+            let mut bad = w.clone();
+            bad.steps[0].probe = Some(StatusProbe {
+                url: url.into(),
+                not_found: NotFound::NotApplied,
+            });
+            let err = bad.validate().unwrap_err();
+            assert_eq!(err.field, "steps[0].probe.url");
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        assert!(
+            toml::from_str::<Workflow>(&toml_text.replace("not_found", "when_404")).is_err(),
+            "an unknown key is refused"
+        );
     }
 
     #[test]

@@ -13,6 +13,13 @@
 //! - faults apply nothing: a transient failure answers 503 or 429, a permanent one 422
 //!   (decided per key, so every retry of a key sees the same), a hang holds the request.
 //!
+//! `GET /status/{key}` is the services' status endpoint: 200 with the answer when the
+//! action under that key took effect (a service keeps that record even after it has
+//! forgotten the key for idempotency), 404 when it did not. Two faults stress what
+//! idempotency alone cannot cover: `lose_reply_actions` apply their first call, then
+//! hang and fail (the reply is lost after the effect), and `forget_keys_after` makes the
+//! service forget an idempotency key after a window, so a repeat applies again.
+//!
 //! `GET /ledger` returns the applied effects; `GET /healthz` answers 200.
 
 use std::collections::{HashMap, HashSet};
@@ -50,6 +57,15 @@ pub struct SimConfig {
     /// Actions that always hang for `hang_for`, without taking effect, then fail (a
     /// service that is down in the way that ends in timeouts).
     pub hang_actions: Vec<String>,
+    /// Actions whose first call of a key takes effect, then hangs for `hang_for` and
+    /// fails: the caller never learns that it was applied.
+    #[serde(default)]
+    pub lose_reply_actions: Vec<String>,
+    /// Forget an idempotency key this long after it was applied: a repeat after that
+    /// applies the effect again (as services that keep keys only for a window do).
+    /// `None`: keys are kept for good.
+    #[serde(default)]
+    pub forget_keys_after: Option<Duration>,
     /// Seed of the fault dice.
     pub seed: u64,
 }
@@ -64,6 +80,8 @@ impl Default for SimConfig {
             hang_for: Duration::from_secs(30),
             permanent_actions: Vec::new(),
             hang_actions: Vec::new(),
+            lose_reply_actions: Vec::new(),
+            forget_keys_after: None,
             seed: 1,
         }
     }
@@ -105,9 +123,17 @@ pub struct Effect {
     pub applied_at: DateTime<Utc>,
     /// Calls that carried this key (the applying one and every repeat).
     pub calls: u32,
+    /// Times the effect was applied under this key: more than 1 only when a repeat came
+    /// after the service forgot the key (each one an effect applied twice).
+    #[serde(default = "once")]
+    pub applied: u32,
     /// The W3C `traceparent` the applying call carried, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+}
+
+fn once() -> u32 {
+    1
 }
 
 /// What the simulator counted.
@@ -194,6 +220,7 @@ impl Sim {
     pub fn router(&self) -> axum::Router {
         axum::Router::new()
             .route("/actions/{action}", post(act))
+            .route("/status/{key}", get(status))
             .route("/ledger", get(ledger))
             .route("/stats", get(stats))
             .route("/healthz", get(|| async { "ok" }))
@@ -272,8 +299,20 @@ async fn act(
     {
         let mut l = sim.ledger();
         l.stats.calls += 1;
+        let forgotten = |e: &Effect| {
+            sim.cfg
+                .forget_keys_after
+                .is_some_and(|window| forgot(e.applied_at, window))
+        };
         if let Some(e) = l.effects.get_mut(&key) {
             e.calls += 1;
+            if forgotten(e) {
+                // The key is forgotten: the repeat is applied again, as new.
+                e.applied += 1;
+                e.applied_at = Utc::now();
+                l.stats.applied += 1;
+                return answer(StatusCode::OK, format!("{action} {key}: applied"));
+            }
             l.stats.replays += 1;
             return answer(StatusCode::OK, format!("{action} {key}: already applied"));
         }
@@ -291,7 +330,8 @@ async fn act(
         return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
     }
     let roll = sim.roll();
-    let hang_after_effect = roll < sim.cfg.hang_rate / 2.0;
+    let hang_after_effect =
+        roll < sim.cfg.hang_rate / 2.0 || sim.cfg.lose_reply_actions.contains(&action);
     if roll < sim.cfg.hang_rate && !hang_after_effect {
         sim.ledger().stats.hangs += 1;
         tokio::time::sleep(sim.cfg.hang_for).await;
@@ -363,6 +403,7 @@ fn apply(
             compensates: call.compensates,
             applied_at: Utc::now(),
             calls: 1,
+            applied: 1,
             traceparent,
         },
     );
@@ -371,6 +412,27 @@ fn apply(
         l.stats.hangs += 1;
     }
     None
+}
+
+/// Whether a key applied at `applied_at` is forgotten after `window`.
+fn forgot(applied_at: DateTime<Utc>, window: Duration) -> bool {
+    chrono::Duration::from_std(window).is_ok_and(|w| Utc::now() - applied_at >= w)
+}
+
+/// The status endpoint: whether the action under `key` took effect.
+async fn status(State(sim): State<Sim>, Path(key): Path<String>) -> Response {
+    let l = sim.ledger();
+    match l.effects.get(&key) {
+        Some(e) => answer(
+            StatusCode::OK,
+            format!(
+                "{} {key}: applied at {}",
+                e.action,
+                e.applied_at.to_rfc3339()
+            ),
+        ),
+        None => answer(StatusCode::NOT_FOUND, format!("{key}: no such action")),
+    }
 }
 
 async fn ledger(State(sim): State<Sim>) -> Json<Vec<Effect>> {
@@ -411,7 +473,7 @@ pub fn double_effects(effects: &[Effect]) -> Vec<(String, String, usize)> {
     let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
     for e in effects {
         if e.kind == "do" && !undone.contains_key(e.key.as_str()) {
-            *seen.entry((&e.order_id, &e.action)).or_default() += 1;
+            *seen.entry((&e.order_id, &e.action)).or_default() += e.applied as usize;
         }
     }
     for e in effects {

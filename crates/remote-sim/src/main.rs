@@ -34,6 +34,14 @@ struct Args {
     /// Actions that always hang, then fail without taking effect (comma-separated).
     #[arg(long, env = "ORDERLY_SIM_HANG_ACTIONS", value_delimiter = ',')]
     hang_actions: Vec<String>,
+    /// Actions whose first call of a key takes effect, then hangs and fails: the reply
+    /// is lost after the effect (comma-separated).
+    #[arg(long, env = "ORDERLY_SIM_LOSE_REPLY_ACTIONS", value_delimiter = ',')]
+    lose_reply_actions: Vec<String>,
+    /// Forget an idempotency key this many ms after applying it (a repeat then applies
+    /// again); kept for good if unset.
+    #[arg(long, env = "ORDERLY_SIM_FORGET_KEYS_AFTER_MS", value_parser = orderly_runtime::millis)]
+    forget_keys_after_ms: Option<Duration>,
     /// Seed of the fault dice.
     #[arg(long, env = "ORDERLY_SIM_SEED", default_value_t = 1)]
     seed: u64,
@@ -51,6 +59,8 @@ async fn main() -> anyhow::Result<()> {
         hang_for: args.hang_ms,
         permanent_actions: args.permanent_actions,
         hang_actions: args.hang_actions,
+        lose_reply_actions: args.lose_reply_actions,
+        forget_keys_after: args.forget_keys_after_ms,
         seed: args.seed,
     };
     cfg.validate()

@@ -68,11 +68,16 @@ impl Scheduler {
 
     /// The write that starts an order's current step, telling the client's queue (if
     /// any) that it is processing.
+    /// `resumed`: the order was this scheduler's before a restart, so its current step
+    /// may have been sent already. An order back after a timeout or a failure
+    /// (FailureCount > 0) may have had its step sent too. Either way the step is sent
+    /// as uncertain (asked about first, if it has a status probe).
     pub(crate) fn start_write(
         &self,
         flow: &Workflow,
         order: &ClaimedOrder,
         context: &StepContext,
+        resumed: bool,
     ) -> StepWrite {
         let mut write = self.start_step(
             flow,
@@ -80,6 +85,7 @@ impl Scheduler {
             order.current_step,
             order.complete_by,
             context,
+            resumed || order.failure_count > 0,
         );
         let notice = StatusNotice {
             order_id: order.fence.order_id.clone(),
@@ -112,7 +118,7 @@ impl Scheduler {
             finish_as: None,
             generation: order.generation,
         };
-        Some(self.start_write(flow, order, &context))
+        Some(self.start_write(flow, order, &context, false))
     }
 
     pub(crate) async fn advance_claimed(
@@ -190,7 +196,9 @@ impl Scheduler {
                 None if order.current_step >= flow.len() => {
                     Next::Complete(self.completion(&order.fence, &context))
                 }
-                None => Next::Write(self.start_write(flow, order, &context)),
+                // Only resumed orders start here (a claim starts its forward-running
+                // orders in its own transaction).
+                None => Next::Write(self.start_write(flow, order, &context, true)),
             };
             nexts.push(next);
         }

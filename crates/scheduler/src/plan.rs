@@ -35,6 +35,10 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The request for step `index`. `uncertain`: it may have been sent before and
+    /// taken effect unseen (the order came back after a timeout, or was resumed), so an
+    /// agent asks the step's status probe, if it declares one, before calling.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn request(
         &self,
         flow: &Workflow,
@@ -43,12 +47,15 @@ impl Scheduler {
         kind: StepKind,
         complete_by: chrono::DateTime<chrono::Utc>,
         context: &StepContext,
+        uncertain: bool,
     ) -> Option<Envelope> {
         let def = flow.step(index)?;
         let action = match kind {
             StepKind::Do => def.name.clone(),
             StepKind::Compensate => def.compensation.clone()?,
         };
+        // A probe asks about the step's own action, not its compensation.
+        let probe = def.probe.clone().filter(|_| kind == StepKind::Do);
         let generation = context.generation;
         let request = StepRequest {
             fence: fence.clone(),
@@ -65,6 +72,8 @@ impl Scheduler {
             retry: def.retry.clone(),
             reply_to: self.cfg.replies.clone(),
             context: context.clone(),
+            uncertain: uncertain && probe.is_some(),
+            probe,
         };
         Some(Envelope {
             queue: def.queue.clone(),
@@ -76,6 +85,7 @@ impl Scheduler {
         })
     }
 
+    /// The write that starts step `index` (see [`Self::request`] for `uncertain`).
     pub(crate) fn start_step(
         &self,
         flow: &Workflow,
@@ -83,6 +93,7 @@ impl Scheduler {
         index: i32,
         complete_by: chrono::DateTime<chrono::Utc>,
         context: &StepContext,
+        uncertain: bool,
     ) -> StepWrite {
         let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
         StepWrite {
@@ -97,7 +108,15 @@ impl Scheduler {
                 detail: None,
             }],
             sends: self
-                .request(flow, fence, index, StepKind::Do, complete_by, context)
+                .request(
+                    flow,
+                    fence,
+                    index,
+                    StepKind::Do,
+                    complete_by,
+                    context,
+                    uncertain,
+                )
                 .into_iter()
                 .collect(),
         }
@@ -137,7 +156,15 @@ impl Scheduler {
         let next = reply.step_index + 1;
         if next < flow.len() {
             let start =
-                self.start_step(flow, &reply.fence, next, reply.complete_by, &reply.context);
+                // The next step has never been sent in this ownership.
+                self.start_step(
+                    flow,
+                    &reply.fence,
+                    next,
+                    reply.complete_by,
+                    &reply.context,
+                    false,
+                );
             write.updates.extend(start.updates);
             write.sends.extend(start.sends);
         } else {
@@ -225,6 +252,7 @@ impl Scheduler {
                             StepKind::Compensate,
                             complete_by,
                             context,
+                            false,
                         )
                         .into_iter()
                         .collect(),

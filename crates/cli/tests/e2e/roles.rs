@@ -544,6 +544,8 @@ async fn agent_deadlines(dialect: Dialect) {
                 finish_as: None,
                 generation: 0,
             },
+            probe: None,
+            uncertain: false,
         };
         deadlines.insert(order_id.clone(), complete_by);
         messages.push(json_message(req.message_id(), &req, None));
