@@ -46,6 +46,24 @@ enum Command {
         #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
         workflow: Vec<std::path::PathBuf>,
     },
+    /// Remove finished orders (Processed or Cancelled) older than --older-than, with
+    /// their steps, history and alerts, and old dead letters, relayed outbox rows and
+    /// expired duplicate-detection rows. Orders in Error and live orders are never
+    /// removed. The leading supervisor does this by itself (--retain-finished).
+    Prune {
+        /// Keep what finished (or was sent or dead-lettered) within this span: 7d, 36h, ...
+        #[arg(long, default_value = "7d", value_parser = orderly_runtime::span)]
+        older_than: std::time::Duration,
+        /// Only count what would go.
+        #[arg(long)]
+        dry_run: bool,
+        /// Remove without asking first.
+        #[arg(long)]
+        yes: bool,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Post orders to the orders queue as a client does (through the submitter): a JSON
     /// file (`-` for stdin) of one order or an array, or samples; on the SQL queue or
     /// Service Bus. `--wait` follows them to their end.
@@ -405,6 +423,12 @@ async fn run() -> anyhow::Result<()> {
             sample,
             operator,
         } => triage::submit(store.as_ref(), file, sample, &operator).await?,
+        Command::Prune {
+            older_than,
+            dry_run,
+            yes,
+            json,
+        } => triage::prune(store.as_ref(), older_than, dry_run, yes, json).await?,
         Command::Resubmit {
             order_id,
             all: _,

@@ -6,7 +6,7 @@ use std::io::Read;
 
 use anyhow::{Context, bail};
 use orderly_cli::sample;
-use orderly_core::store::{NewOrder, OrderFilter, StateStore, SubmitOutcome};
+use orderly_core::store::{NewOrder, OrderFilter, Pruned, Retention, StateStore, SubmitOutcome};
 use orderly_core::{Actor, OrderId, ProcessState};
 
 /// Which orders: by state, error text, step, age.
@@ -254,4 +254,55 @@ pub(crate) fn read_orders(path: &str) -> anyhow::Result<Vec<NewOrder>> {
             Ok(order)
         })
         .collect()
+}
+
+/// `orderly prune`: counts what retention would remove, then (unless `dry_run`, and
+/// after asking unless `yes`) removes it and says what went.
+pub(crate) async fn prune(
+    store: &dyn StateStore,
+    older_than: std::time::Duration,
+    dry_run: bool,
+    yes: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let retention = Retention {
+        keep: older_than,
+        batch: 500,
+    };
+    let would = store.prune(&retention, true).await?;
+    let show = |what: &str, p: &Pruned| -> anyhow::Result<()> {
+        if json {
+            let mut v = serde_json::to_value(p)?;
+            v["what"] = what.into();
+            println!("{v}");
+        } else {
+            println!(
+                "{what}: {} finished orders ({} steps, {} history entries, {} alerts), \
+                 {} dead letters, {} outbox rows, {} expired duplicate-detection rows",
+                p.orders, p.steps, p.history, p.alerts, p.dead_letters, p.outbox, p.dedup
+            );
+        }
+        Ok(())
+    };
+    let span = humane(older_than);
+    show(&format!("older than {span}, would remove"), &would)?;
+    if dry_run || would.is_empty() {
+        return Ok(());
+    }
+    if !yes && !confirm("Remove them?")? {
+        bail!("nothing removed");
+    }
+    let done = store.prune(&retention, false).await?;
+    show("removed", &done)
+}
+
+/// `older_than` as it was most likely written.
+fn humane(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }

@@ -890,6 +890,60 @@ fn bulk_actions_select_by_filter_and_ask_first() {
     );
 }
 
+/// Retention as an operator runs it: finished orders older than the span are counted
+/// first, removed only when confirmed, and live orders are never touched.
+#[test]
+fn prune_counts_first_asks_and_removes_only_finished_orders() {
+    let db = Db::new();
+    assert!(db.orderly(&["submit", "--sample", "5"]).status.success());
+    let ids: Vec<String> = stdout(&db.orderly(&["list", "--json"]))
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("JSON")["order_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 5);
+    for id in &ids[..3] {
+        let out = db.orderly(&["cancel", id, "--reason", "not wanted"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let out = db.orderly(&["prune", "--older-than", "1s", "--dry-run"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = stdout(&out);
+    assert!(
+        said.contains("older than 1s, would remove: 3 finished orders"),
+        "{said}"
+    );
+    let out = db.orderly(&["prune", "--older-than", "1s"]);
+    assert!(!out.status.success(), "a closed stdin is no");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing removed"));
+    let out = db.orderly(&["prune", "--older-than", "1s", "--yes", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let removed = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON"))
+        .find(|v| v["what"] == "removed")
+        .expect("a removed line");
+    assert_eq!(removed["orders"], 3);
+    assert!(removed["history"].as_u64().unwrap_or(0) >= 6, "{removed}");
+    let left = stdout(&db.orderly(&["list", "--json"])).lines().count();
+    assert_eq!(left, 2, "the two Pending orders stay");
+    for id in &ids[..3] {
+        let out = db.orderly(&["show", id]);
+        assert!(!out.status.success(), "{id} is gone");
+    }
+    let out = db.orderly(&["prune", "--older-than", "1w"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the unit is d, h, m or s"),
+        "{out:?}"
+    );
+}
+
 /// The dashboard end to end in a real headless browser (Debian's chromium, driven by
 /// playwright-core from `tests/browser`): the Error list, search, an order's page,
 /// Retry -> Pending; a forged POST refused. Then over plain HTTP: a non-loopback

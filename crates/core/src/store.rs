@@ -714,6 +714,15 @@ pub trait SupervisorStore: Send + Sync {
         alert_ids: &[i64],
         sends: &[Envelope],
     ) -> Result<Vec<i64>>;
+
+    /// Removes what `retention` lets go, in short transactions of at most
+    /// `retention.batch` orders (or rows) each, so the hot path never waits long behind
+    /// it: orders finished (Processed or Cancelled) longer than `retention.keep` ago
+    /// (on the store's clock) with their steps, history and alerts; queue dead letters
+    /// and outbox rows sent or dead-lettered longer ago than that; and expired
+    /// duplicate-detection rows. Orders in Error and live orders are never touched.
+    /// With `dry_run`, counts what would go and removes nothing.
+    async fn prune(&self, retention: &Retention, dry_run: bool) -> Result<Pruned>;
 }
 
 /// Looking at and repairing orders (operators).
@@ -771,6 +780,41 @@ pub trait OperatorStore: Send + Sync {
         reason: &str,
         sends: &[Envelope],
     ) -> Result<StateRow>;
+}
+
+/// What retention keeps: see [`OperatorStore::prune`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// How long finished orders (and sent or dead-lettered messages) are kept.
+    pub keep: std::time::Duration,
+    /// Most orders (or rows) removed per transaction.
+    pub batch: u32,
+}
+
+/// What a prune removed (or, dry, would remove), by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Pruned {
+    /// Finished orders.
+    pub orders: u64,
+    /// Their steps.
+    pub steps: u64,
+    /// Their history entries.
+    pub history: u64,
+    /// Their alerts.
+    pub alerts: u64,
+    /// Dead letters of the SQL queues.
+    pub dead_letters: u64,
+    /// Outbox rows already sent, or dead-lettered.
+    pub outbox: u64,
+    /// Expired duplicate-detection rows.
+    pub dedup: u64,
+}
+
+impl Pruned {
+    /// Whether nothing was (or would be) removed.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Live orders of one workflow version in one state.

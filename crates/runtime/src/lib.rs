@@ -237,9 +237,44 @@ pub fn millis(raw: &str) -> Result<Duration, String> {
         .map_err(|e| format!("expected milliseconds: {e}"))
 }
 
+/// Parses a span of time for retention flags: a whole number with a unit, `d` (days),
+/// `h`, `m` or `s` (e.g. `7d`, `36h`), between 1 s and 100 years.
+pub fn span(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let split = raw
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{raw:?} needs a unit: d, h, m or s (e.g. 7d)"))?;
+    let (number, unit) = raw.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a whole number with a unit (e.g. 7d)"))?;
+    let seconds = match unit {
+        "d" => n.checked_mul(86_400),
+        "h" => n.checked_mul(3_600),
+        "m" => n.checked_mul(60),
+        "s" => Some(n),
+        _ => return Err(format!("{raw:?}: the unit is d, h, m or s (e.g. 7d)")),
+    };
+    match seconds {
+        Some(s) if (1..=100 * 365 * 86_400).contains(&s) => Ok(Duration::from_secs(s)),
+        _ => Err(format!("{raw:?} must be between 1s and 100 years")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_read_as_operators_write_them() {
+        assert_eq!(span("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(span("36h"), Ok(Duration::from_secs(36 * 3_600)));
+        assert_eq!(span("90m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(span(" 45s "), Ok(Duration::from_secs(45)));
+        for bad in ["7", "d", "7w", "-1d", "0s", "1.5d", "999999999999d"] {
+            assert!(span(bad).is_err(), "{bad} was taken");
+        }
+    }
 
     #[test]
     fn a_workflow_file_with_an_unknown_key_is_refused_naming_it() {

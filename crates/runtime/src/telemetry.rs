@@ -60,7 +60,10 @@ impl Drop for Telemetry {
 /// Errors name the setting.
 pub fn init(service: &str, common: &Common, instance: &InstanceId) -> anyhow::Result<Telemetry> {
     let log_filter = EnvFilter::try_from_env("ORDERLY_LOG").unwrap_or_else(|_| "info".into());
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: a log file or a collector gets plain text.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt: Box<dyn Layer<Registry> + Send + Sync> = if common.log_json {
         fmt.json().with_filter(log_filter).boxed()
     } else {

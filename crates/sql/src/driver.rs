@@ -418,6 +418,8 @@ pub(crate) struct Rescue {
 /// `statements.rs` defines one of these, so both name the same statements.
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// A subquery of the texts of list `$1`, one row each (for `x IN (...)`).
+    pub texts_of_1: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 8] = [
+const ALL: [Both; 9] = [
     Both {
         version: 1,
         name: "state_store",
@@ -88,6 +88,12 @@ const ALL: [Both; 8] = [
         name: "workflow_versions",
         sqlite: include_str!("../../../migrations/sqlite/0008_workflow_versions.sql"),
         postgres: include_str!("../../../migrations/postgres/0008_workflow_versions.sql"),
+    },
+    Both {
+        version: 9,
+        name: "retention",
+        sqlite: include_str!("../../../migrations/sqlite/0009_retention.sql"),
+        postgres: include_str!("../../../migrations/postgres/0009_retention.sql"),
     },
 ];
 

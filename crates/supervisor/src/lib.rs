@@ -18,7 +18,7 @@ use std::time::Duration;
 use orderly_core::InstanceId;
 use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
-use orderly_core::store::{Alert, Recovered, RecoveryPolicy, SupervisorStore};
+use orderly_core::store::{Alert, Recovered, RecoveryPolicy, Retention, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -52,10 +52,15 @@ pub struct SupervisorConfig {
     pub batch: u32,
     /// Where alerts go.
     pub alerts: QueueName,
+    /// What the leader removes, and how much per transaction (`None`: keep everything).
+    pub retention: Option<Retention>,
+    /// How often the leader prunes under `retention`.
+    pub prune_every: Duration,
 }
 
 impl SupervisorConfig {
-    /// Defaults: the default recovery policy, a sweep every second, batches of 500.
+    /// Defaults: the default recovery policy, a sweep every second, batches of 500;
+    /// finished orders kept 7 days, pruned every 10 minutes.
     pub fn new(instance: InstanceId) -> Self {
         Self {
             instance,
@@ -64,6 +69,11 @@ impl SupervisorConfig {
             batch: 500,
             alerts: QueueName::parse(orderly_core::messages::queues::ALERTS)
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
+            retention: Some(Retention {
+                keep: Duration::from_secs(7 * 86_400),
+                batch: 500,
+            }),
+            prune_every: Duration::from_secs(600),
         }
     }
 }
@@ -261,7 +271,8 @@ impl Supervisor {
     /// The leader task: sweeps every interval under `leadership`'s term until it is
     /// cancelled, beating its heartbeat at every sweep and batch. A sweep the store
     /// refuses because another term began ends the term at once; an unavailable store
-    /// is logged and retried at the next interval.
+    /// is logged and retried at the next interval. Under a retention policy it also
+    /// prunes every `prune_every`, beside the sweeps.
     pub async fn lead(self, leadership: Leadership) -> LeaderExit {
         let Leadership {
             fence,
@@ -274,30 +285,83 @@ impl Supervisor {
             let mut tick = tokio::time::interval(self.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let alive = || heartbeat.beat();
-            loop {
-                tokio::select! {
-                    biased;
-                    () = cancelled.cancelled() => return LeaderExit::Cancelled,
-                    _ = tick.tick() => {}
-                }
-                alive();
-                let sweep = tokio::select! {
-                    biased;
-                    () = cancelled.cancelled() => return LeaderExit::Cancelled,
-                    sweep = self.sweep(&fence, &alive) => sweep,
-                };
-                match sweep {
-                    Ok(_) => {}
-                    Err(e @ orderly_core::Error::Deposed { .. }) => {
-                        warn!(error = %e, "the store refused this term's write: another leader took over");
-                        return LeaderExit::Deposed;
+            let sweeps = async {
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = cancelled.cancelled() => return LeaderExit::Cancelled,
+                        _ = tick.tick() => {}
                     }
-                    Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
+                    alive();
+                    let sweep = tokio::select! {
+                        biased;
+                        () = cancelled.cancelled() => return LeaderExit::Cancelled,
+                        sweep = self.sweep(&fence, &alive) => sweep,
+                    };
+                    match sweep {
+                        Ok(_) => {}
+                        Err(e @ orderly_core::Error::Deposed { .. }) => {
+                            warn!(error = %e, "the store refused this term's write: another leader took over");
+                            return LeaderExit::Deposed;
+                        }
+                        Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
+                    }
                 }
+            };
+            // Pruning runs beside the sweeps, never in their way: a first prune of a
+            // large backlog takes many batches, and recoveries must not wait for it.
+            // It ends with the term (a batch cut short is rolled back).
+            let prunes = async {
+                let Some(retention) = &self.cfg.retention else {
+                    return std::future::pending().await;
+                };
+                let mut every = tokio::time::interval(self.cfg.prune_every);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    self.prune(retention).await;
+                }
+            };
+            tokio::select! {
+                exit = sweeps => exit,
+                never = prunes => never,
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// Removes what `retention` lets go (the leader's housekeeping); a failure is
+    /// logged and tried again at the next prune.
+    async fn prune(&self, retention: &Retention) {
+        match self.store.prune(retention, false).await {
+            Ok(p) if p.is_empty() => {}
+            Ok(p) => {
+                for (what, n) in [
+                    ("orders", p.orders),
+                    ("steps", p.steps),
+                    ("history", p.history),
+                    ("alerts", p.alerts),
+                    ("dead_letters", p.dead_letters),
+                    ("outbox", p.outbox),
+                    ("dedup", p.dedup),
+                ] {
+                    metrics::counter!("orderly_pruned_total", "what" => what).increment(n);
+                }
+                info!(
+                    orders = p.orders,
+                    steps = p.steps,
+                    history = p.history,
+                    alerts = p.alerts,
+                    dead_letters = p.dead_letters,
+                    outbox = p.outbox,
+                    dedup = p.dedup,
+                    keep_secs = retention.keep.as_secs(),
+                    "pruned what the retention policy lets go"
+                );
+            }
+            Err(e) => warn!(error = %e, "prune failed; trying again at the next prune"),
+        }
     }
 
     /// Sweeps whenever `elector` makes this instance the leader, until `shutdown`.

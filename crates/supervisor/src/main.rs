@@ -36,6 +36,14 @@ struct Args {
     /// Each webhook attempt is abandoned after this long, in ms.
     #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_TIMEOUT_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
     alert_webhook_timeout_ms: Duration,
+    /// Remove finished orders (Processed or Cancelled; with their steps, history and
+    /// alerts), old dead letters and relayed outbox rows this long after they ended:
+    /// 7d, 36h, ...; `off` keeps everything. Only the leader prunes, in small batches.
+    #[arg(long, env = "ORDERLY_RETAIN_FINISHED", default_value = "7d", value_parser = retain)]
+    retain_finished: RetainFinished,
+    /// How often the leader prunes: 10m, 1h, ...
+    #[arg(long, env = "ORDERLY_PRUNE_EVERY", default_value = "10m", value_parser = orderly_runtime::span)]
+    prune_every: Duration,
     /// Attempts per alert before the webhook gives up on it (it stays in the alerts table and queue).
     #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
     alert_webhook_max_attempts: u32,
@@ -82,6 +90,14 @@ async fn main() -> anyhow::Result<()> {
     let webhook = webhook(&args)?;
     let mut cfg = SupervisorConfig::new(instance.clone());
     cfg.interval = args.interval_ms;
+    cfg.retention = args
+        .retain_finished
+        .0
+        .map(|keep| orderly_core::store::Retention {
+            keep,
+            batch: cfg.batch,
+        });
+    cfg.prune_every = args.prune_every;
     cfg.policy.max_failures = args.max_failures;
     cfg.policy.backoff_base = args.backoff_base_ms;
     cfg.policy.backoff_max = args.backoff_max_ms;
@@ -125,4 +141,17 @@ async fn main() -> anyhow::Result<()> {
         let _ = ops.await;
     }
     Ok(())
+}
+
+/// `--retain-finished`: how long finished orders are kept, `None` for `off`.
+#[derive(Debug, Clone, Copy)]
+struct RetainFinished(Option<Duration>);
+
+/// Reads `--retain-finished`: a span, or `off`.
+fn retain(raw: &str) -> Result<RetainFinished, String> {
+    if raw.trim().eq_ignore_ascii_case("off") {
+        Ok(RetainFinished(None))
+    } else {
+        orderly_runtime::span(raw).map(|keep| RetainFinished(Some(keep)))
+    }
 }

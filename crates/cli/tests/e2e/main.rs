@@ -15,6 +15,7 @@ mod probe;
 mod processes;
 #[path = "../support/procs.rs"]
 mod procs;
+mod retention;
 mod roles;
 mod servicebus;
 mod workflows;

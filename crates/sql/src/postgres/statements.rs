@@ -7,6 +7,7 @@ use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in PostgreSQL.
 pub(crate) const SQL: Statements = Statements {
+    texts_of_1: "SELECT unnest(CAST($1 AS TEXT[]))",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,

@@ -7,6 +7,7 @@ use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
+    texts_of_1: "SELECT value FROM json_each($1)",
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,

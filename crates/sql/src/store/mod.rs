@@ -17,6 +17,7 @@
 mod intake;
 mod leadership;
 mod operator;
+mod retention;
 mod scheduler;
 mod steps;
 mod supervisor;

@@ -79,6 +79,15 @@ impl<D: Driver> SqlStore<D> {
 
 #[async_trait]
 impl<D: Driver> SupervisorStore for SqlStore<D> {
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, dry_run))]
+    async fn prune(
+        &self,
+        retention: &orderly_core::store::Retention,
+        dry_run: bool,
+    ) -> Result<orderly_core::store::Pruned> {
+        self.prune_now(retention, dry_run).await
+    }
+
     async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>> {
         let mut conn = self.driver.acquire().await?;
         let rows = q(D::SQL.find_expired)

@@ -12,6 +12,7 @@ mod fixtures;
 mod inspect;
 mod outbox;
 mod postgres_only;
+mod prune;
 mod sql;
 
 mod sqlite_conformance {

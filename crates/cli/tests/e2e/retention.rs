@@ -1,0 +1,77 @@
+//! Retention run by the leading supervisor, as the real binary on a new database: with
+//! `--retain-finished 1s --prune-every 1s` it removes the finished orders (with their
+//! history) once they are older than the span, and leaves the live ones.
+
+use std::time::Duration;
+
+use orderly_core::ProcessState;
+use orderly_testkit::builders;
+
+use crate::both;
+use crate::fixtures::{Db, Dialect};
+use crate::procs::{Proc, wait_for};
+
+both!(
+    the_leading_supervisor_prunes_finished_orders_by_its_policy,
+    leader_prunes
+);
+async fn leader_prunes(dialect: Dialect) {
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let order = builders::order(n);
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap();
+        ids.push(order.order_id);
+    }
+    let operator = orderly_core::Actor::operator("test");
+    for id in &ids[..2] {
+        let row = store
+            .cancel(id, &operator, "not wanted", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.process_state, ProcessState::Cancelled);
+    }
+    let supervisor = Proc::start(
+        "orderly-supervisor",
+        &db.url,
+        &[
+            "--interval-ms",
+            "200",
+            "--retain-finished",
+            "1s",
+            "--prune-every",
+            "1s",
+        ],
+    );
+    wait_for(
+        "the cancelled orders pruned",
+        Duration::from_secs(30),
+        async || {
+            let mut all_gone = true;
+            for id in &ids[..2] {
+                all_gone &= matches!(
+                    store.get(id).await,
+                    Err(orderly_core::Error::OrderNotFound(_))
+                );
+            }
+            all_gone
+        },
+    )
+    .await;
+    for id in &ids[2..] {
+        assert_eq!(
+            store.get(id).await.unwrap().state.process_state,
+            ProcessState::Pending,
+            "live orders stay"
+        );
+    }
+    let log = supervisor.output();
+    assert!(
+        log.contains("pruned what the retention policy lets go") && log.contains("orders=2"),
+        "{log}"
+    );
+}

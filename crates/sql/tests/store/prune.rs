@@ -1,0 +1,233 @@
+//! Retention on both dialects, on the store's injected clock: finished orders older
+//! than the policy go with their steps, history and alerts; old dead letters and
+//! expired duplicate-detection rows go; orders in Error, live orders and anything
+//! recent stay; history stays append-only for every order that is not finished.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly_core::store::{ClaimRequest, Completion, OperatorStore, Pruned, Retention, StateStore};
+use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
+use orderly_core::{Actor, Error, InstanceId, ManualClock, OrderId, ProcessState, TimeSource};
+use orderly_sql::{PgStore, SqliteStore};
+use orderly_testkit::builders;
+use orderly_testkit::store::StoreFactory;
+
+use crate::fixtures::{pg_factory, sqlite_factory};
+
+trait StoreAndQueue: StateStore + Transport {}
+impl<T: StateStore + Transport> StoreAndQueue for T {}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn week() -> Retention {
+    Retention {
+        keep: 7 * DAY,
+        // Small batches, so the test crosses batch boundaries.
+        batch: 2,
+    }
+}
+
+async fn submitted(store: &dyn StateStore) -> OrderId {
+    let order = builders::order(1);
+    store
+        .submit(&order, &builders::submitter(), &[])
+        .await
+        .unwrap();
+    order.order_id
+}
+
+/// An order taken to Processed (claimed, completed).
+async fn processed(store: &dyn StateStore) -> OrderId {
+    let id = submitted(store).await;
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("scheduler-1").unwrap(),
+            limit: 10,
+            timeout: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let fence = claimed
+        .into_iter()
+        .find(|c| c.fence.order_id == id)
+        .unwrap()
+        .fence;
+    let out = store
+        .complete_many(&[Completion::from(fence)])
+        .await
+        .unwrap();
+    assert_eq!(out.completed.len(), 1);
+    id
+}
+
+async fn gone(store: &dyn StateStore, id: &OrderId) -> bool {
+    matches!(store.get(id).await, Err(Error::OrderNotFound(_)))
+}
+
+async fn retention(store: Arc<dyn StoreAndQueue>, clock: ManualClock) {
+    let operator = Actor::operator("test");
+    // Old: three finished (two Cancelled, one Processed), one Error, one live.
+    let mut old_finished = Vec::new();
+    for _ in 0..2 {
+        let id = submitted(store.as_ref()).await;
+        store
+            .cancel(&id, &operator, "not wanted", &[])
+            .await
+            .unwrap();
+        old_finished.push(id);
+    }
+    old_finished.push(processed(store.as_ref()).await);
+    let failed = submitted(store.as_ref()).await;
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("scheduler-1").unwrap(),
+            limit: 10,
+            timeout: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let fence = claimed
+        .into_iter()
+        .find(|c| c.fence.order_id == failed)
+        .unwrap()
+        .fence;
+    store.fail(&fence, "payment declined", &[]).await.unwrap();
+    let live = submitted(store.as_ref()).await;
+    // An old dead letter, and a duplicate-detection row that will have expired.
+    let q = QueueName::parse("work").unwrap();
+    store
+        .declare_queue(
+            &q,
+            &QueueSettings {
+                duplicate_detection_window: Duration::from_secs(600),
+                ..QueueSettings::default()
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .send(&q, &[OutgoingMessage::new("m-1", b"x".to_vec())])
+        .await
+        .unwrap();
+    let got = store.receive(&q, 1, Duration::ZERO).await.unwrap();
+    store.dead_letter(&got[0], "Poison", "test").await.unwrap();
+
+    clock.advance(8 * DAY);
+    // Recent: a Cancelled order and a dead letter within the week.
+    let recent = submitted(store.as_ref()).await;
+    store
+        .cancel(&recent, &operator, "not wanted", &[])
+        .await
+        .unwrap();
+    store
+        .send(&q, &[OutgoingMessage::new("m-2", b"y".to_vec())])
+        .await
+        .unwrap();
+    let got = store.receive(&q, 1, Duration::ZERO).await.unwrap();
+    store.dead_letter(&got[0], "Poison", "test").await.unwrap();
+
+    let mut history = 0;
+    let mut steps = 0;
+    for id in &old_finished {
+        let view = store.get(id).await.unwrap();
+        history += view.history.len() as u64;
+        steps += view.steps.len() as u64;
+    }
+    let expected = Pruned {
+        orders: 3,
+        steps,
+        history,
+        alerts: 0,
+        dead_letters: 1,
+        outbox: 0,
+        dedup: 1,
+    };
+    // A dry run counts and removes nothing.
+    assert_eq!(store.prune(&week(), true).await.unwrap(), expected);
+    for id in &old_finished {
+        assert!(!gone(store.as_ref(), id).await);
+    }
+    assert_eq!(store.prune(&week(), false).await.unwrap(), expected);
+    for id in &old_finished {
+        assert!(gone(store.as_ref(), id).await, "{id} was kept");
+    }
+    for id in [&failed, &live, &recent] {
+        assert!(!gone(store.as_ref(), id).await, "{id} was removed");
+    }
+    assert_eq!(
+        store.get(&failed).await.unwrap().state.process_state,
+        ProcessState::Error
+    );
+    // Nothing is left to remove.
+    assert!(store.prune(&week(), false).await.unwrap().is_empty());
+    assert!(store.prune(&week(), true).await.unwrap().is_empty());
+    // A day later with a one-day policy, the recent Cancelled order goes too.
+    clock.advance(2 * DAY);
+    let day = Retention {
+        keep: DAY,
+        batch: 500,
+    };
+    let p = store.prune(&day, false).await.unwrap();
+    assert_eq!((p.orders, p.dead_letters), (1, 1), "{p:?}");
+    assert!(gone(store.as_ref(), &recent).await);
+    assert!(!gone(store.as_ref(), &failed).await);
+}
+
+#[tokio::test]
+async fn sqlite_retention_removes_exactly_what_the_policy_lets_go() {
+    let clock = ManualClock::starting_now();
+    let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
+    let store = SqliteStore::open(&f.url(), f.time.clone()).await.unwrap();
+    retention(Arc::new(store), clock).await;
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn postgres_retention_removes_exactly_what_the_policy_lets_go() {
+    let clock = ManualClock::starting_now();
+    let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
+    let store: PgStore = f.store().await;
+    retention(Arc::new(store), clock).await;
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn history_stays_append_only_for_orders_that_are_not_finished() {
+    let f = sqlite_factory(TimeSource::Database);
+    let store = SqliteStore::open(&f.url(), TimeSource::Database)
+        .await
+        .unwrap();
+    let live = submitted(&store).await;
+    let err = sqlx::query("DELETE FROM order_history WHERE order_id = $1")
+        .bind(live.as_str())
+        .execute(store.pool())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("append-only"), "{err}");
+    f.cleanup().await;
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let live = submitted(&store).await;
+    let err = sqlx::query("DELETE FROM order_history WHERE order_id = $1")
+        .bind(live.as_str())
+        .execute(store.pool())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("append-only"), "{err}");
+    // Updates stay refused even for a finished order.
+    let done = submitted(&store).await;
+    store
+        .cancel(&done, &Actor::operator("test"), "x", &[])
+        .await
+        .unwrap();
+    let err = sqlx::query("UPDATE order_history SET reason = 'rewritten' WHERE order_id = $1")
+        .bind(done.as_str())
+        .execute(store.pool())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("append-only"), "{err}");
+    f.cleanup().await;
+}
