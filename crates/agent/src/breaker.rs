@@ -85,16 +85,20 @@ impl Breaker {
         *self.state() = State::Closed { failures: 0 };
     }
 
-    /// A transient failure (error, timeout, 5xx, 429).
-    pub fn record_failure(&self) {
+    /// A transient failure (error, timeout, 5xx, 429). Returns whether it opened the
+    /// breaker (the threshold was reached, or a probe failed).
+    pub fn record_failure(&self) -> bool {
         let mut state = self.state();
+        let mut opened = false;
         *state = match *state {
             State::Closed { failures } if failures + 1 < self.cfg.failure_threshold => {
                 State::Closed {
                     failures: failures + 1,
                 }
             }
+            State::Open { until } => State::Open { until },
             _ => {
+                opened = true;
                 tracing::warn!(
                     open_for_ms = self.cfg.open_for.as_millis() as u64,
                     "circuit opened: the remote service keeps failing"
@@ -104,6 +108,7 @@ impl Breaker {
                 }
             }
         };
+        opened
     }
 
     /// How long calls are held back still (`None`: a call may be tried now), without
@@ -140,8 +145,12 @@ mod tests {
             b.record_failure();
         }
         assert!(!b.is_open(), "two failures are below the threshold");
-        b.record_failure();
+        assert!(b.record_failure(), "the third opens it");
         assert!(b.is_open());
+        assert!(
+            !b.record_failure(),
+            "already open: a late failure changes nothing"
+        );
         let wait = b.allow().unwrap_err();
         assert_eq!(wait, Duration::from_secs(2));
         tokio::time::advance(Duration::from_secs(2)).await;

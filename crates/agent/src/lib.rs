@@ -11,6 +11,7 @@
 //! binary (`src/main.rs`) wires it through `orderly-runtime`.
 
 mod breaker;
+mod fleet;
 mod remote;
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use breaker::{Breaker, BreakerConfig};
+pub use fleet::FleetConfig;
 pub use remote::{CallError, Endpoints, HttpRemote, ProbeAnswer, RemoteCall, RemoteService};
 
 /// How an agent works.
@@ -79,7 +81,9 @@ pub enum Handled {
     Replied(StepOutcome),
     /// The deadline passed (or the tries ran out) first: nothing was sent.
     Silent(String),
-    /// The service's circuit is open: the request was given back to its queue untried
+    /// The service is down (this agent's circuit is open, or the fleet sees it down):
+    /// not called. With the fleet's view, a `Deferred` reply parks the order until the
+    /// service is back; without it, the request is given back to its queue untried
     /// (taken again once a probe finds the service up, or by the supervisor's retry).
     Deferred(String),
 }
@@ -95,6 +99,8 @@ pub struct Agent {
     /// One limit per queue.
     permits: Arc<HashMap<QueueName, Arc<Semaphore>>>,
     settler: mpsc::UnboundedSender<Settle>,
+    /// Its part in the fleet's view of the services (`None`: its breakers are its own).
+    fleet: Option<Arc<fleet::Fleet>>,
 }
 
 /// A request to settle: send its reply (if any), then complete it.
@@ -136,7 +142,31 @@ impl Agent {
             cfg,
             breakers: Arc::default(),
             settler,
+            fleet: None,
         }
+    }
+
+    /// Shares what it sees of its services with the fleet through `view`'s store: an
+    /// opened breaker reports the service down (schedulers then park the orders that
+    /// need it), requests for a service the fleet sees down are answered at once with
+    /// a `Deferred` reply, and an answer from a service seen down reports it up.
+    #[must_use]
+    pub fn with_services(
+        mut self,
+        view: Arc<orderly_core::service::ServiceView>,
+        cfg: FleetConfig,
+    ) -> Self {
+        self.fleet = Some(Arc::new(fleet::Fleet::new(
+            view,
+            cfg,
+            self.cfg.instance.clone(),
+        )));
+        self
+    }
+
+    /// The fleet's view, if `queue`'s service takes part in it.
+    fn fleet_for(&self, queue: &QueueName) -> Option<&Arc<fleet::Fleet>> {
+        self.fleet.as_ref().filter(|f| f.covers(queue))
     }
 
     /// Hands a request to the settling task and waits for it to be settled; says
@@ -222,7 +252,23 @@ impl Agent {
     pub async fn run(self, shutdown: CancellationToken) {
         let span = info_span!("agent", instance_id = %self.cfg.instance);
         async move {
-            info!(queues = ?self.cfg.queues.iter().map(QueueName::as_str).collect::<Vec<_>>(), "agent started");
+            info!(queues = ?self.cfg.queues.iter().map(QueueName::as_str).collect::<Vec<_>>(), fleet = self.fleet.is_some(), "agent started");
+            if let Some(fleet) = self.fleet.clone() {
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    let mut every = tokio::time::interval(fleet.cfg.refresh);
+                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            _ = every.tick() => {}
+                        }
+                        if let Err(e) = fleet.view.refresh().await {
+                            debug!(error = %e, "cannot read the fleet's view of the services");
+                        }
+                    }
+                });
+            }
             let loops: Vec<_> = self
                 .cfg
                 .queues
@@ -257,8 +303,12 @@ impl Agent {
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             // While the service is known to be down, take none of its requests: they
-            // stay on the queue, unlocked, until a probe may go.
-            if let Some(wait) = breaker.held_back_for() {
+            // stay on the queue, unlocked, until a probe may go. Unless the fleet knows
+            // it is down: then each is answered at once and its order waits, parked.
+            let fleet_knows = self
+                .fleet_for(&queue)
+                .is_some_and(|f| f.knows_down(queue.as_str()));
+            if let Some(wait) = breaker.held_back_for().filter(|_| !fleet_knows) {
                 debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "circuit open: not taking requests");
                 tokio::select! {
                     () = shutdown.cancelled() => break,
@@ -349,7 +399,22 @@ impl Agent {
                     }
                 };
             let (handled, attempts) = outcome;
-            if let Handled::Deferred(why) = &handled {
+            let fleet = self
+                .fleet_for(&msg.queue)
+                .filter(|f| f.knows_down(msg.queue.as_str()));
+            let answer = match &handled {
+                Handled::Replied(outcome) => Some(outcome.clone()),
+                Handled::Deferred(why) if fleet.is_some() => {
+                    metrics::counter!("orderly_requests_deferred_total", "queue" => msg.queue.as_str().to_owned()).increment(1);
+                    debug!(reason = %why, "request deferred: its order waits for the service");
+                    Some(StepOutcome::Deferred {
+                        service: msg.queue.as_str().to_owned(),
+                        reason: why.clone(),
+                    })
+                }
+                _ => None,
+            };
+            if let (Handled::Deferred(why), None) = (&handled, &answer) {
                 // Given back at once: no permit or lock held while the service is down.
                 debug!(reason = %why, "request given back");
                 if let Err(e) = self.transport.abandon(&msg).await {
@@ -361,12 +426,15 @@ impl Agent {
             let result = match &handled {
                 Handled::Replied(StepOutcome::Succeeded { .. }) => "succeeded",
                 Handled::Replied(StepOutcome::Failed { .. }) => "failed",
-                Handled::Silent(_) | Handled::Deferred(_) => "silent",
+                Handled::Replied(StepOutcome::Deferred { .. }) | Handled::Deferred(_) => {
+                    "deferred"
+                }
+                Handled::Silent(_) => "silent",
             };
             metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => result)
                 .record(started.elapsed().as_secs_f64());
             metrics::counter!("orderly_remote_calls_total", "action" => req.action.clone()).increment(u64::from(attempts));
-            if let Handled::Replied(outcome) = &handled {
+            if let Some(outcome) = &answer {
                 let now = self.clock.now();
                 let reply = StepReply {
                     fence: req.fence.clone(),
@@ -464,6 +532,18 @@ impl Agent {
         // The queue is the remote service (inventory, payment, ...): one breaker each.
         let service = queue.as_str();
         let breaker = self.breaker(service);
+        let fleet = self.fleet_for(queue);
+        if let Some(why) = fleet.and_then(|f| f.down_now(service, started)) {
+            return (Handled::Deferred(why), 0);
+        }
+        // An answer from the service: if the fleet sees it down, it is back.
+        let answered = || {
+            breaker.record_success();
+            if let Some(fleet) = fleet.filter(|f| f.knows_down(service)).cloned() {
+                let service = service.to_owned();
+                tokio::spawn(async move { fleet.report_up(&service).await });
+            }
+        };
         let call = RemoteCall::from_request(req);
         let mut attempts = 0u32;
         let mut last_error = String::from("no attempt made");
@@ -497,7 +577,7 @@ impl Agent {
                     Verdict::Applied(answer) => {
                         // The service answered: it is up (this may have been the one
                         // try a half-open breaker lets through).
-                        breaker.record_success();
+                        answered();
                         return (
                             Handled::Replied(StepOutcome::Succeeded {
                                 detail: format!(
@@ -521,7 +601,7 @@ impl Agent {
             let result = tokio::time::timeout(left, self.remote.call(&call, left)).await;
             match result {
                 Ok(Ok(detail)) => {
-                    breaker.record_success();
+                    answered();
                     return (
                         Handled::Replied(StepOutcome::Succeeded {
                             detail: noted(detail, &probed),
@@ -531,7 +611,7 @@ impl Agent {
                 }
                 Ok(Err(CallError::Permanent(error))) => {
                     // The service answered: it is up, the request is bad.
-                    breaker.record_success();
+                    answered();
                     return (
                         Handled::Replied(StepOutcome::Failed {
                             error: noted(error, &probed),
@@ -540,7 +620,11 @@ impl Agent {
                     );
                 }
                 Ok(Err(CallError::Transient { error, retry_after })) => {
-                    breaker.record_failure();
+                    if breaker.record_failure()
+                        && let Some(fleet) = fleet
+                    {
+                        fleet.report_down(service, &error).await;
+                    }
                     // No clear answer: the call may have taken effect before failing.
                     uncertain = true;
                     debug!(attempt = attempts, error = %error, "transient failure");
@@ -559,8 +643,12 @@ impl Agent {
                     tokio::time::sleep(wait).await;
                 }
                 Err(_elapsed) => {
-                    breaker.record_failure();
                     last_error = "remote call outlived the deadline".into();
+                    if breaker.record_failure()
+                        && let Some(fleet) = fleet
+                    {
+                        fleet.report_down(service, &last_error).await;
+                    }
                     break;
                 }
             }

@@ -4,8 +4,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use orderly_agent::{Agent, AgentConfig, Endpoints, HttpRemote};
+use std::time::Duration;
+
+use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, FleetConfig, HttpRemote};
 use orderly_core::SystemClock;
+use orderly_core::service::{OutagePolicy, ServiceView};
 use orderly_core::transport::QueueName;
 
 /// orderly-agent: consumes step requests and calls the remote services.
@@ -42,6 +45,40 @@ struct Args {
     /// Most requests received from a queue at once.
     #[arg(long, env = "ORDERLY_AGENT_RECEIVE_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     receive_batch: u32,
+    /// Transient failures in a row (errors, timeouts, 5xx, 429) that open the circuit
+    /// breaker of a service.
+    #[arg(long, env = "ORDERLY_BREAKER_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    breaker_failures: u32,
+    /// How long an open breaker keeps this agent off its service before one try, in ms.
+    #[arg(long, env = "ORDERLY_BREAKER_OPEN_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    breaker_open_ms: Duration,
+    /// `on`: a service whose breaker opens is reported down to the whole fleet, so
+    /// schedulers stop sending it work and the orders that need it wait (not counted
+    /// as failures) until a probe finds it back; `off`: each agent's breaker is its own.
+    #[arg(long, env = "ORDERLY_BACKPRESSURE", default_value = "on", value_parser = on_off)]
+    backpressure: bool,
+    /// Queues (services) left out of backpressure: their breakers stay this agent's own.
+    #[arg(long, env = "ORDERLY_BACKPRESSURE_OFF", value_delimiter = ',')]
+    backpressure_off: Vec<String>,
+    /// After a service goes down, the wait before the first probe, in ms (doubles
+    /// after each failed probe).
+    #[arg(long, env = "ORDERLY_PROBE_AFTER_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    probe_after_ms: Duration,
+    /// The longest wait between probes, in ms.
+    #[arg(long, env = "ORDERLY_PROBE_MAX_MS", default_value = "60000", value_parser = orderly_runtime::millis)]
+    probe_max_ms: Duration,
+    /// Once a service is back, how many of the orders waiting for it resume per second.
+    #[arg(long, env = "ORDERLY_RESUME_PER_SECOND", default_value_t = 200)]
+    resume_per_second: u32,
+}
+
+/// `on` or `off`.
+fn on_off(raw: &str) -> Result<bool, String> {
+    match raw.trim() {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        other => Err(format!("{other:?}: expected on or off")),
+    }
 }
 
 #[tokio::main]
@@ -75,6 +112,33 @@ async fn main() -> anyhow::Result<()> {
     let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
     cfg.receive_batch = args.receive_batch;
+    cfg.breaker = BreakerConfig {
+        failure_threshold: args.breaker_failures,
+        open_for: args.breaker_open_ms,
+    };
+    let fleet = FleetConfig {
+        policy: OutagePolicy {
+            probe_after: args.probe_after_ms,
+            probe_max: args.probe_max_ms,
+            resume_per_second: args.resume_per_second,
+        },
+        excluded: args
+            .backpressure_off
+            .iter()
+            .filter(|q| !q.trim().is_empty())
+            .map(|q| QueueName::parse(q.trim().to_owned()))
+            .collect::<Result<_, _>>()
+            .context("invalid --backpressure-off / ORDERLY_BACKPRESSURE_OFF")?,
+        ..FleetConfig::default()
+    };
+    fleet.policy.validate().map_err(|e| {
+        let setting = match e.field.as_str() {
+            "probe_after" => "--probe-after-ms / ORDERLY_PROBE_AFTER_MS",
+            "probe_max" => "--probe-max-ms / ORDERLY_PROBE_MAX_MS",
+            _ => "--resume-per-second / ORDERLY_RESUME_PER_SECOND",
+        };
+        anyhow::anyhow!("invalid {setting}: {}", e.reason)
+    })?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-agent")? {
         return Ok(());
@@ -96,14 +160,16 @@ async fn main() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
-    Agent::new(
+    let mut agent = Agent::new(
         backend.transport.clone(),
         Arc::new(remote),
         Arc::new(SystemClock),
         cfg,
-    )
-    .run(shutdown)
-    .await;
+    );
+    if args.backpressure {
+        agent = agent.with_services(Arc::new(ServiceView::new(backend.store.clone())), fleet);
+    }
+    agent.run(shutdown).await;
     // What the role wrote last still goes out (Service Bus: the outbox relay drains).
     opened.finish().await;
     if let Some(ops) = ops {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, HttpRemote};
+use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, FleetConfig, HttpRemote};
 use orderly_core::messages::queues;
+use orderly_core::service::{OutagePolicy, ServiceView};
 use orderly_core::store::RecoveryPolicy;
 use orderly_core::transport::{QueueName, QueueSettings};
 use orderly_core::workflow::Workflow;
@@ -50,6 +51,11 @@ pub struct SystemConfig {
     pub max_in_flight: u32,
     /// The supervisors' election over the SQL lease row.
     pub elector: orderly_core::leader::ElectorTiming,
+    /// Services down pause only the orders that need them (shared through the store):
+    /// how such an outage is handled, `None` to leave each agent's breaker its own.
+    pub outages: Option<OutagePolicy>,
+    /// Transient failures in a row that open an agent's breaker for a service.
+    pub breaker_threshold: u32,
 }
 
 impl SystemConfig {
@@ -71,6 +77,8 @@ impl SystemConfig {
             request_lock: Duration::from_secs(30),
             max_in_flight: 1_000,
             elector: orderly_core::leader::ElectorTiming::default(),
+            outages: Some(OutagePolicy::default()),
+            breaker_threshold: 20,
         }
     }
 
@@ -202,12 +210,15 @@ impl System {
             let mut sc = SchedulerConfig::new(id, workflows.clone());
             sc.processing_timeout = cfg.processing_timeout;
             sc.max_in_flight = cfg.max_in_flight;
-            let s = Scheduler::new(
+            let mut s = Scheduler::new(
                 backend.store.clone(),
                 backend.transport.clone(),
                 clock.clone(),
                 sc,
             );
+            if cfg.outages.is_some() {
+                s = s.with_services(Arc::new(ServiceView::new(backend.store.clone())));
+            }
             tasks.push(tokio::spawn(s.run(shutdown.clone())));
         }
         for _ in 0..cfg.agents {
@@ -220,15 +231,24 @@ impl System {
             let mut ac = AgentConfig::new(id, cfg.workflow.queues());
             ac.lock_renewal = cfg.request_lock / 3;
             ac.breaker = BreakerConfig {
-                failure_threshold: 20,
+                failure_threshold: cfg.breaker_threshold,
                 open_for: Duration::from_millis(500),
             };
-            let a = Agent::new(
+            let mut a = Agent::new(
                 backend.transport.clone(),
                 Arc::new(remote),
                 clock.clone(),
                 ac,
             );
+            if let Some(policy) = &cfg.outages {
+                a = a.with_services(
+                    Arc::new(ServiceView::new(backend.store.clone())),
+                    FleetConfig {
+                        policy: policy.clone(),
+                        ..FleetConfig::default()
+                    },
+                );
+            }
             tasks.push(tokio::spawn(a.run(shutdown.clone())));
         }
         for _ in 0..cfg.supervisors {
@@ -243,7 +263,8 @@ impl System {
                 cfg.elector.clone(),
             )?;
             leaders.push(elector.status());
-            let s = Supervisor::new(backend.store.clone(), sc)?;
+            let s =
+                Supervisor::new(backend.store.clone(), sc)?.with_services(backend.store.clone());
             tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
         Ok(Self {

@@ -49,11 +49,16 @@ pub enum HistoryKind {
     /// An operator asked for the order to be cancelled; its completed steps are undone
     /// first.
     CancelRequested,
+    /// The order waits for a remote service that is down: handed back (Pending, held
+    /// until the service is back) without counting as a failure.
+    Waiting,
+    /// The service it waited for is back: claimable again (Pending to Pending).
+    WaitEnded,
 }
 
 impl HistoryKind {
     /// Every kind.
-    pub const ALL: [HistoryKind; 17] = [
+    pub const ALL: [HistoryKind; 19] = [
         HistoryKind::Submitted,
         HistoryKind::Claimed,
         HistoryKind::StepStarted,
@@ -71,6 +76,8 @@ impl HistoryKind {
         HistoryKind::Resumed,
         HistoryKind::CompensationStarted,
         HistoryKind::CancelRequested,
+        HistoryKind::Waiting,
+        HistoryKind::WaitEnded,
     ];
 
     /// The stored name.
@@ -93,6 +100,8 @@ impl HistoryKind {
             HistoryKind::Resumed => "Resumed",
             HistoryKind::CompensationStarted => "CompensationStarted",
             HistoryKind::CancelRequested => "CancelRequested",
+            HistoryKind::Waiting => "Waiting",
+            HistoryKind::WaitEnded => "WaitEnded",
         }
     }
 }

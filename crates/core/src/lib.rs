@@ -12,6 +12,7 @@ pub mod id;
 pub mod leader;
 pub mod messages;
 pub mod order;
+pub mod service;
 pub mod state;
 pub mod step;
 pub mod store;

@@ -166,6 +166,15 @@ pub enum StepOutcome {
         /// Why.
         error: String,
     },
+    /// Not done: the remote service is down (as the fleet sees it, or this agent's
+    /// circuit breaker is open), so the order waits for it instead of running into its
+    /// deadline. Neither a success nor a failure: nothing is counted.
+    Deferred {
+        /// The service it waits for (the agent queue).
+        service: String,
+        /// Why, for the order's history.
+        reason: String,
+    },
 }
 
 /// An agent's answer to a [`StepRequest`].

@@ -147,6 +147,11 @@ pub struct StateRow {
     pub workflow: Option<String>,
     /// The version of `workflow` it is pinned to, from its first claim on.
     pub workflow_version: Option<String>,
+    /// The remote service it waits for (an agent queue), set when it was parked
+    /// because that service was down and kept until it moves past that step; with
+    /// `next_attempt_at` at [`crate::service::held`] it waits still.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_on: Option<String>,
     /// When the order was accepted.
     pub created_at: DateTime<Utc>,
     /// When the row last changed.

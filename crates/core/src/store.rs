@@ -157,6 +157,9 @@ pub struct ClaimedOrder {
     /// The workflow version it is pinned to; `None` only for an order started before
     /// workflows were pinned (it runs the default).
     pub workflow: Option<crate::workflow::WorkflowRef>,
+    /// The service it waited for, if it was parked at this step: a request for it
+    /// may be this service's probe, and the step may have been sent before.
+    pub waiting_on: Option<String>,
 }
 
 /// A step result to record.
@@ -280,6 +283,25 @@ impl RecoveryPolicy {
     /// itself expires past the threshold ends in Error, marked as needing manual repair.
     pub fn decide(&self, e: &Expired, now: DateTime<Utc>) -> RecoveryDecision {
         use crate::history::HistoryKind;
+        if let Some(service) = &e.waiting_for {
+            // It was let through as the probe of a service still down (or its probe
+            // has no verdict yet): it waits again, uncounted.
+            return RecoveryDecision {
+                to: ProcessState::Pending,
+                failure_count: e.failure_count,
+                finish_as: e.finish_as,
+                next_attempt_at: Some(crate::service::held()),
+                reason: format!(
+                    "deadline passed in step {} while {service} is down: waits for it again; not counted as a failure",
+                    e.current_step
+                ),
+                kind: HistoryKind::Waiting,
+                outcome: Recovered::Waiting {
+                    order_id: e.order_id.clone(),
+                    service: service.clone(),
+                },
+            };
+        }
         let failures = e.failure_count.saturating_add(1);
         let what = format!(
             "deadline passed in step {} while held by {} (failure {failures} of {})",
@@ -420,6 +442,13 @@ pub enum Recovered {
         /// The failure count now (the threshold).
         failure_count: i32,
     },
+    /// It was waiting for a service that is still down: parked again, not counted.
+    Waiting {
+        /// The order.
+        order_id: OrderId,
+        /// The service it waits for.
+        service: String,
+    },
 }
 
 /// An order whose deadline passed, as the supervisor's sweep found it.
@@ -437,6 +466,9 @@ pub struct Expired {
     pub finish_as: Option<ProcessState>,
     /// Whether any of its steps may have taken effect (started or succeeded).
     pub has_effects: bool,
+    /// The service it was parked for, if that service is still down (or probing): its
+    /// expiry is not its fault and is not counted.
+    pub waiting_for: Option<String>,
 }
 
 /// What an expiry does to an order: decided here, once, for every dialect.
@@ -464,7 +496,8 @@ impl Recovered {
         match self {
             Recovered::Retried { order_id, .. }
             | Recovered::GaveUp { order_id, .. }
-            | Recovered::Undoing { order_id, .. } => order_id,
+            | Recovered::Undoing { order_id, .. }
+            | Recovered::Waiting { order_id, .. } => order_id,
         }
     }
 }
@@ -625,6 +658,17 @@ pub trait SchedulerStore: Send + Sync {
     /// e.g. when the scheduler shuts down.
     async fn release(&self, fence: &Fence, reason: &str) -> Result<()>;
 
+    /// Parks orders whose next request is for a service that is down, in one
+    /// transaction: each, if its fence (and step) still hold, goes Pending, unlocked,
+    /// marked as waiting for the service and not counted as a failure, held until the
+    /// service is back ([`crate::service::Parked::Held`]), or claimable at once if the
+    /// store finds the service up again ([`crate::service::Parked::Released`]). The
+    /// result says, park by park, what happened or why it was refused.
+    async fn park_many(
+        &self,
+        parks: &[crate::service::Park],
+    ) -> Result<Vec<Result<crate::service::Parked>>>;
+
     /// Applies a batch of step writes in one transaction. Each write is fenced (and
     /// step-guarded) on its own: the result says, write by write, whether it was
     /// applied or why it was refused (refused writes change nothing and send nothing).
@@ -782,7 +826,7 @@ pub trait OperatorStore: Send + Sync {
     ) -> Result<StateRow>;
 }
 
-/// What retention keeps: see [`OperatorStore::prune`].
+/// What retention keeps: see [`SupervisorStore::prune`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// How long finished orders (and sent or dead-lettered messages) are kept.
@@ -839,7 +883,12 @@ impl WorkflowCount {
 
 /// The whole state store.
 pub trait StateStore:
-    IntakeStore + SchedulerStore + SupervisorStore + OperatorStore + crate::leader::LeadershipStore
+    IntakeStore
+    + SchedulerStore
+    + SupervisorStore
+    + OperatorStore
+    + crate::leader::LeadershipStore
+    + crate::service::ServiceStore
 {
 }
 
@@ -849,6 +898,7 @@ impl<T> StateStore for T where
         + SupervisorStore
         + OperatorStore
         + crate::leader::LeadershipStore
+        + crate::service::ServiceStore
 {
 }
 

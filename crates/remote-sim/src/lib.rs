@@ -66,8 +66,63 @@ pub struct SimConfig {
     /// `None`: keys are kept for good.
     #[serde(default)]
     pub forget_keys_after: Option<Duration>,
+    /// Outages planned from the start: each action answers every call with 503 (and
+    /// applies nothing) from `after` for `lasting`.
+    #[serde(default)]
+    pub outages: Vec<Outage>,
     /// Seed of the fault dice.
     pub seed: u64,
+}
+
+/// A planned outage of one action (a service that is down, then back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outage {
+    /// The action that is down.
+    pub action: String,
+    /// When it goes down, after the simulator starts serving.
+    pub after: Duration,
+    /// How long it stays down.
+    pub lasting: Duration,
+}
+
+impl std::str::FromStr for Outage {
+    type Err = String;
+    /// `ACTION@START+DURATION` in milliseconds or with a unit (`ms`, `s`, `m`), e.g.
+    /// `charge-payment@30s+30s`.
+    fn from_str(raw: &str) -> Result<Self, String> {
+        let (action, times) = raw.split_once('@').ok_or_else(|| {
+            format!("{raw:?}: expected ACTION@START+DURATION, e.g. charge-payment@30s+30s")
+        })?;
+        let (after, lasting) = times.split_once('+').ok_or_else(|| {
+            format!("{raw:?}: expected ACTION@START+DURATION, e.g. charge-payment@30s+30s")
+        })?;
+        if action.trim().is_empty() {
+            return Err(format!("{raw:?}: the action is empty"));
+        }
+        Ok(Outage {
+            action: action.trim().to_owned(),
+            after: span(after)?,
+            lasting: span(lasting)?,
+        })
+    }
+}
+
+/// `30s`, `1500ms`, `2m` or a bare number of milliseconds.
+fn span(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let (number, scale) = if let Some(n) = raw.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = raw.strip_suffix('s') {
+        (n, 1_000)
+    } else if let Some(n) = raw.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (raw, 1)
+    };
+    number
+        .parse::<u64>()
+        .map(|n| Duration::from_millis(n.saturating_mul(scale)))
+        .map_err(|_| format!("{raw:?}: expected a whole number of ms, s or m"))
 }
 
 impl Default for SimConfig {
@@ -82,6 +137,7 @@ impl Default for SimConfig {
             hang_actions: Vec::new(),
             lose_reply_actions: Vec::new(),
             forget_keys_after: None,
+            outages: Vec::new(),
             seed: 1,
         }
     }
@@ -151,6 +207,9 @@ pub struct SimStats {
     pub permanent: u64,
     /// Hangs injected.
     pub hangs: u64,
+    /// Calls refused because their action was down (an outage).
+    #[serde(default)]
+    pub outage_refusals: u64,
 }
 
 #[derive(Debug, Default)]
@@ -169,6 +228,8 @@ pub struct Sim {
     dice: Arc<Mutex<StdRng>>,
     /// Set once the cause of the permanent refusals is fixed (an operator's repair).
     repaired: Arc<std::sync::atomic::AtomicBool>,
+    /// Actions that are down now (an outage): every call answers 503, nothing applied.
+    down: Arc<Mutex<HashSet<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,7 +249,30 @@ impl Sim {
             cfg: Arc::new(cfg),
             ledger: Arc::default(),
             repaired: Arc::default(),
+            down: Arc::default(),
         }
+    }
+
+    /// Takes `action` down (every call answers 503 and applies nothing) or brings it
+    /// back.
+    pub fn set_down(&self, action: &str, down: bool) {
+        let mut set = self
+            .down
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if down {
+            set.insert(action.to_owned());
+        } else {
+            set.remove(action);
+        }
+        tracing::info!(action, down, "simulated outage");
+    }
+
+    fn is_down(&self, action: &str) -> bool {
+        self.down
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(action)
     }
 
     /// The cause of the permanent refusals is fixed: from now on nothing is refused
@@ -224,6 +308,10 @@ impl Sim {
             .route("/ledger", get(ledger))
             .route("/stats", get(stats))
             .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/faults/down/{action}",
+                axum::routing::put(take_down).delete(bring_back),
+            )
             .with_state(self.clone())
     }
 
@@ -233,6 +321,21 @@ impl Sim {
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
+        for o in &self.cfg.outages {
+            let (sim, o, shutdown) = (self.clone(), o.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(o.after) => {}
+                }
+                sim.set_down(&o.action, true);
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = tokio::time::sleep(o.lasting) => {}
+                }
+                sim.set_down(&o.action, false);
+            });
+        }
         axum::serve(listener, self.router())
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await
@@ -295,6 +398,13 @@ async fn act(
     };
     if call.action != action {
         return answer(StatusCode::BAD_REQUEST, "body action differs from the URL");
+    }
+    if sim.is_down(&action) {
+        sim.ledger().stats.outage_refusals += 1;
+        return answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{action}: service down (simulated outage)"),
+        );
     }
     {
         let mut l = sim.ledger();
@@ -441,6 +551,16 @@ async fn ledger(State(sim): State<Sim>) -> Json<Vec<Effect>> {
 
 async fn stats(State(sim): State<Sim>) -> Json<SimStats> {
     Json(sim.stats())
+}
+
+async fn take_down(State(sim): State<Sim>, Path(action): Path<String>) -> StatusCode {
+    sim.set_down(&action, true);
+    StatusCode::NO_CONTENT
+}
+
+async fn bring_back(State(sim): State<Sim>, Path(action): Path<String>) -> StatusCode {
+    sim.set_down(&action, false);
+    StatusCode::NO_CONTENT
 }
 
 /// How many times each effect's key was undone (by compensations naming it).

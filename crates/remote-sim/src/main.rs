@@ -42,6 +42,12 @@ struct Args {
     /// again); kept for good if unset.
     #[arg(long, env = "ORDERLY_SIM_FORGET_KEYS_AFTER_MS", value_parser = orderly_runtime::millis)]
     forget_keys_after_ms: Option<Duration>,
+    /// A planned outage, ACTION@START+DURATION (e.g. `charge-payment@30s+30s`): from
+    /// START after it begins serving, the action answers 503 for DURATION. Repeatable,
+    /// or comma-separated in the variable. `PUT`/`DELETE /faults/down/ACTION` take an
+    /// action down and bring it back at any time.
+    #[arg(long = "outage", env = "ORDERLY_SIM_OUTAGES", value_delimiter = ',')]
+    outages: Vec<orderly_remote_sim::Outage>,
     /// Seed of the fault dice.
     #[arg(long, env = "ORDERLY_SIM_SEED", default_value_t = 1)]
     seed: u64,
@@ -61,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         hang_actions: args.hang_actions,
         lose_reply_actions: args.lose_reply_actions,
         forget_keys_after: args.forget_keys_after_ms,
+        outages: args.outages,
         seed: args.seed,
     };
     cfg.validate()

@@ -70,8 +70,9 @@ impl Scheduler {
     /// any) that it is processing.
     /// `resumed`: the order was this scheduler's before a restart, so its current step
     /// may have been sent already. An order back after a timeout or a failure
-    /// (FailureCount > 0) may have had its step sent too. Either way the step is sent
-    /// as uncertain (asked about first, if it has a status probe).
+    /// (FailureCount > 0), or after waiting for its service, may have had its step sent
+    /// too. Either way the step is sent as uncertain (asked about first, if it has a
+    /// status probe).
     pub(crate) fn start_write(
         &self,
         flow: &Workflow,
@@ -85,7 +86,7 @@ impl Scheduler {
             order.current_step,
             order.complete_by,
             context,
-            resumed || order.failure_count > 0,
+            resumed || order.failure_count > 0 || order.waiting_on.is_some(),
         );
         let notice = StatusNotice {
             order_id: order.fence.order_id.clone(),
@@ -101,11 +102,16 @@ impl Scheduler {
 
     /// The write that starts a forward-running order's current step (and tells the
     /// client it is processing), built in the order's `dispatch` span so its request
-    /// starts the order's trace; `None` for an order to be undone or already done.
+    /// starts the order's trace; `None` for an order to be undone or already done, or
+    /// whose step's service is down (it is parked after the claim).
     pub(crate) fn first_request(&self, order: &ClaimedOrder) -> Option<StepWrite> {
         let flow = self.flow(order.workflow.as_ref())?;
         let def = flow.step(order.current_step)?;
-        if order.finish_as.is_some() {
+        if order.finish_as.is_some()
+            || self
+                .blocked(&def.queue, order.waiting_on.as_deref())
+                .is_some()
+        {
             return None;
         }
         let span = info_span!("dispatch", order_id = %order.fence.order_id, instance_id = %self.cfg.instance, step = %def.name, epoch = %order.fence.epoch);
@@ -195,6 +201,17 @@ impl Scheduler {
                 ),
                 None if order.current_step >= flow.len() => {
                     Next::Complete(self.completion(&order.fence, &context))
+                }
+                // Its step's service is down: it waits, uncounted, until it is back.
+                None if let Some(health) = flow
+                    .step(order.current_step)
+                    .and_then(|def| self.blocked(&def.queue, order.waiting_on.as_deref())) =>
+                {
+                    Next::Park(Self::park_for(
+                        &order.fence,
+                        Some(order.current_step),
+                        &health,
+                    ))
                 }
                 // Only resumed orders start here (a claim starts its forward-running
                 // orders in its own transaction).

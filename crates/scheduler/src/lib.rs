@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use orderly_core::service::{Park, ServiceView};
 use orderly_core::store::{Completion, SchedulerStore, StepWrite};
 use orderly_core::transport::{QueueName, Transport};
 use orderly_core::workflow::{Workflow, WorkflowFilter, WorkflowRef, Workflows};
@@ -27,6 +28,7 @@ mod backoff;
 mod claims;
 mod plan;
 mod replies;
+mod waiting;
 
 pub use backoff::Backoff;
 
@@ -62,6 +64,9 @@ pub struct SchedulerConfig {
     pub shutdown_grace: Duration,
     /// How often it looks for Pending orders of workflows it does not run, to say so.
     pub unserved_check: Duration,
+    /// How often it reads the fleet's view of the remote services again (and lets a
+    /// due probe through).
+    pub service_watch: Duration,
 }
 
 impl SchedulerConfig {
@@ -82,6 +87,7 @@ impl SchedulerConfig {
             max_in_flight: 1_000,
             shutdown_grace: Duration::from_secs(10),
             unserved_check: Duration::from_secs(30),
+            service_watch: Duration::from_millis(500),
         }
     }
 }
@@ -110,6 +116,8 @@ pub struct Pass {
     pub foreign: usize,
     /// Replies left for redelivery because the store was unavailable.
     pub retried: usize,
+    /// Orders parked to wait for a service that is down (not counted as failures).
+    pub parked: usize,
 }
 
 impl Pass {
@@ -124,6 +132,7 @@ impl Pass {
         self.cancelled += o.cancelled;
         self.foreign += o.foreign;
         self.retried += o.retried;
+        self.parked += o.parked;
     }
 
     /// Whether the pass found any work.
@@ -141,6 +150,8 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     /// The claim filter of `cfg.workflows`, computed once.
     filter: Arc<WorkflowFilter>,
+    /// The fleet's view of the remote services (`None`: every service taken as up).
+    services: Option<Arc<ServiceView>>,
 }
 
 /// What to do next with an order the scheduler holds.
@@ -156,6 +167,8 @@ pub(crate) enum Next {
     /// Record the last compensation, then finish as the order is marked to (the
     /// client's queue, if any, is told of a cancellation).
     Finish(StepWrite, Option<ProcessState>, Option<String>),
+    /// Its next request is for a service that is down: park it until it is back.
+    Park(Park),
 }
 
 impl Scheduler {
@@ -174,7 +187,16 @@ impl Scheduler {
             clock,
             cfg,
             filter,
+            services: None,
         }
+    }
+
+    /// Consults `view` before each request: a request for a service the fleet sees
+    /// down is not sent, and its order is parked until the service is back.
+    #[must_use]
+    pub fn with_services(mut self, view: Arc<ServiceView>) -> Self {
+        self.services = Some(view);
+        self
     }
 
     /// The workflow an order pinned to `reference` runs here, if this scheduler has it.
@@ -313,7 +335,28 @@ impl Scheduler {
                     }
                 }
             };
-            tokio::join!(claims, replies, drain);
+            // The fleet's view of the services, and the probes this scheduler lets go.
+            let watch = {
+                let me = self.clone();
+                let shutdown = shutdown.clone();
+                async move {
+                    if me.services.is_none() {
+                        return;
+                    }
+                    let mut every = tokio::time::interval(me.cfg.service_watch);
+                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            _ = every.tick() => {}
+                        }
+                        if let Err(e) = me.watch_services().await {
+                            debug!(error = %e, "cannot read the services' health; trying again");
+                        }
+                    }
+                }
+            };
+            tokio::join!(claims, replies, drain, watch);
             self.hand_back().await;
             info!("scheduler stopped");
         }

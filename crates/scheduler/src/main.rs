@@ -88,7 +88,12 @@ async fn main() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
+    // It sends no request to a service the fleet sees down (agents report it).
+    let services = Arc::new(orderly_core::service::ServiceView::new(
+        backend.store.clone(),
+    ));
     Scheduler::new(backend.store, backend.transport, Arc::new(SystemClock), cfg)
+        .with_services(services)
         .run(shutdown)
         .await;
     // What the role wrote last still goes out (Service Bus: the outbox relay drains).

@@ -122,12 +122,15 @@ impl Scheduler {
         }
     }
 
+    /// The write that records a step done and starts the next one (or completes the
+    /// order). When the next step's service is down, the write only records the step,
+    /// and the park that follows it is returned too.
     pub(crate) fn step_succeeded(
         &self,
         flow: &Workflow,
         reply: &StepReply,
         detail: &str,
-    ) -> StepWrite {
+    ) -> (StepWrite, Option<orderly_core::service::Park>) {
         let notice = StatusNotice {
             order_id: reply.fence.order_id.clone(),
             status: OrderStatus::StepDone,
@@ -154,6 +157,15 @@ impl Scheduler {
                 .collect(),
         };
         let next = reply.step_index + 1;
+        let waits_for = flow
+            .step(next)
+            .and_then(|def| self.blocked(&def.queue, None));
+        if let Some(health) = waits_for {
+            // Recorded now; the next step is started by whoever claims the order once
+            // its service is back.
+            let park = Self::park_for(&reply.fence, Some(next), &health);
+            return (write, Some(park));
+        }
         if next < flow.len() {
             let start =
                 // The next step has never been sent in this ownership.
@@ -174,7 +186,7 @@ impl Scheduler {
                 .sends
                 .extend(self.completion(&reply.fence, &reply.context).sends);
         }
-        write
+        (write, None)
     }
 
     pub(crate) fn completion(&self, fence: &Fence, context: &StepContext) -> Completion {

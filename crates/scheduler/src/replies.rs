@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, StatusNotice, StepKind, StepOutcome, StepReply};
+use orderly_core::service::{Park, ServiceState};
 use orderly_core::store::{Completion, Consumed, StepUpdate, StepWrite};
 use orderly_core::transport::{Envelope, ReceivedMessage, receive_json};
 use orderly_core::workflow::Workflow;
@@ -90,6 +91,9 @@ impl Scheduler {
         let mut write_msgs = Vec::new();
         let mut write_replies = Vec::new();
         let mut later = Vec::new();
+        // Requests an agent gave back because their service is down: their orders
+        // wait for it (parked, not counted), all in one transaction.
+        let mut deferred: Vec<(Park, ReceivedMessage)> = Vec::new();
         for (flow, reply, message) in forward {
             let span = self.reply_span(&reply, &message);
             let _entered = span.enter();
@@ -101,11 +105,36 @@ impl Scheduler {
             }
             match (&reply.kind, &reply.outcome) {
                 (StepKind::Do, StepOutcome::Succeeded { detail }) => {
-                    writes.push(self.step_succeeded(&flow, &reply, detail));
+                    let (write, park) = self.step_succeeded(&flow, &reply, detail);
+                    writes.push(write);
                     write_msgs.push(message);
-                    write_replies.push((flow.len(), reply, span.clone()));
+                    write_replies.push((flow.len(), reply, span.clone(), park));
+                }
+                (kind, StepOutcome::Deferred { service, reason }) => {
+                    let step = (*kind == StepKind::Do).then_some(reply.step_index);
+                    let park = match self.services.as_ref().and_then(|v| v.get(service)) {
+                        Some(health) if health.state != ServiceState::Up => {
+                            Self::park_for(&reply.fence, step, &health)
+                        }
+                        _ => Park {
+                            fence: reply.fence.clone(),
+                            expect_step: step,
+                            service: service.clone(),
+                            reason: format!("waiting: {reason}; not counted as a failure"),
+                        },
+                    };
+                    debug!(order_id = %reply.fence.order_id, service = %service, "request deferred by its agent: the order waits for its service");
+                    deferred.push((park, message));
                 }
                 _ => later.push((flow, reply, message, span.clone())),
+            }
+        }
+        if !deferred.is_empty() {
+            let (parks, messages): (Vec<Park>, Vec<ReceivedMessage>) = deferred.into_iter().unzip();
+            match self.park(&parks, &mut pass).await {
+                Ok(()) => settle.extend(messages),
+                Err(e) if e.is_retryable() => retry.extend(messages),
+                Err(e) => return Err(e),
             }
         }
         // On the SQL queue the replies of recorded steps end in the same transaction.
@@ -135,7 +164,8 @@ impl Scheduler {
                 Err(e) => return Err(e),
             }
         };
-        for ((((steps, reply, span), message), verdict), consumed) in write_replies
+        let mut parks = Vec::new();
+        for ((((steps, reply, span, park), message), verdict), consumed) in write_replies
             .into_iter()
             .zip(write_msgs)
             .zip(verdicts)
@@ -145,7 +175,9 @@ impl Scheduler {
             match verdict {
                 Ok(()) => {
                     pass.applied += 1;
-                    if reply.step_index + 1 < steps {
+                    if let Some(park) = park {
+                        parks.push(park);
+                    } else if reply.step_index + 1 < steps {
                         pass.requests += 1;
                     } else {
                         // Completed with the write that recorded its last step.
@@ -166,6 +198,11 @@ impl Scheduler {
                     }
                 }
             }
+        }
+        if let Err(e) = self.park(&parks, &mut pass).await {
+            // Recorded but not parked: the supervisor finds each at its deadline and,
+            // its service being down, parks it then (uncounted).
+            warn!(error = %e, orders = parks.len(), "could not park orders whose next service is down");
         }
         for (flow, reply, message, span) in later {
             match self
@@ -302,7 +339,10 @@ impl Scheduler {
                 self.execute(vec![Next::Fail(fence.clone(), error)], pass)
                     .await
             }
-            (StepKind::Do, StepOutcome::Succeeded { .. }) => Ok(()),
+            // Applied in the batch, before these.
+            (StepKind::Do, StepOutcome::Succeeded { .. }) | (_, StepOutcome::Deferred { .. }) => {
+                Ok(())
+            }
         }
     }
 
@@ -316,9 +356,11 @@ impl Scheduler {
         let mut writes = Vec::new();
         let mut completions = Vec::new();
         let mut finishes = Vec::new();
+        let mut parks = Vec::new();
         for next in nexts {
             match next {
                 Next::Write(w) => writes.push(w),
+                Next::Park(p) => parks.push(p),
                 Next::Complete(c) => completions.push(c),
                 Next::Finish(w, finish_as, notify_to) => {
                     match single(self.store.record_steps(std::slice::from_ref(&w)).await?) {
@@ -359,6 +401,7 @@ impl Scheduler {
         if !completions.is_empty() {
             self.complete(completions, pass).await?;
         }
+        self.park(&parks, pass).await?;
         for finish in finishes {
             match finish {
                 Next::Fail(fence, error) => match self.store.fail(&fence, &error, &[]).await {
@@ -393,7 +436,7 @@ impl Scheduler {
                         Err(e) => debug!(order_id = %fence.order_id, error = %e, "cancel refused"),
                     }
                 }
-                Next::Write(_) | Next::Complete(_) | Next::Finish(..) => {}
+                Next::Write(_) | Next::Complete(_) | Next::Finish(..) | Next::Park(_) => {}
             }
         }
         Ok(())

@@ -420,6 +420,12 @@ pub(crate) struct Rescue {
 pub(crate) struct Statements {
     /// A subquery of the texts of list `$1`, one row each (for `x IN (...)`).
     pub texts_of_1: &'static str,
+    /// What ends a `SELECT` that locks the rows it reads against writers until the
+    /// transaction ends (empty where the transaction holds the one write lock).
+    pub for_update: &'static str,
+    /// What ends a `SELECT` that keeps the rows it reads from changing until the
+    /// transaction ends, letting other readers do the same.
+    pub for_share: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now

@@ -77,6 +77,7 @@ mod tests {
             generation: 0,
             workflow: None,
             workflow_version: None,
+            waiting_on: None,
             created_at: t,
             updated_at: t,
         }

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 9] = [
+const ALL: [Both; 10] = [
     Both {
         version: 1,
         name: "state_store",
@@ -94,6 +94,12 @@ const ALL: [Both; 9] = [
         name: "retention",
         sqlite: include_str!("../../../migrations/sqlite/0009_retention.sql"),
         postgres: include_str!("../../../migrations/postgres/0009_retention.sql"),
+    },
+    Both {
+        version: 10,
+        name: "service_health",
+        sqlite: include_str!("../../../migrations/sqlite/0010_service_health.sql"),
+        postgres: include_str!("../../../migrations/postgres/0010_service_health.sql"),
     },
 ];
 

@@ -14,7 +14,7 @@ macro_rules! state_columns {
     () => {
         "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
          current_step, next_attempt_at, last_error, reply_to, finish_as, generation, workflow, \
-         workflow_version, created_at, updated_at"
+         workflow_version, waiting_on, created_at, updated_at"
     };
 }
 pub(crate) use state_columns;
@@ -93,6 +93,7 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             locked_by: self.get("locked_by")?,
             finish_as: self.opt_state("finish_as")?,
             has_effects: self.get("has_effects")?,
+            waiting_for: self.get("waiting_for")?,
         })
     }
 
@@ -116,6 +117,7 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             generation: self.get("generation")?,
             workflow: self.get("workflow")?,
             workflow_version: self.get("workflow_version")?,
+            waiting_on: self.get("waiting_on")?,
             created_at: self.ts("created_at")?,
             updated_at: self.ts("updated_at")?,
         })
@@ -152,6 +154,7 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             generation: self.get("generation")?,
             last_error: self.get("last_error")?,
             workflow: self.workflow_ref()?,
+            waiting_on: self.get("waiting_on")?,
         })
     }
 
@@ -191,6 +194,28 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             epoch: Epoch(self.get("epoch")?),
             step: self.get("step")?,
             reason: self.get("reason")?,
+        })
+    }
+
+    /// A service's health row (with its `waiting` count).
+    pub fn service_health(&self) -> Result<orderly_core::service::ServiceHealth> {
+        Ok(orderly_core::service::ServiceHealth {
+            service: self.get("service")?,
+            state: self
+                .get::<String>("state")?
+                .parse()
+                .map_err(|e| corrupt("state", e))?,
+            down_since: self.opt_ts("down_since")?,
+            retry_at: self.opt_ts("retry_at")?,
+            probes: self.get("probes")?,
+            outage: self.get("outage")?,
+            alerted: self.get("alerted")?,
+            resolved: self.get("resolved")?,
+            last_error: self.get("last_error")?,
+            reported_by: self.get("reported_by")?,
+            resume_per_second: self.get("resume_per_second")?,
+            updated_at: self.ts("updated_at")?,
+            waiting: self.get("waiting")?,
         })
     }
 

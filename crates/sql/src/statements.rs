@@ -47,7 +47,7 @@ pub(crate) const RESUME_OWNED: &str = "UPDATE order_state SET lock_epoch = lock_
     updated_at = $2 \
     WHERE locked_by = $1 AND process_state = 'Processing' AND complete_by > $2 \
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, finish_as, \
-    generation, last_error, workflow, workflow_version";
+    generation, last_error, workflow, workflow_version, waiting_on";
 
 /// Orders held by `$1`: only Processing rows are scanned (the deadlines index).
 pub(crate) const COUNT_OWNED: &str =

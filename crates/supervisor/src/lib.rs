@@ -18,6 +18,7 @@ use std::time::Duration;
 use orderly_core::InstanceId;
 use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
+use orderly_core::service::{ServiceAlert, ServiceStore};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, Retention, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
@@ -85,8 +86,10 @@ pub struct Sweep {
     pub retried: usize,
     /// Orders moved to Error.
     pub gave_up: usize,
-    /// Alerts published.
+    /// Alerts published (orders in Error, services' outages starting and ending).
     pub alerts: usize,
+    /// Orders parked again: they waited for a service that is still down.
+    pub waiting: usize,
 }
 
 /// A supervisor instance.
@@ -95,6 +98,8 @@ pub struct Supervisor {
     store: Arc<dyn SupervisorStore>,
     cfg: SupervisorConfig,
     webhook: Option<AlertWebhook>,
+    /// Where remote services' outages are read, to announce each once.
+    services: Option<Arc<dyn ServiceStore>>,
 }
 
 impl Supervisor {
@@ -110,7 +115,16 @@ impl Supervisor {
             store,
             cfg,
             webhook: None,
+            services: None,
         })
+    }
+
+    /// Also announces each remote service's outage, when it starts and when it ends,
+    /// once (the alerts queue, the log and the webhook), from `services`.
+    #[must_use]
+    pub fn with_services(mut self, services: Arc<dyn ServiceStore>) -> Self {
+        self.services = Some(services);
+        self
     }
 
     /// Also POSTs every alert it publishes to a webhook (never waiting for it).
@@ -162,6 +176,12 @@ impl Supervisor {
                             .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
                     }
+                    Recovered::Waiting { order_id, service } => {
+                        sweep.waiting += 1;
+                        metrics::counter!("orderly_recoveries_total", "outcome" => "waiting")
+                            .increment(1);
+                        info!(order_id = %order_id, instance_id = %self.cfg.instance, service = %service, "deadline passed while its service is down: waits for it again, not counted");
+                    }
                     Recovered::Undoing {
                         order_id,
                         failure_count,
@@ -180,7 +200,50 @@ impl Supervisor {
             }
         }
         sweep.alerts = self.publish_alerts(leader, alive).await?;
+        sweep.alerts += self.publish_outages(leader).await?;
         Ok(sweep)
+    }
+
+    /// Announces what remote services' outages still owe (their start, their end):
+    /// each once, marked in the same fenced transaction that enqueues it.
+    pub async fn publish_outages(&self, leader: &LeaderFence) -> orderly_core::Result<usize> {
+        let Some(services) = &self.services else {
+            return Ok(0);
+        };
+        let mut published = 0;
+        for health in services.services().await? {
+            for alert in ServiceAlert::owed(&health) {
+                let message = json_message(alert.message_id(), &alert, None);
+                let sends = [Envelope {
+                    queue: self.cfg.alerts.clone(),
+                    message,
+                }];
+                if !services
+                    .mark_outage_published(
+                        leader,
+                        &alert.service,
+                        alert.outage,
+                        alert.ended(),
+                        &sends,
+                    )
+                    .await?
+                {
+                    continue;
+                }
+                published += 1;
+                metrics::counter!("orderly_service_alerts_total", "kind" => alert.kind.clone())
+                    .increment(1);
+                if alert.ended() {
+                    warn!(service = %alert.service, outage = alert.outage, down_since = ?alert.down_since, up_at = ?alert.up_at, "ALERT RESOLVED: remote service answering again; its waiting orders resume");
+                } else {
+                    error!(service = %alert.service, outage = alert.outage, down_since = ?alert.down_since, last_error = alert.last_error.as_deref().unwrap_or("-"), waiting = alert.waiting, "ALERT: remote service down; orders that need it wait (not counted as failures)");
+                }
+                if let Some(webhook) = &self.webhook {
+                    webhook.offer_notice(webhook::Notice::Service(alert));
+                }
+            }
+        }
+        Ok(published)
     }
 
     /// Publishes unpublished alerts: the alerts queue, a `failed` status to the

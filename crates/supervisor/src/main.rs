@@ -123,7 +123,8 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let mut supervisor = Supervisor::new(backend.store.clone(), cfg)
-        .context("invalid recovery settings (--max-failures, --backoff-*)")?;
+        .context("invalid recovery settings (--max-failures, --backoff-*)")?
+        .with_services(backend.store.clone());
     let mut delivery = None;
     if let Some(cfg) = webhook {
         let (hook, task) = AlertWebhook::start(cfg, shutdown.clone())

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use orderly_core::service::ServiceAlert;
 use orderly_core::store::Alert;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -56,10 +57,48 @@ impl WebhookConfig {
     }
 }
 
+/// What the webhook is told: an order that needs an operator, or a remote service's
+/// outage starting or ending.
+#[derive(Debug, Clone)]
+pub enum Notice {
+    /// An order entered Error.
+    Order(Alert),
+    /// A service went down, or came back.
+    Service(ServiceAlert),
+}
+
+impl Notice {
+    /// The idempotency key of its delivery (the alerts queue's message id).
+    fn key(&self) -> String {
+        match self {
+            Notice::Order(a) => format!("alert:{}", a.alert_id),
+            Notice::Service(s) => s.message_id(),
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        match self {
+            Notice::Order(a) => serde_json::json!({ "kind": "orderly.alert", "alert": a }),
+            Notice::Service(s) => {
+                serde_json::json!({ "kind": format!("orderly.{}", s.kind), "outage": s })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Notice::Order(a) => write!(f, "alert {} (order {})", a.alert_id, a.order_id),
+            Notice::Service(s) => write!(f, "{} of {} (outage {})", s.kind, s.service, s.outage),
+        }
+    }
+}
+
 /// The sending side: cheap to clone, never blocks.
 #[derive(Debug, Clone)]
 pub struct AlertWebhook {
-    tx: mpsc::Sender<Alert>,
+    tx: mpsc::Sender<Notice>,
 }
 
 impl AlertWebhook {
@@ -80,8 +119,14 @@ impl AlertWebhook {
     /// Queues `alert` for delivery; never waits. A full queue drops it with a warning
     /// (the alert remains in the alerts table and on the alerts queue).
     pub fn offer(&self, alert: &Alert) {
-        if let Err(e) = self.tx.try_send(alert.clone()) {
-            warn!(alert_id = alert.alert_id, order_id = %alert.order_id, error = %e, "alert not queued for the webhook; it stays in the alerts table and queue");
+        self.offer_notice(Notice::Order(alert.clone()));
+    }
+
+    /// Queues `notice` for delivery; never waits (as [`Self::offer`]).
+    pub fn offer_notice(&self, notice: Notice) {
+        let what = notice.to_string();
+        if let Err(e) = self.tx.try_send(notice) {
+            warn!(notice = %what, error = %e, "alert not queued for the webhook; it stays in the alerts queue");
         }
     }
 }
@@ -89,7 +134,7 @@ impl AlertWebhook {
 async fn deliver_all(
     client: reqwest::Client,
     cfg: Arc<WebhookConfig>,
-    mut rx: mpsc::Receiver<Alert>,
+    mut rx: mpsc::Receiver<Notice>,
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
@@ -130,11 +175,11 @@ async fn deliver_all(
 async fn deliver(
     client: &reqwest::Client,
     cfg: &WebhookConfig,
-    alert: &Alert,
+    alert: &Notice,
     shutdown: &CancellationToken,
 ) {
-    let key = format!("alert:{}", alert.alert_id);
-    let body = serde_json::json!({ "kind": "orderly.alert", "alert": alert });
+    let key = alert.key();
+    let body = alert.body();
     for attempt in 1..=cfg.max_attempts {
         let post = client
             .post(cfg.url.clone())
@@ -148,17 +193,17 @@ async fn deliver(
         };
         let retryable = match outcome {
             Ok(r) if r.status().is_success() => {
-                info!(alert_id = alert.alert_id, order_id = %alert.order_id, attempt, "alert delivered to the webhook");
+                info!(notice = %alert, attempt, "alert delivered to the webhook");
                 return;
             }
             Ok(r) => {
                 let s = r.status();
                 let retry = s.is_server_error() || s.as_u16() == 408 || s.as_u16() == 429;
-                warn!(alert_id = alert.alert_id, webhook = %cfg.host(), status = s.as_u16(), attempt, "the webhook refused the alert");
+                warn!(notice = %alert, webhook = %cfg.host(), status = s.as_u16(), attempt, "the webhook refused the alert");
                 retry
             }
             Err(e) => {
-                warn!(alert_id = alert.alert_id, webhook = %cfg.host(), error = %e.without_url(), attempt, "the webhook could not be reached");
+                warn!(notice = %alert, webhook = %cfg.host(), error = %e.without_url(), attempt, "the webhook could not be reached");
                 true
             }
         };
@@ -178,5 +223,5 @@ async fn deliver(
             () = tokio::time::sleep(wait) => {}
         }
     }
-    error!(alert_id = alert.alert_id, order_id = %alert.order_id, webhook = %cfg.host(), "giving up on the webhook for this alert; it stays in the alerts table and queue");
+    error!(notice = %alert, webhook = %cfg.host(), "giving up on the webhook for this alert; it stays in the alerts table and queue");
 }

@@ -21,6 +21,7 @@ use orderly_core::{
 use crate::builders;
 
 pub use crate::store_leadership::*;
+pub use crate::store_services::*;
 pub use crate::store_workflow::*;
 
 /// Opens handles on one database under test.
@@ -92,6 +93,11 @@ macro_rules! store_conformance {
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,
             a_released_sql_lease_is_taken_at_once,
             eight_racing_acquirers_get_one_sql_lease,
+            an_outage_begins_once_however_many_agents_report_it,
+            a_parked_order_waits_uncounted_until_its_service_is_back,
+            parking_for_a_service_that_is_up_releases_the_order_at_once,
+            one_of_many_racing_schedulers_lets_the_probe_through,
+            each_outage_is_announced_once_by_the_leader,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -806,6 +812,7 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
                     assert!(round == max && *failure_count == max)
                 }
                 Recovered::Undoing { .. } => panic!("no step was started: nothing to undo"),
+                Recovered::Waiting { .. } => panic!("no service is down: nothing waits"),
             }
         }
         ctx.clock.advance(Duration::from_secs(300));

@@ -8,6 +8,8 @@ use crate::rows::{dead_letter_columns, message_columns};
 /// The statements the shared code runs, in PostgreSQL.
 pub(crate) const SQL: Statements = Statements {
     texts_of_1: "SELECT unnest(CAST($1 AS TEXT[]))",
+    for_update: " FOR UPDATE",
+    for_share: " FOR SHARE",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
@@ -121,12 +123,12 @@ pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, 
             AND s.process_state = 'Pending' \
         RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
             s.reply_to, s.finish_as, s.generation, s.last_error, s.workflow, s.workflow_version, \
-            clock.now AS at), \
+            s.waiting_on, clock.now AS at), \
     history AS ( \
         INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
         SELECT order_id, at, $3, $8, 'Pending', 'Processing', lock_epoch FROM claimed) \
     SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
-        c.finish_as, c.generation, c.last_error, c.workflow, c.workflow_version, \
+        c.finish_as, c.generation, c.last_error, c.workflow, c.workflow_version, c.waiting_on, \
         (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
     FROM claimed c";
 
@@ -152,6 +154,7 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
 pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state s SET \
         current_step = CASE WHEN w.new_step > s.current_step THEN w.new_step ELSE s.current_step END, \
         last_error = CASE WHEN w.failed THEN w.err ELSE s.last_error END, \
+        waiting_on = CASE WHEN w.new_step > s.current_step THEN NULL ELSE s.waiting_on END, \
         updated_at = $1 \
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[], $6::int[], $7::bool[], $8::text[]) \
         AS w(order_id, owner, epoch, expect, new_step, failed, err) \
@@ -195,7 +198,9 @@ pub(crate) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, c
 pub(crate) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
         s.complete_by, s.failure_count, s.current_step, s.finish_as, \
         EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
-            AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+            AND t.status IN ('Started', 'Succeeded')) AS has_effects, \
+        (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
+            AND h.state IN ('Down', 'Probing')) AS waiting_for \
     FROM order_state s \
     WHERE s.process_state = 'Processing' AND s.complete_by < $1 \
     ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED";

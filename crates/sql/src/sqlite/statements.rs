@@ -8,6 +8,9 @@ use crate::rows::{dead_letter_columns, message_columns};
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
     texts_of_1: "SELECT value FROM json_each($1)",
+    // A write transaction holds SQLite's one write lock from its start.
+    for_update: "",
+    for_share: "",
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,
@@ -98,7 +101,7 @@ pub(crate) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processi
             ELSE workflow || '@' || workflow_version IN (SELECT value FROM json_each($7)) END \
         ORDER BY next_attempt_at LIMIT $4) \
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
-    finish_as, generation, last_error, workflow, workflow_version";
+    finish_as, generation, last_error, workflow, workflow_version, waiting_on";
 
 /// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner,
 /// `$4` the kind.
@@ -129,7 +132,9 @@ pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
 pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
     failure_count, current_step, finish_as, \
     EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
-        AND t.status IN ('Started', 'Succeeded')) AS has_effects \
+        AND t.status IN ('Started', 'Succeeded')) AS has_effects, \
+    (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
+        AND h.state IN ('Down', 'Probing')) AS waiting_for \
     FROM order_state s INDEXED BY order_state_deadlines \
     WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT $2";
 
@@ -151,6 +156,8 @@ pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state SET \
     current_step = CASE WHEN w.new_step > order_state.current_step THEN w.new_step \
         ELSE order_state.current_step END, \
     last_error = CASE WHEN w.failed THEN w.err ELSE order_state.last_error END, \
+    waiting_on = CASE WHEN w.new_step > order_state.current_step THEN NULL \
+        ELSE order_state.waiting_on END, \
     updated_at = $1 \
     FROM (SELECT value ->> 0 AS order_id, value ->> 1 AS owner, value ->> 2 AS epoch, \
           value ->> 3 AS expect, value ->> 4 AS new_step, value ->> 5 AS failed, \

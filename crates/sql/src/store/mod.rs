@@ -19,6 +19,7 @@ mod leadership;
 mod operator;
 mod retention;
 mod scheduler;
+mod services;
 mod steps;
 mod supervisor;
 

@@ -274,6 +274,14 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         self.finish_owned(fence, end).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, batch = parks.len()))]
+    async fn park_many(
+        &self,
+        parks: &[orderly_core::service::Park],
+    ) -> Result<Vec<Result<orderly_core::service::Parked>>> {
+        self.park_batch(parks).await
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, batch = writes.len()))]
     async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>> {
         Ok(self.record_step_batch(writes, None).await?.outcomes)
