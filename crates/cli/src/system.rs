@@ -33,8 +33,10 @@ pub struct SystemConfig {
     pub agents: usize,
     /// Supervisor instances.
     pub supervisors: usize,
-    /// The workflow.
+    /// The workflow (the default of orders that name none).
     pub workflow: Workflow,
+    /// Other workflows the schedulers run, for orders that name them.
+    pub more_workflows: Vec<Workflow>,
     /// An order's deadline after its claim.
     pub processing_timeout: Duration,
     /// Time between supervisor sweeps.
@@ -70,6 +72,7 @@ impl SystemConfig {
             supervisors: 2,
             processing_timeout: workflow.total_budget(),
             workflow,
+            more_workflows: Vec::new(),
             sweep_interval: Duration::from_secs(1),
             policy: RecoveryPolicy::default(),
             sim: Some(SimConfig::default()),
@@ -161,6 +164,9 @@ impl System {
     pub async fn start(backend: Backend, cfg: SystemConfig) -> anyhow::Result<Self> {
         cfg.workflow.validate().context("invalid workflow")?;
         declare_queues(&backend, &cfg.workflow, cfg.request_lock).await?;
+        for w in &cfg.more_workflows {
+            declare_queues(&backend, w, cfg.request_lock).await?;
+        }
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let mut instances = Vec::new();
@@ -192,9 +198,19 @@ impl System {
             ),
         };
         let workflows = Arc::new(
-            orderly_core::workflow::Workflows::single(cfg.workflow.clone())
-                .context("invalid workflow")?,
+            orderly_core::workflow::Workflows::new(
+                std::iter::once(cfg.workflow.clone())
+                    .chain(cfg.more_workflows.iter().cloned())
+                    .collect(),
+            )
+            .context("invalid workflow")?,
         );
+        let mut agent_queues = cfg.workflow.queues();
+        for q in cfg.more_workflows.iter().flat_map(Workflow::queues) {
+            if !agent_queues.contains(&q) {
+                agent_queues.push(q);
+            }
+        }
 
         for _ in 0..cfg.submitters {
             let s = Submitter::new(
@@ -228,7 +244,7 @@ impl System {
                 base_url: remote_url.clone(),
                 overrides: Default::default(),
             })?;
-            let mut ac = AgentConfig::new(id, cfg.workflow.queues());
+            let mut ac = AgentConfig::new(id, agent_queues.clone());
             ac.lock_renewal = cfg.request_lock / 3;
             ac.breaker = BreakerConfig {
                 failure_threshold: cfg.breaker_threshold,

@@ -11,6 +11,7 @@ mod newcomer;
 mod ops;
 #[cfg(feature = "otel")]
 mod otel;
+mod outage;
 mod probe;
 mod processes;
 #[path = "../support/procs.rs"]
