@@ -87,15 +87,20 @@ fn transient(e: &str) -> CallError {
 
 struct Rig {
     transport: Arc<dyn Transport>,
+    /// The same database, as the fleet's store of the services' health.
+    services: Arc<dyn orderly_core::service::ServiceStore>,
     work: QueueName,
     replies: QueueName,
 }
 
 async fn rig() -> Rig {
-    let store = orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
-        .await
-        .unwrap();
-    let transport: Arc<dyn Transport> = Arc::new(store);
+    let store = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let services: Arc<dyn orderly_core::service::ServiceStore> = store.clone();
+    let transport: Arc<dyn Transport> = store;
     let work = QueueName::parse("agent.inventory").unwrap();
     let replies = QueueName::parse("replies").unwrap();
     for q in [&work, &replies] {
@@ -106,6 +111,7 @@ async fn rig() -> Rig {
     }
     Rig {
         transport,
+        services,
         work,
         replies,
     }
@@ -665,4 +671,180 @@ async fn a_probe_that_finds_the_effect_closes_a_half_open_breaker() {
         .await,
         succeeded("reserved")
     );
+}
+
+/// An agent taking part in the fleet's view of its services.
+fn fleet_agent(
+    rig: &Rig,
+    remote: Arc<dyn RemoteService>,
+    threshold: u32,
+    fleet: orderly_agent::FleetConfig,
+) -> (Agent, Arc<orderly_core::service::ServiceView>) {
+    let view = Arc::new(orderly_core::service::ServiceView::new(
+        rig.services.clone(),
+    ));
+    let agent = agent(
+        rig,
+        remote,
+        BreakerConfig {
+            failure_threshold: threshold,
+            open_for: Duration::from_secs(60),
+        },
+    )
+    .with_services(view.clone(), fleet);
+    (agent, view)
+}
+
+async fn health(rig: &Rig) -> Option<orderly_core::service::ServiceHealth> {
+    rig.services
+        .services()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|h| h.service == "agent.inventory")
+}
+
+/// Three failures in a row open the breaker: the agent reports the service down to
+/// the fleet (one outage, its error kept) and answers the request `Deferred`, so its
+/// order waits for the service instead of running into its deadline.
+#[tokio::test]
+async fn a_breaker_that_opens_reports_the_service_down_and_defers_the_request() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![
+        Err(transient("HTTP 503")),
+        Err(transient("HTTP 503")),
+        Err(transient("HTTP 503")),
+    ]);
+    let (agent, _) = fleet_agent(
+        &rig,
+        remote.clone(),
+        3,
+        orderly_agent::FleetConfig::default(),
+    );
+    let handled = handle(
+        &rig,
+        &agent,
+        request(&rig, "o-1", Duration::from_secs(30), 8),
+    )
+    .await;
+    assert!(matches!(handled, Handled::Deferred(_)), "{handled:?}");
+    assert_eq!(remote.calls().len(), 3, "no call once the breaker opened");
+    let h = health(&rig).await.expect("reported");
+    assert_eq!(h.state, orderly_core::service::ServiceState::Down);
+    assert_eq!((h.outage, h.last_error.as_deref()), (1, Some("HTTP 503")));
+    let got = replies(&rig).await;
+    assert_eq!(got.len(), 1);
+    assert!(
+        matches!(&got[0].outcome, StepOutcome::Deferred { service, .. } if service == "agent.inventory"),
+        "{:?}",
+        got[0].outcome
+    );
+}
+
+/// While the fleet sees the service down and no probe is due, a request is answered
+/// `Deferred` at once: the service is not called.
+#[tokio::test]
+async fn a_request_for_a_service_the_fleet_sees_down_is_deferred_without_a_call() {
+    let rig = rig().await;
+    rig.services
+        .report_failure(
+            "agent.inventory",
+            "HTTP 503",
+            &InstanceId::parse("agent-other").unwrap(),
+            &orderly_core::service::OutagePolicy::default(),
+        )
+        .await
+        .unwrap();
+    let remote = Scripted::new(vec![Ok("reserved".into())]);
+    let (agent, view) = fleet_agent(
+        &rig,
+        remote.clone(),
+        5,
+        orderly_agent::FleetConfig::default(),
+    );
+    view.refresh().await.unwrap();
+    let handled = handle(
+        &rig,
+        &agent,
+        request(&rig, "o-1", Duration::from_secs(30), 8),
+    )
+    .await;
+    assert!(
+        matches!(&handled, Handled::Deferred(why) if why.contains("agent.inventory down since")),
+        "{handled:?}"
+    );
+    assert!(remote.calls().is_empty());
+    let got = replies(&rig).await;
+    assert!(matches!(got[0].outcome, StepOutcome::Deferred { .. }));
+    assert_eq!(got[0].attempts, 0);
+}
+
+/// Once the probe is due the request is called; the service's answer reports it up,
+/// and the orders waiting for it resume.
+#[tokio::test]
+async fn an_answer_from_a_service_the_fleet_sees_down_reports_it_up() {
+    let rig = rig().await;
+    let policy = orderly_core::service::OutagePolicy {
+        probe_after: Duration::from_millis(20),
+        ..orderly_core::service::OutagePolicy::default()
+    };
+    rig.services
+        .report_failure(
+            "agent.inventory",
+            "HTTP 503",
+            &InstanceId::parse("agent-other").unwrap(),
+            &policy,
+        )
+        .await
+        .unwrap();
+    let remote = Scripted::new(vec![Ok("reserved".into())]);
+    let (agent, view) = fleet_agent(
+        &rig,
+        remote.clone(),
+        5,
+        orderly_agent::FleetConfig::default(),
+    );
+    view.refresh().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let handled = handle(
+        &rig,
+        &agent,
+        request(&rig, "o-1", Duration::from_secs(30), 8),
+    )
+    .await;
+    assert!(
+        matches!(handled, Handled::Replied(StepOutcome::Succeeded { .. })),
+        "{handled:?}"
+    );
+    let started = Instant::now();
+    loop {
+        if health(&rig).await.unwrap().state == orderly_core::service::ServiceState::Up {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "reported up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A queue left out of backpressure keeps the old behaviour: its breaker is this
+/// agent's own (nothing reported), and a request it cannot call is given back to its
+/// queue, not answered.
+#[tokio::test]
+async fn a_service_left_out_of_backpressure_keeps_its_breaker_to_itself() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![Err(transient("HTTP 503")), Err(transient("HTTP 503"))]);
+    let fleet = orderly_agent::FleetConfig {
+        excluded: [rig.work.clone()].into(),
+        ..orderly_agent::FleetConfig::default()
+    };
+    let (agent, _) = fleet_agent(&rig, remote, 2, fleet);
+    let handled = handle(
+        &rig,
+        &agent,
+        request(&rig, "o-1", Duration::from_secs(30), 8),
+    )
+    .await;
+    assert!(matches!(handled, Handled::Deferred(_)), "{handled:?}");
+    assert!(health(&rig).await.is_none(), "nothing reported");
+    assert!(replies(&rig).await.is_empty(), "given back, not answered");
 }

@@ -201,6 +201,20 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// The remote services as the fleet sees them: up, down (since when, next probe)
+    /// or probing, and how many orders wait for each. `--resume SERVICE` marks one up
+    /// (you know it is back): the orders waiting for it resume at its rate.
+    Services {
+        /// Mark this service (agent queue) up and resume the orders waiting for it.
+        #[arg(long, value_name = "SERVICE")]
+        resume: Option<String>,
+        /// Who is acting.
+        #[arg(long, env = "ORDERLY_OPERATOR", default_value = "cli")]
+        operator: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the supervisors' current leader: holder, term (epoch), lease.
     Leader {
         /// Print JSON instead of text.
@@ -463,7 +477,13 @@ async fn run() -> anyhow::Result<()> {
             json,
         } => {
             let page = store.list(&filter.to_store(limit)).await?;
-            print::orders(&page.orders, json)?;
+            let services = store
+                .services()
+                .await?
+                .into_iter()
+                .map(|h| (h.service.clone(), h))
+                .collect();
+            print::orders(&page.orders, &services, json)?;
             if page.next.is_some() && !json {
                 println!("(more orders: raise --limit or filter)");
             }
@@ -499,6 +519,30 @@ async fn run() -> anyhow::Result<()> {
         Command::Alerts {
             all, limit, json, ..
         } => print::alerts(&store.alerts(!all, limit).await?, json)?,
+        Command::Services {
+            resume: Some(service),
+            operator,
+            json,
+        } => {
+            let actor = Actor::operator(&operator);
+            match store.report_success(&service, actor.as_str()).await? {
+                Some(back) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&back.health)?);
+                    } else {
+                        println!(
+                            "{service} marked up by {actor}: {} waiting orders resume at {}/s",
+                            back.resumed, back.health.resume_per_second
+                        );
+                    }
+                }
+                None => {
+                    let waiting = store.resume_waiting(&service, actor.as_str()).await?;
+                    println!("{service} was up already; {waiting} orders left waiting resume");
+                }
+            }
+        }
+        Command::Services { json, .. } => print::services(&store.services().await?, json)?,
         Command::Leader { json } => {
             let term = store.term(orderly_supervisor::LEADERSHIP).await?;
             print::leader(term.as_ref(), json)?;

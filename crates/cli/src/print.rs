@@ -1,6 +1,7 @@
 //! Output for people (tables) and for tools (JSON).
 
 use orderly_core::StateRow;
+use orderly_core::service::ServiceHealth;
 use orderly_core::store::OrderView;
 use serde_json::json;
 
@@ -9,19 +10,32 @@ fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// A table (or JSON lines) of state rows.
-pub fn orders(rows: &[StateRow], json: bool) -> anyhow::Result<()> {
+/// A table (or JSON lines) of state rows; an order waiting for a service that is down
+/// says so (`services`: the services' health) where others show their last error.
+pub fn orders(
+    rows: &[StateRow],
+    services: &std::collections::HashMap<String, ServiceHealth>,
+    json: bool,
+) -> anyhow::Result<()> {
     if json {
         for r in rows {
-            println!("{}", serde_json::to_string(r)?);
+            let mut v = serde_json::to_value(r)?;
+            if let Some(note) = r.waiting_note(services) {
+                v["waiting"] = note.into();
+            }
+            println!("{v}");
         }
         return Ok(());
     }
     println!(
-        "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  last error",
+        "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  last error / waiting",
         "order_id", "state", "step", "fails", "created", "locked_by"
     );
     for r in rows {
+        let note = r
+            .waiting_note(services)
+            .or_else(|| r.last_error.clone())
+            .unwrap_or_default();
         println!(
             "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  {}",
             r.order_id.as_str(),
@@ -30,10 +44,47 @@ pub fn orders(rows: &[StateRow], json: bool) -> anyhow::Result<()> {
             r.failure_count,
             time(Some(r.created_at)),
             r.locked_by.as_ref().map(|l| l.as_str()).unwrap_or("-"),
-            r.last_error.as_deref().unwrap_or("")
+            note
         );
     }
     println!("{} orders", rows.len());
+    Ok(())
+}
+
+/// The remote services as the fleet sees them.
+pub fn services(services: &[ServiceHealth], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(services)?);
+        return Ok(());
+    }
+    if services.is_empty() {
+        println!("no service has been reported down: all are taken as up");
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<8} {:<19} {:<19} {:>7} {:>8}  last error",
+        "SERVICE", "STATE", "DOWN SINCE", "NEXT PROBE", "WAITING", "OUTAGES"
+    );
+    for h in services {
+        let probe = match h.state {
+            orderly_core::service::ServiceState::Up => "-".to_owned(),
+            _ => time(h.retry_at),
+        };
+        let since = match h.state {
+            orderly_core::service::ServiceState::Up => "-".to_owned(),
+            _ => time(h.down_since),
+        };
+        println!(
+            "{:<24} {:<8} {:<19} {:<19} {:>7} {:>8}  {}",
+            h.service,
+            h.state.as_str(),
+            since,
+            probe,
+            h.waiting,
+            h.outage,
+            h.last_error.as_deref().unwrap_or("-")
+        );
+    }
     Ok(())
 }
 
@@ -85,7 +136,17 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
         s.locked_by.as_ref().map(|l| l.as_str()).unwrap_or("-")
     );
     println!("complete_by  {}", time(s.complete_by));
-    println!("next attempt {}", time(Some(s.next_attempt_at)));
+    if orderly_core::service::is_held(s.next_attempt_at) {
+        println!(
+            "next attempt when {} is back",
+            s.waiting_on.as_deref().unwrap_or("its service")
+        );
+    } else {
+        println!("next attempt {}", time(Some(s.next_attempt_at)));
+    }
+    if let Some(service) = &s.waiting_on {
+        println!("waited for   {service}");
+    }
     println!("last error   {}", s.last_error.as_deref().unwrap_or("-"));
     println!(
         "customer     {}  total {} {:.2}",

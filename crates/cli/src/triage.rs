@@ -24,6 +24,9 @@ pub(crate) struct Filter {
     /// Only orders created more than this many seconds ago.
     #[arg(long, value_name = "SECS")]
     older_than: Option<u64>,
+    /// Only orders waiting for this service (agent queue) to be back.
+    #[arg(long, value_name = "SERVICE")]
+    waiting_for: Option<String>,
 }
 
 impl Filter {
@@ -36,6 +39,7 @@ impl Filter {
                 chrono::Utc::now()
                     - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 2))
             }),
+            waiting_for: self.waiting_for.clone(),
             limit,
             ..Default::default()
         }

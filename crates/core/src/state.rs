@@ -159,6 +159,30 @@ pub struct StateRow {
 }
 
 impl StateRow {
+    /// What an operator should read about an order waiting for a remote service:
+    /// `waiting: agent.payment down since 10:32:05 UTC` while it is held, or that it
+    /// resumes after the outage once the service is back (`None`: not waiting).
+    pub fn waiting_note(
+        &self,
+        services: &std::collections::HashMap<String, crate::service::ServiceHealth>,
+    ) -> Option<String> {
+        let service = self.waiting_on.as_deref()?;
+        if self.process_state != ProcessState::Pending {
+            return None;
+        }
+        if crate::service::is_held(self.next_attempt_at) {
+            Some(match services.get(service) {
+                Some(h) => format!("waiting: {}", h.describe()),
+                None => format!("waiting: {service} down"),
+            })
+        } else {
+            Some(format!(
+                "resuming after the {service} outage (claimable from {})",
+                self.next_attempt_at.format("%H:%M:%S%.3f UTC")
+            ))
+        }
+    }
+
     /// The workflow it runs, for operators: `name@version` once started, the name it
     /// asked for before (`(default)` if none).
     pub fn workflow_label(&self) -> String {

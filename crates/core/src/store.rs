@@ -522,6 +522,8 @@ pub struct OrderFilter {
     pub current_step: Option<i32>,
     /// Only orders created before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only orders waiting (Pending, held) for this service to be back.
+    pub waiting_for: Option<String>,
     /// Page size (1 to [`MAX_BATCH`]; 0 means 50).
     pub limit: u32,
     /// Continue after this cursor.

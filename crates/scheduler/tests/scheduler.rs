@@ -245,3 +245,136 @@ async fn a_reply_of_a_version_it_has_not_loaded_is_given_back_then_its_order_han
     let again = request(&rig, "agent.inventory").await;
     assert_eq!(again.idempotency_key, req.idempotency_key);
 }
+
+/// The fleet sees payment down: the order's inventory step is sent and recorded, but
+/// no payment request goes out; the order waits (Pending, held, uncounted) at its
+/// payment step. A claim finds nothing while it waits. Once the probe is due this
+/// scheduler lets it through; once payment is reported up the order is claimed and
+/// sent on, its payment step marked uncertain (it may have been sent before).
+#[tokio::test]
+async fn an_order_whose_next_service_is_down_waits_instead_of_being_sent_to_it() {
+    use orderly_core::service::{OutagePolicy, ServiceState, ServiceView, is_held};
+    let rig = rig().await;
+    let view = Arc::new(ServiceView::new(rig.store.clone()));
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]).with_services(view.clone());
+    let id = submit(&rig, "o-1").await;
+    assert_eq!(s.claim_once().await.unwrap().requests, 1);
+    let inventory = request(&rig, "agent.inventory").await;
+    let policy = OutagePolicy {
+        probe_after: Duration::from_millis(300),
+        ..OutagePolicy::default()
+    };
+    rig.store
+        .report_failure(
+            "agent.payment",
+            "HTTP 503",
+            &InstanceId::parse("agent-1").unwrap(),
+            &policy,
+        )
+        .await
+        .unwrap();
+    s.watch_services().await.unwrap();
+    answer(&rig, &inventory, ok("reserved")).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.requests, pass.parked),
+        (1, 0, 1),
+        "{pass:?}"
+    );
+    let payment = QueueName::parse("agent.payment").unwrap();
+    assert!(
+        rig.transport
+            .receive(&payment, 10, Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing is sent to a service that is down"
+    );
+    let view_of = rig.store.get(&id).await.unwrap();
+    assert_eq!(view_of.state.process_state, ProcessState::Pending);
+    assert_eq!(view_of.state.current_step, 1);
+    assert_eq!(view_of.state.failure_count, 0);
+    assert!(is_held(view_of.state.next_attempt_at));
+    assert_eq!(view_of.steps[0].status, StepStatus::Succeeded);
+    let waiting = view_of.history.last().unwrap();
+    assert_eq!(waiting.kind, HistoryKind::Waiting);
+    assert!(
+        waiting
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("agent.payment down since") && r.contains("HTTP 503")),
+        "{waiting:?}"
+    );
+    assert_eq!(s.claim_once().await.unwrap().claimed, 0);
+
+    // The probe falls due: this scheduler lets the waiting order through, and it is
+    // sent to payment as the probe.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    s.watch_services().await.unwrap();
+    assert_eq!(
+        view.get("agent.payment").unwrap().state,
+        ServiceState::Down,
+        "the view is read before the probe is let through"
+    );
+    s.watch_services().await.unwrap();
+    assert_eq!(
+        view.get("agent.payment").unwrap().state,
+        ServiceState::Probing
+    );
+    let pass = s.claim_once().await.unwrap();
+    assert_eq!((pass.claimed, pass.requests), (1, 1), "{pass:?}");
+    let probe = request(&rig, "agent.payment").await;
+    assert_eq!(probe.step, "charge-payment");
+
+    // Back up: the next order goes straight through.
+    rig.store
+        .report_success("agent.payment", "agent-1")
+        .await
+        .unwrap();
+    s.watch_services().await.unwrap();
+    answer(&rig, &probe, ok("charged")).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.requests, pass.parked),
+        (1, 1, 0),
+        "{pass:?}"
+    );
+    request(&rig, "agent.shipping").await;
+}
+
+/// An agent's `Deferred` reply parks the order at the step it was asked, uncounted.
+#[tokio::test]
+async fn a_deferred_reply_parks_the_order_at_its_step_without_counting_a_failure() {
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let id = submit(&rig, "o-1").await;
+    s.claim_once().await.unwrap();
+    let req = request(&rig, "agent.inventory").await;
+    let deferred = StepOutcome::Deferred {
+        service: "agent.inventory".into(),
+        reason: "agent.inventory down since 10:32:05 UTC (fleet view); not called".into(),
+    };
+    answer(&rig, &req, deferred).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.parked, pass.applied, pass.dropped),
+        (1, 0, 0),
+        "{pass:?}"
+    );
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(
+        (
+            view.state.process_state,
+            view.state.failure_count,
+            view.state.current_step
+        ),
+        (ProcessState::Pending, 0, 0)
+    );
+    assert_eq!(view.state.waiting_on.as_deref(), Some("agent.inventory"));
+    // No row says the service is down (this scheduler never heard): claimable at once.
+    assert!(!orderly_core::service::is_held(view.state.next_attempt_at));
+    // Claimed again (a new epoch), its step is sent again.
+    assert_eq!(s.claim_once().await.unwrap().requests, 1);
+    let again = request(&rig, "agent.inventory").await;
+    assert_eq!(again.step_index, 0);
+}

@@ -214,6 +214,16 @@ pub(crate) fn list_query(filter: &OrderFilter) -> (String, Vec<Arg>, u32) {
     if let Some(before) = filter.created_before {
         next(&mut sql, " AND created_at < ?", Arg::Time(Ts(before)));
     }
+    if let Some(service) = &filter.waiting_for {
+        // The waiting index's condition, so the planner can use it.
+        sql.push_str(" AND process_state = 'Pending' AND waiting_on IS NOT NULL");
+        next(&mut sql, " AND waiting_on = ?", Arg::Text(service.clone()));
+        next(
+            &mut sql,
+            " AND next_attempt_at >= ?",
+            Arg::Time(Ts(orderly_core::service::held())),
+        );
+    }
     if let Some(after) = &filter.after {
         next(
             &mut sql,

@@ -257,3 +257,145 @@ async fn outage(dialect: Dialect) {
         "without backpressure the same outage sends orders to Error"
     );
 }
+
+both!(
+    an_operator_sees_orders_waiting_for_a_service_that_is_down_and_resumes_them,
+    operator_journey
+);
+/// The roles as separate processes on a new database, the operator at the command
+/// line: payment goes down, the orders wait at their payment step (nothing counted,
+/// nothing in Error), `orderly services` shows the outage and `orderly list
+/// --waiting-for` each order waiting and why; once payment is back the operator
+/// resumes them with `orderly services --resume` (before any probe would), and every
+/// order ends Processed with each step in effect once. The leading supervisor
+/// announces the outage once, and its end once.
+async fn operator_journey(dialect: Dialect) {
+    use crate::newcomer::orderly;
+    use crate::processes::{assert_invariants, start_sim};
+    use crate::procs::{Proc, free_port, wait_for};
+
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let port = free_port();
+    let remote = format!("http://127.0.0.1:{port}/actions");
+    let _sim = start_sim(&db.url, port, &[]);
+    let http = reqwest::Client::new();
+    let fault = format!("http://127.0.0.1:{port}/faults/down/{PAYMENT}");
+    assert!(http.put(&fault).send().await.unwrap().status().is_success());
+    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
+    let _scheduler = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &["--processing-timeout-ms", "5000"],
+    );
+    let _agent = Proc::start(
+        "orderly-agent",
+        &db.url,
+        &[
+            "--remote-url",
+            &remote,
+            "--breaker-failures",
+            "3",
+            // No probe within the test: the operator brings it back.
+            "--probe-after-ms",
+            "600000",
+            "--probe-max-ms",
+            "600000",
+        ],
+    );
+    let supervisor = Proc::start("orderly-supervisor", &db.url, &["--interval-ms", "200"]);
+    let orders = demo::sample_orders(20);
+    let sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    wait_for(
+        "20 orders waiting for payment",
+        Duration::from_secs(60),
+        async || {
+            store
+                .services()
+                .await
+                .unwrap()
+                .iter()
+                .any(|h| h.service == "agent.payment" && h.waiting == 20)
+        },
+    )
+    .await;
+    for o in &orders {
+        let r = store.get(&o.order_id).await.unwrap().state;
+        assert_eq!(
+            (r.process_state, r.failure_count, r.current_step),
+            (ProcessState::Pending, 0, 1),
+            "{} waits at its payment step, uncounted",
+            o.order_id
+        );
+    }
+
+    let (ok, out, err) = orderly(&db.url, &["services"], &[]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("agent.payment"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("Down") && line.contains(" 20 ") && line.contains("503"),
+        "{out}"
+    );
+    let (ok, out, err) = orderly(&db.url, &["list", "--waiting-for", "agent.payment"], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.matches("waiting: agent.payment down since").count(),
+        20,
+        "{out}"
+    );
+    assert!(out.contains("20 orders"), "{out}");
+
+    assert!(
+        http.delete(&fault)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    let (ok, out, err) = orderly(
+        &db.url,
+        &[
+            "services",
+            "--resume",
+            "agent.payment",
+            "--operator",
+            "erin",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("agent.payment marked up by operator:erin: 20 waiting orders resume"),
+        "{out}"
+    );
+    wait_for("20 orders processed", Duration::from_secs(60), async || {
+        crate::processes::count(store.as_ref(), ProcessState::Processed).await == 20
+    })
+    .await;
+    assert_invariants(store.as_ref(), port, &sent, Some(60)).await;
+    let view = store.get(&orders[0].order_id).await.unwrap();
+    let kinds: Vec<HistoryKind> = view.history.iter().map(|h| h.kind).collect();
+    assert!(
+        kinds.contains(&HistoryKind::Waiting) && kinds.contains(&HistoryKind::WaitEnded),
+        "{kinds:?}"
+    );
+    wait_for(
+        "the outage's end announced",
+        Duration::from_secs(10),
+        async || supervisor.output().contains("ALERT RESOLVED"),
+    )
+    .await;
+    let log = supervisor.output();
+    assert_eq!(
+        log.matches("ALERT: remote service down").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("ALERT RESOLVED").count(), 1, "{log}");
+}
