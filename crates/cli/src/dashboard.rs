@@ -29,7 +29,7 @@ mod auth;
 mod html;
 mod pages;
 
-use actions::{cancel, retry};
+use actions::{cancel, resume_service, retry};
 use auth::guard;
 use pages::{dead_letters, errors, order, overview};
 
@@ -64,6 +64,7 @@ pub async fn serve(
         .route("/orders/{id}", get(order))
         .route("/orders/{id}/retry", post(retry))
         .route("/orders/{id}/cancel", post(cancel))
+        .route("/services/{service}/resume", post(resume_service))
         .route("/dead-letters", get(dead_letters))
         .with_state(state.clone())
         .merge(ops.metrics)

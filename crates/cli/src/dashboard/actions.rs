@@ -71,6 +71,45 @@ pub(super) async fn act(
     }
 }
 
+/// Marks a service up (the operator knows it is back): the orders waiting for it
+/// resume at its rate, recorded in their histories as the dashboard operator's.
+pub(super) async fn resume_service(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(service): Path<String>,
+    Form(form): Form<Action>,
+) -> Response {
+    if !csrf_ok(&headers, &form) {
+        return (
+            StatusCode::FORBIDDEN,
+            page(
+                "Refused",
+                "<p>The form's CSRF token does not match: reload the page and try again.</p>",
+            ),
+        )
+            .into_response();
+    }
+    let actor = Actor::operator("dashboard");
+    let store = &dash.backend.store;
+    let done = match store.report_success(&service, actor.as_str()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => store
+            .resume_waiting(&service, actor.as_str())
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match done {
+        Ok(()) => Redirect::to("/").into_response(),
+        Err(e @ orderly_core::Error::Invalid(_)) => (
+            StatusCode::BAD_REQUEST,
+            page("Not done", &format!("<p>{}</p>", esc(&e.to_string()))),
+        )
+            .into_response(),
+        Err(e) => failed(e),
+    }
+}
+
 pub(super) async fn retry(
     State(dash): State<Dash>,
     headers: HeaderMap,

@@ -14,7 +14,7 @@ use super::Dash;
 use super::auth::cookie;
 use super::html::{ago, esc, failed, page};
 
-pub(super) async fn overview(State(dash): State<Dash>) -> Response {
+pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Response {
     let store = &dash.backend.store;
     let counts = match store.count_by_state().await {
         Ok(c) => c,
@@ -75,6 +75,13 @@ pub(super) async fn overview(State(dash): State<Dash>) -> Response {
         Ok(None) => body.push_str("<p>Supervisor leader: <b id=leader>none yet</b></p>"),
         Err(e) => return failed(e),
     }
+    match store.services().await {
+        Ok(services) => body.push_str(&services_table(
+            &services,
+            cookie(&headers, "orderly_csrf").unwrap_or(""),
+        )),
+        Err(e) => return failed(e),
+    }
     if let Ok(depths) = dash.backend.inspector.depths().await {
         body.push_str("<h2>Queues</h2><table><tr><th>queue</th><th>ready</th><th>locked</th><th>scheduled</th><th>dead-lettered</th></tr>");
         for d in depths {
@@ -91,6 +98,54 @@ pub(super) async fn overview(State(dash): State<Dash>) -> Response {
         body.push_str("</table>");
     }
     page("Overview", &body).into_response()
+}
+
+/// The remote services as the fleet sees them; a service that is not up has a Resume
+/// button (for when the operator knows it is back before a probe finds out).
+fn services_table(services: &[orderly_core::service::ServiceHealth], csrf: &str) -> String {
+    use orderly_core::service::ServiceState;
+    let mut out = String::from("<h2>Remote services</h2>");
+    if services.is_empty() {
+        out.push_str("<p id=services>None has been reported down: all are taken as up.</p>");
+        return out;
+    }
+    out.push_str(
+        "<table id=services><tr><th>service</th><th>state</th><th>down since</th><th>next probe</th>         <th>orders waiting</th><th>outages</th><th>last error</th><th></th></tr>",
+    );
+    for h in services {
+        let (class, since, probe) = match h.state {
+            ServiceState::Up => ("Processed", "-".to_owned(), "-".to_owned()),
+            ServiceState::Down | ServiceState::Probing => (
+                "Error",
+                h.down_since.map_or("-".into(), |t| {
+                    format!("{} ({} ago)", t.format("%H:%M:%S"), ago(t))
+                }),
+                h.retry_at
+                    .map_or("-".into(), |t| t.format("%H:%M:%S").to_string()),
+            ),
+        };
+        let resume = if h.state == ServiceState::Up && h.waiting == 0 {
+            String::new()
+        } else {
+            format!(
+                "<form class=inline method=post action=\"/services/{s}/resume\">                 <input type=hidden name=csrf value=\"{csrf}\">                 <button id=\"resume-{s}\">Resume its {n} waiting orders</button></form>",
+                s = esc(&h.service),
+                csrf = esc(csrf),
+                n = h.waiting
+            )
+        };
+        let _ = write!(
+            out,
+            "<tr><td>{s}</td><td id=\"service-{s}\" class={class}>{state}</td><td>{since}</td>             <td>{probe}</td><td id=\"waiting-{s}\">{waiting}</td><td>{outages}</td><td>{error}</td><td>{resume}</td></tr>",
+            s = esc(&h.service),
+            state = h.state.as_str(),
+            waiting = h.waiting,
+            outages = h.outage,
+            error = esc(h.last_error.as_deref().unwrap_or("-")),
+        );
+    }
+    out.push_str("</table>");
+    out
 }
 
 /// Orders finished in the last minute, 5 minutes and hour, by final state, and the
@@ -216,6 +271,24 @@ pub(super) async fn order(
         "<p>Workflow <b id=workflow>{}</b></p>",
         esc(&s.workflow_label())
     );
+    if s.waiting_on.is_some() {
+        let services = dash
+            .backend
+            .store
+            .services()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|h| (h.service.clone(), h))
+            .collect();
+        if let Some(note) = s.waiting_note(&services) {
+            let _ = write!(
+                body,
+                "<p><b id=waiting class=Pending>{}</b></p>",
+                esc(&note)
+            );
+        }
+    }
     if let Some(e) = &s.last_error {
         let _ = write!(
             body,

@@ -350,6 +350,50 @@ async fn operator_journey(dialect: Dialect) {
     );
     assert!(out.contains("20 orders"), "{out}");
 
+    // The dashboard shows the outage, with a Resume button.
+    let dash_port = free_port();
+    let listen = format!("127.0.0.1:{dash_port}");
+    let _dashboard = Proc::start("orderly", &db.url, &["dashboard", "--listen", &listen]);
+    let base = format!("http://{listen}");
+    wait_for("the dashboard", Duration::from_secs(20), async || {
+        http.get(&base).send().await.is_ok()
+    })
+    .await;
+    let page = http.get(&base).send().await.unwrap();
+    let csrf = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix("orderly_csrf="))
+        .and_then(|c| c.split(';').next())
+        .expect("a CSRF cookie")
+        .to_owned();
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains(r#"id="service-agent.payment" class=Error>Down"#)
+            && html.contains(r#"id="waiting-agent.payment">20<"#)
+            && html.contains("Resume its 20 waiting orders"),
+        "{html}"
+    );
+    // A forged form (no CSRF token) is refused and changes nothing.
+    let forged = http
+        .post(format!("{base}/services/agent.payment/resume"))
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), reqwest::StatusCode::FORBIDDEN);
+    assert!(
+        store
+            .services()
+            .await
+            .unwrap()
+            .iter()
+            .any(|h| h.service == "agent.payment" && h.waiting == 20),
+        "a refused form resumes nothing"
+    );
+
     assert!(
         http.delete(&fault)
             .send()
@@ -358,22 +402,38 @@ async fn operator_journey(dialect: Dialect) {
             .status()
             .is_success()
     );
-    let (ok, out, err) = orderly(
-        &db.url,
-        &[
-            "services",
-            "--resume",
-            "agent.payment",
-            "--operator",
-            "erin",
-        ],
-        &[],
-    );
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("agent.payment marked up by operator:erin: 20 waiting orders resume"),
-        "{out}"
-    );
+    match dialect {
+        // At the command line...
+        Dialect::Sqlite => {
+            let (ok, out, err) = orderly(
+                &db.url,
+                &[
+                    "services",
+                    "--resume",
+                    "agent.payment",
+                    "--operator",
+                    "erin",
+                ],
+                &[],
+            );
+            assert!(ok, "{err}");
+            assert!(
+                out.contains("agent.payment marked up by operator:erin: 20 waiting orders resume"),
+                "{out}"
+            );
+        }
+        // ... or with the dashboard's button.
+        Dialect::Postgres => {
+            let resumed = http
+                .post(format!("{base}/services/agent.payment/resume"))
+                .header("cookie", format!("orderly_csrf={csrf}"))
+                .form(&[("csrf", csrf.as_str())])
+                .send()
+                .await
+                .unwrap();
+            assert!(resumed.status().is_success(), "{resumed:?}");
+        }
+    }
     wait_for("20 orders processed", Duration::from_secs(60), async || {
         crate::processes::count(store.as_ref(), ProcessState::Processed).await == 20
     })
