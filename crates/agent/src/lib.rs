@@ -533,9 +533,6 @@ impl Agent {
         let service = queue.as_str();
         let breaker = self.breaker(service);
         let fleet = self.fleet_for(queue);
-        if let Some(why) = fleet.and_then(|f| f.down_now(service, started)) {
-            return (Handled::Deferred(why), 0);
-        }
         // An answer from the service: if the fleet sees it down, it is back.
         let answered = || {
             breaker.record_success();
@@ -562,7 +559,14 @@ impl Agent {
             if left.is_zero() {
                 break;
             }
-            if let Err(wait) = breaker.allow() {
+            // While the fleet sees the service down, the fleet decides: no call until a
+            // probe is due, and then this request may be the probe, whatever this agent's
+            // own breaker says. Otherwise the breaker decides.
+            if let Some(why) = fleet.and_then(|f| f.down_now(service, self.clock.now())) {
+                return (Handled::Deferred(why), attempts);
+            }
+            let fleet_probe = fleet.is_some_and(|f| f.knows_down(service));
+            if !fleet_probe && let Err(wait) = breaker.allow() {
                 // Give it back rather than wait holding a permit and the message's lock.
                 return (
                     Handled::Deferred(format!(
@@ -620,7 +624,8 @@ impl Agent {
                     );
                 }
                 Ok(Err(CallError::Transient { error, retry_after })) => {
-                    if breaker.record_failure()
+                    // An opened breaker begins an outage; a failed probe extends one.
+                    if (breaker.record_failure() || fleet_probe)
                         && let Some(fleet) = fleet
                     {
                         fleet.report_down(service, &error).await;
@@ -644,7 +649,7 @@ impl Agent {
                 }
                 Err(_elapsed) => {
                     last_error = "remote call outlived the deadline".into();
-                    if breaker.record_failure()
+                    if (breaker.record_failure() || fleet_probe)
                         && let Some(fleet) = fleet
                     {
                         fleet.report_down(service, &last_error).await;

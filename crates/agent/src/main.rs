@@ -55,7 +55,7 @@ struct Args {
     /// `on`: a service whose breaker opens is reported down to the whole fleet, so
     /// schedulers stop sending it work and the orders that need it wait (not counted
     /// as failures) until a probe finds it back; `off`: each agent's breaker is its own.
-    #[arg(long, env = "ORDERLY_BACKPRESSURE", default_value = "on", value_parser = on_off)]
+    #[arg(long, env = "ORDERLY_BACKPRESSURE", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     backpressure: bool,
     /// Queues (services) left out of backpressure: their breakers stay this agent's own.
     #[arg(long, env = "ORDERLY_BACKPRESSURE_OFF", value_delimiter = ',')]

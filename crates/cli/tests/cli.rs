@@ -890,6 +890,69 @@ fn bulk_actions_select_by_filter_and_ask_first() {
     );
 }
 
+/// The agents' backpressure settings as an operator writes them: `on`/`off` by flag or
+/// variable, a per-service off list, and each wrong value refused naming its setting.
+#[test]
+fn the_agents_backpressure_settings_are_taken_or_refused_naming_the_setting() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let agent = |args: &[&str], env: &[(&str, &str)]| {
+        Command::new(role("orderly-agent"))
+            .args(args)
+            .arg("--check-config")
+            .env("ORDERLY_DATABASE_URL", &url)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run orderly-agent")
+    };
+    for (args, env) in [
+        (vec!["--backpressure", "off"], vec![]),
+        (
+            vec![
+                "--backpressure",
+                "on",
+                "--backpressure-off",
+                "agent.payment,agent.shipping",
+            ],
+            vec![],
+        ),
+        (vec![], vec![("ORDERLY_BACKPRESSURE", "off")]),
+        (
+            vec![
+                "--probe-after-ms",
+                "1000",
+                "--probe-max-ms",
+                "5000",
+                "--resume-per-second",
+                "50",
+            ],
+            vec![],
+        ),
+    ] {
+        let out = agent(&args, &env);
+        assert!(out.status.success(), "{args:?} {env:?}: {out:?}");
+    }
+    for (args, setting) in [
+        (vec!["--backpressure", "sometimes"], "--backpressure"),
+        (
+            vec!["--backpressure-off", "no spaces"],
+            "--backpressure-off",
+        ),
+        (vec!["--probe-after-ms", "0"], "--probe-after-ms"),
+        (
+            vec!["--probe-after-ms", "9000", "--probe-max-ms", "1000"],
+            "--probe-max-ms",
+        ),
+        (vec!["--resume-per-second", "0"], "--resume-per-second"),
+        (vec!["--breaker-failures", "0"], "--breaker-failures"),
+    ] {
+        let out = agent(&args, &[]);
+        assert!(!out.status.success(), "{args:?} was taken");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(setting), "{args:?}: {err}");
+    }
+}
+
 /// Retention as an operator runs it: finished orders older than the span are counted
 /// first, removed only when confirmed, and live orders are never touched.
 #[test]

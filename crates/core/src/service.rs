@@ -91,7 +91,7 @@ impl std::fmt::Display for ServiceState {
 
 /// How long a probe's verdict is waited for before another order is let through (its
 /// agent may have died with it).
-pub const PROBE_WAIT: Duration = Duration::from_secs(30);
+pub const PROBE_WAIT: Duration = Duration::from_secs(15);
 
 /// How an outage is handled: set by the agents that report it (each agent deployment
 /// wraps its services, so this is configured per service).
@@ -289,12 +289,13 @@ impl ServiceHealth {
         next
     }
 
-    /// Whether a request for this service may not be sent now. `probe`: the order was
-    /// waiting for this service and has been let through as its probe.
-    pub fn blocks(&self, probe: bool) -> bool {
+    /// Whether a request for this service may not be sent at `now`. `probe`: the order
+    /// waited for this service, so it was let through as its probe (a view read before
+    /// the probe was let through still shows Down, with the probe due).
+    pub fn blocks(&self, probe: bool, now: DateTime<Utc>) -> bool {
         match self.state {
             ServiceState::Up => false,
-            ServiceState::Down => true,
+            ServiceState::Down => !(probe && self.probe_due(now)),
             ServiceState::Probing => !probe,
         }
     }
@@ -528,12 +529,12 @@ impl ServiceView {
         self.snapshot().get(service).cloned()
     }
 
-    /// Whether a request for `service` may not be sent now (see
+    /// Whether a request for `service` may not be sent at `now` (see
     /// [`ServiceHealth::blocks`]).
-    pub fn blocks(&self, service: &str, probe: bool) -> bool {
+    pub fn blocks(&self, service: &str, probe: bool, now: DateTime<Utc>) -> bool {
         self.snapshot()
             .get(service)
-            .is_some_and(|h| h.blocks(probe))
+            .is_some_and(|h| h.blocks(probe, now))
     }
 
     /// Takes in a row this process just wrote, without waiting for the next refresh.
@@ -573,7 +574,11 @@ mod tests {
         assert_eq!(r.health.down_since, Some(at(10)));
         assert_eq!(r.health.retry_at, Some(at(15)));
         assert_eq!(r.health.outage, 1);
-        assert!(r.health.blocks(false) && r.health.blocks(true));
+        assert!(r.health.blocks(false, at(10)) && r.health.blocks(true, at(14)));
+        assert!(
+            !r.health.blocks(true, at(15)) && r.health.blocks(false, at(15)),
+            "once the probe is due, an order that waited for it may be the probe"
+        );
         // Reported again while down: the same outage, the probe not pushed back.
         let again = r
             .health
@@ -595,7 +600,10 @@ mod tests {
             now = (h.retry_at.unwrap() - at(0)).num_seconds();
             assert!(h.probe_due(at(now)) && !h.probe_due(at(now - 1)));
             h = h.probing(at(now), "s");
-            assert!(!h.blocks(true) && h.blocks(false), "only the probe goes");
+            assert!(
+                !h.blocks(true, at(now)) && h.blocks(false, at(now)),
+                "only the probe goes"
+            );
             h = h.after_failure(at(now), "503", "a", &policy()).health;
             waits.push((h.retry_at.unwrap() - at(now)).num_seconds());
         }
@@ -605,7 +613,7 @@ mod tests {
         assert_eq!(up.state, ServiceState::Up);
         assert_eq!(up.probes, 0);
         assert!(up.after_success(at(now + 2), "a").is_none());
-        assert!(!up.blocks(false));
+        assert!(!up.blocks(false, at(now + 1)));
         // The next failure is a new outage.
         assert_eq!(
             up.after_failure(at(now + 3), "x", "a", &policy())

@@ -22,7 +22,7 @@ impl Scheduler {
         let view = self.services.as_ref()?;
         let health = view.get(queue.as_str())?;
         let probe = waiting_on == Some(queue.as_str());
-        health.blocks(probe).then_some(health)
+        health.blocks(probe, self.clock.now()).then_some(health)
     }
 
     /// The park of an order held under `fence` at `step` (`None`: while undoing) that

@@ -231,7 +231,14 @@ timeout_ms = 10000
         &["--workflow", &workflow_arg, "--shutdown-grace-ms", "0"],
     );
     let remote = format!("http://127.0.0.1:{port}/actions");
-    let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
+    // Every first charge hangs and fails: the agent's breaker opens and the fleet sees
+    // payment down for a while (backpressure is on by default); a short wait before
+    // the probe keeps this test about the status probe.
+    let _agent = Proc::start(
+        "orderly-agent",
+        &db.url,
+        &["--remote-url", &remote, "--probe-after-ms", "500"],
+    );
     let orders = demo::sample_orders(ORDERS);
     let sent = demo::post(backend.transport.as_ref(), &orders)
         .await
