@@ -279,8 +279,9 @@ impl System {
                 cfg.elector.clone(),
             )?;
             leaders.push(elector.status());
-            let s =
-                Supervisor::new(backend.store.clone(), sc)?.with_services(backend.store.clone());
+            let s = Supervisor::new(backend.store.clone(), sc)?
+                .with_services(backend.store.clone())
+                .with_conditions(backend.store.clone());
             tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
         Ok(Self {

@@ -5,7 +5,9 @@
 //! This crate owns the rules; it must not depend on a database driver, a queue client
 //! or any Azure crate. Adapters (`orderly-sql`, later Azure) implement its ports.
 
+pub mod activity;
 pub mod clock;
+pub mod conditions;
 pub mod error;
 pub mod history;
 pub mod id;
@@ -18,6 +20,7 @@ pub mod step;
 pub mod store;
 pub mod tracecontext;
 pub mod transport;
+pub mod triage;
 pub mod workflow;
 
 pub use clock::{Clock, ManualClock, SystemClock, TimeSource};

@@ -524,6 +524,10 @@ pub struct OrderFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// Only orders waiting (Pending, held) for this service to be back.
     pub waiting_for: Option<String>,
+    /// Only orders of this customer (`customer_id` in their details).
+    pub customer: Option<String>,
+    /// Only orders whose id starts with this.
+    pub id_prefix: Option<String>,
     /// Page size (1 to [`MAX_BATCH`]; 0 means 50).
     pub limit: u32,
     /// Continue after this cursor.
@@ -783,6 +787,11 @@ pub trait OperatorStore: Send + Sync {
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 
+    /// The activity of every minute from the one `since` falls in, oldest first
+    /// (minutes without any are left out): finished orders by outcome with their
+    /// latencies, recoveries, dead letters.
+    async fn activity(&self, since: DateTime<Utc>) -> Result<Vec<crate::activity::MinuteActivity>>;
+
     /// How many orders finished (reached Processed, Error or Cancelled, and are still
     /// there) at or after `since`, by final state: the throughput an operator sees.
     /// Every final state is listed, zero or not.
@@ -891,6 +900,7 @@ pub trait StateStore:
     + OperatorStore
     + crate::leader::LeadershipStore
     + crate::service::ServiceStore
+    + crate::conditions::ConditionStore
 {
 }
 
@@ -901,6 +911,7 @@ impl<T> StateStore for T where
         + OperatorStore
         + crate::leader::LeadershipStore
         + crate::service::ServiceStore
+        + crate::conditions::ConditionStore
 {
 }
 

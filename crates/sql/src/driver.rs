@@ -426,6 +426,12 @@ pub(crate) struct Statements {
     /// What ends a `SELECT` that keeps the rows it reads from changing until the
     /// transaction ends, letting other readers do the same.
     pub for_share: &'static str,
+    /// The start of the minute of the timestamp column `{}` (a timestamp again).
+    pub minute_of: &'static str,
+    /// An order state row's submit-to-last-change time in milliseconds.
+    pub latency_ms: &'static str,
+    /// The customer id in the details of the order `order_state.order_id`.
+    pub customer_of: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now

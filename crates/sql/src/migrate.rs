@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 10] = [
+const ALL: [Both; 11] = [
     Both {
         version: 1,
         name: "state_store",
@@ -100,6 +100,12 @@ const ALL: [Both; 10] = [
         name: "service_health",
         sqlite: include_str!("../../../migrations/sqlite/0010_service_health.sql"),
         postgres: include_str!("../../../migrations/postgres/0010_service_health.sql"),
+    },
+    Both {
+        version: 11,
+        name: "operations",
+        sqlite: include_str!("../../../migrations/sqlite/0011_operations.sql"),
+        postgres: include_str!("../../../migrations/postgres/0011_operations.sql"),
     },
 ];
 

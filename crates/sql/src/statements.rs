@@ -180,7 +180,8 @@ pub(crate) const DEFAULT_PAGE: u32 = 50;
 
 /// The list query for `filter`, fetching one row more than the page to tell whether a
 /// next page exists. Returns the SQL, its arguments and the page size.
-pub(crate) fn list_query(filter: &OrderFilter) -> (String, Vec<Arg>, u32) {
+/// `customer_of`: the dialect's expression of an order's customer id.
+pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Vec<Arg>, u32) {
     let mut sql = String::from(concat!(
         "SELECT ",
         state_columns!(),
@@ -213,6 +214,24 @@ pub(crate) fn list_query(filter: &OrderFilter) -> (String, Vec<Arg>, u32) {
     }
     if let Some(before) = filter.created_before {
         next(&mut sql, " AND created_at < ?", Arg::Time(Ts(before)));
+    }
+    if let Some(customer) = &filter.customer {
+        next(
+            &mut sql,
+            &format!(" AND {customer_of} = ?"),
+            Arg::Text(customer.clone()),
+        );
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        let escaped = prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        next(
+            &mut sql,
+            " AND order_id LIKE ? ESCAPE '\\'",
+            Arg::Text(format!("{escaped}%")),
+        );
     }
     if let Some(service) = &filter.waiting_for {
         // The waiting index's condition, so the planner can use it.

@@ -24,8 +24,10 @@ use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+mod conditions;
 pub mod webhook;
 
+pub use conditions::Watch as ConditionWatch;
 pub use webhook::{AlertWebhook, WebhookConfig};
 
 /// The leadership the supervisors elect.
@@ -57,6 +59,13 @@ pub struct SupervisorConfig {
     pub retention: Option<Retention>,
     /// How often the leader prunes under `retention`.
     pub prune_every: Duration,
+    /// Raise an alert when the oldest Pending order (not one waiting for a service that
+    /// is down) is older than this (`None`: never).
+    pub pending_alert_after: Option<Duration>,
+    /// How often the leader looks at the conditions it alerts on.
+    pub conditions_every: Duration,
+    /// How often every supervisor says it runs (and whether it leads).
+    pub presence_every: Duration,
 }
 
 impl SupervisorConfig {
@@ -75,6 +84,9 @@ impl SupervisorConfig {
                 batch: 500,
             }),
             prune_every: Duration::from_secs(600),
+            pending_alert_after: Some(Duration::from_secs(300)),
+            conditions_every: Duration::from_secs(5),
+            presence_every: Duration::from_secs(2),
         }
     }
 }
@@ -100,6 +112,8 @@ pub struct Supervisor {
     webhook: Option<AlertWebhook>,
     /// Where remote services' outages are read, to announce each once.
     services: Option<Arc<dyn ServiceStore>>,
+    /// Where the system alerts are recorded and the supervisors' presence kept.
+    conditions: Option<conditions::Conditions>,
 }
 
 impl Supervisor {
@@ -116,7 +130,20 @@ impl Supervisor {
             cfg,
             webhook: None,
             services: None,
+            conditions: None,
         })
+    }
+
+    /// Also raises and resolves the alerts about the system (the oldest Pending order
+    /// waiting too long, dead letters growing, no supervisor leading), recorded in
+    /// `store` with the presence of every supervisor.
+    #[must_use]
+    pub fn with_conditions(
+        mut self,
+        store: Arc<dyn orderly_core::conditions::ConditionStore>,
+    ) -> Self {
+        self.conditions = Some(store);
+        self
     }
 
     /// Also announces each remote service's outage, when it starts and when it ends,
@@ -237,6 +264,39 @@ impl Supervisor {
                     warn!(service = %alert.service, outage = alert.outage, down_since = ?alert.down_since, up_at = ?alert.up_at, "ALERT RESOLVED: remote service answering again; its waiting orders resume");
                 } else {
                     error!(service = %alert.service, outage = alert.outage, down_since = ?alert.down_since, last_error = alert.last_error.as_deref().unwrap_or("-"), waiting = alert.waiting, "ALERT: remote service down; orders that need it wait (not counted as failures)");
+                }
+                // The table of system alerts keeps the outage too, one episode each.
+                if let Some(store) = &self.conditions {
+                    let none = |_: &orderly_core::conditions::SystemAlert| Vec::new();
+                    let recorded = if alert.ended() {
+                        store
+                            .resolve(
+                                orderly_core::conditions::ConditionKind::ServiceDown,
+                                &alert.service,
+                                &none,
+                            )
+                            .await
+                            .map(|_| ())
+                    } else {
+                        let c = orderly_core::conditions::Condition {
+                            kind: orderly_core::conditions::ConditionKind::ServiceDown,
+                            subject: alert.service.clone(),
+                            detail: format!(
+                                "{} down since {}: {}; {} orders wait for it",
+                                alert.service,
+                                alert.down_since.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                                alert.last_error.as_deref().unwrap_or("-"),
+                                alert.waiting
+                            ),
+                        };
+                        store
+                            .raise(&c, self.cfg.instance.as_str(), &none)
+                            .await
+                            .map(|_| ())
+                    };
+                    if let Err(e) = recorded {
+                        warn!(error = %e, service = %alert.service, "outage announced but not recorded in system_alerts");
+                    }
                 }
                 if let Some(webhook) = &self.webhook {
                     webhook.offer_notice(webhook::Notice::Service(alert));
@@ -385,9 +445,22 @@ impl Supervisor {
                     self.prune(retention).await;
                 }
             };
+            // The conditions the leader alerts on, also beside the sweeps.
+            let looks = async {
+                let mut watch = conditions::Watch::default();
+                let mut every = tokio::time::interval(self.cfg.conditions_every);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    if let Err(e) = self.check_conditions(&mut watch).await {
+                        warn!(error = %e, "cannot check the conditions alerted on; trying again");
+                    }
+                }
+            };
             tokio::select! {
                 exit = sweeps => exit,
                 never = prunes => never,
+                never = looks => never,
             }
         }
         .instrument(span)
@@ -430,9 +503,16 @@ impl Supervisor {
     /// Sweeps whenever `elector` makes this instance the leader, until `shutdown`.
     pub async fn run(self, elector: Arc<Elector>, shutdown: CancellationToken) {
         let instance = self.cfg.instance.clone();
+        let presence = {
+            let me = self.clone();
+            let (status, lease) = (elector.status(), elector.timing().lease);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { me.presence(status, lease, shutdown).await })
+        };
         elector
             .run(move |leadership| self.clone().lead(leadership), shutdown)
             .await;
+        let _ = presence.await;
         info!(instance_id = %instance, "supervisor stopped");
     }
 }

@@ -44,6 +44,10 @@ struct Args {
     /// How often the leader prunes: 10m, 1h, ...
     #[arg(long, env = "ORDERLY_PRUNE_EVERY", default_value = "10m", value_parser = orderly_runtime::span)]
     prune_every: Duration,
+    /// Raise an alert when the oldest Pending order (not one waiting for a service that
+    /// is down) has waited longer than this: 5m, 1h, ...; `off` never.
+    #[arg(long, env = "ORDERLY_ALERT_PENDING_AFTER", default_value = "5m", value_parser = retain)]
+    alert_pending_after: RetainFinished,
     /// Attempts per alert before the webhook gives up on it (it stays in the alerts table and queue).
     #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
     alert_webhook_max_attempts: u32,
@@ -98,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
             batch: cfg.batch,
         });
     cfg.prune_every = args.prune_every;
+    cfg.pending_alert_after = args.alert_pending_after.0;
     cfg.policy.max_failures = args.max_failures;
     cfg.policy.backoff_base = args.backoff_base_ms;
     cfg.policy.backoff_max = args.backoff_max_ms;
@@ -124,7 +129,8 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let mut supervisor = Supervisor::new(backend.store.clone(), cfg)
         .context("invalid recovery settings (--max-failures, --backoff-*)")?
-        .with_services(backend.store.clone());
+        .with_services(backend.store.clone())
+        .with_conditions(backend.store.clone());
     let mut delivery = None;
     if let Some(cfg) = webhook {
         let (hook, task) = AlertWebhook::start(cfg, shutdown.clone())
@@ -144,11 +150,12 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--retain-finished`: how long finished orders are kept, `None` for `off`.
+/// A span that may be `off` (`None`): how long finished orders are kept, how long the
+/// oldest Pending order may wait before it is alerted on.
 #[derive(Debug, Clone, Copy)]
 struct RetainFinished(Option<Duration>);
 
-/// Reads `--retain-finished`: a span, or `off`.
+/// Reads a span, or `off`.
 fn retain(raw: &str) -> Result<RetainFinished, String> {
     if raw.trim().eq_ignore_ascii_case("off") {
         Ok(RetainFinished(None))

@@ -65,6 +65,8 @@ pub enum Notice {
     Order(Alert),
     /// A service went down, or came back.
     Service(ServiceAlert),
+    /// A condition of the system began or ended (see `orderly_core::conditions`).
+    Condition(orderly_core::conditions::ConditionNotice),
 }
 
 impl Notice {
@@ -73,6 +75,7 @@ impl Notice {
         match self {
             Notice::Order(a) => format!("alert:{}", a.alert_id),
             Notice::Service(s) => s.message_id(),
+            Notice::Condition(c) => c.message_id(),
         }
     }
 
@@ -82,6 +85,10 @@ impl Notice {
             Notice::Service(s) => {
                 serde_json::json!({ "kind": format!("orderly.{}", s.kind), "outage": s })
             }
+            Notice::Condition(c) => serde_json::json!({
+                "kind": format!("orderly.condition.{}", c.event),
+                "condition": c.alert,
+            }),
         }
     }
 }
@@ -91,6 +98,14 @@ impl std::fmt::Display for Notice {
         match self {
             Notice::Order(a) => write!(f, "alert {} (order {})", a.alert_id, a.order_id),
             Notice::Service(s) => write!(f, "{} of {} (outage {})", s.kind, s.service, s.outage),
+            Notice::Condition(c) => write!(
+                f,
+                "{} {} of {} (alert {})",
+                c.alert.kind.as_str(),
+                c.event,
+                c.alert.subject,
+                c.alert.alert_id
+            ),
         }
     }
 }

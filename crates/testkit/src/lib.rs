@@ -15,6 +15,7 @@ pub mod otlp;
 pub mod servicebus_standin;
 pub mod store;
 mod store_leadership;
+mod store_operations;
 mod store_services;
 mod store_workflow;
 pub mod transport;

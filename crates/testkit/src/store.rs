@@ -21,6 +21,7 @@ use orderly_core::{
 use crate::builders;
 
 pub use crate::store_leadership::*;
+pub use crate::store_operations::*;
 pub use crate::store_services::*;
 pub use crate::store_workflow::*;
 
@@ -98,6 +99,11 @@ macro_rules! store_conformance {
             parking_for_a_service_that_is_up_releases_the_order_at_once,
             one_of_many_racing_schedulers_lets_the_probe_through,
             each_outage_is_announced_once_by_the_leader,
+            activity_counts_each_minute_by_outcome_with_latencies,
+            a_condition_is_raised_and_resolved_once_per_episode,
+            the_oldest_pending_order_leaves_out_orders_waiting_for_a_service,
+            presence_lists_the_instances_seen_recently,
+            orders_are_found_by_customer_and_by_id_prefix,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {

@@ -176,6 +176,11 @@ impl Elector {
         self.status.subscribe()
     }
 
+    /// Its timings (the lease's length, the retry interval, ...).
+    pub fn timing(&self) -> &ElectorTiming {
+        &self.timing
+    }
+
     /// Runs `task` each time this instance leads, until `shutdown`.
     pub async fn run<F, Fut>(&self, mut task: F, shutdown: CancellationToken)
     where

@@ -10,6 +10,10 @@ pub(crate) const SQL: Statements = Statements {
     texts_of_1: "SELECT unnest(CAST($1 AS TEXT[]))",
     for_update: " FOR UPDATE",
     for_share: " FOR SHARE",
+    minute_of: "(date_trunc('minute', {} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')",
+    latency_ms: "(extract(epoch FROM (updated_at - created_at)) * 1000)",
+    customer_of: "(SELECT o.details ->> 'customer_id' FROM orders o \
+        WHERE o.order_id = order_state.order_id)",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,

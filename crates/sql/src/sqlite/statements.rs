@@ -11,6 +11,11 @@ pub(crate) const SQL: Statements = Statements {
     // A write transaction holds SQLite's one write lock from its start.
     for_update: "",
     for_share: "",
+    // Times are text in one format: the minute is its first 16 characters.
+    minute_of: "(substr({}, 1, 16) || ':00.000000Z')",
+    latency_ms: "((julianday(updated_at) - julianday(created_at)) * 86400000.0)",
+    customer_of: "(SELECT json_extract(o.details, '$.customer_id') FROM orders o \
+        WHERE o.order_id = order_state.order_id)",
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,

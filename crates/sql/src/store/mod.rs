@@ -14,6 +14,8 @@
 //! Every transition appends to the order's history in the same transaction, with its
 //! kind bound as a parameter.
 
+mod activity;
+mod conditions;
 mod intake;
 mod leadership;
 mod operator;

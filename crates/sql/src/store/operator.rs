@@ -217,7 +217,7 @@ impl<D: Driver> SqlStore<D> {
 #[async_trait]
 impl<D: Driver> OperatorStore for SqlStore<D> {
     async fn list(&self, filter: &OrderFilter) -> Result<Page> {
-        let (text, args, limit) = st::list_query(filter);
+        let (text, args, limit) = st::list_query(filter, D::SQL.customer_of);
         let mut query = Q::dynamic(text);
         for arg in args {
             query = match arg {
@@ -265,6 +265,13 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
             steps,
             history,
         })
+    }
+
+    async fn activity(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<orderly_core::activity::MinuteActivity>> {
+        self.activity_since(since).await
     }
 
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
