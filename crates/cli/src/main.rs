@@ -164,11 +164,16 @@ enum Command {
         #[arg(long)]
         no_compensation: bool,
     },
-    /// List operator alerts (orders that ended in Error), newest first.
+    /// List operator alerts (orders that ended in Error), newest first; with `--system`,
+    /// the alerts about the system (the oldest Pending order waiting too long, dead
+    /// letters growing, no supervisor leading, a service down).
     Alerts {
-        /// Include acknowledged alerts.
+        /// Include acknowledged alerts (with --system: resolved ones).
         #[arg(long)]
         all: bool,
+        /// The alerts about the system instead of the orders'.
+        #[arg(long)]
+        system: bool,
         /// How many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -506,6 +511,7 @@ async fn run() -> anyhow::Result<()> {
             ack: Some(id),
             operator,
             json,
+            system: _,
         } => {
             let _ = (all, limit);
             let Some(alert) = store
@@ -516,6 +522,13 @@ async fn run() -> anyhow::Result<()> {
             };
             print::alerts(std::slice::from_ref(&alert), json)?;
         }
+        Command::Alerts {
+            all,
+            limit,
+            json,
+            system: true,
+            ..
+        } => print::system_alerts(&store.system_alerts(!all, limit).await?, json)?,
         Command::Alerts {
             all, limit, json, ..
         } => print::alerts(&store.alerts(!all, limit).await?, json)?,

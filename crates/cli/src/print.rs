@@ -221,6 +221,38 @@ pub fn alerts(alerts: &[orderly_core::store::Alert], json: bool) -> anyhow::Resu
     Ok(())
 }
 
+/// Alerts about the system (conditions), newest first.
+pub fn system_alerts(
+    alerts: &[orderly_core::conditions::SystemAlert],
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        for a in alerts {
+            println!("{}", serde_json::to_string(a)?);
+        }
+        return Ok(());
+    }
+    if alerts.is_empty() {
+        println!("no alerts about the system");
+    }
+    for a in alerts {
+        let state = match a.resolved_at {
+            Some(t) => format!("resolved {}", time(Some(t))),
+            None => "OPEN".to_owned(),
+        };
+        println!(
+            "#{:<6} {}  {:<16} {:<20} {:<28} {}",
+            a.alert_id,
+            a.raised_at.format("%Y-%m-%d %H:%M:%S"),
+            a.kind.as_str(),
+            a.subject,
+            state,
+            a.detail
+        );
+    }
+    Ok(())
+}
+
 /// The supervisors' current term.
 pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::Result<()> {
     let Some(t) = term else {

@@ -134,3 +134,104 @@ async fn an_old_pending_order_and_new_dead_letters_each_raise_one_alert_until_th
         )]
     );
 }
+
+/// A supervisor that runs but cannot lead (another holds the lease and never shows up)
+/// raises "no leader" once a lease has passed without any supervisor leading; once it
+/// takes over, its first look resolves it. Presence says who runs and who leads.
+#[tokio::test]
+async fn a_follower_that_sees_no_leader_for_a_lease_raises_it_and_the_next_leader_resolves_it() {
+    use orderly_core::leader::{ElectorTiming, LeadershipStore};
+    let path = std::env::temp_dir().join(format!("orderly-noleader-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    let store = Arc::new(
+        orderly_sql::SqliteStore::open(&url, TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    store
+        .declare_queue(
+            &QueueName::parse("alerts").unwrap(),
+            &QueueSettings::default(),
+        )
+        .await
+        .unwrap();
+    // A holder that never runs: its lease lasts 4 s.
+    let ghost = InstanceId::parse("ghost").unwrap();
+    let held = store
+        .acquire_lease(
+            orderly_supervisor::LEADERSHIP,
+            &ghost,
+            Duration::from_secs(4),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let timing = ElectorTiming {
+        lease: Duration::from_secs(1),
+        renew_interval: Duration::from_millis(200),
+        renew_retry: Duration::from_millis(100),
+        renew_deadline: Duration::from_millis(600),
+        retry: Duration::from_millis(200),
+        retry_jitter: 0.0,
+        call_timeout: Duration::from_millis(300),
+        stop_grace: Duration::from_millis(300),
+        heartbeat_timeout: Duration::from_millis(500),
+    };
+    let me = InstanceId::parse("supervisor-1").unwrap();
+    let mut cfg = SupervisorConfig::new(me.clone());
+    cfg.presence_every = Duration::from_millis(100);
+    cfg.conditions_every = Duration::from_millis(100);
+    let elector = orderly_supervisor::sql_elector(store.clone(), me, timing).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(
+        Supervisor::new(store.clone(), cfg)
+            .unwrap()
+            .with_conditions(store.clone())
+            .run(Arc::new(elector), shutdown.clone()),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let open = store.system_alerts(true, 10).await.unwrap();
+        if open.iter().any(|a| a.kind == ConditionKind::NoLeader) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader raised");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (present, _) = store
+        .presence(orderly_supervisor::LEADERSHIP, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(present.len(), 1);
+    assert!(!present[0].leading);
+    // The ghost's lease runs out; this supervisor leads and resolves it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = store.system_alerts(false, 10).await.unwrap();
+        let no_leader: Vec<_> = all
+            .iter()
+            .filter(|a| a.kind == ConditionKind::NoLeader)
+            .collect();
+        assert_eq!(no_leader.len(), 1, "one episode: {all:?}");
+        if no_leader[0].resolved_at.is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not resolved");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = held;
+    shutdown.cancel();
+    run.await.unwrap();
+    // Stopped cleanly: it is no longer present.
+    assert!(
+        store
+            .presence(orderly_supervisor::LEADERSHIP, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .0
+            .is_empty()
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
