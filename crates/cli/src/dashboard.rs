@@ -1,13 +1,20 @@
-//! The web dashboard (`orderly dashboard`, and `orderly up --dashboard ADDR`): plain
-//! server-rendered HTML, no JavaScript needed.
+//! The web dashboard (`orderly dashboard`, and `orderly up --dashboard ADDR`):
+//! server-rendered HTML with its style sheet and a small script embedded (nothing is
+//! fetched from elsewhere); every page works without the script, which only keeps the
+//! overview's figures and charts fresh.
 //!
-//! - `/` overview: orders by state, throughput (orders finished in the last minute,
-//!   5 minutes and hour, by outcome, and per minute), age of the oldest Pending order,
-//!   the supervisors' leader, queue depths;
-//! - `/errors` the Error triage list, searchable by error text and step;
-//! - `/orders/{id}` one order: details, steps, its timeline, the last error, and
-//!   Retry / Cancel (POST forms, CSRF-protected);
-//! - `/dead-letters` dead-lettered messages per queue, with why;
+//! - `/` overview: orders by state (live), throughput, charts of the last hour (orders
+//!   finished per minute by outcome, submit-to-Processed latency percentiles,
+//!   recoveries and dead letters), the supervisors (who leads; or no supervisor
+//!   running, or a leader lost), open alerts, the remote services, the queues (live);
+//! - `/orders` every order, filtered by state, step, error text, age, customer, waiting
+//!   service; found by id; paged by cursor;
+//! - `/errors` Error orders grouped by cause, Retry all / Cancel all of a cause after a
+//!   confirmation that says how many and what a retry will do; the orders one by one;
+//! - `/orders/{id}` one order: a visual timeline of its steps and attempts, its steps,
+//!   history and details, Retry / Cancel;
+//! - `/alerts` alerts about the system and about orders;
+//! - `/dead-letters` dead-lettered messages per queue, with why, Requeue / Discard;
 //! - `/metrics` (Prometheus, behind the token like the pages), `/healthz` and `/readyz`
 //!   (never behind it), as every role serves them.
 //!
@@ -25,18 +32,24 @@ use orderly_sql::Backend;
 use tokio_util::sync::CancellationToken;
 
 mod actions;
+mod alerts;
 mod auth;
+mod charts;
+mod dead_letters;
+mod errors;
 mod html;
-mod pages;
+mod order;
+mod orders;
+mod overview;
 
-use actions::{cancel, resume_service, retry};
 use auth::guard;
-use pages::{dead_letters, errors, order, overview};
 
 #[derive(Clone)]
 struct Dash {
     backend: Backend,
     token: Option<String>,
+    /// Minutes of activity already counted, for the charts.
+    activity: std::sync::Arc<charts::ActivityCache>,
 }
 
 /// Serves the dashboard on `listen` until `shutdown`. Refuses a non-loopback address
@@ -57,15 +70,26 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen} for the dashboard"))?;
     let addr = listener.local_addr()?;
-    let state = Dash { backend, token };
+    let state = Dash {
+        backend,
+        token,
+        activity: std::sync::Arc::default(),
+    };
     let app = axum::Router::new()
-        .route("/", get(overview))
-        .route("/errors", get(errors))
-        .route("/orders/{id}", get(order))
-        .route("/orders/{id}/retry", post(retry))
-        .route("/orders/{id}/cancel", post(cancel))
-        .route("/services/{service}/resume", post(resume_service))
-        .route("/dead-letters", get(dead_letters))
+        .route("/", get(overview::overview))
+        .route("/api/overview", get(overview::api))
+        .route("/charts", get(overview::charts))
+        .route("/orders", get(orders::orders))
+        .route("/orders/{id}", get(order::order))
+        .route("/orders/{id}/retry", post(actions::retry))
+        .route("/orders/{id}/cancel", post(actions::cancel))
+        .route("/errors", get(errors::errors))
+        .route("/errors/group", get(errors::confirm).post(errors::act))
+        .route("/alerts", get(alerts::alerts))
+        .route("/services/{service}/resume", post(actions::resume_service))
+        .route("/dead-letters", get(dead_letters::dead_letters))
+        .route("/dead-letters/requeue", post(actions::requeue))
+        .route("/dead-letters/discard", post(actions::discard))
         .with_state(state.clone())
         .merge(ops.metrics)
         .layer(middleware::from_fn_with_state(state, guard))

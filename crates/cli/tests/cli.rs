@@ -1097,7 +1097,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
         assert_eq!(ok.status(), 200);
         let text = ok.text().await.unwrap();
         assert!(
-            text.contains("Supervisor leader") && text.contains("count-Pending"),
+            text.contains("Supervisors") && text.contains("count-Pending"),
             "{text}"
         );
         let r = c

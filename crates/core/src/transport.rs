@@ -408,6 +408,14 @@ pub trait QueueInspector: Send + Sync {
         queue: &QueueName,
         message_id: Option<&str>,
     ) -> Result<usize, TransportError>;
+
+    /// Removes dead letters of `queue` for good (all of them, or those with one
+    /// message id): an operator judged them not worth processing. Returns how many.
+    async fn discard_dead_letters(
+        &self,
+        queue: &QueueName,
+        message_id: Option<&str>,
+    ) -> Result<usize, TransportError>;
 }
 
 /// Why a consumer refused a message it received.

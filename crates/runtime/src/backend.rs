@@ -323,4 +323,14 @@ impl QueueInspector for ServiceBusInspector {
                 .into(),
         ))
     }
+
+    async fn discard_dead_letters(
+        &self,
+        _queue: &QueueName,
+        _message_id: Option<&str>,
+    ) -> Result<usize, TransportError> {
+        Err(TransportError::Unsupported(
+            "discard Service Bus dead letters with Service Bus Explorer or the Azure CLI".into(),
+        ))
+    }
 }

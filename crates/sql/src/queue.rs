@@ -709,4 +709,20 @@ impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
         D::commit(tx).await.map_err(db)?;
         Ok(n as usize)
     }
+
+    async fn discard_dead_letters(
+        &self,
+        queue: &QueueName,
+        message_id: Option<&str>,
+    ) -> Result<usize> {
+        let (mut tx, _) = self.begin().await?;
+        let n = q(Q_FORGET_DEAD)
+            .bind(queue.as_str())
+            .bind(message_id)
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(n as usize)
+    }
 }

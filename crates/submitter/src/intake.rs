@@ -119,16 +119,23 @@ fn unauthorized() -> Response {
     r
 }
 
+/// Why a posted order is refused: the status and what to say.
+struct Refusal(StatusCode, String);
+
+fn refusal(status: StatusCode, why: impl Into<String>) -> Refusal {
+    Refusal(status, why.into())
+}
+
 /// The order in `body`, its id taken from `Idempotency-Key` when the body has none.
-fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Response> {
+fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Refusal> {
     let mut value: Value = serde_json::from_slice(body).map_err(|e| {
-        problem(
+        refusal(
             StatusCode::BAD_REQUEST,
             format!("the body is not JSON: {e}"),
         )
     })?;
     let Some(fields) = value.as_object_mut() else {
-        return Err(problem(
+        return Err(refusal(
             StatusCode::BAD_REQUEST,
             "the body must be one JSON order object: {\"order_id\", \"details\", \"reply_to\"}",
         ));
@@ -136,7 +143,7 @@ fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Response> {
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => Some(v.to_str().map(str::trim).map_err(|_| {
-            problem(
+            refusal(
                 StatusCode::BAD_REQUEST,
                 "invalid Idempotency-Key: not printable ASCII",
             )
@@ -147,13 +154,13 @@ fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Response> {
             fields.insert("order_id".into(), Value::String(key.to_owned()));
         }
         (None, None) => {
-            return Err(problem(
+            return Err(refusal(
                 StatusCode::BAD_REQUEST,
                 "invalid order_id: missing; give it in the body or as the Idempotency-Key header",
             ));
         }
         (Some(id), Some(key)) if id.as_str() != Some(key) => {
-            return Err(problem(
+            return Err(refusal(
                 StatusCode::BAD_REQUEST,
                 "invalid Idempotency-Key: it differs from the body's order_id (it is the order id)",
             ));
@@ -161,14 +168,14 @@ fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Response> {
         _ => {}
     }
     let order: NewOrder = serde_json::from_value(value)
-        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("invalid order: {e}")))?;
+        .map_err(|e| refusal(StatusCode::BAD_REQUEST, format!("invalid order: {e}")))?;
     order
         .validate()
-        .map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))?;
+        .map_err(|e| refusal(StatusCode::BAD_REQUEST, e.to_string()))?;
     if let Some(q) = &order.reply_to
         && let Err(e) = QueueName::parse(q.clone())
     {
-        return Err(problem(
+        return Err(refusal(
             StatusCode::BAD_REQUEST,
             format!("invalid reply_to: {}", e.reason),
         ));
@@ -182,7 +189,7 @@ async fn post_order(State(intake): State<Intake>, headers: HeaderMap, body: Byte
     }
     let order = match parse_order(&headers, &body) {
         Ok(order) => order,
-        Err(response) => return response,
+        Err(Refusal(status, why)) => return problem(status, why),
     };
     let id = order.order_id.clone();
     // Already accepted? Answer at once; the same id with other details is a conflict

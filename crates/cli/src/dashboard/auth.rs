@@ -19,6 +19,14 @@ pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .map(|(_, v)| v)
 }
 
+/// Who acts, as the last action's form said (`dashboard` until one did).
+pub(super) fn operator(headers: &HeaderMap) -> String {
+    cookie(headers, "orderly_operator")
+        .filter(|n| !n.is_empty())
+        .unwrap_or("dashboard")
+        .to_owned()
+}
+
 /// Constant-time comparison of two secrets.
 pub(super) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
@@ -75,14 +83,20 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
                 .into_response();
         }
     }
-    let has_csrf = cookie(req.headers(), "orderly_csrf").is_some();
+    // A first visit gets its CSRF token at once: the page it is answered with carries
+    // it in its forms already.
+    let mut req = req;
+    let fresh = cookie(req.headers(), "orderly_csrf")
+        .is_none()
+        .then(|| uuid::Uuid::new_v4().simple().to_string());
+    if let Some(token) = &fresh
+        && let Ok(v) = format!("orderly_csrf={token}").parse()
+    {
+        req.headers_mut().append(header::COOKIE, v);
+    }
     let mut res = next.run(req).await;
-    if !has_csrf
-        && let Ok(v) = format!(
-            "orderly_csrf={}; SameSite=Strict; Path=/",
-            uuid::Uuid::new_v4().simple()
-        )
-        .parse()
+    if let Some(token) = fresh
+        && let Ok(v) = format!("orderly_csrf={token}; SameSite=Strict; Path=/").parse()
     {
         res.headers_mut().append(header::SET_COOKIE, v);
     }

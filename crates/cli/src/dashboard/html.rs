@@ -1,7 +1,10 @@
-//! The HTML the pages share: escaping, the page frame, error pages, ages.
+//! The HTML the pages share: escaping, the page frame (navigation, the embedded style
+//! sheet and script: nothing is fetched from anywhere else), state badges, forms'
+//! hidden fields, error pages, ages and links.
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use orderly_core::ProcessState;
 
 /// HTML-escapes `s`.
 pub(super) fn esc(s: &str) -> String {
@@ -19,22 +22,155 @@ pub(super) fn esc(s: &str) -> String {
     out
 }
 
-pub(super) fn page(title: &str, body: &str) -> Html<String> {
+/// Percent-encodes `s` for a query string.
+pub(super) fn url(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// The pages of the navigation bar: path and label.
+const NAV: [(&str, &str); 5] = [
+    ("/", "Overview"),
+    ("/orders", "Orders"),
+    ("/errors", "Errors"),
+    ("/alerts", "Alerts"),
+    ("/dead-letters", "Dead letters"),
+];
+
+/// The style sheet: one layout for a 1280 px screen and a phone, a colour per state.
+const STYLE: &str = r#"
+:root{--bg:#f5f6f8;--card:#fff;--ink:#1d2430;--muted:#6b7280;--line:#e3e6ea;
+--Pending:#2563eb;--Processing:#d97706;--Processed:#15803d;--Error:#b91c1c;--Cancelled:#6b7280;--accent:#4f46e5}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ink);background:var(--bg)}
+header{background:#111827;color:#fff;padding:.6rem 1rem;display:flex;flex-wrap:wrap;gap:.4rem 1.2rem;align-items:center}
+header b{font-size:1.05rem;letter-spacing:.02em;margin-right:.6rem}
+header a{color:#cbd5e1;text-decoration:none;padding:.25rem .1rem;border-bottom:2px solid transparent}
+header a.on,header a:hover{color:#fff;border-color:#818cf8}
+header form{margin-left:auto;display:flex;gap:.3rem}
+header input{padding:.3rem .5rem;border-radius:6px;border:0;min-width:12rem}
+main{max-width:1240px;margin:0 auto;padding:1rem}
+h1{font-size:1.35rem;margin:.2rem 0 1rem}h2{font-size:1.05rem;margin:0 0 .6rem}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:1rem;margin-bottom:1rem;box-shadow:0 1px 2px rgba(0,0,0,.04)}
+.grid{display:grid;gap:1rem;grid-template-columns:repeat(auto-fit,minmax(340px,1fr))}
+.charts{grid-template-columns:repeat(auto-fit,minmax(520px,1fr))}
+td.mono a,td.mono{white-space:nowrap}
+a.act{display:inline-block;padding:.2rem .6rem;border-radius:6px;background:var(--accent);color:#fff;text-decoration:none;margin:.1rem 0}
+a.act.danger{background:var(--Error)}
+.tiles{display:grid;gap:.7rem;grid-template-columns:repeat(auto-fit,minmax(130px,1fr))}
+.tile{border-radius:8px;padding:.6rem .8rem;background:#f9fafb;border-left:4px solid var(--c,#999)}
+.tile .n{font-size:1.6rem;font-weight:600}.tile a{color:inherit;text-decoration:none}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;width:100%}
+th,td{border-bottom:1px solid var(--line);padding:.4rem .55rem;text-align:left;vertical-align:top}
+th{font-weight:600;color:var(--muted);font-size:.8rem;text-transform:uppercase;letter-spacing:.03em}
+tr:nth-child(even) td{background:#fafbfc}
+a{color:var(--accent)}
+.badge{display:inline-block;padding:.05rem .5rem;border-radius:999px;font-size:.8rem;font-weight:600;color:#fff;background:var(--c,#999)}
+.Pending{--c:var(--Pending)}.Processing{--c:var(--Processing)}.Processed{--c:var(--Processed)}
+.Error{--c:var(--Error)}.Cancelled{--c:var(--Cancelled)}
+.ok{color:var(--Processed)}.bad{color:var(--Error)}.warn{color:var(--Processing)}.muted{color:var(--muted)}
+.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem}
+form.inline{display:inline}
+form.filters{display:flex;flex-wrap:wrap;gap:.5rem;align-items:flex-end}
+form.filters label{display:flex;flex-direction:column;font-size:.8rem;color:var(--muted)}
+input,select,button{font:inherit;padding:.35rem .55rem;border:1px solid #cbd5e1;border-radius:6px;background:#fff}
+button{background:var(--accent);color:#fff;border-color:var(--accent);cursor:pointer}
+button.danger{background:var(--Error);border-color:var(--Error)}
+button.plain{background:#fff;color:var(--ink);border-color:#cbd5e1}
+.chart svg{width:100%;height:auto;display:block}
+.legend span{margin-right:1rem;font-size:.8rem}.legend i{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin-right:.3rem;vertical-align:-1px}
+.notice{padding:.6rem .8rem;border-radius:8px;background:#eef2ff;border:1px solid #c7d2fe;margin-bottom:1rem}
+.notice.bad{background:#fef2f2;border-color:#fecaca}
+@media (max-width:640px){main{padding:.5rem}header form{margin-left:0;width:100%}header input{flex:1;min-width:0}
+th,td{padding:.35rem .4rem}.grid,.charts{grid-template-columns:1fr}}
+"#;
+
+/// The script: pages that show live figures poll `/api/overview` and redraw the charts
+/// every 15 s. Nothing else needs it: every page works without it.
+const SCRIPT: &str = r#"
+(function(){
+  const live=document.querySelector('[data-live]');
+  if(!live)return;
+  async function tick(){
+    try{
+      const r=await fetch('/api/overview',{headers:{accept:'application/json'}});
+      if(!r.ok)return;
+      const d=await r.json();
+      for(const [k,v] of Object.entries(d.counts||{})){
+        const el=document.getElementById('count-'+k);if(el)el.textContent=v;}
+      for(const q of d.queues||[]){
+        for(const f of ['ready','locked','scheduled','dead_lettered']){
+          const el=document.getElementById('q-'+q.queue+'-'+f);if(el)el.textContent=q[f];}}
+      const l=document.getElementById('leader');if(l&&d.leader)l.innerHTML=d.leader;
+      const s=document.getElementById('updated');if(s)s.textContent=new Date().toLocaleTimeString();
+    }catch(e){}
+  }
+  async function charts(){
+    try{
+      const r=await fetch('/charts');if(!r.ok)return;
+      const c=document.getElementById('charts');if(c)c.innerHTML=await r.text();
+    }catch(e){}
+  }
+  setInterval(tick,2000);setInterval(charts,15000);
+})();
+"#;
+
+/// A page: the navigation bar (with `active` marked and the order search), the title
+/// and `body`.
+pub(super) fn page(title: &str, active: &str, body: &str) -> Html<String> {
+    let nav: String = NAV
+        .iter()
+        .map(|(path, label)| {
+            let on = if *path == active { " class=on" } else { "" };
+            format!("<a href=\"{path}\"{on}>{label}</a>")
+        })
+        .collect();
     Html(format!(
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>{t} - orderly</title>\
-         <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}nav a{{margin-right:1em}}\
-         table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}\
-         .Error{{color:#b00}}.Processed{{color:#080}}.muted{{color:#777}}form.inline{{display:inline}}</style></head>\
-         <body><nav><b>orderly</b> <a href=\"/\">Overview</a><a href=\"/errors\">Errors</a><a href=\"/dead-letters\">Dead letters</a></nav>\
-         <h1>{t}</h1>{body}</body></html>",
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width,initial-scale=1\">\
+         <title>{t} - orderly</title><style>{STYLE}</style></head><body>\
+         <header><b>orderly</b>{nav}<form action=\"/orders\" method=get role=search>\
+         <input name=id placeholder=\"Find an order by id\" aria-label=\"order id\">\
+         <button>Find</button></form></header>\
+         <main><h1>{t}</h1>{body}</main><script>{SCRIPT}</script></body></html>",
         t = esc(title)
     ))
+}
+
+/// The badge of a state, coloured.
+pub(super) fn badge(state: ProcessState) -> String {
+    format!("<span class=\"badge {0}\">{0}</span>", state.as_str())
+}
+
+/// The hidden and visible fields every action form carries: the CSRF token, and who
+/// acts (remembered from the last action).
+pub(super) fn action_fields(csrf: &str, operator: &str) -> String {
+    format!(
+        "<input type=hidden name=csrf value=\"{}\">\
+         <input name=operator value=\"{}\" size=10 required aria-label=\"your name\" title=\"your name, recorded with the action\">",
+        esc(csrf),
+        esc(operator)
+    )
 }
 
 pub(super) fn failed(e: impl std::fmt::Display) -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        page("Unavailable", &format!("<p>{}</p>", esc(&e.to_string()))),
+        page(
+            "Unavailable",
+            "",
+            &format!("<p class=\"notice bad\">{}</p>", esc(&e.to_string())),
+        ),
     )
         .into_response()
 }
@@ -46,5 +182,21 @@ pub(super) fn ago(t: chrono::DateTime<chrono::Utc>) -> String {
         60..3600 => format!("{} min", s / 60),
         3600..86400 => format!("{} h", s / 3600),
         _ => format!("{} d", s / 86400),
+    }
+}
+
+/// A time as operators read it (UTC).
+pub(super) fn when(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(url("a b/c&d=é"), "a+b%2Fc%26d%3D%C3%A9");
+        assert_eq!(url("step-1_x.y~"), "step-1_x.y~");
     }
 }

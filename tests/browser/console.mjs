@@ -1,0 +1,94 @@
+// The operators' console in a real headless browser (Debian's chromium), after a run
+// with failures: the overview's chart has data; the Errors page groups the failures by
+// cause, and a cause's "Retry all" says how many orders it moves before it moves them;
+// the filters and the search find an order; a screenshot of each page is written for
+// review.
+// Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID
+// Exits non-zero, saying what it saw, on any failure.
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+
+const [base, shots, pattern, count, orderId, customer] = process.argv.slice(2);
+mkdirSync(shots, { recursive: true });
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: ["--no-sandbox", "--disable-dev-shm-usage"],
+});
+const shot = async (page, name) => page.screenshot({ path: `${shots}/${name}.png`, fullPage: true });
+let code = 0;
+try {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.setDefaultTimeout(15000);
+
+  // Overview: the chart of finished orders has bars.
+  await page.goto(`${base}/`);
+  const bars = await page.locator("#chart-finished rect.processed").count();
+  if (bars < 1) throw new Error("the overview's chart of finished orders has no bar");
+  if ((await page.locator("#chart-finished rect.error").count()) < 1) throw new Error("no Error bar in the chart");
+  if ((await page.locator("#chart-latency circle.p99").count()) < 1) throw new Error("no latency drawn");
+  await shot(page, "overview");
+
+  // Errors grouped by cause: the cause's row says how many.
+  await page.goto(`${base}/errors`);
+  const row = page.locator("#groups tr.group", { hasText: pattern });
+  await row.waitFor();
+  const n = (await row.locator("td.n").innerText()).trim();
+  if (n !== count) throw new Error(`the cause's row says ${n} orders, expected ${count}`);
+  await shot(page, "errors");
+  await row.locator("a.retry-all").click();
+  await page.waitForURL("**/errors/group?**");
+  const confirmCount = (await page.locator("#confirm-count").innerText()).trim();
+  if (confirmCount !== count) throw new Error(`the confirmation says ${confirmCount}, expected ${count}`);
+  const what = await page.locator("#confirm-what").innerText();
+  if (!what.includes("continue from the failed step") || !what.includes("run afresh")) {
+    throw new Error(`the confirmation does not say what a retry does: ${what}`);
+  }
+  await page.fill("input[name=operator]", "erin");
+  await shot(page, "retry-confirm");
+  await page.click("#confirm");
+  await page.locator("#moved").waitFor();
+  const moved = (await page.locator("#moved").innerText()).trim();
+  if (moved !== count) throw new Error(`moved ${moved} orders, expected ${count}`);
+  await shot(page, "retry-done");
+  await page.goto(`${base}/errors`);
+  if ((await page.locator("#groups tr.group", { hasText: pattern }).count()) !== 0) {
+    throw new Error("the retried cause is still listed");
+  }
+
+  // Filters: Pending orders of the customer include the retried order.
+  await page.goto(`${base}/orders`);
+  await page.selectOption("select[name=state]", "Pending");
+  await page.fill("input[name=customer]", customer);
+  await page.click("#filters button");
+  await page.waitForURL("**/orders?**");
+  const listed = await page.locator("#orders").innerText();
+  if (!listed.includes(orderId)) throw new Error(`the filtered list lacks ${orderId}: ${listed}`);
+  if (listed.includes("Processed")) throw new Error("the state filter let Processed orders through");
+  await shot(page, "orders");
+
+  // Search by id from the header opens the order, with its timeline drawn.
+  await page.fill("header input[name=id]", orderId);
+  await page.click("header button");
+  await page.waitForURL(`**/orders/${orderId}`);
+  if ((await page.locator("#order-timeline rect").count()) < 1) throw new Error("the order's timeline is empty");
+  const history = await page.locator("#timeline").innerText();
+  if (!history.includes("operator:erin")) throw new Error("the retry is not recorded under the operator's name");
+  await shot(page, "order");
+
+  for (const [name, path] of [["alerts", "/alerts"], ["dead-letters", "/dead-letters"]]) {
+    await page.goto(`${base}${path}`);
+    await shot(page, name);
+  }
+  const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
+  await phone.goto(`${base}/`);
+  await shot(phone, "overview-phone");
+  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}; screenshots in ${shots}`);
+} catch (e) {
+  console.error(`console test failed: ${e.message}`);
+  code = 1;
+} finally {
+  await browser.close();
+}
+process.exit(code);
