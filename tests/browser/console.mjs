@@ -3,12 +3,12 @@
 // cause, and a cause's "Retry all" says how many orders it moves before it moves them;
 // the filters and the search find an order; a screenshot of each page is written for
 // review.
-// Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID
+// Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID ERRORS
 // Exits non-zero, saying what it saw, on any failure.
 import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
 
-const [base, shots, pattern, count, orderId, customer] = process.argv.slice(2);
+const [base, shots, pattern, count, orderId, customer, errors] = process.argv.slice(2);
 mkdirSync(shots, { recursive: true });
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const browser = await chromium.launch({
@@ -30,8 +30,12 @@ try {
   if ((await page.locator("#chart-latency circle.p99").count()) < 1) throw new Error("no latency drawn");
   await shot(page, "overview");
 
-  // Errors grouped by cause: the cause's row says how many.
+  // Errors grouped by cause: every Error order is in one of the causes on the page,
+  // and the cause's row says how many.
   await page.goto(`${base}/errors`);
+  const counts = await page.locator("#groups tr.group td.n").allInnerTexts();
+  const total = counts.reduce((a, n) => a + Number(n.trim()), 0);
+  if (String(total) !== errors) throw new Error(`the causes hold ${total} orders, ${errors} are in Error`);
   const row = page.locator("#groups tr.group", { hasText: pattern });
   await row.waitFor();
   const n = (await row.locator("td.n").innerText()).trim();
