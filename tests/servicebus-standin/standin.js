@@ -7,8 +7,9 @@
 // tag; x-opt-sequence-number, x-opt-enqueued-time, x-opt-locked-until annotations),
 // complete / abandon / dead-letter dispositions answered with the real outcome or
 // com.microsoft:message-lock-lost, the renew-lock and peek-message management
-// operations, the maximum delivery count (to the $DeadLetterQueue sub-queue),
-// duplicate detection on message id, and scheduled messages.
+// operations, the maximum delivery count (to the $DeadLetterQueue sub-queue, which is
+// peeked and received peek-lock like a queue), duplicate detection on message id, and
+// scheduled messages.
 //
 // It is NOT Service Bus and does not define orderly's behaviour: the same transport
 // conformance suite runs against orderly's own SQL queue on SQLite and PostgreSQL.
@@ -50,7 +51,7 @@ function queueOf(entity) {
 }
 
 function declare(name, s) {
-  const q = queues.get(name) || { name, seq: 0, messages: [], dead: [], dedup: new Map(), consumers: new Set() };
+  const q = queues.get(name) || { name, seq: 0, messages: [], dead: [], dedup: new Map(), consumers: new Set(), deadConsumers: new Set() };
   q.lockMs = s.lock_ms; q.maxDeliveries = s.max_delivery_count; q.dedupMs = s.dedup_ms;
   queues.set(name, q);
   return q;
@@ -84,7 +85,8 @@ function accept(q, msg) {
 
 function deadLetter(q, rec, reason, description) {
   q.messages = q.messages.filter((m) => m !== rec);
-  q.dead.push({ rec, reason, description, at: now() });
+  rec.lock = null;
+  q.dead.push({ rec, reason, description, at: now(), lock: null, deliveries: 0 });
 }
 
 function outgoing(q, rec, extraProps) {
@@ -143,13 +145,46 @@ function pump(q) {
   }
 }
 
-function pumpAll() {
-  for (const q of queues.values()) pump(q);
+// The dead-letter sub-queue's receivers: each dead letter not held is delivered
+// peek-lock; completing it removes it, abandoning it puts it back.
+function pumpDead(q) {
+  const t = now();
+  for (const d of q.dead) if (d.lock && d.lock.until <= t) d.lock = null;
+  for (const link of q.deadConsumers) {
+    while (budget(link) > 0) {
+      const d = q.dead.find((x) => !x.lock);
+      if (!d) break;
+      d.deliveries += 1;
+      const token = crypto.randomBytes(16);
+      d.lock = { token: token.toString('hex'), until: t + q.lockMs };
+      const out = outgoing(q, d.rec, { DeadLetterReason: d.reason, DeadLetterErrorDescription: d.description });
+      out.delivery_count = Math.max(d.deliveries - 1, 0);
+      out.message_annotations['x-opt-locked-until'] = types.wrap_timestamp(d.lock.until);
+      const delivery = link.send(out, token);
+      deliveries.set(delivery, { queue: q.name, seq: d.rec.seq, token: d.lock.token, dead: true });
+    }
+  }
 }
 
-function settle(context, handle) {
+function pumpAll() {
+  for (const q of queues.values()) { pump(q); pumpDead(q); }
+}
+
+function settle(context, handle, handleDead) {
   const info = deliveries.get(context.delivery);
   deliveries.delete(context.delivery);
+  if (info && info.dead) {
+    const dq = queueOf(info.queue);
+    const d = dq && dq.dead.find((x) => x.rec.seq === info.seq);
+    if (!d || !d.lock || d.lock.token !== info.token || d.lock.until <= now()) {
+      context.delivery.update(true, rhea.message.rejected({ error: { condition: LOCK_LOST,
+        description: 'The lock supplied is invalid.' } }).described());
+      return;
+    }
+    handleDead(dq, d);
+    pumpDead(dq);
+    return;
+  }
   const q = info && queueOf(info.queue);
   const rec = q && q.messages.find((r) => r.seq === info.seq);
   if (!rec || !rec.lock || rec.lock.token !== info.token || rec.lock.until <= now()) {
@@ -274,19 +309,35 @@ container.on('sender_open', (context) => {
     q.consumers.add(context.sender);
     return pump(q);
   }
-  // Dead letters are listed by peeking; nothing is delivered on a dead-letter link.
-  if (entity.endsWith('/$DeadLetterQueue') && queueOf(entity.replace(/\/\$DeadLetterQueue$/, ''))) return;
+  // A receiver of the dead-letter sub-queue: its dead letters are delivered peek-lock.
+  const parent = entity.endsWith('/$DeadLetterQueue') && queueOf(entity.replace(/\/\$DeadLetterQueue$/, ''));
+  if (parent) {
+    parent.deadConsumers.add(context.sender);
+    return pumpDead(parent);
+  }
   refuse(context.sender, entity);
 });
 
 container.on('sendable', (context) => {
-  for (const q of queues.values()) if (q.consumers.has(context.sender)) pump(q);
+  for (const q of queues.values()) {
+    if (q.consumers.has(context.sender)) pump(q);
+    if (q.deadConsumers.has(context.sender)) pumpDead(q);
+  }
 });
 
-for (const ev of ['sender_close', 'connection_close', 'disconnected']) {
+// A link that closes is no longer a consumer (what it held stays locked until the
+// lock expires, as on the broker); a connection that ends takes all of its links.
+container.on('sender_close', (context) => {
+  for (const q of queues.values()) {
+    q.consumers.delete(context.sender);
+    q.deadConsumers.delete(context.sender);
+  }
+});
+for (const ev of ['connection_close', 'disconnected']) {
   container.on(ev, (context) => {
     for (const q of queues.values()) {
-      for (const l of q.consumers) if (l === context.sender || l.connection === context.connection) q.consumers.delete(l);
+      for (const l of q.consumers) if (l.connection === context.connection) q.consumers.delete(l);
+      for (const l of q.deadConsumers) if (l.connection === context.connection) q.deadConsumers.delete(l);
     }
   });
 }
@@ -320,19 +371,27 @@ container.on('message', (context) => {
 container.on('accepted', (context) => settle(context, (q, rec) => {
   q.messages = q.messages.filter((r) => r !== rec);
   context.delivery.update(true, rhea.message.accepted().described());
+}, (q, d) => {
+  q.dead = q.dead.filter((x) => x !== d);
+  context.delivery.update(true, rhea.message.accepted().described());
 }));
+
+const putBack = (context, outcome) => (q, d) => {
+  d.lock = null;
+  context.delivery.update(true, outcome);
+};
 
 container.on('modified', (context) => settle(context, (q, rec) => {
   rec.lock = null;
   rec.visibleAt = now();
   context.delivery.update(true, rhea.message.modified({}).described());
-}));
+}, putBack(context, rhea.message.modified({}).described())));
 
 container.on('released', (context) => settle(context, (q, rec) => {
   rec.lock = null;
   rec.visibleAt = now();
   context.delivery.update(true, rhea.message.released().described());
-}));
+}, putBack(context, rhea.message.released().described())));
 
 container.on('rejected', (context) => settle(context, (q, rec) => {
   const error = (context.delivery.remote_state && context.delivery.remote_state.error) || {};
@@ -342,9 +401,14 @@ container.on('rejected', (context) => settle(context, (q, rec) => {
   // which a client expecting AMQP fields (symbol keys) cannot read.
   const echoed = { condition: error.condition, description: error.description };
   context.delivery.update(true, rhea.message.rejected({ error: echoed }).described());
+}, (q, d) => {
+  // A dead letter dead-lettered again stays where it is.
+  d.lock = null;
+  const error = (context.delivery.remote_state && context.delivery.remote_state.error) || {};
+  context.delivery.update(true, rhea.message.rejected({ error: { condition: error.condition, description: error.description } }).described());
 }));
 
-container.on('error', (e) => console.error('stand-in error:', e && e.message));
+container.on('error', (e) => console.error('stand-in error:', e && (e.message || e.error || JSON.stringify(e.condition || e)), e && e.stack));
 container.on('connection_open', (context) => connections.add(context.connection));
 for (const ev of ['connection_close', 'disconnected']) {
   container.on(ev, (context) => connections.delete(context.connection));
@@ -370,7 +434,10 @@ const control = http.createServer((req, res) => {
       } else if (req.method === 'POST' && req.url === '/drop-connections') {
         // A network blip: every AMQP connection cut at once, without a close frame.
         for (const c of connections) {
-          for (const q of queues.values()) for (const l of q.consumers) if (l.connection === c) q.consumers.delete(l);
+          for (const q of queues.values()) {
+            for (const l of q.consumers) if (l.connection === c) q.consumers.delete(l);
+            for (const l of q.deadConsumers) if (l.connection === c) q.deadConsumers.delete(l);
+          }
           if (c.socket) c.socket.destroy();
         }
         connections.clear();

@@ -12,4 +12,6 @@ pub mod servicebus;
 pub use blob_lease::{
     BlobAuth, BlobConfigError, BlobLease, BlobLocation, EntraSource, entra_credential,
 };
-pub use servicebus::{Provisioned, QueueAdmin, ServiceBusSettings, ServiceBusTransport};
+pub use servicebus::{
+    PEEK_COUNT_CAP, Provisioned, QueueAdmin, ServiceBusSettings, ServiceBusTransport,
+};

@@ -43,6 +43,9 @@ use tokio::sync::Mutex;
 /// the link stuck (DESIGN.md §9).
 pub const PREFETCH: u32 = 32;
 
+mod operate;
+pub use operate::PEEK_COUNT_CAP;
+
 /// Shortest time a receive waits: over a network, "no wait" would return before
 /// messages already in the queue had a chance to arrive.
 pub const MIN_RECEIVE_WAIT: Duration = Duration::from_millis(300);
@@ -602,7 +605,9 @@ impl ServiceBusTransport {
         }
         let options = ServiceBusReceiverOptions {
             receive_mode: ServiceBusReceiveMode::PeekLock,
-            prefetch_count: PREFETCH,
+            // Dead letters are settled by operators, never consumed in a loop: one at
+            // a time is enough (a peek uses a link of its own, without prefetch).
+            prefetch_count: if dead_letters { 1 } else { PREFETCH },
             sub_queue,
             ..Default::default()
         };
@@ -1031,23 +1036,10 @@ impl Transport for ServiceBusTransport {
         queue: &QueueName,
         limit: u32,
     ) -> Result<Vec<DeadLetter>, TransportError> {
-        let conn = self.connection().await?;
-        let try_timeout = self.settings.try_timeout;
-        let result = async {
-            let receiver = self.receiver(&conn, queue, SubQueue::DeadLetter).await?;
-            bounded(try_timeout, queue, "a peek of the dead letters", async {
-                receiver
-                    .lock()
-                    .await
-                    .peek_messages(limit.clamp(1, MAX_MESSAGES), Some(0))
-                    .await
-            })
-            .await
-            .and_then(|r| r.map_err(|e| classify(e, queue, None)))
-        }
-        .await;
-        self.judge(&conn, queue, &result);
-        Ok(result?
+        let peeked = self
+            .peek(queue, SubQueue::DeadLetter, limit.clamp(1, MAX_MESSAGES), 0)
+            .await?;
+        Ok(peeked
             .iter()
             .map(|m| Self::convert_dead(queue, m))
             .collect())

@@ -183,6 +183,143 @@ async fn outbox_messages_reach_service_bus_through_the_relay_once() {
     }
 }
 
+/// What operators do with a Service Bus queue, over AMQP on the stand-in: count its
+/// messages and dead letters by peeking (nothing is locked: a consumer still gets every
+/// message at once), discard one dead letter, requeue one (it comes back with its body
+/// and properties, under a new id so duplicate detection keeps it), then the rest.
+#[test]
+fn operators_count_requeue_and_discard_dead_letters_over_amqp() {
+    // The AMQP client's send is deep in a debug build: worker threads with room for it
+    // (the `orderly` command runs with the same).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .thread_stack_size(8 << 20)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async { tokio::spawn(operators_count_requeue_and_discard()).await })
+        .unwrap();
+}
+
+async fn operators_count_requeue_and_discard() {
+    use orderly_core::transport::OutgoingMessage;
+    use std::time::Duration;
+    let standin = Arc::new(Standin::start());
+    let mut settings = ServiceBusSettings::new(standin.connection_string());
+    settings.unsecured = true;
+    settings.try_timeout = Duration::from_secs(5);
+    let sb = ServiceBusTransport::connect(
+        &settings,
+        Arc::new(StandinAdmin(standin.control)),
+        Arc::new(orderly_core::SystemClock),
+    )
+    .await
+    .unwrap();
+    let orders = QueueName::parse("orders").unwrap();
+    sb.declare_queue(
+        &orders,
+        &QueueSettings {
+            duplicate_detection_window: Duration::from_secs(600),
+            lock_duration: Duration::from_secs(3),
+            ..QueueSettings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for n in 1..=5 {
+        let mut m = OutgoingMessage::new(format!("m-{n}"), format!("body {n}").into_bytes());
+        m.properties.insert("kind".into(), "order".into());
+        sb.send(&orders, &[m]).await.unwrap();
+    }
+    let got = sb
+        .receive(&orders, 3, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 3);
+    for m in &got {
+        sb.dead_letter(m, "BodyUndecodable", "not an order")
+            .await
+            .unwrap();
+    }
+    let depths = sb
+        .depths_by_peeking(std::slice::from_ref(&orders))
+        .await
+        .unwrap();
+    assert_eq!(
+        (depths[0].ready, depths[0].dead_lettered),
+        (2, 3),
+        "{depths:?}"
+    );
+
+    let dead_ids = async || {
+        let mut ids: Vec<String> = sb
+            .dead_letters(&orders, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.message.message_id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let dead = dead_ids().await;
+    assert_eq!(dead.len(), 3);
+    assert_eq!(
+        sb.settle_dead_letters(&orders, Some(&dead[1]), false)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(dead_ids().await, vec![dead[0].clone(), dead[2].clone()]);
+    // The one before it was passed over and given back: at once available.
+    assert_eq!(
+        sb.settle_dead_letters(&orders, Some(&dead[0]), true)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(dead_ids().await, vec![dead[2].clone()]);
+    // The two never dead-lettered (their first locks ran out) and the requeued one.
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    let mut live = Vec::new();
+    for wait in [Duration::from_secs(2), Duration::from_millis(500)] {
+        let batch = sb.receive(&orders, 10, wait).await.unwrap();
+        for m in &batch {
+            sb.complete(m).await.unwrap();
+        }
+        live.extend(batch);
+    }
+    let requeued = live
+        .iter()
+        .find(|m| m.message_id.starts_with(&format!("{}~requeued-", dead[0])))
+        .unwrap_or_else(|| panic!("{live:?}"));
+    let n = dead[0].trim_start_matches("m-");
+    assert_eq!(requeued.body, format!("body {n}").into_bytes());
+    assert_eq!(
+        requeued.properties.get("kind").map(String::as_str),
+        Some("order")
+    );
+    assert!(!requeued.properties.contains_key("DeadLetterReason"));
+    assert_eq!(live.len(), 3, "{live:?}");
+    assert_eq!(
+        sb.settle_dead_letters(&orders, None, true).await.unwrap(),
+        1
+    );
+    assert!(dead_ids().await.is_empty());
+    let depths = sb
+        .depths_by_peeking(std::slice::from_ref(&orders))
+        .await
+        .unwrap();
+    assert_eq!((depths[0].ready, depths[0].dead_lettered), (1, 0));
+    assert_eq!(
+        sb.settle_dead_letters(&orders, Some("m-9"), false)
+            .await
+            .unwrap(),
+        0,
+        "no such dead letter"
+    );
+}
+
 struct RealServiceBus(orderly_azure::ServiceBusSettings);
 
 #[async_trait]

@@ -35,6 +35,45 @@ struct Cli {
     command: Command,
 }
 
+/// Which transport's queues a queue command looks at.
+#[derive(clap::Args, Debug)]
+struct QueueTransport {
+    /// `sql` (the queue in the state store's database, --database-url) or `servicebus`.
+    #[arg(long, env = "ORDERLY_TRANSPORT", value_enum, default_value = "sql")]
+    transport: orderly_runtime::TransportKind,
+    #[command(flatten)]
+    servicebus: orderly_runtime::ServiceBusArgs,
+}
+
+impl QueueTransport {
+    /// The transport and its operations.
+    async fn open(
+        &self,
+        database_url: &str,
+    ) -> anyhow::Result<(
+        std::sync::Arc<dyn orderly_core::transport::Transport>,
+        std::sync::Arc<dyn orderly_core::transport::QueueInspector>,
+    )> {
+        match self.transport {
+            orderly_runtime::TransportKind::Sql => {
+                let backend = orderly_sql::connect(database_url, TimeSource::Database)
+                    .await
+                    .context(
+                        "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
+                    )?;
+                Ok((backend.transport, backend.inspector))
+            }
+            orderly_runtime::TransportKind::Servicebus => {
+                orderly_runtime::backend::servicebus_operator(&self.servicebus).await
+            }
+        }
+    }
+
+    fn is_servicebus(&self) -> bool {
+        self.transport == orderly_runtime::TransportKind::Servicebus
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Apply pending migrations and declare the queues of the SQL transport (both also
@@ -200,6 +239,9 @@ enum Command {
         /// Required for a non-loopback address; give it once as ?token=...
         #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// The queues it shows and acts on: the SQL queue, or Service Bus's.
+        #[command(flatten)]
+        on: QueueTransport,
     },
     /// Settings files.
     Config {
@@ -231,6 +273,8 @@ enum Command {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        on: QueueTransport,
     },
     /// List a queue's dead-lettered messages with why, oldest first.
     DeadLetters {
@@ -242,8 +286,12 @@ enum Command {
         /// Print JSON lines (with the body) instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        on: QueueTransport,
     },
-    /// Put dead-lettered messages back on their queue once the cause is fixed.
+    /// Put dead-lettered messages back on their queue once the cause is fixed (on
+    /// Service Bus each goes back under a new message id, ID~requeued-SEQ, so the
+    /// queue's duplicate detection keeps it).
     Requeue {
         /// The queue.
         queue: String,
@@ -256,6 +304,24 @@ enum Command {
         /// Confirm --all without asking.
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        on: QueueTransport,
+    },
+    /// Remove dead-lettered messages for good (judged not worth processing).
+    Discard {
+        /// The queue.
+        queue: String,
+        /// The message id to discard.
+        #[arg(required_unless_present = "all")]
+        message_id: Option<String>,
+        /// Discard every dead letter of the queue.
+        #[arg(long, conflicts_with = "message_id")]
+        all: bool,
+        /// Confirm --all without asking.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        on: QueueTransport,
     },
     /// Run the whole system in this process on one store (SQLite by default): the
     /// remote-service simulator, two schedulers, two agents, two supervisors and a
@@ -315,9 +381,21 @@ fn positive_rate(s: &str) -> Result<f64, String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    match run().await {
+fn main() -> std::process::ExitCode {
+    // Worker threads with room for the Service Bus client's deep calls (the dashboard
+    // and `up` serve on them).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(8 << 20)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -393,12 +471,83 @@ async fn run() -> anyhow::Result<()> {
             command: ConfigCommand::Check { file },
         } => return config::check_config(file),
 
-        Command::Dashboard { listen, token } => {
-            let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
+        Command::Queues { json, on } => {
+            let (_, inspector) = on.open(&cli.database_url).await?;
+            print::depths(&inspector.count_depths().await?, *json)?;
+            if on.is_servicebus() && !json {
+                println!(
+                    "(Service Bus: counted by peeking, at most {} per queue; `ready` includes locked and \
+                     scheduled messages. Exact counts are Azure Monitor metrics.)",
+                    orderly_azure::PEEK_COUNT_CAP
+                );
+            }
+            return Ok(());
+        }
+        Command::DeadLetters {
+            queue,
+            limit,
+            json,
+            on,
+        } => {
+            let queue = QueueName::parse(queue.clone())?;
+            let (transport, _) = on.open(&cli.database_url).await?;
+            print::dead_letters(&transport.dead_letters(&queue, *limit).await?, *json)?;
+            return Ok(());
+        }
+        Command::Requeue {
+            queue,
+            message_id,
+            all,
+            yes,
+            on,
+        }
+        | Command::Discard {
+            queue,
+            message_id,
+            all,
+            yes,
+            on,
+        } => {
+            let requeue = matches!(cli.command, Command::Requeue { .. });
+            let verb = if requeue { "requeue" } else { "discard" };
+            let queue = QueueName::parse(queue.clone())?;
+            let (transport, inspector) = on.open(&cli.database_url).await?;
+            if *all && !yes {
+                let n = transport.dead_letters(&queue, u32::MAX).await?.len();
+                if !confirm(&format!("{verb} all {n} dead letters of {queue}?"))? {
+                    bail!("nothing done");
+                }
+            }
+            let n = if requeue {
+                inspector
+                    .requeue_dead_letters(&queue, message_id.as_deref())
+                    .await?
+            } else {
+                inspector
+                    .discard_dead_letters(&queue, message_id.as_deref())
+                    .await?
+            };
+            if n == 0 {
+                bail!("no such dead letter on {queue}");
+            }
+            println!(
+                "{} {n} message(s) on {queue}",
+                if requeue { "requeued" } else { "discarded" }
+            );
+            return Ok(());
+        }
+        Command::Dashboard { listen, token, on } => {
+            let mut backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
                 .await
                 .context(
                     "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
                 )?;
+            if on.is_servicebus() {
+                // The store's outbox feeds Service Bus; the queues shown are Service Bus's.
+                let (transport, inspector) = on.open(&cli.database_url).await?;
+                backend.transport = transport;
+                backend.inspector = inspector;
+            }
             let shutdown = orderly_runtime::shutdown_on_signals();
             let ops = orderly_runtime::ops::endpoints(
                 "dashboard",
@@ -560,37 +709,10 @@ async fn run() -> anyhow::Result<()> {
             let term = store.term(orderly_supervisor::LEADERSHIP).await?;
             print::leader(term.as_ref(), json)?;
         }
-        Command::Queues { json } => print::depths(&backend.inspector.depths().await?, json)?,
-        Command::DeadLetters { queue, limit, json } => {
-            let queue = QueueName::parse(queue)?;
-            print::dead_letters(&backend.transport.dead_letters(&queue, limit).await?, json)?;
-        }
-        Command::Requeue {
-            queue,
-            message_id,
-            all,
-            yes,
-        } => {
-            let queue = QueueName::parse(queue)?;
-            if all && !yes {
-                let n = backend
-                    .transport
-                    .dead_letters(&queue, u32::MAX)
-                    .await?
-                    .len();
-                if !confirm(&format!("requeue all {n} dead letters of {queue}?"))? {
-                    bail!("nothing requeued");
-                }
-            }
-            let n = backend
-                .inspector
-                .requeue_dead_letters(&queue, message_id.as_deref())
-                .await?;
-            if n == 0 {
-                bail!("no such dead letter on {queue}");
-            }
-            println!("requeued {n} message(s) on {queue}");
-        }
+        Command::Queues { .. }
+        | Command::DeadLetters { .. }
+        | Command::Requeue { .. }
+        | Command::Discard { .. } => unreachable!("dispatched above"),
         Command::Demo { .. }
         | Command::Up { .. }
         | Command::Bench { .. }

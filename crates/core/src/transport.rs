@@ -396,6 +396,13 @@ pub trait QueueInspector: Send + Sync {
     /// The depth of every declared queue, by name.
     async fn depths(&self) -> Result<Vec<QueueDepth>, TransportError>;
 
+    /// The depths an operator asks for, counted even where that is costly (Service
+    /// Bus counts by peeking every message); [`Self::depths`] by default. Metrics
+    /// scrapes use [`Self::depths`], which such a transport declines.
+    async fn count_depths(&self) -> Result<Vec<QueueDepth>, TransportError> {
+        self.depths().await
+    }
+
     /// Whether the transport answers (for readiness probes).
     async fn ping(&self) -> Result<(), TransportError> {
         self.depths().await.map(|_| ())

@@ -139,6 +139,25 @@ pub fn servicebus_settings(args: &crate::ServiceBusArgs) -> anyhow::Result<Servi
     Ok(settings)
 }
 
+/// An operator's connection to Service Bus (no outbox, no relay): the transport, to
+/// list dead letters, and the operations on its queues (depths by peeking, dead
+/// letters requeued or discarded).
+pub async fn servicebus_operator(
+    args: &crate::ServiceBusArgs,
+) -> anyhow::Result<(Arc<dyn Transport>, Arc<dyn QueueInspector>)> {
+    let settings = servicebus_settings(args)?;
+    let servicebus = Arc::new(
+        ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
+            .await
+            .context("cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)")?,
+    );
+    let inspector: Arc<dyn QueueInspector> = Arc::new(ServiceBusInspector {
+        servicebus: servicebus.clone(),
+        queues: known_queues(),
+    });
+    Ok((servicebus, inspector))
+}
+
 impl Plan {
     /// Checks the store and transport settings; errors name the setting.
     pub fn new(common: &Common) -> anyhow::Result<Self> {
@@ -168,11 +187,12 @@ impl Plan {
         let sql = orderly_sql::connect_outbox(&self.url, TimeSource::Database)
             .await
             .context(STORE)?;
-        let transport: Arc<dyn Transport> = Arc::new(
+        let servicebus = Arc::new(
             ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
                 .await
                 .context("cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)")?,
         );
+        let transport: Arc<dyn Transport> = servicebus.clone();
         let stop = CancellationToken::new();
         let task = tokio::spawn(
             relay(
@@ -187,7 +207,10 @@ impl Plan {
             backend: Backend {
                 store: sql.store,
                 transport: transport.clone(),
-                inspector: Arc::new(ServiceBusInspector { transport }),
+                inspector: Arc::new(ServiceBusInspector {
+                    servicebus,
+                    queues: known_queues(),
+                }),
                 outbox: sql.outbox.clone(),
                 stats: sql.stats,
             },
@@ -292,9 +315,27 @@ async fn relay(
     }
 }
 
-/// Operators' view of Service Bus: reachability; depths live in Azure Monitor.
+/// The queues an operator's view of Service Bus covers: orderly's own and the agent
+/// queues of the default workflow (Service Bus cannot list its queues over AMQP).
+fn known_queues() -> Vec<QueueName> {
+    let mut names: Vec<QueueName> = [queues::ORDERS, queues::REPLIES, queues::ALERTS]
+        .iter()
+        .filter_map(|q| QueueName::parse(*q).ok())
+        .collect();
+    for q in orderly_core::workflow::Workflow::default().queues() {
+        if !names.contains(&q) {
+            names.push(q);
+        }
+    }
+    names
+}
+
+/// Operators' view of Service Bus, over AMQP: depths counted by peeking (AMQP has no
+/// count; the exact figures are Azure Monitor metrics), dead letters requeued or
+/// discarded through the `$DeadLetterQueue` sub-queue.
 struct ServiceBusInspector {
-    transport: Arc<dyn Transport>,
+    servicebus: Arc<ServiceBusTransport>,
+    queues: Vec<QueueName>,
 }
 
 #[async_trait]
@@ -302,35 +343,37 @@ impl QueueInspector for ServiceBusInspector {
     async fn depths(&self) -> Result<Vec<QueueDepth>, TransportError> {
         Err(TransportError::Unsupported(
             "Service Bus queue depths are Azure Monitor metrics (ActiveMessageCount, \
-             DeadletteredMessageCount); AMQP does not expose them"
+             DeadletteredMessageCount); `orderly queues` counts them by peeking"
                 .into(),
         ))
+    }
+
+    async fn count_depths(&self) -> Result<Vec<QueueDepth>, TransportError> {
+        self.servicebus.depths_by_peeking(&self.queues).await
     }
 
     async fn ping(&self) -> Result<(), TransportError> {
         let orders = QueueName::parse(queues::ORDERS).map_err(TransportError::Invalid)?;
-        self.transport.dead_letters(&orders, 1).await.map(|_| ())
+        self.servicebus.dead_letters(&orders, 1).await.map(|_| ())
     }
 
     async fn requeue_dead_letters(
         &self,
-        _queue: &QueueName,
-        _message_id: Option<&str>,
+        queue: &QueueName,
+        message_id: Option<&str>,
     ) -> Result<usize, TransportError> {
-        Err(TransportError::Unsupported(
-            "requeue Service Bus dead letters with Service Bus Explorer (resubmit) or the \
-             Azure CLI; `orderly dead-letters QUEUE` lists them with the reason"
-                .into(),
-        ))
+        self.servicebus
+            .settle_dead_letters(queue, message_id, true)
+            .await
     }
 
     async fn discard_dead_letters(
         &self,
-        _queue: &QueueName,
-        _message_id: Option<&str>,
+        queue: &QueueName,
+        message_id: Option<&str>,
     ) -> Result<usize, TransportError> {
-        Err(TransportError::Unsupported(
-            "discard Service Bus dead letters with Service Bus Explorer or the Azure CLI".into(),
-        ))
+        self.servicebus
+            .settle_dead_letters(queue, message_id, false)
+            .await
     }
 }

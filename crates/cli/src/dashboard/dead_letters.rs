@@ -26,7 +26,7 @@ pub(super) async fn dead_letters(
     let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
     let operator = operator(&headers);
     let mut body = String::from("<div class=card><h2>Queues</h2><p>");
-    let depths = dash.backend.inspector.depths().await;
+    let depths = dash.backend.inspector.count_depths().await;
     match &depths {
         Ok(depths) => {
             for d in depths {

@@ -102,7 +102,7 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
         )),
         Err(e) => return failed(e),
     }
-    match dash.backend.inspector.depths().await {
+    match dash.backend.inspector.count_depths().await {
         Ok(depths) => {
             body.push_str("<div class=card><h2>Queues</h2><div class=scroll><table id=queues><tr><th>queue</th><th>ready</th><th>locked</th><th>scheduled</th><th>dead-lettered</th></tr>");
             for d in depths {

@@ -330,3 +330,77 @@ async fn the_roles_ride_out_a_broker_restart_and_keep_processing() {
         "{metrics}"
     );
 }
+
+/// An operator's queue commands on Service Bus (the stand-in), as on the SQL queue:
+/// `orderly queues` counts messages and dead letters (by peeking, and says so),
+/// `dead-letters` lists them with why, `discard` removes one, `requeue` puts one back
+/// (under a new id, with its body) and then all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_queue_commands_work_on_service_bus() {
+    use orderly_core::transport::{OutgoingMessage, QueueName, Transport};
+    let standin = standin_with_queues();
+    let connection = standin.connection_string();
+    let env = role_env(&connection);
+    let db = Db::new(Dialect::Sqlite).await;
+    let sb = client(&connection).await;
+    let orders = QueueName::parse(queues::ORDERS).unwrap();
+    for id in ["bad-1", "bad-2", "bad-3"] {
+        sb.send(
+            &orders,
+            &[OutgoingMessage::new(
+                id,
+                format!("not an order: {id}").into_bytes(),
+            )],
+        )
+        .await
+        .unwrap();
+    }
+    let got = sb
+        .receive(&orders, 3, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 3);
+    for m in &got {
+        sb.dead_letter(m, "BodyUndecodable", "expected an order")
+            .await
+            .unwrap();
+    }
+    let run = |args: &[&str]| {
+        let (ok, out, err) = orderly(&db.url, args, &env);
+        assert!(ok, "orderly {args:?}: {out}{err}");
+        out
+    };
+    let out = run(&["queues"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("orders "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.trim_end().ends_with(" 3"), "three dead letters: {out}");
+    assert!(out.contains("counted by peeking"), "{out}");
+    let out = run(&["dead-letters", "orders"]);
+    for id in ["bad-1", "bad-2", "bad-3"] {
+        assert!(out.contains(id), "{out}");
+    }
+    assert!(out.contains("BodyUndecodable"), "{out}");
+    assert!(run(&["discard", "orders", "bad-1"]).contains("discarded 1 message(s) on orders"));
+    assert!(run(&["requeue", "orders", "bad-2"]).contains("requeued 1 message(s) on orders"));
+    let back = sb
+        .receive(&orders, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert!(
+        back[0].message_id.starts_with("bad-2~requeued-"),
+        "{back:?}"
+    );
+    assert_eq!(back[0].body, b"not an order: bad-2");
+    sb.complete(&back[0]).await.unwrap();
+    assert!(run(&["requeue", "orders", "--all", "--yes"]).contains("requeued 1 message(s)"));
+    let out = run(&["dead-letters", "orders"]);
+    assert!(!out.contains("bad-"), "none left: {out}");
+    let (ok, _, err) = orderly(&db.url, &["discard", "orders", "bad-9"], &env);
+    assert!(
+        !ok && err.contains("no such dead letter on orders"),
+        "{err}"
+    );
+}
