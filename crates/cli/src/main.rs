@@ -429,6 +429,7 @@ async fn run() -> anyhow::Result<()> {
             } else {
                 "warn"
             }))
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .init(),
     }

@@ -440,8 +440,12 @@ pub(crate) struct Statements {
     /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
     /// dialect can, with what a recovery decision needs.
     pub lock_expired: &'static str,
-    /// Whether queue `$1` has a visible message at `$2` (the dialect's now parameter).
+    /// The first visible message of queue `$1` at `$2` (the dialect's now parameter):
+    /// `seq`, `delivery_count`.
     pub q_any_ready: &'static str,
+    /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
+    /// times under token `$5` until `$6`, in queue order; returns the messages.
+    pub q_take: &'static str,
     /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
     pub q_candidates: &'static str,
     /// Locks the messages `$1` (list) under token `$2` until `$3`.

@@ -46,7 +46,15 @@ pub(crate) struct Wakeups {
     /// Signalled after each commit that wrote to the outbox (a permit is kept when no
     /// relay waits, so a write during a relay pass is not missed).
     pub outbox: Notify,
+    /// Each queue's settings as last read, and when: every receive and send needs
+    /// them, and a statement of its own costs a round trip inside the write lock.
+    settings: Mutex<HashMap<String, (Settings, std::time::Instant)>>,
 }
+
+/// How long a queue's settings read from the database are used before being read
+/// again: a change declared by another process takes effect within this (one
+/// declared through this process at once).
+pub(crate) const SETTINGS_FRESH: Duration = Duration::from_secs(1);
 
 /// How often a send also sweeps expired duplicate-detection rows. Correctness does not
 /// depend on it: an expired row counts as absent when the next send checks it.
@@ -62,6 +70,34 @@ impl Wakeups {
             claims: Notify::new(),
             claimable: 0.into(),
             outbox: Notify::new(),
+            settings: Mutex::default(),
+        }
+    }
+
+    /// The settings of `queue` if read less than [`SETTINGS_FRESH`] ago.
+    fn cached_settings(&self, queue: &str) -> Option<Settings> {
+        let cache = self
+            .settings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache
+            .get(queue)
+            .filter(|(_, read)| read.elapsed() < SETTINGS_FRESH)
+            .map(|(settings, _)| *settings)
+    }
+
+    fn remember_settings(&self, queue: &str, settings: Option<Settings>) {
+        let mut cache = self
+            .settings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match settings {
+            Some(s) => {
+                cache.insert(queue.to_owned(), (s, std::time::Instant::now()));
+            }
+            None => {
+                cache.remove(queue);
+            }
         }
     }
 
@@ -202,6 +238,7 @@ fn millis(ms: i64) -> chrono::Duration {
     chrono::Duration::milliseconds(ms)
 }
 
+#[derive(Debug, Clone, Copy)]
 struct Settings {
     lock_ms: i64,
     max_deliveries: i32,
@@ -209,7 +246,19 @@ struct Settings {
 }
 
 impl<D: Driver> SqlStore<D> {
-    async fn queue_settings(conn: &mut D::Conn, queue: &QueueName) -> Result<Settings> {
+    /// The settings of `queue` (`QueueNotFound` if it was never declared), from the
+    /// cache while fresh.
+    async fn queue_settings(&self, conn: &mut D::Conn, queue: &QueueName) -> Result<Settings> {
+        if let Some(settings) = self.wakeups.cached_settings(queue.as_str()) {
+            return Ok(settings);
+        }
+        let settings = Self::read_settings(conn, queue).await?;
+        self.wakeups
+            .remember_settings(queue.as_str(), Some(settings));
+        Ok(settings)
+    }
+
+    async fn read_settings(conn: &mut D::Conn, queue: &QueueName) -> Result<Settings> {
         let row = q(Q_SETTINGS)
             .bind(queue.as_str())
             .fetch_optional::<D>(conn)
@@ -234,7 +283,7 @@ impl<D: Driver> SqlStore<D> {
         messages: &[OutgoingMessage],
     ) -> Result<SendOutcome> {
         let mut outcome = SendOutcome::default();
-        let settings = Self::queue_settings(&mut *conn, queue).await?;
+        let settings = self.queue_settings(&mut *conn, queue).await?;
         let nth = self
             .wakeups
             .sends
@@ -361,10 +410,48 @@ impl<D: Driver> SqlStore<D> {
         queues.iter().for_each(|q| self.wakeups.wake(q.as_str()));
     }
 
+    /// Locks up to `max` visible messages not delivered too often, in one statement
+    /// (those delivered too often are dead-lettered when one is first in line).
+    async fn take(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
+        let (mut tx, now) = self.begin().await?;
+        let settings = self.queue_settings(&mut tx, queue).await?;
+        let token = uuid::Uuid::new_v4().to_string();
+        let rows = q(D::SQL.q_take)
+            .bind(queue.as_str())
+            .bind(Ts(now))
+            .bind(i64::from(max))
+            .bind(settings.max_deliveries)
+            .bind(&token)
+            .bind(Ts(now + millis(settings.lock_ms)))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        self.delivered(queue, &token, &rows)
+    }
+
+    /// The messages locked under `token`, in queue order.
+    fn delivered(
+        &self,
+        queue: &QueueName,
+        token: &str,
+        rows: &[D::Row],
+    ) -> Result<Vec<ReceivedMessage>> {
+        let mut messages = rows
+            .iter()
+            .map(|r| Cols(r).message(token))
+            .collect::<orderly_core::Result<Vec<_>>>()?;
+        messages.sort_by_key(|m| m.sequence_number);
+        self.driver
+            .stats()
+            .batch(&format!("receive {queue}"), messages.len());
+        Ok(messages)
+    }
+
     /// One attempt: lock up to `max` visible messages for a new delivery.
     async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
         // A cheap read first: an idle receiver takes no write lock.
-        {
+        let head_exhausted = {
             // The read's connection goes back to the pool before the write begins (an
             // in-memory database has only one).
             let mut conn = self.driver.acquire().await?;
@@ -374,14 +461,20 @@ impl<D: Driver> SqlStore<D> {
                 .fetch_optional::<D>(&mut conn)
                 .await
                 .map_err(db)?;
-            if ready.is_none() {
-                // Nothing visible; still refuse an unknown queue.
-                Self::queue_settings(&mut conn, queue).await?;
-                return Ok(Vec::new());
+            let settings = self.queue_settings(&mut conn, queue).await?;
+            match ready {
+                // Nothing visible (an unknown queue was refused above).
+                None => return Ok(Vec::new()),
+                Some(row) => Cols(&row).get::<i32>("delivery_count")? >= settings.max_deliveries,
             }
+        };
+        if !head_exhausted {
+            return self.take(queue, max).await;
         }
+        // The first visible message was delivered too often: dead-letter those among
+        // the candidates, deliver the rest.
         let (mut tx, now) = self.begin().await?;
-        let settings = Self::queue_settings(&mut tx, queue).await?;
+        let settings = self.queue_settings(&mut tx, queue).await?;
         let candidates = q(D::SQL.q_candidates)
             .bind(queue.as_str())
             .bind(Ts(now))
@@ -432,15 +525,7 @@ impl<D: Driver> SqlStore<D> {
             .await
             .map_err(db)?;
         D::commit(tx).await.map_err(db)?;
-        let mut messages = rows
-            .iter()
-            .map(|r| Cols(r).message(&token))
-            .collect::<orderly_core::Result<Vec<_>>>()?;
-        messages.sort_by_key(|m| m.sequence_number);
-        self.driver
-            .stats()
-            .batch(&format!("receive {queue}"), messages.len());
-        Ok(messages)
+        self.delivered(queue, &token, &rows)
     }
 
     /// Runs `sql` on a message this receiver holds; `LockLost` when it
@@ -495,7 +580,10 @@ impl<D: Driver> Transport for SqlStore<D> {
             .execute::<D>(&mut tx)
             .await
             .map_err(db)?;
-        D::commit(tx).await.map_err(db)
+        let committed = D::commit(tx).await.map_err(db);
+        // Read again at the next use, whatever the commit's outcome.
+        self.wakeups.remember_settings(queue.as_str(), None);
+        committed
     }
 
     async fn ensure_queue(&self, queue: &QueueName, settings: &QueueSettings) -> Result<bool> {
@@ -629,7 +717,7 @@ impl<D: Driver> Transport for SqlStore<D> {
 
     async fn renew_lock(&self, message: &ReceivedMessage) -> Result<chrono::DateTime<chrono::Utc>> {
         let (mut tx, now) = self.begin().await?;
-        let settings = Self::queue_settings(&mut tx, &message.queue).await?;
+        let settings = self.queue_settings(&mut tx, &message.queue).await?;
         let until = q(Q_RENEW)
             .bind(message.sequence_number)
             .bind(&message.lock_token.0)

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Stats {
     writes: AtomicU64,
     held_micros: AtomicU64,
+    begin_micros: AtomicU64,
     commit_micros: AtomicU64,
     batches: Mutex<BTreeMap<String, Batches>>,
 }
@@ -48,6 +49,9 @@ pub struct StatsSnapshot {
     /// How long this handle held the database's write lock in all (SQLite only: its
     /// writers take turns, so this is the share of time the one writer was busy).
     pub write_held: std::time::Duration,
+    /// Of which beginning (SQLite: getting a connection and `BEGIN IMMEDIATE` while
+    /// holding this process's turn to write).
+    pub beginning: std::time::Duration,
     /// Of which committing (SQLite: writing and syncing the log).
     pub committing: std::time::Duration,
     /// Batches by stage.
@@ -77,6 +81,7 @@ impl StatsSnapshot {
         StatsSnapshot {
             writes: self.writes - earlier.writes,
             write_held: self.write_held.saturating_sub(earlier.write_held),
+            beginning: self.beginning.saturating_sub(earlier.beginning),
             committing: self.committing.saturating_sub(earlier.committing),
             batches,
         }
@@ -92,6 +97,12 @@ impl Stats {
     /// The write lock was held for `d`.
     pub(crate) fn held(&self, d: std::time::Duration) {
         self.held_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Beginning a write transaction took `d` (its turn held).
+    pub(crate) fn begun(&self, d: std::time::Duration) {
+        self.begin_micros
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
@@ -125,6 +136,9 @@ impl Stats {
         StatsSnapshot {
             writes: self.writes.load(Ordering::Relaxed),
             write_held: std::time::Duration::from_micros(self.held_micros.load(Ordering::Relaxed)),
+            beginning: std::time::Duration::from_micros(
+                self.begin_micros.load(Ordering::Relaxed),
+            ),
             committing: std::time::Duration::from_micros(
                 self.commit_micros.load(Ordering::Relaxed),
             ),

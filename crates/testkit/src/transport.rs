@@ -40,6 +40,7 @@ macro_rules! transport_conformance {
             an_expired_lock_makes_the_message_visible_again_with_a_higher_delivery_count,
             abandon_makes_the_message_visible_at_once,
             a_message_past_its_maximum_delivery_count_is_dead_lettered_with_the_reason,
+            a_message_past_its_maximum_behind_others_is_never_delivered_again,
             dead_letter_on_request_keeps_the_reason,
             concurrent_consumers_receive_disjoint_messages,
             settling_after_the_lock_was_lost_is_an_error,
@@ -244,6 +245,42 @@ pub async fn a_message_past_its_maximum_delivery_count_is_dead_lettered_with_the
     assert_eq!(dead[0].message.delivery_count, 3);
     assert_eq!(dead[0].reason, "MaxDeliveryCountExceeded");
     assert!(dead[0].description.contains('3'), "{}", dead[0].description);
+}
+
+/// A message that used up its deliveries while another became visible ahead of it
+/// is not delivered again with the one ahead, and ends in the dead letters.
+pub async fn a_message_past_its_maximum_behind_others_is_never_delivered_again(
+    ctx: &TransportCtx,
+) {
+    let (t, q) = declared(ctx, "agent", settings(10, 2)).await;
+    t.send(&q, &[msg("poison", "x")]).await.unwrap();
+    let first = receive_one(&*t, &q).await;
+    t.abandon(&first).await.unwrap();
+    let second = receive_one(&*t, &q).await;
+    assert_eq!(second.delivery_count, 2);
+    // "ahead" becomes visible while the poison is held, so it is first in line when
+    // the poison comes back with no deliveries left.
+    t.send(&q, &[msg("ahead", "y")]).await.unwrap();
+    // Later by the transport's clock (the stand-in's is the real one).
+    ctx.clock.advance(Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    t.abandon(&second).await.unwrap();
+    let mut delivered = Vec::new();
+    for _ in 0..3 {
+        for m in t.receive(&q, 10, NO_WAIT).await.unwrap() {
+            delivered.push((m.message_id.clone(), m.delivery_count));
+            t.complete(&m).await.unwrap();
+        }
+    }
+    assert_eq!(
+        delivered,
+        vec![("ahead".to_owned(), 1)],
+        "the poison is not delivered a third time"
+    );
+    let dead = t.dead_letters(&q, 10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].message.message_id, "poison");
+    assert_eq!(dead[0].reason, "MaxDeliveryCountExceeded");
 }
 
 /// Explicit dead-lettering keeps the message, the reason and the description.

@@ -50,6 +50,9 @@ pub struct PgDriver {
 }
 
 /// The fallback poll interval of idle receivers (notifications are the fast path).
+/// An idle connection older than this is pinged before it is handed out.
+const PING_IDLE: Duration = Duration::from_secs(1);
+
 const POLL: Duration = Duration::from_secs(1);
 
 impl SqlStore<PgDriver> {
@@ -67,9 +70,21 @@ impl SqlStore<PgDriver> {
         max_connections: u32,
         time: TimeSource,
     ) -> Result<Self> {
+        // A connection is checked with a ping only after it sat idle for a while: a
+        // ping on every acquire is a round trip per transaction under load. One that
+        // broke while busy fails its statement, which the caller retries.
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(15))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IDLE {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.application_name("orderly"))
             .await
             .map_err(db)?;

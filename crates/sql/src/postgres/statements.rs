@@ -18,6 +18,7 @@ pub(crate) const SQL: Statements = Statements {
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
     q_any_ready: Q_ANY_READY,
+    q_take: Q_TAKE,
     q_candidates: Q_CANDIDATES,
     q_lock: Q_LOCK,
     q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
@@ -29,9 +30,19 @@ pub(crate) const SQL: Statements = Statements {
     o_failed: O_FAILED,
 };
 
-/// Whether queue `$1` has a visible message at `$2` (NULL: the server's now).
-pub(crate) const Q_ANY_READY: &str = "SELECT seq FROM queue_messages \
+/// The first visible message of queue `$1` at `$2` (NULL: the server's now).
+pub(crate) const Q_ANY_READY: &str = "SELECT seq, delivery_count FROM queue_messages \
     WHERE queue = $1 AND visible_at <= coalesce($2::timestamptz, now()) ORDER BY visible_at, seq LIMIT 1";
+
+/// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
+/// times, under token `$5` until `$6` (rows other receivers lock are passed over).
+pub(crate) const Q_TAKE: &str = concat!(
+    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+     locked_until = $6, visible_at = $6 WHERE seq IN (SELECT seq FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 \
+        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING ",
+    message_columns!()
+);
 
 /// Up to `$3` visible messages of queue `$1` at `$2`, locked.
 pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \

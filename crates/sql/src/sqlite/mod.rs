@@ -185,8 +185,11 @@ impl SqlStore<SqliteDriver> {
         if !in_memory {
             ensure_wal(&options).await?;
         }
+        // No ping before handing out a connection: the database is a local file, and a
+        // ping is a round trip to the connection's thread per transaction.
         let pool = SqlitePoolOptions::new()
             .max_connections(if in_memory { 1 } else { 4 })
+            .test_before_acquire(false)
             .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
             .connect_with(options.clone())
             .await
@@ -341,13 +344,15 @@ impl Driver for SqliteDriver {
 
     async fn begin_write(&self) -> Result<WriteTx> {
         let turn = self.writer.clone().lock_owned().await;
+        let since = std::time::Instant::now();
         self.stats.write();
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        self.stats.begun(since.elapsed());
         Ok(WriteTx {
             tx,
             _turn: turn,
             held: Held {
-                since: std::time::Instant::now(),
+                since,
                 stats: self.stats.clone(),
             },
         })
