@@ -516,10 +516,7 @@ async fn run() -> anyhow::Result<()> {
             if *all && !yes {
                 let n = transport.dead_letters(&queue, u32::MAX).await?.len();
                 if !confirm(&format!("{verb} all {n} dead letters of {queue}?"))? {
-                    bail!(
-                        "nothing {}",
-                        if requeue { "requeued" } else { "discarded" }
-                    );
+                    bail!("nothing {}", if requeue { "requeued" } else { "discarded" });
                 }
             }
             let n = if requeue {

@@ -103,6 +103,19 @@ impl<T> Consumed<T> {
     }
 }
 
+/// Replies received and recorded in one transaction
+/// ([`SchedulerStore::take_and_record`]).
+#[derive(Debug)]
+pub struct Taken {
+    /// Every message received, in queue order. Those without a verdict in `recorded`
+    /// are held by the caller, to apply or settle as after a receive.
+    pub messages: Vec<ReceivedMessage>,
+    /// Per message: `None` when no write was planned for it; else the write's verdict
+    /// (applied, or why it was refused) and whether its message was consumed with it
+    /// (a message not consumed is the caller's to settle).
+    pub recorded: Vec<Option<(Result<()>, bool)>>,
+}
+
 /// Refuses a batch whose messages are not one per item.
 pub fn check_consuming(items: usize, messages: &[ReceivedMessage]) -> Result<()> {
     if items == messages.len() {
@@ -693,6 +706,24 @@ pub trait SchedulerStore: Send + Sync {
     ) -> Result<Consumed<Result<()>>> {
         check_consuming(writes.len(), messages)?;
         Ok(Consumed::none(self.record_steps(writes).await?))
+    }
+
+    /// Receives up to `max` messages from `queue` (waiting up to `wait` for the first)
+    /// and, in the same transaction, applies the step write `plan` gives for each
+    /// (fenced and step-guarded as in [`SchedulerStore::record_steps`]), ending the
+    /// message of each write applied or refused for good: a reply is taken, recorded
+    /// and its next request sent in one commit. `None` from a store whose database
+    /// does not hold that queue (the default, and a store on the outbox): the caller
+    /// receives and records separately.
+    async fn take_and_record(
+        &self,
+        queue: &crate::transport::QueueName,
+        max: u32,
+        wait: Duration,
+        plan: &(dyn for<'c> Fn(&'c ReceivedMessage) -> Option<StepWrite> + Send + Sync),
+    ) -> Result<Option<Taken>> {
+        let _ = (queue, max, wait, plan);
+        Ok(None)
     }
 
     /// Takes back, under a new epoch, the Processing orders still locked by `owner`

@@ -449,9 +449,20 @@ pub async fn receive_json<T: serde::de::DeserializeOwned>(
     wait: Duration,
     max_body: usize,
 ) -> Result<(Vec<(T, ReceivedMessage)>, Vec<Poison>), TransportError> {
+    let received = transport.receive(queue, max, wait).await?;
+    Ok(decode_json(transport, received, max_body).await)
+}
+
+/// Decodes messages already received as JSON `T`; those too large or undecodable are
+/// dead-lettered with the reason (as [`receive_json`] does).
+pub async fn decode_json<T: serde::de::DeserializeOwned>(
+    transport: &dyn Transport,
+    received: Vec<ReceivedMessage>,
+    max_body: usize,
+) -> (Vec<(T, ReceivedMessage)>, Vec<Poison>) {
     let mut decoded = Vec::new();
     let mut poisoned = Vec::new();
-    for message in transport.receive(queue, max, wait).await? {
+    for message in received {
         let (reason, description) = if message.body.len() > max_body {
             (
                 "PayloadTooLarge",
@@ -481,7 +492,7 @@ pub async fn receive_json<T: serde::de::DeserializeOwned>(
             description,
         });
     }
-    Ok((decoded, poisoned))
+    (decoded, poisoned)
 }
 
 fn short_type_name<T>() -> &'static str {

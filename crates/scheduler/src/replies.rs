@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, StatusNotice, StepKind, StepOutcome, StepReply};
 use orderly_core::service::{Park, ServiceState};
-use orderly_core::store::{Completion, Consumed, StepUpdate, StepWrite};
-use orderly_core::transport::{Envelope, ReceivedMessage, receive_json};
+use orderly_core::store::{Completion, Consumed, StepUpdate, StepWrite, Taken};
+use orderly_core::transport::{Envelope, ReceivedMessage, decode_json};
 use orderly_core::workflow::Workflow;
 use orderly_core::{Error, ProcessState, StepStatus};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -23,28 +23,82 @@ impl Scheduler {
     /// Receives one batch of replies (waiting at most `wait` for the first) and
     /// applies them.
     pub async fn replies_once(&self, wait: Duration) -> orderly_core::Result<Pass> {
-        let (replies, poison) = receive_json::<StepReply>(
+        // Where the store's database holds the replies queue, forward successes are
+        // taken, recorded and their next requests sent in one transaction; the rest
+        // (and every reply on other transports) come back held, for the path below.
+        // When the first reply was taken (in the transaction): from then on the
+        // time is the step writes', as on the other path.
+        let first_taken = std::sync::OnceLock::new();
+        let plan = |message: &ReceivedMessage| {
+            first_taken.get_or_init(std::time::Instant::now);
+            self.plan_reply(message)
+        };
+        let taken = self
+            .store
+            .take_and_record(&self.cfg.replies, self.cfg.reply_batch, wait, &plan)
+            .await?;
+        let received = match taken {
+            Some(taken) => taken,
+            None => {
+                let messages = self
+                    .transport
+                    .receive(&self.cfg.replies, self.cfg.reply_batch, wait)
+                    .await
+                    .map_err(|e| Error::Queue(Box::new(e)))?;
+                let recorded = messages.iter().map(|_| None).collect();
+                Taken { messages, recorded }
+            }
+        };
+        let mut pass = Pass::default();
+        let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(received.messages.len());
+        let mut retry: Vec<ReceivedMessage> = Vec::new();
+        let mut held = Vec::new();
+        let mut recorded = 0u64;
+        for (message, verdict) in received.messages.into_iter().zip(received.recorded) {
+            match verdict {
+                None => held.push(message),
+                Some((verdict, consumed)) => {
+                    recorded += 1;
+                    self.recorded_reply(
+                        message,
+                        verdict,
+                        consumed,
+                        &mut pass,
+                        &mut settle,
+                        &mut retry,
+                    );
+                }
+            }
+        }
+        if recorded > 0 {
+            if let Some(started) = first_taken.get() {
+                metrics::histogram!("orderly_step_writes_seconds")
+                    .record(started.elapsed().as_secs_f64());
+            }
+            metrics::counter!("orderly_steps_succeeded_total").increment(recorded);
+            debug!(batch = recorded, "replies taken and recorded");
+        }
+        let (replies, poison) = decode_json::<StepReply>(
             self.transport.as_ref(),
-            &self.cfg.replies,
-            self.cfg.reply_batch,
-            wait,
+            held,
             orderly_core::transport::MAX_BODY_BYTES,
         )
-        .await
-        .map_err(|e| Error::Queue(Box::new(e)))?;
-        let mut pass = Pass {
-            rejected: poison.len(),
-            ..Pass::default()
-        };
+        .await;
+        pass.rejected += poison.len();
         for p in &poison {
             warn!(message_id = %p.message_id, reason = p.reason, problem = %p.description, "step reply dead-lettered");
         }
         if replies.is_empty() {
+            if !settle.is_empty() {
+                let _ = self.transport.complete_messages(&settle).await;
+            }
+            pass.retried += retry.len();
+            for m in &retry {
+                let _ = self.transport.abandon(m).await;
+            }
             return Ok(pass);
         }
         debug!(batch = replies.len(), "replies received");
-        let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(replies.len());
-        let mut retry: Vec<ReceivedMessage> = Vec::new();
         let mut give_back: Vec<ReceivedMessage> = Vec::new();
         let mut forward: Vec<(Arc<Workflow>, StepReply, ReceivedMessage)> = Vec::new();
         for (reply, message) in replies {
@@ -229,6 +283,76 @@ impl Scheduler {
             let _ = self.transport.abandon(m).await;
         }
         Ok(pass)
+    }
+
+    /// The write a reply calls for when it can be recorded as it is taken: a forward
+    /// success, in time, of a step the workflow has, whose next step's service is not
+    /// known to be down. `None` leaves the reply to the full path.
+    fn plan_reply(&self, message: &ReceivedMessage) -> Option<StepWrite> {
+        if message.body.len() > orderly_core::transport::MAX_BODY_BYTES {
+            return None;
+        }
+        let reply: StepReply = serde_json::from_slice(&message.body).ok()?;
+        let detail = match &reply.outcome {
+            StepOutcome::Succeeded { detail } => detail.clone(),
+            _ => return None,
+        };
+        if reply.kind != StepKind::Do || self.clock.now() >= reply.complete_by {
+            return None;
+        }
+        let flow = self.flow(reply.context.workflow.as_ref())?;
+        self.check_reply(flow, &reply).ok()?;
+        // The next request continues the agent's span, as on the full path.
+        let span = self.reply_span(&reply, message);
+        let _entered = span.enter();
+        match self.step_succeeded(flow, &reply, &detail) {
+            (write, None) => Some(write),
+            (_, Some(_)) => None,
+        }
+    }
+
+    /// Accounts for a reply recorded as it was taken: `verdict` of its write, and
+    /// whether its message ended with it.
+    fn recorded_reply(
+        &self,
+        message: ReceivedMessage,
+        verdict: orderly_core::Result<()>,
+        consumed: bool,
+        pass: &mut Pass,
+        settle: &mut Vec<ReceivedMessage>,
+        retry: &mut Vec<ReceivedMessage>,
+    ) {
+        // Decoded and planned before, so both hold again.
+        let reply = serde_json::from_slice::<StepReply>(&message.body).ok();
+        let steps = reply
+            .as_ref()
+            .and_then(|r| self.flow(r.context.workflow.as_ref()))
+            .map_or(0, |f| f.len());
+        match verdict {
+            Ok(()) => {
+                pass.applied += 1;
+                match &reply {
+                    Some(r) if r.step_index + 1 < steps => pass.requests += 1,
+                    Some(r) => {
+                        pass.completed += 1;
+                        metrics::counter!("orderly_orders_processed_total").increment(1);
+                        debug!(order_id = %r.fence.order_id, instance_id = %self.cfg.instance, "order processed");
+                    }
+                    None => {}
+                }
+                if !consumed {
+                    settle.push(message);
+                }
+            }
+            Err(e) if e.is_retryable() => retry.push(message),
+            Err(e) => {
+                debug!(error = %e, "reply refused by the store: dropped");
+                pass.dropped += 1;
+                if !consumed {
+                    settle.push(message);
+                }
+            }
+        }
     }
 
     /// The span of everything a reply causes here: it continues the agent's span

@@ -56,6 +56,17 @@ pub(crate) struct Wakeups {
 /// declared through this process at once).
 pub(crate) const SETTINGS_FRESH: Duration = Duration::from_secs(1);
 
+/// What is first in line on a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// No visible message.
+    Empty,
+    /// A message to deliver.
+    Ready,
+    /// A message delivered too often: to be dead-lettered.
+    Exhausted,
+}
+
 /// How often a send also sweeps expired duplicate-detection rows. Correctness does not
 /// depend on it: an expired row counts as absent when the next send checks it.
 pub(crate) const SWEEP_EVERY: u64 = 32;
@@ -414,7 +425,20 @@ impl<D: Driver> SqlStore<D> {
     /// (those delivered too often are dead-lettered when one is first in line).
     async fn take(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
         let (mut tx, now) = self.begin().await?;
-        let settings = self.queue_settings(&mut tx, queue).await?;
+        let messages = self.take_in(&mut tx, now, queue, max).await?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(messages)
+    }
+
+    /// [`Self::take`] inside the caller's transaction.
+    pub(crate) async fn take_in(
+        &self,
+        tx: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        queue: &QueueName,
+        max: u32,
+    ) -> Result<Vec<ReceivedMessage>> {
+        let settings = self.queue_settings(&mut *tx, queue).await?;
         let token = uuid::Uuid::new_v4().to_string();
         let rows = q(D::SQL.q_take)
             .bind(queue.as_str())
@@ -423,11 +447,50 @@ impl<D: Driver> SqlStore<D> {
             .bind(settings.max_deliveries)
             .bind(&token)
             .bind(Ts(now + millis(settings.lock_ms)))
-            .fetch_all::<D>(&mut tx)
+            .fetch_all::<D>(&mut *tx)
             .await
             .map_err(db)?;
-        D::commit(tx).await.map_err(db)?;
         self.delivered(queue, &token, &rows)
+    }
+
+    /// What is first in line on `queue`, read without the write lock.
+    pub(crate) async fn head(&self, queue: &QueueName) -> Result<Head> {
+        // The read's connection goes back to the pool before a write begins (an
+        // in-memory database has only one).
+        let mut conn = self.driver.acquire().await?;
+        let ready = q(D::SQL.q_any_ready)
+            .bind(queue.as_str())
+            .bind(self.driver.now_param())
+            .fetch_optional::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        // An unknown queue is refused even when nothing is there.
+        let settings = self.queue_settings(&mut conn, queue).await?;
+        Ok(match ready {
+            None => Head::Empty,
+            Some(row) if Cols(&row).get::<i32>("delivery_count")? >= settings.max_deliveries => {
+                Head::Exhausted
+            }
+            Some(_) => Head::Ready,
+        })
+    }
+
+    /// Waits until a send to `queue` wakes it, the fallback poll passes or `deadline`
+    /// comes; `false` once the deadline has passed. `woken` was registered before the
+    /// caller last looked, so no send in between is missed.
+    pub(crate) async fn nap(
+        &self,
+        woken: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        self.driver.start_listening(&self.wakeups);
+        let nap = (deadline - now).min(self.wakeups.poll);
+        let _ = tokio::time::timeout(nap, woken).await;
+        true
     }
 
     /// The messages locked under `token`, in queue order.
@@ -449,27 +512,16 @@ impl<D: Driver> SqlStore<D> {
     }
 
     /// One attempt: lock up to `max` visible messages for a new delivery.
-    async fn receive_now(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
+    pub(crate) async fn receive_now(
+        &self,
+        queue: &QueueName,
+        max: u32,
+    ) -> Result<Vec<ReceivedMessage>> {
         // A cheap read first: an idle receiver takes no write lock.
-        let head_exhausted = {
-            // The read's connection goes back to the pool before the write begins (an
-            // in-memory database has only one).
-            let mut conn = self.driver.acquire().await?;
-            let ready = q(D::SQL.q_any_ready)
-                .bind(queue.as_str())
-                .bind(self.driver.now_param())
-                .fetch_optional::<D>(&mut conn)
-                .await
-                .map_err(db)?;
-            let settings = self.queue_settings(&mut conn, queue).await?;
-            match ready {
-                // Nothing visible (an unknown queue was refused above).
-                None => return Ok(Vec::new()),
-                Some(row) => Cols(&row).get::<i32>("delivery_count")? >= settings.max_deliveries,
-            }
-        };
-        if !head_exhausted {
-            return self.take(queue, max).await;
+        match self.head(queue).await? {
+            Head::Empty => return Ok(Vec::new()),
+            Head::Ready => return self.take(queue, max).await,
+            Head::Exhausted => {}
         }
         // The first visible message was delivered too often: dead-letter those among
         // the candidates, deliver the rest.
@@ -647,13 +699,9 @@ impl<D: Driver> Transport for SqlStore<D> {
             if !messages.is_empty() {
                 return Ok(messages);
             }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if !self.nap(woken, deadline).await {
                 return Ok(Vec::new());
             }
-            self.driver.start_listening(&self.wakeups);
-            let nap = (deadline - now).min(self.wakeups.poll);
-            let _ = tokio::time::timeout(nap, woken).await;
         }
     }
 

@@ -136,9 +136,7 @@ impl Stats {
         StatsSnapshot {
             writes: self.writes.load(Ordering::Relaxed),
             write_held: std::time::Duration::from_micros(self.held_micros.load(Ordering::Relaxed)),
-            beginning: std::time::Duration::from_micros(
-                self.begin_micros.load(Ordering::Relaxed),
-            ),
+            beginning: std::time::Duration::from_micros(self.begin_micros.load(Ordering::Relaxed)),
             committing: std::time::Duration::from_micros(
                 self.commit_micros.load(Ordering::Relaxed),
             ),

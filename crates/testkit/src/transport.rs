@@ -249,9 +249,7 @@ pub async fn a_message_past_its_maximum_delivery_count_is_dead_lettered_with_the
 
 /// A message that used up its deliveries while another became visible ahead of it
 /// is not delivered again with the one ahead, and ends in the dead letters.
-pub async fn a_message_past_its_maximum_behind_others_is_never_delivered_again(
-    ctx: &TransportCtx,
-) {
+pub async fn a_message_past_its_maximum_behind_others_is_never_delivered_again(ctx: &TransportCtx) {
     let (t, q) = declared(ctx, "agent", settings(10, 2)).await;
     t.send(&q, &[msg("poison", "x")]).await.unwrap();
     let first = receive_one(&*t, &q).await;

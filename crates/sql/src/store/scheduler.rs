@@ -9,15 +9,16 @@ use orderly_core::history::HistoryKind;
 use orderly_core::step::StepRecord;
 use orderly_core::store::{
     BatchOutcome, ClaimRequest, ClaimedOrder, Completion, Consumed, SchedulerStore, StepUpdate,
-    StepWrite, WorkflowCount, bounded_text, check_consuming,
+    StepWrite, Taken, WorkflowCount, bounded_text, check_consuming,
 };
-use orderly_core::transport::{Envelope, ReceivedMessage};
+use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Epoch, Error, Fence, InstanceId, OrderId, ProcessState, Result};
 
 use super::steps::{check_update, step_row, touch};
 use super::{Event, SqlStore, checked_claim, timeout_micros};
 use crate::driver::{Driver, Q, q};
 use crate::error::db;
+use crate::queue::Head;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
@@ -297,6 +298,78 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         self.record_step_batch(writes, Some(messages)).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, queue = %queue))]
+    async fn take_and_record(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        wait: std::time::Duration,
+        plan: &(dyn for<'c> Fn(&'c ReceivedMessage) -> Option<StepWrite> + Send + Sync),
+    ) -> Result<Option<Taken>> {
+        if self.delivery != crate::Delivery::Queue {
+            return Ok(None);
+        }
+        if max == 0 || max > orderly_core::transport::MAX_MESSAGES {
+            return Err(orderly_core::ValidationError::new(
+                "max",
+                format!("must be 1 to {}", orderly_core::transport::MAX_MESSAGES),
+            )
+            .into());
+        }
+        let queue_error = |e| Error::Queue(Box::new(e));
+        let deadline = tokio::time::Instant::now() + wait;
+        let signal = self.wakeups.of(queue.as_str());
+        loop {
+            // Register for a wake-up before looking, so none is missed.
+            let woken = signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            match self.head(queue).await.map_err(queue_error)? {
+                Head::Ready => {
+                    let (mut tx, now) = self.begin().await?;
+                    let messages = self
+                        .take_in(&mut tx, now, queue, max)
+                        .await
+                        .map_err(queue_error)?;
+                    if !messages.is_empty() {
+                        match self.record_taken(tx, now, messages, plan).await {
+                            Ok(taken) => return Ok(Some(taken)),
+                            // Rolled back, the messages with it: taken again later.
+                            Err(e) if e.is_retryable() => return Err(e),
+                            Err(e) => {
+                                // Rolled back too; taken now by a plain receive, which
+                                // counts the delivery, for the caller's own path (so a
+                                // reply that always fails ends in the dead letters).
+                                tracing::warn!(error = %e, "replies could not be recorded as they were taken; received for the caller");
+                                let messages =
+                                    self.receive_now(queue, max).await.map_err(queue_error)?;
+                                let recorded = messages.iter().map(|_| None).collect();
+                                return Ok(Some(Taken { messages, recorded }));
+                            }
+                        }
+                    }
+                    D::commit(tx).await.map_err(db)?;
+                }
+                Head::Exhausted => {
+                    // Delivered too often first: the receive's own path dead-letters
+                    // them; whatever it delivers is the caller's.
+                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
+                    if !messages.is_empty() {
+                        let recorded = messages.iter().map(|_| None).collect();
+                        return Ok(Some(Taken { messages, recorded }));
+                    }
+                }
+                Head::Empty => {}
+            }
+            if !self.nap(woken, deadline).await {
+                return Ok(Some(Taken {
+                    messages: Vec::new(),
+                    recorded: Vec::new(),
+                }));
+            }
+        }
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, instance_id = %owner))]
     async fn resume_owned(&self, owner: &InstanceId) -> Result<Vec<ClaimedOrder>> {
         let (mut tx, now) = self.begin().await?;
@@ -440,7 +513,57 @@ impl<D: Driver> SqlStore<D> {
             w.updates.iter().try_for_each(check_update)?;
         }
         self.driver.stats().batch("record steps", writes.len());
-        let (mut tx, now) = self.begin().await?;
+        let (tx, now) = self.begin().await?;
+        self.record_in(tx, now, writes, messages).await
+    }
+
+    /// Plans a write for each of `messages` (locked in `tx`), applies those planned and
+    /// ends their messages in `tx`, and commits.
+    async fn record_taken(
+        &self,
+        tx: D::Tx,
+        now: DateTime<Utc>,
+        messages: Vec<ReceivedMessage>,
+        plan: &(dyn for<'c> Fn(&'c ReceivedMessage) -> Option<StepWrite> + Send + Sync),
+    ) -> Result<Taken> {
+        // A write that fails validation is left to the caller, whose record refuses it.
+        let planned: Vec<Option<StepWrite>> = messages
+            .iter()
+            .map(|m| plan(m).filter(|w| w.updates.iter().try_for_each(check_update).is_ok()))
+            .collect();
+        let (writes, asked): (Vec<StepWrite>, Vec<ReceivedMessage>) = planned
+            .iter()
+            .zip(&messages)
+            .filter_map(|(w, m)| w.clone().map(|w| (w, m.clone())))
+            .unzip();
+        let mut recorded: Vec<Option<(Result<()>, bool)>> = messages.iter().map(|_| None).collect();
+        if writes.is_empty() {
+            D::commit(tx).await.map_err(db)?;
+            return Ok(Taken { messages, recorded });
+        }
+        self.driver.stats().batch("record steps", writes.len());
+        let Consumed { outcomes, consumed } =
+            self.record_in(tx, now, &writes, Some(&asked)).await?;
+        let slots = planned
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.is_some())
+            .map(|(i, _)| i);
+        for ((i, outcome), consumed) in slots.zip(outcomes).zip(consumed) {
+            recorded[i] = Some((outcome, consumed));
+        }
+        Ok(Taken { messages, recorded })
+    }
+
+    /// Applies `writes` in `tx`, ends the messages of those settled for good (when
+    /// `messages` are given, one per write) and commits with what they send.
+    async fn record_in(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        writes: &[StepWrite],
+        messages: Option<&[ReceivedMessage]>,
+    ) -> Result<Consumed<Result<()>>> {
         let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
         let mut verdicts = Vec::with_capacity(writes.len());
         let mut sends = Vec::new();

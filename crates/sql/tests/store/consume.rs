@@ -241,3 +241,232 @@ async fn postgres_consumes_the_messages_of_what_it_records() {
     check(store, outbox, clock).await;
     StoreFactory::cleanup(&f).await;
 }
+
+/// Taking replies and recording them in one transaction: the write `plan` gives for a
+/// message is applied with its sends and ends that message; a write refused for good
+/// ends it too; a message without a write stays held by the caller; a message out of
+/// deliveries first in line is dead-lettered and what comes after is the caller's.
+async fn check_take(
+    store: Arc<dyn StoreAndQueue>,
+    outbox: Arc<dyn StoreAndQueue>,
+    clock: ManualClock,
+) {
+    let actor = builders::submitter();
+    for n in 10..12 {
+        store
+            .submit(&builders::order(n), &actor, &[])
+            .await
+            .unwrap();
+    }
+    let (replies, next) = (queue("replies"), queue("agent.next"));
+    for q in [&replies, &next] {
+        store
+            .ensure_queue(q, &QueueSettings::default())
+            .await
+            .unwrap();
+    }
+    let owner = InstanceId::parse("scheduler-take").unwrap();
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: owner.clone(),
+            limit: 10,
+            timeout: MINUTE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let write = |fence: &Fence, expect: i32| StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: Some(expect),
+        updates: vec![StepUpdate {
+            index: expect,
+            name: format!("step-{expect}"),
+            status: StepStatus::Succeeded,
+            detail: None,
+            idempotency_key: format!("take-{expect}"),
+        }],
+        sends: vec![Envelope {
+            queue: queue("agent.next"),
+            message: OutgoingMessage::new(format!("next-{}", fence.order_id), b"n".to_vec()),
+        }],
+    };
+    let (a, b) = (claimed[0].fence.clone(), claimed[1].fence.clone());
+    let plan = move |m: &ReceivedMessage| match m.message_id.as_str() {
+        "applied" => Some(write(&a, 0)),
+        "stale" => Some(write(&b, 5)),
+        _ => None,
+    };
+    let sent: Vec<_> = ["applied", "stale", "left"]
+        .iter()
+        .map(|id| OutgoingMessage::new(*id, id.as_bytes().to_vec()))
+        .collect();
+    store.send(&replies, &sent).await.unwrap();
+    let taken = store
+        .take_and_record(&replies, 10, Duration::ZERO, &plan)
+        .await
+        .unwrap()
+        .expect("a store on its own queue takes and records");
+    let ids: Vec<&str> = taken
+        .messages
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["applied", "stale", "left"]);
+    assert!(
+        matches!(&taken.recorded[0], Some((Ok(()), true))),
+        "{:?}",
+        taken.recorded
+    );
+    assert!(
+        matches!(
+            &taken.recorded[1],
+            Some((Err(Error::StaleStep { .. }), true))
+        ),
+        "{:?}",
+        taken.recorded
+    );
+    assert!(taken.recorded[2].is_none(), "{:?}", taken.recorded);
+    // Applied with its send; the stale write changed nothing and sent nothing.
+    let steps = store.steps(&claimed[0].fence.order_id).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].status, StepStatus::Succeeded);
+    assert!(
+        store
+            .steps(&claimed[1].fence.order_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let requests = store.receive(&next, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(
+        requests[0].message_id,
+        format!("next-{}", claimed[0].fence.order_id)
+    );
+    Transport::complete(&*store, &requests[0]).await.unwrap();
+    // Consumed messages are gone; the one without a write is still held.
+    assert!(matches!(
+        Transport::complete(&*store, &taken.messages[0]).await,
+        Err(TransportError::LockLost { .. })
+    ));
+    Transport::complete(&*store, &taken.messages[2])
+        .await
+        .unwrap();
+    assert!(redelivered(&*store, &clock, &replies).await.is_empty());
+
+    // Nothing there: empty, after the wait.
+    let empty = store
+        .take_and_record(&replies, 10, Duration::ZERO, &plan)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(empty.messages.is_empty() && empty.recorded.is_empty());
+
+    // A waiting taker gets a reply sent while it waits.
+    let sender = store.clone();
+    let later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        sender
+            .send(
+                &queue("replies"),
+                &[OutgoingMessage::new("late", b"l".to_vec())],
+            )
+            .await
+            .unwrap();
+    });
+    let waited = store
+        .take_and_record(&replies, 10, Duration::from_secs(30), &plan)
+        .await
+        .unwrap()
+        .unwrap();
+    later.await.unwrap();
+    assert_eq!(waited.messages.len(), 1);
+    assert_eq!(waited.messages[0].message_id, "late");
+    Transport::complete(&*store, &waited.messages[0])
+        .await
+        .unwrap();
+
+    // Out of deliveries and first in line: dead-lettered, the rest held, nothing
+    // recorded.
+    let poison_q = queue("replies.poison");
+    store
+        .ensure_queue(
+            &poison_q,
+            &QueueSettings {
+                max_delivery_count: 1,
+                ..QueueSettings::default()
+            },
+        )
+        .await
+        .unwrap();
+    let m = held(&*store, &poison_q, &["poison"]).await;
+    store.abandon(&m[0]).await.unwrap();
+    store
+        .send(&poison_q, &[OutgoingMessage::new("applied", b"a".to_vec())])
+        .await
+        .unwrap();
+    let taken = store
+        .take_and_record(&poison_q, 10, Duration::ZERO, &plan)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<&str> = taken
+        .messages
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["applied"]);
+    assert!(taken.recorded[0].is_none());
+    Transport::complete(&*store, &taken.messages[0])
+        .await
+        .unwrap();
+    let dead = store.dead_letters(&poison_q, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.message_id, "poison");
+
+    // A store on the outbox does not take: the caller receives.
+    assert!(
+        outbox
+            .take_and_record(&replies, 10, Duration::ZERO, &plan)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn sqlite_takes_and_records_replies_in_one_transaction() {
+    let clock = ManualClock::starting_now();
+    let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
+    let open = |delivery| {
+        let (url, time) = (f.url(), f.time.clone());
+        async move {
+            Arc::new(
+                SqliteStore::open(&url, time)
+                    .await
+                    .unwrap()
+                    .with_delivery(delivery),
+            ) as Arc<dyn StoreAndQueue>
+        }
+    };
+    check_take(
+        open(Delivery::Queue).await,
+        open(Delivery::Outbox).await,
+        clock,
+    )
+    .await;
+    StoreFactory::cleanup(&f).await;
+}
+
+#[tokio::test]
+async fn postgres_takes_and_records_replies_in_one_transaction() {
+    let clock = ManualClock::starting_now();
+    let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
+    let store = Arc::new(f.store().await) as Arc<dyn StoreAndQueue>;
+    let outbox =
+        Arc::new(f.store().await.with_delivery(Delivery::Outbox)) as Arc<dyn StoreAndQueue>;
+    check_take(store, outbox, clock).await;
+    StoreFactory::cleanup(&f).await;
+}
