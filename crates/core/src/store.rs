@@ -103,17 +103,25 @@ impl<T> Consumed<T> {
     }
 }
 
-/// Replies received and recorded in one transaction
-/// ([`SchedulerStore::take_and_record`]).
+/// Messages received and acted on in one transaction
+/// ([`SchedulerStore::take_and_record`], [`IntakeStore::take_and_submit`]).
 #[derive(Debug)]
-pub struct Taken {
+pub struct Taken<T = ()> {
     /// Every message received, in queue order. Those without a verdict in `recorded`
     /// are held by the caller, to apply or settle as after a receive.
     pub messages: Vec<ReceivedMessage>,
-    /// Per message: `None` when no write was planned for it; else the write's verdict
-    /// (applied, or why it was refused) and whether its message was consumed with it
-    /// (a message not consumed is the caller's to settle).
-    pub recorded: Vec<Option<(Result<()>, bool)>>,
+    /// Per message: `None` when nothing was planned for it; else the outcome of what
+    /// was (applied, or why it was refused) and whether its message was consumed with
+    /// it (a message not consumed is the caller's to settle).
+    pub recorded: Vec<Option<(Result<T>, bool)>>,
+}
+
+impl<T> Taken<T> {
+    /// `messages` held by the caller, nothing done with them.
+    pub fn held(messages: Vec<ReceivedMessage>) -> Self {
+        let recorded = messages.iter().map(|_| None).collect();
+        Self { messages, recorded }
+    }
 }
 
 /// Refuses a batch whose messages are not one per item.
@@ -592,6 +600,24 @@ pub trait IntakeStore: Send + Sync {
         batch: &[Submission],
         actor: &Actor,
     ) -> Result<Vec<Result<SubmitOutcome>>>;
+
+    /// Receives up to `max` messages from `queue` (waiting up to `wait` for the first)
+    /// and, in the same transaction, records the submission `plan` gives for each, as
+    /// [`IntakeStore::submit_many`] under `actor`, ending the message of each order
+    /// accepted or found a duplicate. `None` from a store whose database does not hold
+    /// that queue (the default, and a store on the outbox): the caller receives and
+    /// submits separately.
+    async fn take_and_submit(
+        &self,
+        queue: &crate::transport::QueueName,
+        max: u32,
+        wait: Duration,
+        actor: &Actor,
+        plan: &(dyn for<'c> Fn(&'c ReceivedMessage) -> Option<Submission> + Send + Sync),
+    ) -> Result<Option<Taken<SubmitOutcome>>> {
+        let _ = (queue, max, wait, actor, plan);
+        Ok(None)
+    }
 
     /// [`IntakeStore::submit_many`] where `messages[i]` carried `batch[i]`: a store
     /// whose database also holds the queue they came from deletes, in the same

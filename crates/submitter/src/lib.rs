@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
-use orderly_core::store::{Consumed, IntakeStore, Submission, SubmitOutcome};
-use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json};
-use orderly_core::{Actor, Error, InstanceId};
+use orderly_core::store::{Consumed, IntakeStore, Submission, SubmitOutcome, Taken};
+use orderly_core::transport::{QueueName, ReceivedMessage, Transport, decode_json};
+use orderly_core::{Actor, Error, InstanceId, OrderId};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -69,6 +69,21 @@ pub struct Submitter {
     cfg: SubmitterConfig,
 }
 
+/// An order with its `received` status notice (to its reply queue, if any).
+fn submission(order: OrderSubmitted) -> Submission {
+    let received = StatusNotice {
+        order_id: order.order_id.clone(),
+        status: OrderStatus::Received,
+        step: None,
+        detail: None,
+    };
+    let sends = received
+        .envelope(order.reply_to.as_deref(), "0")
+        .into_iter()
+        .collect();
+    Submission { order, sends }
+}
+
 impl Submitter {
     /// A submitter recording into `store`, reading from `transport`.
     pub fn new(
@@ -85,24 +100,52 @@ impl Submitter {
 
     /// Takes one batch from the orders queue (waiting at most `wait`) and records it.
     pub async fn run_once(&self, wait: Duration) -> orderly_core::Result<Intake> {
-        let (batch, poison) = receive_json::<OrderSubmitted>(
-            self.transport.as_ref(),
-            &self.cfg.orders,
-            self.cfg.batch,
-            wait,
-            MAX_ORDER_MESSAGE,
-        )
-        .await
-        .map_err(|e| Error::Queue(Box::new(e)))?;
-        let mut intake = Intake {
-            rejected: poison.len(),
-            ..Intake::default()
+        let actor = Actor::instance(&self.cfg.instance);
+        // Where the store's database holds the orders queue, valid orders are taken,
+        // recorded and their messages ended in one transaction; the rest come back
+        // held, for the path below (as every message on other transports).
+        let plan = |message: &ReceivedMessage| self.plan_submission(message);
+        let taken = self
+            .store
+            .take_and_submit(&self.cfg.orders, self.cfg.batch, wait, &actor, &plan)
+            .await?;
+        let taken = match taken {
+            Some(taken) => taken,
+            None => Taken::held(
+                self.transport
+                    .receive(&self.cfg.orders, self.cfg.batch, wait)
+                    .await
+                    .map_err(|e| Error::Queue(Box::new(e)))?,
+            ),
         };
+        let mut intake = Intake::default();
+        let mut done: Vec<ReceivedMessage> = Vec::with_capacity(taken.messages.len());
+        let mut held = Vec::new();
+        for (message, recorded) in taken.messages.into_iter().zip(taken.recorded) {
+            let Some((outcome, consumed)) = recorded else {
+                held.push(message);
+                continue;
+            };
+            // Decoded when it was planned, so it decodes again.
+            let span = match serde_json::from_slice::<OrderSubmitted>(&message.body) {
+                Ok(order) => self.submit_span(&order.order_id, &message),
+                Err(_) => info_span!("submit", instance_id = %self.cfg.instance),
+            };
+            if let Some(m) = self
+                .settle(outcome, message, &mut intake)
+                .instrument(span)
+                .await
+                && !consumed
+            {
+                done.push(m);
+            }
+        }
+        let (batch, poison) =
+            decode_json::<OrderSubmitted>(self.transport.as_ref(), held, MAX_ORDER_MESSAGE).await;
+        intake.rejected += poison.len();
         for p in &poison {
             warn!(message_id = %p.message_id, reason = p.reason, problem = %p.description, "order message dead-lettered");
         }
-        let actor = Actor::instance(&self.cfg.instance);
-        let mut done: Vec<ReceivedMessage> = Vec::with_capacity(batch.len());
         let mut valid = Vec::with_capacity(batch.len());
         for (order, message) in batch {
             if let Err(invalid) = order.validate() {
@@ -112,19 +155,12 @@ impl Submitter {
                 intake.rejected += 1;
                 continue;
             }
-            let received = StatusNotice {
-                order_id: order.order_id.clone(),
-                status: OrderStatus::Received,
-                step: None,
-                detail: None,
-            };
-            let sends = received
-                .envelope(order.reply_to.as_deref(), "0")
-                .into_iter()
-                .collect();
-            valid.push((Submission { order, sends }, message));
+            valid.push((submission(order), message));
         }
         if valid.is_empty() {
+            if !done.is_empty() {
+                let _ = self.transport.complete_messages(&done).await;
+            }
             return Ok(intake);
         }
         debug!(batch = valid.len(), "orders received");
@@ -140,7 +176,7 @@ impl Submitter {
                 for (((s, message), outcome), consumed) in
                     submissions.iter().zip(messages).zip(outcomes).zip(consumed)
                 {
-                    let span = self.submit_span(s, &message);
+                    let span = self.submit_span(&s.order.order_id, &message);
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
                         .instrument(span)
@@ -155,7 +191,7 @@ impl Submitter {
             // them one at a time to find it.
             Err(Error::Send(_)) => {
                 for (s, message) in submissions.iter().zip(messages) {
-                    let span = self.submit_span(s, &message);
+                    let span = self.submit_span(&s.order.order_id, &message);
                     let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
                     if let Some(m) = self
                         .settle(outcome, message, &mut intake)
@@ -180,11 +216,22 @@ impl Submitter {
         Ok(intake)
     }
 
+    /// The submission a message carries when it can be recorded as it is taken: a
+    /// body within the limit that decodes to a valid order. `None` leaves the message
+    /// to the full path (which dead-letters it with the reason).
+    fn plan_submission(&self, message: &ReceivedMessage) -> Option<Submission> {
+        if message.body.len() > MAX_ORDER_MESSAGE {
+            return None;
+        }
+        let order: OrderSubmitted = serde_json::from_slice(&message.body).ok()?;
+        order.validate().ok()?;
+        Some(submission(order))
+    }
+
     /// The span of one order's intake: it continues the trace the client's message
     /// carries, if any.
-    fn submit_span(&self, s: &Submission, message: &ReceivedMessage) -> tracing::Span {
-        let span =
-            info_span!("submit", order_id = %s.order.order_id, instance_id = %self.cfg.instance);
+    fn submit_span(&self, order_id: &OrderId, message: &ReceivedMessage) -> tracing::Span {
+        let span = info_span!("submit", order_id = %order_id, instance_id = %self.cfg.instance);
         orderly_core::tracecontext::continue_from(&span, &message.properties);
         span
     }

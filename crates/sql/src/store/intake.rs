@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::store::{
-    Consumed, IntakeStore, NewOrder, Submission, SubmitOutcome, check_consuming,
+    Consumed, IntakeStore, NewOrder, Submission, SubmitOutcome, Taken, check_consuming,
 };
-use orderly_core::transport::{Envelope, ReceivedMessage};
+use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Actor, Error, Result};
 
 use super::SqlStore;
@@ -108,6 +108,47 @@ impl<D: Driver> IntakeStore for SqlStore<D> {
         check_consuming(batch.len(), messages)?;
         self.submit_batch(batch, actor, Some(messages)).await
     }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, queue = %queue, actor = %actor))]
+    async fn take_and_submit(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        wait: std::time::Duration,
+        actor: &Actor,
+        plan: &(dyn for<'c> Fn(&'c ReceivedMessage) -> Option<Submission> + Send + Sync),
+    ) -> Result<Option<Taken<SubmitOutcome>>> {
+        if self.delivery != crate::Delivery::Queue {
+            return Ok(None);
+        }
+        self.take_with(queue, max, wait, |tx, now, messages| async move {
+            let planned: Vec<Option<Submission>> = messages.iter().map(plan).collect();
+            let (batch, asked): (Vec<Submission>, Vec<ReceivedMessage>) = planned
+                .iter()
+                .zip(&messages)
+                .filter_map(|(s, m)| s.clone().map(|s| (s, m.clone())))
+                .unzip();
+            let mut taken = Taken::held(messages);
+            if batch.is_empty() {
+                D::commit(tx).await.map_err(crate::error::db)?;
+                return Ok(taken);
+            }
+            self.driver.stats().batch("submit", batch.len());
+            let Consumed { outcomes, consumed } =
+                self.submit_in(tx, now, &batch, actor, Some(&asked)).await?;
+            let slots = planned
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_some())
+                .map(|(i, _)| i);
+            for ((i, outcome), consumed) in slots.zip(outcomes).zip(consumed) {
+                taken.recorded[i] = Some((outcome, consumed));
+            }
+            Ok(taken)
+        })
+        .await
+        .map(Some)
+    }
 }
 
 impl<D: Driver> SqlStore<D> {
@@ -123,7 +164,19 @@ impl<D: Driver> SqlStore<D> {
             return Ok(Consumed::none(Vec::new()));
         }
         self.driver.stats().batch("submit", batch.len());
-        let (mut tx, now) = self.begin().await?;
+        let (tx, now) = self.begin().await?;
+        self.submit_in(tx, now, batch, actor, messages).await
+    }
+
+    /// [`Self::submit_batch`] in `tx`, which it commits.
+    async fn submit_in(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        batch: &[Submission],
+        actor: &Actor,
+        messages: Option<&[ReceivedMessage]>,
+    ) -> Result<Consumed<Result<SubmitOutcome>>> {
         let orders: Vec<&NewOrder> = batch.iter().map(|s| &s.order).collect();
         let outcomes = Self::record_orders(&mut tx, now, actor, &orders).await?;
         let accepted = |o: &Result<SubmitOutcome>| matches!(o, Ok(SubmitOutcome::Accepted));

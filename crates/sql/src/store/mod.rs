@@ -28,13 +28,14 @@ mod supervisor;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::step::StepRecord;
-use orderly_core::store::{ClaimRequest, MAX_BATCH, bounded_text};
-use orderly_core::transport::Envelope;
+use orderly_core::store::{ClaimRequest, MAX_BATCH, Taken, bounded_text};
+use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, OrderId, ProcessState, Result, StateRow, ValidationError};
 
 use crate::driver::{Driver, q};
 use crate::error::db;
 use crate::fence::refusal;
+use crate::queue::Head;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
@@ -150,6 +151,75 @@ impl<D: Driver> SqlStore<D> {
         }
         D::commit(tx).await.map_err(db)?;
         Ok(done)
+    }
+
+    /// Waits up to `wait` for messages on `queue` of this database, locks up to `max`
+    /// of them in a write transaction and hands it to `act`, which acts on them in it
+    /// and commits. A batch `act` fails for a reason that may pass is rolled back (the
+    /// messages with it) and the error returned; for any other reason it is rolled
+    /// back and the messages received plainly (their delivery counted, so one that
+    /// always fails ends in the dead letters), held for the caller. Messages delivered
+    /// too often first in line are dead-lettered by the receive's own path and those
+    /// after them handed over held.
+    pub(crate) async fn take_with<T, F, Fut>(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        wait: std::time::Duration,
+        act: F,
+    ) -> Result<Taken<T>>
+    where
+        F: Fn(D::Tx, DateTime<Utc>, Vec<ReceivedMessage>) -> Fut,
+        Fut: std::future::Future<Output = Result<Taken<T>>>,
+    {
+        if max == 0 || max > orderly_core::transport::MAX_MESSAGES {
+            return Err(orderly_core::ValidationError::new(
+                "max",
+                format!("must be 1 to {}", orderly_core::transport::MAX_MESSAGES),
+            )
+            .into());
+        }
+        let queue_error = |e| Error::Queue(Box::new(e));
+        let deadline = tokio::time::Instant::now() + wait;
+        let signal = self.wakeups.of(queue.as_str());
+        loop {
+            // Register for a wake-up before looking, so none is missed.
+            let woken = signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            match self.head(queue).await.map_err(queue_error)? {
+                Head::Ready => {
+                    let (mut tx, now) = self.begin().await?;
+                    let messages = self
+                        .take_in(&mut tx, now, queue, max)
+                        .await
+                        .map_err(queue_error)?;
+                    if !messages.is_empty() {
+                        match act(tx, now, messages).await {
+                            Ok(taken) => return Ok(taken),
+                            Err(e) if e.is_retryable() => return Err(e),
+                            Err(e) => {
+                                tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
+                                let messages =
+                                    self.receive_now(queue, max).await.map_err(queue_error)?;
+                                return Ok(Taken::held(messages));
+                            }
+                        }
+                    }
+                    D::commit(tx).await.map_err(db)?;
+                }
+                Head::Exhausted => {
+                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
+                    if !messages.is_empty() {
+                        return Ok(Taken::held(messages));
+                    }
+                }
+                Head::Empty => {}
+            }
+            if !self.nap(woken, deadline).await {
+                return Ok(Taken::held(Vec::new()));
+            }
+        }
     }
 
     /// A write transaction and its "now".

@@ -18,7 +18,6 @@ use super::steps::{check_update, step_row, touch};
 use super::{Event, SqlStore, checked_claim, timeout_micros};
 use crate::driver::{Driver, Q, q};
 use crate::error::db;
-use crate::queue::Head;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
@@ -309,65 +308,11 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         if self.delivery != crate::Delivery::Queue {
             return Ok(None);
         }
-        if max == 0 || max > orderly_core::transport::MAX_MESSAGES {
-            return Err(orderly_core::ValidationError::new(
-                "max",
-                format!("must be 1 to {}", orderly_core::transport::MAX_MESSAGES),
-            )
-            .into());
-        }
-        let queue_error = |e| Error::Queue(Box::new(e));
-        let deadline = tokio::time::Instant::now() + wait;
-        let signal = self.wakeups.of(queue.as_str());
-        loop {
-            // Register for a wake-up before looking, so none is missed.
-            let woken = signal.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            match self.head(queue).await.map_err(queue_error)? {
-                Head::Ready => {
-                    let (mut tx, now) = self.begin().await?;
-                    let messages = self
-                        .take_in(&mut tx, now, queue, max)
-                        .await
-                        .map_err(queue_error)?;
-                    if !messages.is_empty() {
-                        match self.record_taken(tx, now, messages, plan).await {
-                            Ok(taken) => return Ok(Some(taken)),
-                            // Rolled back, the messages with it: taken again later.
-                            Err(e) if e.is_retryable() => return Err(e),
-                            Err(e) => {
-                                // Rolled back too; taken now by a plain receive, which
-                                // counts the delivery, for the caller's own path (so a
-                                // reply that always fails ends in the dead letters).
-                                tracing::warn!(error = %e, "replies could not be recorded as they were taken; received for the caller");
-                                let messages =
-                                    self.receive_now(queue, max).await.map_err(queue_error)?;
-                                let recorded = messages.iter().map(|_| None).collect();
-                                return Ok(Some(Taken { messages, recorded }));
-                            }
-                        }
-                    }
-                    D::commit(tx).await.map_err(db)?;
-                }
-                Head::Exhausted => {
-                    // Delivered too often first: the receive's own path dead-letters
-                    // them; whatever it delivers is the caller's.
-                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
-                    if !messages.is_empty() {
-                        let recorded = messages.iter().map(|_| None).collect();
-                        return Ok(Some(Taken { messages, recorded }));
-                    }
-                }
-                Head::Empty => {}
-            }
-            if !self.nap(woken, deadline).await {
-                return Ok(Some(Taken {
-                    messages: Vec::new(),
-                    recorded: Vec::new(),
-                }));
-            }
-        }
+        self.take_with(queue, max, wait, |tx, now, messages| {
+            self.record_taken(tx, now, messages, plan)
+        })
+        .await
+        .map(Some)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, instance_id = %owner))]

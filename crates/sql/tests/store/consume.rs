@@ -242,10 +242,11 @@ async fn postgres_consumes_the_messages_of_what_it_records() {
     StoreFactory::cleanup(&f).await;
 }
 
-/// Taking replies and recording them in one transaction: the write `plan` gives for a
-/// message is applied with its sends and ends that message; a write refused for good
-/// ends it too; a message without a write stays held by the caller; a message out of
-/// deliveries first in line is dead-lettered and what comes after is the caller's.
+/// Taking messages and acting on them in one transaction. Replies: the write `plan`
+/// gives for a message is applied with its sends and ends that message; a write refused
+/// for good ends it too; a message without a write stays held by the caller; a message
+/// out of deliveries first in line is dead-lettered and what comes after is the
+/// caller's. Orders: accepted and duplicates end their messages, a conflict does not.
 async fn check_take(
     store: Arc<dyn StoreAndQueue>,
     outbox: Arc<dyn StoreAndQueue>,
@@ -434,10 +435,79 @@ async fn check_take(
             .unwrap()
             .is_none()
     );
+
+    // Orders taken and submitted in one transaction: accepted and duplicate end their
+    // messages; a conflict does not (the caller dead-letters it); a message without a
+    // submission stays held.
+    let orders = queue("orders");
+    store
+        .ensure_queue(&orders, &QueueSettings::default())
+        .await
+        .unwrap();
+    let first = builders::order(20);
+    let first_id = first.order_id.clone();
+    let conflict = orderly_core::store::NewOrder {
+        details: builders::details(21),
+        ..first.clone()
+    };
+    let by_id = move |m: &ReceivedMessage| match m.message_id.as_str() {
+        "new" | "again" => Some(submission(first.clone())),
+        "conflict" => Some(submission(conflict.clone())),
+        _ => None,
+    };
+    let sent: Vec<_> = ["new", "again", "conflict", "junk"]
+        .iter()
+        .map(|id| OutgoingMessage::new(*id, id.as_bytes().to_vec()))
+        .collect();
+    store.send(&orders, &sent).await.unwrap();
+    let taken = store
+        .take_and_submit(&orders, 10, Duration::ZERO, &actor, &by_id)
+        .await
+        .unwrap()
+        .expect("a store on its own queue takes and submits");
+    let ids: Vec<&str> = taken
+        .messages
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["new", "again", "conflict", "junk"]);
+    let r = &taken.recorded;
+    assert!(
+        matches!(&r[0], Some((Ok(SubmitOutcome::Accepted), true))),
+        "{r:?}"
+    );
+    assert!(
+        matches!(&r[1], Some((Ok(SubmitOutcome::Duplicate), true))),
+        "{r:?}"
+    );
+    assert!(
+        matches!(&r[2], Some((Err(Error::OrderIdConflict(_)), false))),
+        "{r:?}"
+    );
+    assert!(r[3].is_none(), "{r:?}");
+    Transport::complete(&*store, &taken.messages[2])
+        .await
+        .unwrap();
+    Transport::complete(&*store, &taken.messages[3])
+        .await
+        .unwrap();
+    assert!(redelivered(&*store, &clock, &orders).await.is_empty());
+    let view = store.get(&first_id).await.unwrap();
+    assert_eq!(
+        view.state.process_state,
+        orderly_core::ProcessState::Pending
+    );
+    assert!(
+        outbox
+            .take_and_submit(&orders, 10, Duration::ZERO, &actor, &by_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]
-async fn sqlite_takes_and_records_replies_in_one_transaction() {
+async fn sqlite_takes_and_acts_in_one_transaction() {
     let clock = ManualClock::starting_now();
     let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
     let open = |delivery| {
@@ -461,7 +531,7 @@ async fn sqlite_takes_and_records_replies_in_one_transaction() {
 }
 
 #[tokio::test]
-async fn postgres_takes_and_records_replies_in_one_transaction() {
+async fn postgres_takes_and_acts_in_one_transaction() {
     let clock = ManualClock::starting_now();
     let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
     let store = Arc::new(f.store().await) as Arc<dyn StoreAndQueue>;
