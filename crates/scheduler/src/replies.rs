@@ -2,6 +2,7 @@
 //! recorded and the next one started (or the order completed, failed, cancelled, or
 //! undone) in as few transactions as the batch allows.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,20 @@ use crate::{Next, Pass, Scheduler, plan};
 /// back to the queue (for a scheduler that runs it) before it hands the order back.
 const FOREIGN_REPLY_GIVE_BACKS: u32 = 3;
 
+/// A forward step's write: whose, and whether it recorded the order's last step.
+struct Written {
+    order_id: orderly_core::OrderId,
+    last: bool,
+}
+
+/// Where a pass collects what its replies led to.
+struct Tally<'a> {
+    pass: &'a mut Pass,
+    settle: &'a mut Vec<ReceivedMessage>,
+    retry: &'a mut Vec<ReceivedMessage>,
+    parks: &'a mut Vec<Park>,
+}
+
 impl Scheduler {
     /// Receives one batch of replies (waiting at most `wait` for the first) and
     /// applies them.
@@ -29,9 +44,16 @@ impl Scheduler {
         // When the first reply was taken (in the transaction): from then on the
         // time is the step writes', as on the other path.
         let first_taken = std::sync::OnceLock::new();
+        // What each planned reply was, by its message, so it is decoded once.
+        let planned = std::sync::Mutex::new(HashMap::new());
         let plan = |message: &ReceivedMessage| {
             first_taken.get_or_init(std::time::Instant::now);
-            self.plan_reply(message)
+            let (write, written) = self.plan_reply(message)?;
+            planned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(message.sequence_number, written);
+            Some(write)
         };
         let taken = self
             .store
@@ -54,21 +76,24 @@ impl Scheduler {
         let mut retry: Vec<ReceivedMessage> = Vec::new();
         let mut held = Vec::new();
         let mut recorded = 0u64;
+        let mut planned = planned
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (message, verdict) in received.messages.into_iter().zip(received.recorded) {
-            match verdict {
-                None => held.push(message),
-                Some((verdict, consumed)) => {
-                    recorded += 1;
-                    self.recorded_reply(
-                        message,
-                        verdict,
-                        consumed,
-                        &mut pass,
-                        &mut settle,
-                        &mut retry,
-                    );
-                }
-            }
+            let (Some((verdict, consumed)), Some(written)) =
+                (verdict, planned.remove(&message.sequence_number))
+            else {
+                held.push(message);
+                continue;
+            };
+            recorded += 1;
+            let mut tally = Tally {
+                pass: &mut pass,
+                settle: &mut settle,
+                retry: &mut retry,
+                parks: &mut Vec::new(),
+            };
+            self.account(written, None, verdict, consumed, message, &mut tally);
         }
         if recorded > 0 {
             if let Some(started) = first_taken.get() {
@@ -226,32 +251,17 @@ impl Scheduler {
             .zip(consumed)
         {
             let _entered = span.enter();
-            match verdict {
-                Ok(()) => {
-                    pass.applied += 1;
-                    if let Some(park) = park {
-                        parks.push(park);
-                    } else if reply.step_index + 1 < steps {
-                        pass.requests += 1;
-                    } else {
-                        // Completed with the write that recorded its last step.
-                        pass.completed += 1;
-                        metrics::counter!("orderly_orders_processed_total").increment(1);
-                        debug!(order_id = %reply.fence.order_id, instance_id = %self.cfg.instance, "order processed");
-                    }
-                    if !consumed {
-                        settle.push(message);
-                    }
-                }
-                Err(e) if e.is_retryable() => retry.push(message),
-                Err(e) => {
-                    debug!(error = %e, "reply refused by the store: dropped");
-                    pass.dropped += 1;
-                    if !consumed {
-                        settle.push(message);
-                    }
-                }
-            }
+            let written = Written {
+                order_id: reply.fence.order_id.clone(),
+                last: reply.step_index + 1 >= steps,
+            };
+            let mut tally = Tally {
+                pass: &mut pass,
+                settle: &mut settle,
+                retry: &mut retry,
+                parks: &mut parks,
+            };
+            self.account(written, park, verdict, consumed, message, &mut tally);
         }
         if let Err(e) = self.park(&parks, &mut pass).await {
             // Recorded but not parked: the supervisor finds each at its deadline and,
@@ -288,7 +298,7 @@ impl Scheduler {
     /// The write a reply calls for when it can be recorded as it is taken: a forward
     /// success, in time, of a step the workflow has, whose next step's service is not
     /// known to be down. `None` leaves the reply to the full path.
-    fn plan_reply(&self, message: &ReceivedMessage) -> Option<StepWrite> {
+    fn plan_reply(&self, message: &ReceivedMessage) -> Option<(StepWrite, Written)> {
         if message.body.len() > orderly_core::transport::MAX_BODY_BYTES {
             return None;
         }
@@ -305,51 +315,50 @@ impl Scheduler {
         // The next request continues the agent's span, as on the full path.
         let span = self.reply_span(&reply, message);
         let _entered = span.enter();
+        let written = Written {
+            order_id: reply.fence.order_id.clone(),
+            last: reply.step_index + 1 >= flow.len(),
+        };
         match self.step_succeeded(flow, &reply, &detail) {
-            (write, None) => Some(write),
+            (write, None) => Some((write, written)),
             (_, Some(_)) => None,
         }
     }
 
-    /// Accounts for a reply recorded as it was taken: `verdict` of its write, and
-    /// whether its message ended with it.
-    fn recorded_reply(
+    /// Accounts for a forward step's write: `verdict` of it, whether its reply's
+    /// `message` ended with it, and the park its next service calls for, if any.
+    fn account(
         &self,
-        message: ReceivedMessage,
+        written: Written,
+        park: Option<Park>,
         verdict: orderly_core::Result<()>,
         consumed: bool,
-        pass: &mut Pass,
-        settle: &mut Vec<ReceivedMessage>,
-        retry: &mut Vec<ReceivedMessage>,
+        message: ReceivedMessage,
+        tally: &mut Tally<'_>,
     ) {
-        // Decoded and planned before, so both hold again.
-        let reply = serde_json::from_slice::<StepReply>(&message.body).ok();
-        let steps = reply
-            .as_ref()
-            .and_then(|r| self.flow(r.context.workflow.as_ref()))
-            .map_or(0, |f| f.len());
         match verdict {
             Ok(()) => {
-                pass.applied += 1;
-                match &reply {
-                    Some(r) if r.step_index + 1 < steps => pass.requests += 1,
-                    Some(r) => {
-                        pass.completed += 1;
-                        metrics::counter!("orderly_orders_processed_total").increment(1);
-                        debug!(order_id = %r.fence.order_id, instance_id = %self.cfg.instance, "order processed");
-                    }
-                    None => {}
+                tally.pass.applied += 1;
+                if let Some(park) = park {
+                    tally.parks.push(park);
+                } else if !written.last {
+                    tally.pass.requests += 1;
+                } else {
+                    // Completed with the write that recorded its last step.
+                    tally.pass.completed += 1;
+                    metrics::counter!("orderly_orders_processed_total").increment(1);
+                    debug!(order_id = %written.order_id, instance_id = %self.cfg.instance, "order processed");
                 }
                 if !consumed {
-                    settle.push(message);
+                    tally.settle.push(message);
                 }
             }
-            Err(e) if e.is_retryable() => retry.push(message),
+            Err(e) if e.is_retryable() => tally.retry.push(message),
             Err(e) => {
                 debug!(error = %e, "reply refused by the store: dropped");
-                pass.dropped += 1;
+                tally.pass.dropped += 1;
                 if !consumed {
-                    settle.push(message);
+                    tally.settle.push(message);
                 }
             }
         }

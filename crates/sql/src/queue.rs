@@ -475,22 +475,36 @@ impl<D: Driver> SqlStore<D> {
         })
     }
 
-    /// Waits until a send to `queue` wakes it, the fallback poll passes or `deadline`
-    /// comes; `false` once the deadline has passed. `woken` was registered before the
-    /// caller last looked, so no send in between is missed.
-    pub(crate) async fn nap(
+    /// Looks with `look` until it finds something or `wait` passes (`None`), sleeping
+    /// between looks until a send to `queue` wakes it or the fallback poll passes. The
+    /// wake-up is registered before each look, so no send in between is missed.
+    pub(crate) async fn until_found<T, E, F, Fut>(
         &self,
-        woken: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
-        deadline: tokio::time::Instant,
-    ) -> bool {
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return false;
+        queue: &QueueName,
+        wait: Duration,
+        mut look: F,
+    ) -> std::result::Result<Option<T>, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<Option<T>, E>>,
+    {
+        let deadline = tokio::time::Instant::now() + wait;
+        let signal = self.wakeups.of(queue.as_str());
+        loop {
+            let woken = signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if let Some(found) = look().await? {
+                return Ok(Some(found));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            self.driver.start_listening(&self.wakeups);
+            let nap = (deadline - now).min(self.wakeups.poll);
+            let _ = tokio::time::timeout(nap, woken).await;
         }
-        self.driver.start_listening(&self.wakeups);
-        let nap = (deadline - now).min(self.wakeups.poll);
-        let _ = tokio::time::timeout(nap, woken).await;
-        true
     }
 
     /// The messages locked under `token`, in queue order.
@@ -688,21 +702,13 @@ impl<D: Driver> Transport for SqlStore<D> {
         if max == 0 || max > MAX_MESSAGES {
             return Err(ValidationError::new("max", format!("must be 1 to {MAX_MESSAGES}")).into());
         }
-        let deadline = tokio::time::Instant::now() + wait;
-        let signal = self.wakeups.of(queue.as_str());
-        loop {
-            // Register for a wake-up before looking, so none is missed.
-            let woken = signal.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            let messages = self.receive_now(queue, max).await?;
-            if !messages.is_empty() {
-                return Ok(messages);
-            }
-            if !self.nap(woken, deadline).await {
-                return Ok(Vec::new());
-            }
-        }
+        let found = self
+            .until_found(queue, wait, || async {
+                let messages = self.receive_now(queue, max).await?;
+                Ok::<_, TransportError>((!messages.is_empty()).then_some(messages))
+            })
+            .await?;
+        Ok(found.unwrap_or_default())
     }
 
     async fn complete(&self, message: &ReceivedMessage) -> Result<()> {

@@ -104,7 +104,16 @@ impl Submitter {
         // Where the store's database holds the orders queue, valid orders are taken,
         // recorded and their messages ended in one transaction; the rest come back
         // held, for the path below (as every message on other transports).
-        let plan = |message: &ReceivedMessage| self.plan_submission(message);
+        // The order id of each planned message, so it is decoded once.
+        let planned = std::sync::Mutex::new(std::collections::HashMap::new());
+        let plan = |message: &ReceivedMessage| {
+            let submission = self.plan_submission(message)?;
+            planned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(message.sequence_number, submission.order.order_id.clone());
+            Some(submission)
+        };
         let taken = self
             .store
             .take_and_submit(&self.cfg.orders, self.cfg.batch, wait, &actor, &plan)
@@ -121,24 +130,25 @@ impl Submitter {
         let mut intake = Intake::default();
         let mut done: Vec<ReceivedMessage> = Vec::with_capacity(taken.messages.len());
         let mut held = Vec::new();
+        let mut planned = planned
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (message, recorded) in taken.messages.into_iter().zip(taken.recorded) {
-            let Some((outcome, consumed)) = recorded else {
+            let (Some((outcome, consumed)), Some(order_id)) =
+                (recorded, planned.remove(&message.sequence_number))
+            else {
                 held.push(message);
                 continue;
             };
-            // Decoded when it was planned, so it decodes again.
-            let span = match serde_json::from_slice::<OrderSubmitted>(&message.body) {
-                Ok(order) => self.submit_span(&order.order_id, &message),
-                Err(_) => info_span!("submit", instance_id = %self.cfg.instance),
-            };
-            if let Some(m) = self
-                .settle(outcome, message, &mut intake)
-                .instrument(span)
-                .await
-                && !consumed
-            {
-                done.push(m);
-            }
+            self.settle_submitted(
+                &order_id,
+                outcome,
+                message,
+                consumed,
+                &mut intake,
+                &mut done,
+            )
+            .await;
         }
         let (batch, poison) =
             decode_json::<OrderSubmitted>(self.transport.as_ref(), held, MAX_ORDER_MESSAGE).await;
@@ -176,30 +186,31 @@ impl Submitter {
                 for (((s, message), outcome), consumed) in
                     submissions.iter().zip(messages).zip(outcomes).zip(consumed)
                 {
-                    let span = self.submit_span(&s.order.order_id, &message);
-                    if let Some(m) = self
-                        .settle(outcome, message, &mut intake)
-                        .instrument(span)
-                        .await
-                        && !consumed
-                    {
-                        done.push(m);
-                    }
+                    self.settle_submitted(
+                        &s.order.order_id,
+                        outcome,
+                        message,
+                        consumed,
+                        &mut intake,
+                        &mut done,
+                    )
+                    .await;
                 }
             }
             // One bad order (a reply queue that does not exist) fails the batch: take
             // them one at a time to find it.
             Err(Error::Send(_)) => {
                 for (s, message) in submissions.iter().zip(messages) {
-                    let span = self.submit_span(&s.order.order_id, &message);
                     let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
-                    if let Some(m) = self
-                        .settle(outcome, message, &mut intake)
-                        .instrument(span)
-                        .await
-                    {
-                        done.push(m);
-                    }
+                    self.settle_submitted(
+                        &s.order.order_id,
+                        outcome,
+                        message,
+                        false,
+                        &mut intake,
+                        &mut done,
+                    )
+                    .await;
                 }
             }
             Err(e) => {
@@ -234,6 +245,25 @@ impl Submitter {
         let span = info_span!("submit", order_id = %order_id, instance_id = %self.cfg.instance);
         orderly_core::tracecontext::continue_from(&span, &message.properties);
         span
+    }
+
+    /// Settles the message of order `order_id` in the order's span: one done and not
+    /// `consumed` with its record goes to `done`, to be completed.
+    async fn settle_submitted(
+        &self,
+        order_id: &OrderId,
+        outcome: orderly_core::Result<SubmitOutcome>,
+        message: ReceivedMessage,
+        consumed: bool,
+        intake: &mut Intake,
+        done: &mut Vec<ReceivedMessage>,
+    ) {
+        let span = self.submit_span(order_id, &message);
+        if let Some(m) = self.settle(outcome, message, intake).instrument(span).await
+            && !consumed
+        {
+            done.push(m);
+        }
     }
 
     /// Settles one message after its order's outcome: returns it if it is done (to be

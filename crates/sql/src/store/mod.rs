@@ -180,46 +180,42 @@ impl<D: Driver> SqlStore<D> {
             .into());
         }
         let queue_error = |e| Error::Queue(Box::new(e));
-        let deadline = tokio::time::Instant::now() + wait;
-        let signal = self.wakeups.of(queue.as_str());
-        loop {
-            // Register for a wake-up before looking, so none is missed.
-            let woken = signal.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            match self.head(queue).await.map_err(queue_error)? {
-                Head::Ready => {
-                    let (mut tx, now) = self.begin().await?;
-                    let messages = self
-                        .take_in(&mut tx, now, queue, max)
-                        .await
-                        .map_err(queue_error)?;
-                    if !messages.is_empty() {
+        let act = &act;
+        let found = self
+            .until_found(queue, wait, || async move {
+                match self.head(queue).await.map_err(queue_error)? {
+                    Head::Empty => Ok(None),
+                    // Delivered too often first in line: the receive's own path
+                    // dead-letters them; whatever it delivers is the caller's.
+                    Head::Exhausted => {
+                        let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
+                        Ok((!messages.is_empty()).then(|| Taken::held(messages)))
+                    }
+                    Head::Ready => {
+                        let (mut tx, now) = self.begin().await?;
+                        let messages = self
+                            .take_in(&mut tx, now, queue, max)
+                            .await
+                            .map_err(queue_error)?;
+                        if messages.is_empty() {
+                            D::commit(tx).await.map_err(db)?;
+                            return Ok(None);
+                        }
                         match act(tx, now, messages).await {
-                            Ok(taken) => return Ok(taken),
-                            Err(e) if e.is_retryable() => return Err(e),
+                            Ok(taken) => Ok(Some(taken)),
+                            Err(e) if e.is_retryable() => Err(e),
                             Err(e) => {
                                 tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
                                 let messages =
                                     self.receive_now(queue, max).await.map_err(queue_error)?;
-                                return Ok(Taken::held(messages));
+                                Ok(Some(Taken::held(messages)))
                             }
                         }
                     }
-                    D::commit(tx).await.map_err(db)?;
                 }
-                Head::Exhausted => {
-                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
-                    if !messages.is_empty() {
-                        return Ok(Taken::held(messages));
-                    }
-                }
-                Head::Empty => {}
-            }
-            if !self.nap(woken, deadline).await {
-                return Ok(Taken::held(Vec::new()));
-            }
-        }
+            })
+            .await?;
+        Ok(found.unwrap_or_else(|| Taken::held(Vec::new())))
     }
 
     /// A write transaction and its "now".

@@ -207,41 +207,6 @@ async fn check(store: Arc<dyn StoreAndQueue>, outbox: Arc<dyn StoreAndQueue>, cl
     Transport::complete(&*store, &m[0]).await.unwrap();
 }
 
-#[tokio::test]
-async fn sqlite_consumes_the_messages_of_what_it_records() {
-    let clock = ManualClock::starting_now();
-    let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
-    let open = |delivery| {
-        let (url, time) = (f.url(), f.time.clone());
-        async move {
-            Arc::new(
-                SqliteStore::open(&url, time)
-                    .await
-                    .unwrap()
-                    .with_delivery(delivery),
-            ) as Arc<dyn StoreAndQueue>
-        }
-    };
-    check(
-        open(Delivery::Queue).await,
-        open(Delivery::Outbox).await,
-        clock,
-    )
-    .await;
-    StoreFactory::cleanup(&f).await;
-}
-
-#[tokio::test]
-async fn postgres_consumes_the_messages_of_what_it_records() {
-    let clock = ManualClock::starting_now();
-    let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
-    let store = Arc::new(f.store().await) as Arc<dyn StoreAndQueue>;
-    let outbox =
-        Arc::new(f.store().await.with_delivery(Delivery::Outbox)) as Arc<dyn StoreAndQueue>;
-    check(store, outbox, clock).await;
-    StoreFactory::cleanup(&f).await;
-}
-
 /// Taking messages and acting on them in one transaction. Replies: the write `plan`
 /// gives for a message is applied with its sends and ends that message; a write refused
 /// for good ends it too; a message without a write stays held by the caller; a message
@@ -506,8 +471,12 @@ async fn check_take(
     );
 }
 
-#[tokio::test]
-async fn sqlite_takes_and_acts_in_one_transaction() {
+/// Runs `check` on a SQLite store on its own queue and one on the outbox, over one file.
+async fn on_sqlite<F, Fut>(check: F)
+where
+    F: FnOnce(Arc<dyn StoreAndQueue>, Arc<dyn StoreAndQueue>, ManualClock) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let clock = ManualClock::starting_now();
     let f = sqlite_factory(TimeSource::Clock(Arc::new(clock.clone())));
     let open = |delivery| {
@@ -521,7 +490,7 @@ async fn sqlite_takes_and_acts_in_one_transaction() {
             ) as Arc<dyn StoreAndQueue>
         }
     };
-    check_take(
+    check(
         open(Delivery::Queue).await,
         open(Delivery::Outbox).await,
         clock,
@@ -530,13 +499,37 @@ async fn sqlite_takes_and_acts_in_one_transaction() {
     StoreFactory::cleanup(&f).await;
 }
 
-#[tokio::test]
-async fn postgres_takes_and_acts_in_one_transaction() {
+/// [`on_sqlite`] on a PostgreSQL schema.
+async fn on_postgres<F, Fut>(check: F)
+where
+    F: FnOnce(Arc<dyn StoreAndQueue>, Arc<dyn StoreAndQueue>, ManualClock) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let clock = ManualClock::starting_now();
     let f = pg_factory(TimeSource::Clock(Arc::new(clock.clone()))).await;
     let store = Arc::new(f.store().await) as Arc<dyn StoreAndQueue>;
     let outbox =
         Arc::new(f.store().await.with_delivery(Delivery::Outbox)) as Arc<dyn StoreAndQueue>;
-    check_take(store, outbox, clock).await;
+    check(store, outbox, clock).await;
     StoreFactory::cleanup(&f).await;
+}
+
+#[tokio::test]
+async fn sqlite_consumes_the_messages_of_what_it_records() {
+    on_sqlite(check).await;
+}
+
+#[tokio::test]
+async fn postgres_consumes_the_messages_of_what_it_records() {
+    on_postgres(check).await;
+}
+
+#[tokio::test]
+async fn sqlite_takes_and_acts_in_one_transaction() {
+    on_sqlite(check_take).await;
+}
+
+#[tokio::test]
+async fn postgres_takes_and_acts_in_one_transaction() {
+    on_postgres(check_take).await;
 }
