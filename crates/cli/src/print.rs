@@ -34,7 +34,7 @@ pub fn orders(
     for r in rows {
         let note = r
             .waiting_note(services)
-            .or_else(|| r.last_error.clone())
+            .or_else(|| r.error_note())
             .unwrap_or_default();
         println!(
             "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  {}",
@@ -147,7 +147,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
     if let Some(service) = &s.waiting_on {
         println!("waited for   {service}");
     }
-    println!("last error   {}", s.last_error.as_deref().unwrap_or("-"));
+    println!("last error   {}", s.error_note().as_deref().unwrap_or("-"));
     println!(
         "customer     {}  total {} {:.2}",
         view.details.customer_id(),

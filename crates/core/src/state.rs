@@ -159,6 +159,18 @@ pub struct StateRow {
 }
 
 impl StateRow {
+    /// The order's last error as an operator should read it: as it is while the order
+    /// can still fail or has failed, and marked `earlier:` once the order was Processed
+    /// anyway (an attempt or a run before the one that succeeded failed with it).
+    pub fn error_note(&self) -> Option<String> {
+        let error = self.last_error.as_deref()?;
+        Some(if self.process_state == ProcessState::Processed {
+            format!("earlier: {error}")
+        } else {
+            error.to_owned()
+        })
+    }
+
     /// What an operator should read about an order waiting for a remote service:
     /// `waiting: agent.payment down since 10:32:05 UTC` while it is held, or that it
     /// resumes after the outage once the service is back (`None`: not waiting).

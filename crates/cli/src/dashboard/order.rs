@@ -70,7 +70,7 @@ pub(super) async fn order(
             let _ = write!(body, "<p><b id=waiting class=warn>{}</b></p>", esc(&note));
         }
     }
-    if let Some(e) = &s.last_error {
+    if let Some(e) = &s.error_note() {
         let _ = write!(
             body,
             "<p>Last error: <b id=last-error class=bad>{}</b></p>",

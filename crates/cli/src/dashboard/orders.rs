@@ -127,7 +127,7 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
     for r in &page_of.orders {
         let note = r
             .waiting_note(&services)
-            .or_else(|| r.last_error.clone())
+            .or_else(|| r.error_note())
             .unwrap_or_default();
         let _ = write!(
             body,
