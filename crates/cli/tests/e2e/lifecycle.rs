@@ -75,6 +75,20 @@ async fn retry_after_compensation(dialect: Dialect) {
     let workflows = system.workflows.clone();
     system.stop(Duration::from_secs(5)).await;
 
+    // The operator's list says the first run's error is history, not what is wrong now.
+    let (ok, stdout, stderr) = orderly(&db.url, &["list", "--state", "Processed"], &[]);
+    assert!(ok, "{stdout}\n{stderr}");
+    for o in &orders {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(o.order_id.as_str()))
+            .unwrap_or_else(|| panic!("{} not listed:\n{stdout}", o.order_id.as_str()));
+        assert!(line.contains("  earlier: "), "{line}");
+    }
+    let (ok, stdout, stderr) = orderly(&db.url, &["show", orders[0].order_id.as_str()], &[]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("last error   earlier: "), "{stdout}");
+
     let report = invariants::report_on(
         store.as_ref(),
         Some(ledger.clone()),
@@ -243,16 +257,35 @@ async fn operators_at_random(dialect: Dialect) {
     let mut rng = rand::rng();
     let (mut cancels, mut retries) = (0, 0);
     let started = std::time::Instant::now();
-    // Random cancels while the orders run, retries of whatever is in Error.
+    // Random cancels of orders still alive (Pending, Processing or Error, at whatever
+    // point they are), retries of whatever is in Error. Picking among all orders would
+    // mostly pick finished ones, and how many are alive depends on the machine's speed.
+    let alive = [
+        ProcessState::Pending,
+        ProcessState::Processing,
+        ProcessState::Error,
+    ];
     while started.elapsed() < Duration::from_secs(6) {
-        let o = &orders[rng.random_range(0..orders.len())];
-        if rng.random_bool(0.3)
-            && store
-                .request_cancel(&o.order_id, &operator, "chaos cancel", &[])
+        if rng.random_bool(0.3) {
+            let state = alive[rng.random_range(0..alive.len())];
+            let rows = store
+                .list(&orderly_core::store::OrderFilter {
+                    state: Some(state),
+                    ..Default::default()
+                })
                 .await
-                .is_ok()
-        {
-            cancels += 1;
+                .unwrap()
+                .orders;
+            if !rows.is_empty() {
+                let o = &rows[rng.random_range(0..rows.len())];
+                if store
+                    .request_cancel(&o.order_id, &operator, "chaos cancel", &[])
+                    .await
+                    .is_ok()
+                {
+                    cancels += 1;
+                }
+            }
         }
         let errors = store
             .list(&orderly_core::store::OrderFilter {

@@ -458,8 +458,10 @@ async fn orderly_outbox_lists_undeliverable_messages_and_requeues_them() {
         )
         .await
         .unwrap();
-    // The target: the SQL queue of another database, without that queue.
-    let target = Db::new(Dialect::Sqlite).await.backend().await;
+    // The target: the SQL queue of another database, without that queue. Its files
+    // live as long as the test (dropping the `Db` removes them under open connections).
+    let target_db = Db::new(Dialect::Sqlite).await;
+    let target = target_db.backend().await;
     let relay = orderly_core::InstanceId::parse("relay-t").unwrap();
     let outcome = outbox
         .outbox
