@@ -98,18 +98,20 @@ impl Cost {
     pub fn print(&self) {
         let per = |n: f64| n / self.orders.max(1) as f64;
         println!(
-            "write transactions   {:.2} per order ({} in all, store's count)",
-            per(self.store.writes as f64),
+            "write transactions   {:.2} per order ({} in all for {} writes, store's count)",
+            per(self.store.transactions as f64),
+            self.store.transactions,
             self.store.writes
         );
         if !self.store.write_held.is_zero() {
             println!(
-                "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time): beginning {:.1} s, committing {:.1} s, {:.2} ms per transaction",
+                "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time): beginning {:.1} s, committing {:.1} s, {:.2} ms per transaction, {:.2} per write",
                 self.store.write_held.as_secs_f64(),
                 self.elapsed.as_secs_f64(),
                 100.0 * self.store.write_held.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9),
                 self.store.beginning.as_secs_f64(),
                 self.store.committing.as_secs_f64(),
+                1e3 * self.store.write_held.as_secs_f64() / (self.store.transactions.max(1) as f64),
                 1e3 * self.store.write_held.as_secs_f64() / (self.store.writes.max(1) as f64)
             );
         }

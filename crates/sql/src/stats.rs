@@ -1,4 +1,4 @@
-//! What a store did, for benchmarks and operators: write transactions begun, and the
+//! What a store did, for benchmarks and operators: writes and transactions begun, and the
 //! size of each batch every stage handed to the store (orders submitted at once,
 //! orders claimed at once, messages received or settled at once, ...).
 //!
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct Stats {
     writes: AtomicU64,
+    transactions: AtomicU64,
     held_micros: AtomicU64,
     begin_micros: AtomicU64,
     commit_micros: AtomicU64,
@@ -44,8 +45,11 @@ impl Batches {
 /// A copy of the counters at one moment; subtract two to measure a run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
-    /// Write transactions begun (committed or not).
+    /// Writes begun (committed or not): a unit of work the store did atomically.
     pub writes: u64,
+    /// Database transactions begun for them. On PostgreSQL one per write; on SQLite
+    /// writes that queue for its one writer share a transaction (group commit).
+    pub transactions: u64,
     /// How long this handle held the database's write lock in all (SQLite only: its
     /// writers take turns, so this is the share of time the one writer was busy).
     pub write_held: std::time::Duration,
@@ -80,6 +84,7 @@ impl StatsSnapshot {
             .collect();
         StatsSnapshot {
             writes: self.writes - earlier.writes,
+            transactions: self.transactions - earlier.transactions,
             write_held: self.write_held.saturating_sub(earlier.write_held),
             beginning: self.beginning.saturating_sub(earlier.beginning),
             committing: self.committing.saturating_sub(earlier.committing),
@@ -89,9 +94,14 @@ impl StatsSnapshot {
 }
 
 impl Stats {
-    /// One write transaction begun.
+    /// One write begun.
     pub(crate) fn write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One database transaction begun for writes.
+    pub(crate) fn transaction(&self) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The write lock was held for `d`.
@@ -135,6 +145,7 @@ impl Stats {
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             writes: self.writes.load(Ordering::Relaxed),
+            transactions: self.transactions.load(Ordering::Relaxed),
             write_held: std::time::Duration::from_micros(self.held_micros.load(Ordering::Relaxed)),
             beginning: std::time::Duration::from_micros(self.begin_micros.load(Ordering::Relaxed)),
             committing: std::time::Duration::from_micros(

@@ -201,6 +201,7 @@ impl Driver for PgDriver {
 
     async fn begin_write(&self) -> Result<Self::Tx> {
         self.stats.write();
+        self.stats.transaction();
         self.pool.begin().await.map_err(db)
     }
 

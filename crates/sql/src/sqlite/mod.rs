@@ -11,7 +11,6 @@
 //! clock (or the injected one).
 
 use std::collections::{HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
@@ -25,7 +24,7 @@ use orderly_core::{Fence, Result, TimeSource};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::{Sqlite, SqliteConnection};
 
 use crate::driver::{
     Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, StepRow, Touch, q,
@@ -38,9 +37,17 @@ use crate::statements as st;
 use crate::store::SqlStore;
 use crate::time::Ts;
 
+mod group;
 mod statements;
 
+pub(crate) use group::WriteTx;
+use group::Writers;
+
 use statements as sql;
+
+/// Rows a statement may return before the connection's thread waits for them to be
+/// read (above the default batch limits, 256).
+const ROW_BUFFER: usize = 1024;
 
 /// How long a writer waits for the write lock before reporting the store busy.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,16 +90,17 @@ pub type SqliteStore = SqlStore<SqliteDriver>;
 pub struct SqliteDriver {
     pool: SqlitePool,
     time: TimeSource,
-    writer: Arc<tokio::sync::Mutex<()>>,
+    writers: Arc<Writers>,
     stats: Arc<crate::stats::Stats>,
 }
 
-/// The turn of in-process writers to one database file. Writers in this process wait
-/// here in order instead of in SQLite's busy handler, which polls with sleeps of up to
-/// 100 ms; writers in other processes still meet at SQLite's lock (busy timeout).
-fn writer_turn(file: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static TURNS: Registry<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
-    per_file(&TURNS, file, || tokio::sync::Mutex::new(()))
+/// The in-process writers to one database file. Writers in this process wait for
+/// their turn in order instead of in SQLite's busy handler, which polls with sleeps of
+/// up to 100 ms, and those that queue share a transaction (see `group.rs`); writers in
+/// other processes still meet at SQLite's lock (busy timeout).
+fn file_writers(file: &str) -> Arc<Writers> {
+    static WRITERS: Registry<Writers> = LazyLock::new(Default::default);
+    per_file(&WRITERS, file, Writers::default)
 }
 
 /// The queue wake-ups of one database file, shared by every handle in this process:
@@ -118,38 +126,6 @@ fn per_file<T>(registry: &Registry<T>, file: &str, make: impl FnOnce() -> T) -> 
     let entry = Arc::new(make());
     entries.insert(file.to_owned(), Arc::downgrade(&entry));
     entry
-}
-
-/// A write transaction holding this process's turn to write.
-pub(crate) struct WriteTx {
-    tx: Transaction<'static, Sqlite>,
-    _turn: tokio::sync::OwnedMutexGuard<()>,
-    held: Held,
-}
-
-/// Counts how long a write transaction held the turn (dropped after the turn).
-struct Held {
-    since: std::time::Instant,
-    stats: Arc<crate::stats::Stats>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.stats.held(self.since.elapsed());
-    }
-}
-
-impl Deref for WriteTx {
-    type Target = sqlx::SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
 }
 
 /// How writers of this process share a database file.
@@ -179,7 +155,15 @@ impl SqlStore<SqliteDriver> {
             .create_if_missing(true)
             .synchronous(synchronous)
             .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
+            .busy_timeout(BUSY_TIMEOUT)
+            // Savepoints (group commit) and multi-row statements journal the pages they
+            // change so they can be undone; in memory rather than in a temporary file.
+            // Only the transaction's own undo data: the log on disk is unchanged.
+            .pragma("temp_store", "memory")
+            // A batch's rows come back through a channel from the connection's thread;
+            // room for a whole batch lets that thread finish the statement without
+            // waiting for this task to read them.
+            .row_buffer_size(ROW_BUFFER);
         // An in-memory database lives in one connection; a file can serve several readers.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         if !in_memory {
@@ -199,10 +183,10 @@ impl SqlStore<SqliteDriver> {
             .unwrap_or_else(|_| file.to_owned())
             .to_string_lossy()
             .into_owned();
-        let writer = if in_memory || queue == WriterQueue::None {
-            Arc::new(tokio::sync::Mutex::new(()))
+        let writers = if in_memory || queue == WriterQueue::None {
+            Arc::default()
         } else {
-            writer_turn(&key)
+            file_writers(&key)
         };
         let wakeups = if in_memory {
             Arc::new(Wakeups::new(POLL))
@@ -213,7 +197,7 @@ impl SqlStore<SqliteDriver> {
             SqliteDriver {
                 pool,
                 time,
-                writer,
+                writers,
                 stats: Arc::default(),
             },
             wakeups,
@@ -343,27 +327,14 @@ impl Driver for SqliteDriver {
     type Row = SqliteRow;
 
     async fn begin_write(&self) -> Result<WriteTx> {
-        let turn = self.writer.clone().lock_owned().await;
-        let since = std::time::Instant::now();
-        self.stats.write();
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-        self.stats.begun(since.elapsed());
-        Ok(WriteTx {
-            tx,
-            _turn: turn,
-            held: Held {
-                since,
-                stats: self.stats.clone(),
-            },
-        })
+        self.writers
+            .begin(&self.pool, &self.stats)
+            .await
+            .map_err(db)
     }
 
     async fn commit(tx: WriteTx) -> Result<(), sqlx::Error> {
-        let started = std::time::Instant::now();
-        let stats = tx.held.stats.clone();
-        let done = tx.tx.commit().await;
-        stats.committed(started.elapsed());
-        done
+        tx.commit().await
     }
 
     async fn acquire(&self) -> Result<Self::Pooled> {
