@@ -2,6 +2,7 @@
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use orderly_cli::{out, outln};
 
 /// What `orderly config` does.
 #[derive(Subcommand)]
@@ -33,14 +34,14 @@ pub(crate) fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
             .output()
             .with_context(|| format!("cannot run {}", bin.display()))?;
         if out.status.success() {
-            print!("{}", String::from_utf8_lossy(&out.stdout));
+            out!("{}", String::from_utf8_lossy(&out.stdout));
         } else {
             let err = String::from_utf8_lossy(&out.stderr);
             let first = err
                 .lines()
                 .find(|l| !l.trim().is_empty() && !l.contains(" INFO "))
                 .unwrap_or("failed");
-            println!("orderly-{role}: {}", first.trim_start_matches("Error: "));
+            outln!("orderly-{role}: {}", first.trim_start_matches("Error: "));
             failed.push(role);
         }
     }

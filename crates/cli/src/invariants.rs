@@ -3,6 +3,7 @@
 //! remote simulator's ledger; used by `orderly demo`, `orderly bench` and the
 //! end-to-end tests. [`Report`] is what it found.
 
+use crate::outln;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ impl Report {
 
     /// Prints the summary.
     pub fn print(&self) {
-        println!("orders submitted     {}", self.submitted);
+        outln!("orders submitted     {}", self.submitted);
         for s in ProcessState::ALL {
             let n = self.count(s);
             if n > 0
@@ -71,33 +72,34 @@ impl Report {
                     ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
                 )
             {
-                println!("  {:<18} {n}", s.as_str());
+                outln!("  {:<18} {n}", s.as_str());
             }
         }
-        println!(
+        outln!(
             "timeouts recovered   {} (given up: {})",
-            self.recoveries, self.gave_up
+            self.recoveries,
+            self.gave_up
         );
-        println!("step re-runs         {}", self.step_retries);
-        println!("steps compensated    {}", self.compensated);
-        println!(
+        outln!("step re-runs         {}", self.step_retries);
+        outln!("steps compensated    {}", self.compensated);
+        outln!(
             "throughput           {:.0} orders/s ({} in {:.2} s)",
             self.throughput(),
             self.submitted,
             self.elapsed.as_secs_f64()
         );
-        println!(
+        outln!(
             "submit -> Processed  p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
             ms(self.percentile(50.0)),
             ms(self.percentile(95.0)),
             ms(self.percentile(99.0))
         );
         if self.violations.is_empty() {
-            println!("invariants           all hold");
+            outln!("invariants           all hold");
         } else {
-            println!("invariants           {} VIOLATED:", self.violations.len());
+            outln!("invariants           {} VIOLATED:", self.violations.len());
             for v in self.violations.iter().take(20) {
-                println!("  - {v}");
+                outln!("  - {v}");
             }
         }
     }

@@ -6,5 +6,6 @@ pub mod dashboard;
 pub mod demo;
 pub mod invariants;
 pub mod measure;
+pub mod out;
 pub mod sample;
 pub mod system;

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, bail};
 use orderly_cli::measure::Meter;
+use orderly_cli::outln;
 use orderly_cli::system::{System, SystemConfig};
 use orderly_cli::{demo, invariants};
 use orderly_core::store::NewOrder;
@@ -79,7 +80,7 @@ pub(crate) async fn run_demo(
     }
     report.print();
     if url.starts_with("sqlite:") {
-        println!("inspect it: orderly --database-url {url} list --state Error");
+        outln!("inspect it: orderly --database-url {url} list --state Error");
     }
     if report.violations.is_empty() {
         Ok(())
@@ -121,7 +122,7 @@ pub(crate) async fn run_bench(
     }
     let burst_cost = meter.finish(orders).await;
     let peak = invariants::report(&system, &sent_at, &workflows, true).await?;
-    println!(
+    outln!(
         "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
     );
     peak.print();
@@ -157,7 +158,7 @@ pub(crate) async fn run_bench(
     } else {
         "half the burst's"
     };
-    println!("== {dialect}: paced at {rate:.0} orders/s ({pace}), {paced_n} orders");
+    outln!("== {dialect}: paced at {rate:.0} orders/s ({pace}), {paced_n} orders");
     steady.print();
     paced_cost.print();
     if !peak.violations.is_empty() || !steady.violations.is_empty() {

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use orderly_cli::outln;
 use orderly_core::transport::QueueName;
 use orderly_core::{Actor, OrderId, TimeSource};
 
@@ -476,7 +477,7 @@ async fn run() -> anyhow::Result<()> {
             let (_, inspector) = on.open(&cli.database_url).await?;
             print::depths(&inspector.count_depths().await?, *json)?;
             if on.is_servicebus() && !json {
-                println!(
+                outln!(
                     "(Service Bus: counted by peeking, at most {} per queue; `ready` includes locked and \
                      scheduled messages. Exact counts are Azure Monitor metrics.)",
                     orderly_azure::PEEK_COUNT_CAP
@@ -531,7 +532,7 @@ async fn run() -> anyhow::Result<()> {
             if n == 0 {
                 bail!("no such dead letter on {queue}");
             }
-            println!(
+            outln!(
                 "{} {n} message(s) on {queue}",
                 if requeue { "requeued" } else { "discarded" }
             );
@@ -559,7 +560,7 @@ async fn run() -> anyhow::Result<()> {
             let (addr, task) =
                 orderly_cli::dashboard::serve(*listen, backend, token.clone(), ops, shutdown)
                     .await?;
-            println!("dashboard on http://{addr}/");
+            outln!("dashboard on http://{addr}/");
             task.await?;
             return Ok(());
         }
@@ -583,9 +584,9 @@ async fn run() -> anyhow::Result<()> {
                 .collect();
             orderly_runtime::backend::ensure_queues(backend.transport.as_ref(), wanted.clone())
                 .await?;
-            println!("migrations applied; the store is up to date");
+            outln!("migrations applied; the store is up to date");
             let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
-            println!("queues declared: {}", names.join(", "));
+            outln!("queues declared: {}", names.join(", "));
         }
         Command::Submit {
             file,
@@ -640,7 +641,7 @@ async fn run() -> anyhow::Result<()> {
                 .collect();
             print::orders(&page.orders, &services, json)?;
             if page.next.is_some() && !json {
-                println!("(more orders: raise --limit or filter)");
+                outln!("(more orders: raise --limit or filter)");
             }
         }
         Command::Show { order_id, json } => {
@@ -649,7 +650,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Counts => {
             for (state, n) in store.count_by_state().await? {
-                println!("{:<11} {n}", state.as_str());
+                outln!("{:<11} {n}", state.as_str());
             }
         }
         Command::Workflows { json } => {
@@ -691,17 +692,18 @@ async fn run() -> anyhow::Result<()> {
             match store.report_success(&service, actor.as_str()).await? {
                 Some(back) => {
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&back.health)?);
+                        outln!("{}", serde_json::to_string_pretty(&back.health)?);
                     } else {
-                        println!(
+                        outln!(
                             "{service} marked up by {actor}: {} waiting orders resume at {}/s",
-                            back.resumed, back.health.resume_per_second
+                            back.resumed,
+                            back.health.resume_per_second
                         );
                     }
                 }
                 None => {
                     let waiting = store.resume_waiting(&service, actor.as_str()).await?;
-                    println!("{service} was up already; {waiting} orders left waiting resume");
+                    outln!("{service} was up already; {waiting} orders left waiting resume");
                 }
             }
         }

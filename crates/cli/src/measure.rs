@@ -3,6 +3,7 @@
 //! committed (`pg_stat_database`), and CPU seconds of this process and of the local
 //! PostgreSQL server's processes.
 
+use crate::outln;
 use std::time::Duration;
 
 use orderly_sql::stats::{Stats, StatsSnapshot};
@@ -97,14 +98,14 @@ impl Cost {
     /// Prints the figures, per order where that is how they are compared.
     pub fn print(&self) {
         let per = |n: f64| n / self.orders.max(1) as f64;
-        println!(
+        outln!(
             "write transactions   {:.2} per order ({} in all for {} writes, store's count)",
             per(self.store.transactions as f64),
             self.store.transactions,
             self.store.writes
         );
         if !self.store.write_held.is_zero() {
-            println!(
+            outln!(
                 "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time): beginning {:.1} s, committing {:.1} s, {:.2} ms per transaction, {:.2} per write",
                 self.store.write_held.as_secs_f64(),
                 self.elapsed.as_secs_f64(),
@@ -116,22 +117,22 @@ impl Cost {
             );
         }
         if let Some(n) = self.server_commits {
-            println!(
+            outln!(
                 "server transactions  {:.2} per order ({n}, pg_stat_database.xact_commit, reads included)",
                 per(n as f64)
             );
         }
         let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / self.orders.max(1) as f64;
         match self.own_cpu {
-            Some(cpu) => println!(
+            Some(cpu) => outln!(
                 "cpu, orderly         {:.2} s per 1,000 orders ({:.1} s)",
                 per_k(cpu),
                 cpu.as_secs_f64()
             ),
-            None => println!("cpu, orderly         n/a (no /proc)"),
+            None => outln!("cpu, orderly         n/a (no /proc)"),
         }
         if let Some(cpu) = self.pg_cpu {
-            println!(
+            outln!(
                 "cpu, postgres        {:.2} s per 1,000 orders ({:.1} s, server processes on this machine)",
                 per_k(cpu),
                 cpu.as_secs_f64()
@@ -143,7 +144,7 @@ impl Cost {
             .iter()
             .map(|(stage, b)| format!("{stage} {:.1} (max {})", b.mean(), b.max))
             .collect();
-        println!("batch sizes, mean    {}", stages.join(", "));
+        outln!("batch sizes, mean    {}", stages.join(", "));
     }
 }
 

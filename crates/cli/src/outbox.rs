@@ -3,6 +3,7 @@
 //! publishes those again once the cause (a missing queue, say) is fixed.
 
 use anyhow::Context;
+use orderly_cli::outln;
 use orderly_core::TimeSource;
 
 /// Runs `orderly outbox`.
@@ -13,7 +14,7 @@ pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Resul
         .outbox;
     if requeue {
         let n = outbox.requeue_outbox_dead_letters().await?;
-        println!("{n} outbox message(s) put back to be published");
+        outln!("{n} outbox message(s) put back to be published");
         return Ok(());
     }
     let backlog = outbox.outbox_backlog().await?;
@@ -21,16 +22,16 @@ pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Resul
         .outbox_dead_letters(orderly_core::transport::MAX_MESSAGES)
         .await?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "backlog": backlog, "dead_letters": dead })
         );
         return Ok(());
     }
-    println!("waiting to be published: {backlog}");
-    println!("not deliverable: {}", dead.len());
+    outln!("waiting to be published: {backlog}");
+    outln!("not deliverable: {}", dead.len());
     for d in &dead {
-        println!(
+        outln!(
             "  {}  {}  {}  after {} attempt(s): {}",
             d.dead_at.format("%Y-%m-%d %H:%M:%S"),
             d.queue,
@@ -40,7 +41,7 @@ pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Resul
         );
     }
     if !dead.is_empty() {
-        println!("fix the cause (e.g. create the queue), then: orderly outbox --requeue");
+        outln!("fix the cause (e.g. create the queue), then: orderly outbox --requeue");
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! (through the submitter, its checks and its dead-lettering), with the client library,
 //! on either transport; `--wait` follows each order's status notices to its end.
 
+use orderly_cli::outln;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -92,7 +93,7 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot post to {on}"))?;
     let repeats = ids.len().saturating_sub(taken);
-    println!(
+    outln!(
         "posted {} order(s) to the orders queue on {on}{}",
         ids.len(),
         if repeats > 0 {
@@ -103,7 +104,7 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
     );
     if ids.len() <= 20 {
         for id in &ids {
-            println!("  {id}");
+            outln!("  {id}");
         }
     }
     if !args.wait {
@@ -141,7 +142,7 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
                 .as_deref()
                 .map(|d| format!(": {d}"))
                 .unwrap_or_default();
-            println!("{}  {}{step}{detail}", n.order_id, n.status.as_str());
+            outln!("{}  {}{step}{detail}", n.order_id, n.status.as_str());
             match n.status {
                 OrderStatus::Completed => completed += 1,
                 OrderStatus::Failed | OrderStatus::Cancelled => failed += 1,
@@ -150,7 +151,7 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
             open.remove(&n.order_id);
         }
     }
-    println!("completed {completed}, failed or cancelled {failed}");
+    outln!("completed {completed}, failed or cancelled {failed}");
     if failed > 0 {
         anyhow::bail!("{failed} order(s) did not complete: `orderly list --state Error` shows why");
     }

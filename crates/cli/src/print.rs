@@ -1,5 +1,6 @@
 //! Output for people (tables) and for tools (JSON).
 
+use orderly_cli::outln;
 use orderly_core::StateRow;
 use orderly_core::service::ServiceHealth;
 use orderly_core::store::OrderView;
@@ -23,20 +24,25 @@ pub fn orders(
             if let Some(note) = r.waiting_note(services) {
                 v["waiting"] = note.into();
             }
-            println!("{v}");
+            outln!("{v}");
         }
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  last error / waiting",
-        "order_id", "state", "step", "fails", "created", "locked_by"
+        "order_id",
+        "state",
+        "step",
+        "fails",
+        "created",
+        "locked_by"
     );
     for r in rows {
         let note = r
             .waiting_note(services)
             .or_else(|| r.error_note())
             .unwrap_or_default();
-        println!(
+        outln!(
             "{:<36}  {:<10}  {:>4}  {:>5}  {:<19}  {:<24}  {}",
             r.order_id.as_str(),
             r.process_state.as_str(),
@@ -47,23 +53,28 @@ pub fn orders(
             note
         );
     }
-    println!("{} orders", rows.len());
+    outln!("{} orders", rows.len());
     Ok(())
 }
 
 /// The remote services as the fleet sees them.
 pub fn services(services: &[ServiceHealth], json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(services)?);
+        outln!("{}", serde_json::to_string_pretty(services)?);
         return Ok(());
     }
     if services.is_empty() {
-        println!("no service has been reported down: all are taken as up");
+        outln!("no service has been reported down: all are taken as up");
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<8} {:<19} {:<19} {:>7} {:>8}  last error",
-        "SERVICE", "STATE", "DOWN SINCE", "NEXT PROBE", "WAITING", "OUTAGES"
+        "SERVICE",
+        "STATE",
+        "DOWN SINCE",
+        "NEXT PROBE",
+        "WAITING",
+        "OUTAGES"
     );
     for h in services {
         let probe = match h.state {
@@ -74,7 +85,7 @@ pub fn services(services: &[ServiceHealth], json: bool) -> anyhow::Result<()> {
             orderly_core::service::ServiceState::Up => "-".to_owned(),
             _ => time(h.down_since),
         };
-        println!(
+        outln!(
             "{:<24} {:<8} {:<19} {:<19} {:>7} {:>8}  {}",
             h.service,
             h.state.as_str(),
@@ -94,20 +105,20 @@ pub fn workflows(
     as_json: bool,
 ) -> anyhow::Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(counts)?);
+        outln!("{}", serde_json::to_string_pretty(counts)?);
         return Ok(());
     }
     if counts.is_empty() {
-        println!("no orders in flight");
+        outln!("no orders in flight");
         return Ok(());
     }
-    println!("{:<40} {:<11} {:>8}", "WORKFLOW", "STATE", "ORDERS");
+    outln!("{:<40} {:<11} {:>8}", "WORKFLOW", "STATE", "ORDERS");
     for c in counts {
         let label = match &c.version {
             Some(_) => c.label(),
             None => format!("{} (not started)", c.label()),
         };
-        println!("{label:<40} {:<11} {:>8}", c.state.as_str(), c.orders);
+        outln!("{label:<40} {:<11} {:>8}", c.state.as_str(), c.orders);
     }
     Ok(())
 }
@@ -121,41 +132,45 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
             "steps": view.steps,
             "history": view.history,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let s = &view.state;
-    println!("order        {}", s.order_id);
-    println!(
+    outln!("order        {}", s.order_id);
+    outln!(
         "state        {}  (epoch {}, step {}, failures {}, run {})",
-        s.process_state, s.lock_epoch, s.current_step, s.failure_count, s.generation
+        s.process_state,
+        s.lock_epoch,
+        s.current_step,
+        s.failure_count,
+        s.generation
     );
-    println!("workflow     {}", s.workflow_label());
-    println!(
+    outln!("workflow     {}", s.workflow_label());
+    outln!(
         "locked_by    {}",
         s.locked_by.as_ref().map(|l| l.as_str()).unwrap_or("-")
     );
-    println!("complete_by  {}", time(s.complete_by));
+    outln!("complete_by  {}", time(s.complete_by));
     if orderly_core::service::is_held(s.next_attempt_at) {
-        println!(
+        outln!(
             "next attempt when {} is back",
             s.waiting_on.as_deref().unwrap_or("its service")
         );
     } else {
-        println!("next attempt {}", time(Some(s.next_attempt_at)));
+        outln!("next attempt {}", time(Some(s.next_attempt_at)));
     }
     if let Some(service) = &s.waiting_on {
-        println!("waited for   {service}");
+        outln!("waited for   {service}");
     }
-    println!("last error   {}", s.error_note().as_deref().unwrap_or("-"));
-    println!(
+    outln!("last error   {}", s.error_note().as_deref().unwrap_or("-"));
+    outln!(
         "customer     {}  total {} {:.2}",
         view.details.customer_id(),
         view.details.currency().as_str(),
         view.details.total_minor() as f64 / 100.0
     );
     for l in view.details.lines() {
-        println!(
+        outln!(
             "  {} x {} at {:.2}",
             l.quantity,
             l.sku,
@@ -163,9 +178,9 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
         );
     }
     if !view.steps.is_empty() {
-        println!("steps");
+        outln!("steps");
         for st in &view.steps {
-            println!(
+            outln!(
                 "  {} {:<20} {:<11} attempts {}  key {}",
                 st.index,
                 st.name,
@@ -175,7 +190,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
             );
         }
     }
-    println!("history");
+    outln!("history");
     for h in &view.history {
         let from = h.from_state.map(|f| f.as_str()).unwrap_or("-");
         let step = h.step.map(|s| format!(" step {s}")).unwrap_or_default();
@@ -184,7 +199,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
             .as_deref()
             .map(|r| format!(": {r}"))
             .unwrap_or_default();
-        println!(
+        outln!(
             "  {}  {:<15} {from} -> {}{step}  by {}{reason}",
             time(Some(h.at)),
             h.kind.as_str(),
@@ -199,7 +214,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
 pub fn alerts(alerts: &[orderly_core::store::Alert], json: bool) -> anyhow::Result<()> {
     if json {
         for a in alerts {
-            println!("{}", serde_json::to_string(a)?);
+            outln!("{}", serde_json::to_string(a)?);
         }
         return Ok(());
     }
@@ -208,7 +223,7 @@ pub fn alerts(alerts: &[orderly_core::store::Alert], json: bool) -> anyhow::Resu
             (Some(by), at) => format!("  [acknowledged by {by} at {}]", time(at)),
             _ => String::new(),
         };
-        println!(
+        outln!(
             "#{:<6} {}  {:<40} step {:<18} failures {}  {}{ack}",
             a.alert_id,
             a.raised_at.format("%Y-%m-%d %H:%M:%S"),
@@ -228,19 +243,19 @@ pub fn system_alerts(
 ) -> anyhow::Result<()> {
     if json {
         for a in alerts {
-            println!("{}", serde_json::to_string(a)?);
+            outln!("{}", serde_json::to_string(a)?);
         }
         return Ok(());
     }
     if alerts.is_empty() {
-        println!("no alerts about the system");
+        outln!("no alerts about the system");
     }
     for a in alerts {
         let state = match a.resolved_at {
             Some(t) => format!("resolved {}", time(Some(t))),
             None => "OPEN".to_owned(),
         };
-        println!(
+        outln!(
             "#{:<6} {}  {:<16} {:<20} {:<28} {}",
             a.alert_id,
             a.raised_at.format("%Y-%m-%d %H:%M:%S"),
@@ -257,16 +272,16 @@ pub fn system_alerts(
 pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::Result<()> {
     let Some(t) = term else {
         if json {
-            println!("null");
+            outln!("null");
         } else {
-            println!("no supervisor has led yet");
+            outln!("no supervisor has led yet");
         }
         return Ok(());
     };
     let now = chrono::Utc::now();
     let live = t.lease_expires_at.is_none_or(|e| e > now);
     if json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "name": t.fence.name,
@@ -281,11 +296,11 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
         );
         return Ok(());
     }
-    println!("leader     {}", t.fence.holder);
-    println!("term       {} (epoch)", t.fence.epoch);
-    println!("since      {}", time(Some(t.started_at)));
+    outln!("leader     {}", t.fence.holder);
+    outln!("term       {} (epoch)", t.fence.epoch);
+    outln!("since      {}", time(Some(t.started_at)));
     match t.lease_expires_at {
-        Some(e) => println!(
+        Some(e) => outln!(
             "lease      SQL row, renewed {}, expires {}{}",
             time(Some(t.renewed_at)),
             time(Some(e)),
@@ -295,7 +310,7 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
                 " (EXPIRED: no leader now)"
             }
         ),
-        None => println!("lease      Azure blob (its expiry lives in the blob service)"),
+        None => outln!("lease      Azure blob (its expiry lives in the blob service)"),
     }
     Ok(())
 }
@@ -304,16 +319,20 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
 pub fn depths(depths: &[orderly_core::transport::QueueDepth], json: bool) -> anyhow::Result<()> {
     if json {
         for d in depths {
-            println!("{}", serde_json::to_string(d)?);
+            outln!("{}", serde_json::to_string(d)?);
         }
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<28} {:>8} {:>8} {:>10} {:>14}",
-        "queue", "ready", "locked", "scheduled", "dead-lettered"
+        "queue",
+        "ready",
+        "locked",
+        "scheduled",
+        "dead-lettered"
     );
     for d in depths {
-        println!(
+        outln!(
             "{:<28} {:>8} {:>8} {:>10} {:>14}",
             d.queue.as_str(),
             d.ready,
@@ -333,7 +352,7 @@ pub fn dead_letters(
     for d in letters {
         let m = &d.message;
         if json {
-            println!(
+            outln!(
                 "{}",
                 json!({
                     "queue": m.queue.as_str(),
@@ -349,7 +368,7 @@ pub fn dead_letters(
                 })
             );
         } else {
-            println!(
+            outln!(
                 "{}  {:<40} {:<26} deliveries {}  {}",
                 time(Some(d.dead_lettered_at)),
                 m.message_id,
@@ -360,7 +379,7 @@ pub fn dead_letters(
         }
     }
     if !json {
-        println!("{} dead letters", letters.len());
+        outln!("{} dead letters", letters.len());
     }
     Ok(())
 }

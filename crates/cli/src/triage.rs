@@ -2,6 +2,7 @@
 //! `cancel`, one order or every order a filter selects, after a confirmation that says
 //! how many and what a retry will do.
 
+use orderly_cli::{out, outln};
 use std::io::Read;
 
 use anyhow::{Context, bail};
@@ -106,7 +107,7 @@ pub(crate) async fn submit(
             SubmitOutcome::Duplicate => duplicates += 1,
         }
     }
-    println!(
+    outln!(
         "submitted {} orders: {accepted} accepted, {duplicates} duplicates",
         orders.len()
     );
@@ -166,9 +167,10 @@ pub(crate) async fn resubmit(
                     }
                     .describe()
                 };
-                println!(
+                outln!(
                     "order {} is {} again: {what}",
-                    row.order_id, row.process_state
+                    row.order_id,
+                    row.process_state
                 )
             }
             Err(e) => {
@@ -203,11 +205,11 @@ pub(crate) async fn cancel(
             store.request_cancel(id, &actor, reason, &[]).await
         };
         match row {
-            Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => println!(
+            Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => outln!(
                 "order {} will be Cancelled once its completed steps are undone",
                 row.order_id
             ),
-            Ok(row) => println!("order {} is {}", row.order_id, row.process_state),
+            Ok(row) => outln!("order {} is {}", row.order_id, row.process_state),
             Err(e) => {
                 failed += 1;
                 eprintln!("order {id}: {e}");
@@ -222,9 +224,7 @@ pub(crate) async fn cancel(
 
 /// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).
 pub(crate) fn confirm(question: &str) -> anyhow::Result<bool> {
-    use std::io::Write;
-    print!("{question} [y/N] ");
-    std::io::stdout().flush()?;
+    out!("{question} [y/N] ");
     let mut answer = String::new();
     std::io::stdin().read_line(&mut answer)?;
     Ok(matches!(
@@ -278,12 +278,18 @@ pub(crate) async fn prune(
         if json {
             let mut v = serde_json::to_value(p)?;
             v["what"] = what.into();
-            println!("{v}");
+            outln!("{v}");
         } else {
-            println!(
+            outln!(
                 "{what}: {} finished orders ({} steps, {} history entries, {} alerts), \
                  {} dead letters, {} outbox rows, {} expired duplicate-detection rows",
-                p.orders, p.steps, p.history, p.alerts, p.dead_letters, p.outbox, p.dedup
+                p.orders,
+                p.steps,
+                p.history,
+                p.alerts,
+                p.dead_letters,
+                p.outbox,
+                p.dedup
             );
         }
         Ok(())

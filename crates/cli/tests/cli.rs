@@ -80,6 +80,33 @@ fn submitted_samples_are_listed_shown_and_triaged() {
     );
 }
 
+/// `orderly list | head` as an operator types it: the reader closes the pipe after a
+/// line, and orderly ends quietly with success instead of panicking on the next write.
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_orderly_quietly() {
+    let db = Db::new();
+    // Far more output than a pipe holds, so orderly is still writing when head exits.
+    let out = db.orderly(&["submit", "--sample", "1000", "--operator", "erin"]);
+    assert!(out.status.success(), "{out:?}");
+    for list in ["list --json --limit 1000", "list --limit 1000"] {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -o pipefail; \"$0\" {list} | head -n 1"))
+            .arg(role("orderly"))
+            .env(
+                "ORDERLY_DATABASE_URL",
+                format!("sqlite://{}", db.0.display()),
+            )
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .expect("run bash");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "orderly {list} | head: {out:?}");
+        assert!(stderr.is_empty(), "orderly {list} | head said: {stderr}");
+        assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
+    }
+}
+
 #[test]
 fn an_illegal_transition_fails_with_a_message_and_no_backtrace() {
     let db = Db::new();
