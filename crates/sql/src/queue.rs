@@ -35,6 +35,10 @@ pub(crate) struct Wakeups {
     pub poll: Duration,
     /// Whether the cross-process listener was started.
     pub listening: std::sync::atomic::AtomicBool,
+    /// Names this store in its notifications, so its listener ignores its own: this
+    /// process's receivers were woken at commit already, and waking them again only
+    /// sent them to find nothing (a round trip and a transaction on the server each).
+    origin: String,
     /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
     /// expired duplicate-detection rows (housekeeping, kept off most sends).
     pub sends: std::sync::atomic::AtomicU64,
@@ -77,6 +81,7 @@ impl Wakeups {
             queues: Mutex::default(),
             poll,
             listening: false.into(),
+            origin: uuid::Uuid::new_v4().simple().to_string(),
             sends: 0.into(),
             claims: Notify::new(),
             claimable: 0.into(),
@@ -135,12 +140,25 @@ impl Wakeups {
         self.claims.notify_one();
     }
 
-    /// Another process's notification: a queue's name, or [`CLAIMABLE`].
+    /// The notification that `what` (a queue's name, or [`CLAIMABLE`]) was filled by
+    /// this store: `what` and this store's origin, apart by a space (neither holds one).
+    pub fn notice(&self, what: &str) -> String {
+        format!("{what} {}", self.origin)
+    }
+
+    /// A notification heard by the listener (see [`Self::notice`]). This store's own
+    /// are ignored: its receivers were woken when it committed. One without an origin
+    /// (an older version's) wakes as well.
     pub fn heard(&self, payload: &str) {
-        if payload == CLAIMABLE {
+        let what = match payload.split_once(' ') {
+            Some((_, origin)) if origin == self.origin => return,
+            Some((what, _)) => what,
+            None => payload,
+        };
+        if what == CLAIMABLE {
             self.wake_claimers();
         } else {
-            self.wake(payload);
+            self.wake(what);
         }
     }
 
@@ -343,7 +361,7 @@ impl<D: Driver> SqlStore<D> {
         outcome.duplicates += rows.len() - accepted;
         outcome.accepted += accepted;
         if outcome.accepted > 0 {
-            D::notify_sent(&mut *conn, queue.as_str())
+            D::notify_sent(&mut *conn, &self.wakeups.notice(queue.as_str()))
                 .await
                 .map_err(db)?;
         }
@@ -867,4 +885,44 @@ impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
         D::commit(tx).await.map_err(db)?;
         Ok(n as usize)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `wakeups`' receivers on `queue` are woken by `heard(payload)`.
+    fn wakes(wakeups: &Wakeups, queue: &str, payload: &str) -> bool {
+        let signal = wakeups.of(queue);
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        wakeups.heard(payload);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::future::Future::poll(woken, &mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_store_ignores_its_own_notifications_and_hears_everyone_elses() {
+        let (mine, theirs) = (Wakeups::new(POLL_FOR_TESTS), Wakeups::new(POLL_FOR_TESTS));
+        assert!(!wakes(&mine, "replies", &mine.notice("replies")));
+        assert!(wakes(&mine, "replies", &theirs.notice("replies")));
+        assert!(!wakes(&mine, "orders", &theirs.notice("replies")));
+        // An older version's notification names only the queue.
+        assert!(wakes(&mine, "replies", "replies"));
+
+        let seen = mine.claimable.load(std::sync::atomic::Ordering::Acquire);
+        mine.heard(&mine.notice(CLAIMABLE));
+        assert_eq!(
+            mine.claimable.load(std::sync::atomic::Ordering::Acquire),
+            seen
+        );
+        mine.heard(&theirs.notice(CLAIMABLE));
+        assert_eq!(
+            mine.claimable.load(std::sync::atomic::Ordering::Acquire),
+            seen + 1
+        );
+    }
+
+    const POLL_FOR_TESTS: Duration = Duration::from_secs(1);
 }

@@ -303,7 +303,7 @@ impl<D: Driver> SqlStore<D> {
         now: DateTime<Utc>,
         sends: &[Envelope],
     ) -> Result<()> {
-        D::notify_sent(&mut tx, crate::queue::CLAIMABLE)
+        D::notify_sent(&mut tx, &self.wakeups.notice(crate::queue::CLAIMABLE))
             .await
             .map_err(db)?;
         self.commit_with(tx, now, sends).await?;
