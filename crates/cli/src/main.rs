@@ -382,6 +382,9 @@ fn positive_rate(s: &str) -> Result<f64, String> {
     }
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     // Worker threads with room for the Service Bus client's deep calls (the dashboard
     // and `up` serve on them).

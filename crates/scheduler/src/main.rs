@@ -47,6 +47,9 @@ struct Args {
     unserved_check_ms: Duration,
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("scheduler")?;

@@ -83,6 +83,9 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
     }))
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("supervisor")?;
