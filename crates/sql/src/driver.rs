@@ -446,6 +446,11 @@ pub(crate) struct Statements {
     /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
     /// times under token `$5` until `$6`, in queue order; returns the messages.
     pub q_take: &'static str,
+    /// Where a statement is a transaction of its own without a round trip more
+    /// (PostgreSQL): [`Self::q_take`] reading the clock itself, `$2` the dialect's now
+    /// parameter and `$6` the lock's duration in milliseconds. `None` (SQLite): a take
+    /// is a write like any other, in the writer's turn.
+    pub q_take_now: Option<&'static str>,
     /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
     pub q_candidates: &'static str,
     /// Locks the messages `$1` (list) under token `$2` until `$3`.

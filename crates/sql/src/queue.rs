@@ -442,6 +442,24 @@ impl<D: Driver> SqlStore<D> {
     /// Locks up to `max` visible messages not delivered too often, in one statement
     /// (those delivered too often are dead-lettered when one is first in line).
     async fn take(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
+        if let Some(take_now) = D::SQL.q_take_now {
+            let mut conn = self.driver.acquire().await?;
+            let settings = self.queue_settings(&mut conn, queue).await?;
+            let token = uuid::Uuid::new_v4().to_string();
+            self.driver.stats().write();
+            self.driver.stats().transaction();
+            let rows = q(take_now)
+                .bind(queue.as_str())
+                .bind(self.driver.now_param())
+                .bind(i64::from(max))
+                .bind(settings.max_deliveries)
+                .bind(&token)
+                .bind(settings.lock_ms)
+                .fetch_all::<D>(&mut conn)
+                .await
+                .map_err(db)?;
+            return self.delivered(queue, &token, &rows);
+        }
         let (mut tx, now) = self.begin().await?;
         let messages = self.take_in(&mut tx, now, queue, max).await?;
         D::commit(tx).await.map_err(db)?;

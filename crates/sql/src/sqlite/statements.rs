@@ -21,6 +21,7 @@ pub(crate) const SQL: Statements = Statements {
     lock_expired: LOCK_EXPIRED,
     q_any_ready: Q_ANY_READY,
     q_take: Q_TAKE,
+    q_take_now: None,
     q_candidates: Q_CANDIDATES,
     q_lock: Q_LOCK,
     q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
