@@ -446,8 +446,7 @@ impl<D: Driver> SqlStore<D> {
             let mut conn = self.driver.acquire().await?;
             let settings = self.queue_settings(&mut conn, queue).await?;
             let token = uuid::Uuid::new_v4().to_string();
-            self.driver.stats().write();
-            self.driver.stats().transaction();
+            self.driver.stats().write_alone();
             let rows = q(take_now)
                 .bind(queue.as_str())
                 .bind(self.driver.now_param())

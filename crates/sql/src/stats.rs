@@ -104,6 +104,12 @@ impl Stats {
         self.transactions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One write in a database transaction of its own.
+    pub(crate) fn write_alone(&self) {
+        self.write();
+        self.transaction();
+    }
+
     /// The write lock was held for `d`.
     pub(crate) fn held(&self, d: std::time::Duration) {
         self.held_micros

@@ -200,8 +200,7 @@ impl Driver for PgDriver {
     type Row = PgRow;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        self.stats.write();
-        self.stats.transaction();
+        self.stats.write_alone();
         self.pool.begin().await.map_err(db)
     }
 

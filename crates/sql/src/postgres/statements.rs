@@ -31,32 +31,44 @@ pub(crate) const SQL: Statements = Statements {
     o_failed: O_FAILED,
 };
 
-/// [`Q_TAKE`] as a statement of its own: `$2` NULL for the server's now, `$6` the
-/// lock's duration in milliseconds. One round trip instead of four (`BEGIN`, the clock,
-/// the take, `COMMIT`): a single statement is atomic by itself.
-pub(crate) const Q_TAKE_NOW: &str = concat!(
-    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now) \
-     UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-     locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond', \
-     visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond' \
-     WHERE seq IN (SELECT seq FROM queue_messages \
-        WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) AND delivery_count < $4 \
-        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING ",
-    message_columns!()
-);
-
 /// The first visible message of queue `$1` at `$2` (NULL: the server's now).
 pub(crate) const Q_ANY_READY: &str = "SELECT seq, delivery_count FROM queue_messages \
     WHERE queue = $1 AND visible_at <= coalesce($2::timestamptz, now()) ORDER BY visible_at, seq LIMIT 1";
 
-/// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
-/// times, under token `$5` until `$6` (rows other receivers lock are passed over).
-pub(crate) const Q_TAKE: &str = concat!(
-    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-     locked_until = $6, visible_at = $6 WHERE seq IN (SELECT seq FROM queue_messages \
-        WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 \
-        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING ",
-    message_columns!()
+/// The take: locks up to `$3` visible messages of queue `$1` at `now` delivered fewer
+/// than `$4` times, under token `$5` until `until` (rows other receivers lock are
+/// passed over), and returns them.
+macro_rules! take {
+    ($now:literal, $until:literal) => {
+        concat!(
+            "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+             locked_until = ",
+            $until,
+            ", visible_at = ",
+            $until,
+            " \
+             WHERE seq IN (SELECT seq FROM queue_messages \
+                WHERE queue = $1 AND visible_at <= ",
+            $now,
+            " AND delivery_count < $4 \
+                ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING ",
+            message_columns!()
+        )
+    };
+}
+
+/// The take at `$2`, until `$6`, inside the caller's transaction.
+pub(crate) const Q_TAKE: &str = take!("$2", "$6");
+
+/// The take as a statement of its own: `$2` NULL for the server's now, `$6` the lock's
+/// duration in milliseconds. One round trip instead of four (`BEGIN`, the clock, the
+/// take, `COMMIT`): a single statement is atomic by itself.
+pub(crate) const Q_TAKE_NOW: &str = concat!(
+    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now) ",
+    take!(
+        "(SELECT now FROM clock)",
+        "(SELECT now FROM clock) + $6 * interval '1 millisecond'"
+    )
 );
 
 /// Up to `$3` visible messages of queue `$1` at `$2`, locked.

@@ -280,11 +280,11 @@ impl WriteTx {
             return Err(e);
         }
         group.kept += 1;
+        held.stats.committed(started.elapsed());
+        group.stats = held.stats.clone();
         if group.takes_more(&writers) {
             // Hand the transaction on and wait for the group's commit.
             let mut outcome = group.outcome.subscribe();
-            group.stats = held.stats.clone();
-            held.stats.committed(started.elapsed());
             drop(held);
             group.hand_on(turn, &writers);
             return match outcome.wait_for(Option::is_some).await {
@@ -295,8 +295,6 @@ impl WriteTx {
                 Err(_) => Err(group_failed("the transaction was abandoned")),
             };
         }
-        held.stats.committed(started.elapsed());
-        group.stats = held.stats.clone();
         let result = group.commit().await;
         drop(turn);
         drop(held);
