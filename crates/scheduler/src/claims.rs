@@ -15,6 +15,7 @@ impl Scheduler {
     /// repeat harmless. Call once at start-up.
     pub async fn resume(&self) -> orderly_core::Result<Pass> {
         let orders = self.store.resume_owned(&self.cfg.instance).await?;
+        self.holding.forget();
         if !orders.is_empty() {
             info!(instance_id = %self.cfg.instance, orders = orders.len(), "resumed orders held before a restart");
         }
@@ -30,9 +31,18 @@ impl Scheduler {
     /// [`Self::claim_once`], and whether it held its maximum (so claimed nothing
     /// whatever was waiting).
     pub(crate) async fn claim_pass(&self) -> orderly_core::Result<(Pass, bool)> {
-        let held = self.store.count_owned(&self.cfg.instance).await?;
-        let room = i64::from(self.cfg.max_in_flight).saturating_sub(held);
-        let limit = u32::try_from(room.min(i64::from(self.cfg.claim_batch))).unwrap_or(0);
+        let (batch, max) = (
+            i64::from(self.cfg.claim_batch),
+            i64::from(self.cfg.max_in_flight),
+        );
+        let room = match self.holding.reserve(batch, max) {
+            Some(room) => room,
+            None => {
+                let held = self.store.count_owned(&self.cfg.instance).await?;
+                self.holding.counted(held, batch, max)
+            }
+        };
+        let limit = u32::try_from(room).unwrap_or(0);
         if limit == 0 {
             return Ok((Pass::default(), true));
         }
@@ -50,7 +60,9 @@ impl Scheduler {
                 },
                 &plan,
             )
-            .await?;
+            .await
+            .inspect_err(|_| self.holding.forget())?;
+        self.holding.claimed(room, claimed.len() as i64);
         let started = claimed.iter().filter(|(_, started)| *started).count();
         if started > 0 {
             metrics::counter!("orderly_orders_claimed_total").increment(started as u64);

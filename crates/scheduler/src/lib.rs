@@ -26,6 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 mod backoff;
 mod claims;
+mod holding;
 mod plan;
 mod replies;
 mod waiting;
@@ -152,6 +153,8 @@ pub struct Scheduler {
     filter: Arc<WorkflowFilter>,
     /// The fleet's view of the remote services (`None`: every service taken as up).
     services: Option<Arc<ServiceView>>,
+    /// An upper bound on the orders it holds, so a claim pass seldom counts them.
+    holding: Arc<holding::Holding>,
 }
 
 /// What to do next with an order the scheduler holds.
@@ -188,6 +191,7 @@ impl Scheduler {
             cfg,
             filter,
             services: None,
+            holding: Arc::default(),
         }
     }
 

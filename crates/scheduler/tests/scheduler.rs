@@ -378,3 +378,71 @@ async fn a_deferred_reply_parks_the_order_at_its_step_without_counting_a_failure
     let again = request(&rig, "agent.inventory").await;
     assert_eq!(again.step_index, 0);
 }
+
+/// Every request waiting on `queue` (taken off it).
+async fn all_requests(rig: &Rig, queue: &str) -> Vec<StepRequest> {
+    let queue = QueueName::parse(queue).unwrap();
+    let got = rig
+        .transport
+        .receive(&queue, 100, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let mut requests = Vec::new();
+    for m in &got {
+        rig.transport.complete(m).await.unwrap();
+        requests.push(serde_json::from_slice(&m.body).unwrap());
+    }
+    requests
+}
+
+#[tokio::test]
+async fn a_scheduler_never_holds_more_than_its_maximum_and_claims_again_as_orders_finish() {
+    let rig = rig().await;
+    let mut cfg = SchedulerConfig::new(
+        InstanceId::parse("scheduler-a").unwrap(),
+        Arc::new(Workflows::new(vec![Workflow::default()]).unwrap()),
+    );
+    cfg.claim_batch = 2;
+    cfg.max_in_flight = 3;
+    let owner = cfg.instance.clone();
+    let s = Scheduler::new(
+        rig.store.clone(),
+        rig.transport.clone(),
+        Arc::new(SystemClock),
+        cfg,
+    );
+    for i in 0..7 {
+        submit(&rig, &format!("o-max-{i}")).await;
+    }
+    let held = || async { rig.store.count_owned(&owner).await.unwrap() };
+    // A batch, then what room is left, then nothing while it holds its maximum.
+    assert_eq!(s.claim_once().await.unwrap().claimed, 2);
+    assert_eq!(s.claim_once().await.unwrap().claimed, 1);
+    for _ in 0..3 {
+        assert_eq!(s.claim_once().await.unwrap().claimed, 0);
+        assert_eq!(held().await, 3);
+    }
+    // Two of the three finish (each step answered); the third stays at its first step.
+    let mut first = all_requests(&rig, "agent.inventory").await;
+    assert_eq!(first.len(), 3);
+    let waiting = first.pop().unwrap();
+    let mut reqs = first;
+    for next in ["agent.payment", "agent.shipping", ""] {
+        for req in &reqs {
+            answer(&rig, req, ok("done")).await;
+        }
+        replies(&s).await;
+        if !next.is_empty() {
+            reqs = all_requests(&rig, next).await;
+            assert_eq!(reqs.len(), 2, "{next}");
+        }
+    }
+    assert_eq!(held().await, 1);
+    // Room for two again, whatever the scheduler had counted before.
+    assert_eq!(s.claim_once().await.unwrap().claimed, 2);
+    assert_eq!(s.claim_once().await.unwrap().claimed, 0);
+    assert_eq!(held().await, 3);
+    answer(&rig, &waiting, ok("done")).await;
+    replies(&s).await;
+    assert_eq!(held().await, 3, "one step done, the order still held");
+}

@@ -195,8 +195,12 @@ pub(crate) const Q_ENSURE: &str = "INSERT INTO queues \
     (name, lock_duration_ms, max_delivery_count, dedup_window_ms, created_at) VALUES ($1, $2, $3, $4, $5) \
     ON CONFLICT (name) DO NOTHING RETURNING name";
 
+/// Forgets up to 100 message ids whose duplicate-detection window ended by `$1`. In
+/// expiry order, so the expiry index is read even where the planner has no statistics
+/// yet (a new or fast-changing table): unordered, PostgreSQL scanned the whole table
+/// on every sweep to find nothing.
 pub(crate) const Q_DEDUP_SWEEP: &str = "DELETE FROM queue_dedup WHERE (queue, message_id) IN \
-    (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 LIMIT 100)";
+    (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 ORDER BY expires_at LIMIT 100)";
 
 /// Settling checks the delivery's hold: `$1` seq, `$2` lock token, still locked at `$3`.
 macro_rules! held {

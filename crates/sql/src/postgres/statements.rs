@@ -141,6 +141,15 @@ pub(crate) const NOW: &str = "SELECT coalesce($1::timestamptz, now()) AS now";
 // The hot statements below select their rows with `= ANY(ARRAY(...))` (or an
 // id array) so every row of a batch is one primary-key probe: joined as a CTE
 // instead, the planner hash-joins the batch against a scan of the whole table.
+//
+// Nor do they name the state the partial indexes are on (`process_state =
+// 'Pending'` or `'Processing'`), where something else already proves it: the fence
+// `locked_by = owner` (a locked row is Processing: `order_state_locked_iff_processing`),
+// or the claim's own locking select (`FOR UPDATE` re-checks its filter on the row it
+// locks). Named, it lets the planner combine the primary key with a whole scan of
+// `order_state_deadlines` or `order_state_claimable`, whose entries for rows that
+// have moved on stay until a vacuum: on a busy or new table (no statistics yet) a
+// record of 30 steps read 17,000 index entries and 500 heap pages instead of 30 rows.
 
 /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds,
 /// `$5` the default workflow's name, `$6` JSON object of the workflows it starts
@@ -162,7 +171,6 @@ pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, 
                         THEN ($6::text::jsonb ->> coalesce(c.workflow, $5)) IS NOT NULL \
                         ELSE (c.workflow || '@' || c.workflow_version) = ANY($7::text[]) END \
                 ORDER BY c.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-            AND s.process_state = 'Pending' \
         RETURNING s.order_id, s.lock_epoch, s.complete_by, s.current_step, s.failure_count, \
             s.reply_to, s.finish_as, s.generation, s.last_error, s.workflow, s.workflow_version, \
             s.waiting_on, clock.now AS at), \
@@ -183,7 +191,7 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
         FROM clock, unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch) \
         WHERE s.order_id = ANY($2::text[]) AND s.order_id = f.order_id \
             AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
-            AND s.process_state = 'Processing' AND s.complete_by > clock.now \
+            AND s.complete_by > clock.now \
         RETURNING s.order_id, s.lock_epoch, f.owner, clock.now AS at), \
     history AS ( \
         INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
@@ -201,8 +209,7 @@ pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state s SET \
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[], $6::int[], $7::bool[], $8::text[]) \
         AS w(order_id, owner, epoch, expect, new_step, failed, err) \
     WHERE s.order_id = ANY($2::text[]) AND s.order_id = w.order_id \
-        AND s.locked_by = w.owner AND s.lock_epoch = w.epoch \
-        AND s.process_state = 'Processing' AND s.complete_by > $1 \
+        AND s.locked_by = w.owner AND s.lock_epoch = w.epoch AND s.complete_by > $1 \
         AND (w.expect < 0 OR s.current_step = w.expect) \
     RETURNING s.order_id";
 

@@ -44,7 +44,8 @@ const LOOSE: [(Loose, &str); 4] = [
     (
         Loose::Dedup,
         "DELETE FROM queue_dedup WHERE (queue, message_id) IN \
-         (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 LIMIT $2)",
+         (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 \
+         ORDER BY expires_at LIMIT $2)",
     ),
 ];
 
