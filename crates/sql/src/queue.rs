@@ -27,14 +27,70 @@ use crate::rows::{Cols, dead_letter_columns};
 use crate::store::SqlStore;
 use crate::time::Ts;
 
+/// One queue's wake-up: a signal that a message may be waiting, and a count of the
+/// sends heard (this process's commits, other processes' notifications), so a receiver
+/// can tell whether anything was sent since a look found the queue drained.
+#[derive(Debug)]
+pub(crate) struct QueueSignal {
+    notify: Notify,
+    sent: std::sync::atomic::AtomicU64,
+    /// `sent` as it was before the latest look that took everything it could see.
+    drained: std::sync::atomic::AtomicU64,
+}
+
+impl Default for QueueSignal {
+    fn default() -> Self {
+        // `drained` behind `sent`: the first look is always made.
+        Self {
+            notify: Notify::new(),
+            sent: 1.into(),
+            drained: 0.into(),
+        }
+    }
+}
+
+impl QueueSignal {
+    /// Sends heard so far.
+    fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A look that began when `sent` was `before` took all it could see.
+    fn drained_at(&self, before: u64) {
+        self.drained
+            .fetch_max(before, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Nothing was sent since a look found the queue drained.
+    fn is_drained(&self) -> bool {
+        self.drained.load(std::sync::atomic::Ordering::Acquire) == self.sent()
+    }
+
+    /// Something was sent: one waiting receiver is woken (or, with none waiting, the
+    /// next to wait goes at once), and every receiver's next look is made.
+    fn sent_one(&self) {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.notify.notify_one();
+    }
+
+    /// Anything may have been sent: every receiver looks.
+    fn anything(&self) {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.notify.notify_waiters();
+    }
+}
+
 /// Per-queue signals that a message may be waiting.
 #[derive(Debug)]
 pub(crate) struct Wakeups {
-    queues: Mutex<HashMap<String, Arc<Notify>>>,
+    queues: Mutex<HashMap<String, Arc<QueueSignal>>>,
     /// The fallback poll interval.
     pub poll: Duration,
     /// Whether the cross-process listener was started.
     pub listening: std::sync::atomic::AtomicBool,
+    /// Whether other processes' sends are heard now (PostgreSQL, while its `LISTEN`
+    /// stands): only then may a receive skip its first look (`until_found`).
+    pub hearing: std::sync::atomic::AtomicBool,
     /// Names this store in its notifications, so its listener ignores its own: this
     /// process's receivers were woken at commit already, and waking them again only
     /// sent them to find nothing (a round trip and a transaction on the server each).
@@ -81,6 +137,7 @@ impl Wakeups {
             queues: Mutex::default(),
             poll,
             listening: false.into(),
+            hearing: false.into(),
             origin: uuid::Uuid::new_v4().simple().to_string(),
             sends: 0.into(),
             claims: Notify::new(),
@@ -118,7 +175,7 @@ impl Wakeups {
     }
 
     /// The signal of `queue`.
-    pub fn of(&self, queue: &str) -> Arc<Notify> {
+    pub fn of(&self, queue: &str) -> Arc<QueueSignal> {
         let mut queues = self
             .queues
             .lock()
@@ -126,9 +183,12 @@ impl Wakeups {
         queues.entry(queue.to_owned()).or_default().clone()
     }
 
-    /// Wakes every receiver waiting on `queue`.
+    /// Messages were sent to `queue`: wakes one waiting receiver. It takes what it can;
+    /// one that took a whole batch wakes the next (`until_found`), so a burst is shared
+    /// out while a trickle no longer sends every receiver to look and all but one to
+    /// find nothing.
     pub fn wake(&self, queue: &str) {
-        self.of(queue).notify_waiters();
+        self.of(queue).sent_one();
     }
 
     /// Orders became claimable: wakes one waiting scheduler (it claims a whole batch;
@@ -168,7 +228,7 @@ impl Wakeups {
             .queues
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        queues.values().for_each(|n| n.notify_waiters());
+        queues.values().for_each(|n| n.anything());
         self.claims.notify_waiters();
     }
 }
@@ -517,6 +577,16 @@ impl<D: Driver> SqlStore<D> {
     /// Looks with `look` until it finds something or `wait` passes (`None`), sleeping
     /// between looks until a send to `queue` wakes it or the fallback poll passes. The
     /// wake-up is registered before each look, so no send in between is missed.
+    ///
+    /// `look` says with what it found whether it took all it could see (fewer than it
+    /// asked for). A receive that may wait does not begin with a look when nothing was
+    /// sent since a look found the queue drained: it waits for a send, the poll or the
+    /// end of its wait, and looks then (always once at least). It skips only while
+    /// other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
+    /// not, and every receive begins with a look. Messages that come back without a
+    /// send (a lock that ran out, a scheduled time reached) are found by the poll, as by
+    /// a receiver that was waiting. One that took a whole batch wakes another
+    /// receiver: more may be there.
     pub(crate) async fn until_found<T, E, F, Fut>(
         &self,
         queue: &QueueName,
@@ -525,23 +595,41 @@ impl<D: Driver> SqlStore<D> {
     ) -> std::result::Result<Option<T>, E>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<Option<T>, E>>,
+        Fut: std::future::Future<Output = std::result::Result<Option<(T, bool)>, E>>,
     {
         let deadline = tokio::time::Instant::now() + wait;
         let signal = self.wakeups.of(queue.as_str());
+        let mut skip = !wait.is_zero()
+            && self
+                .wakeups
+                .hearing
+                .load(std::sync::atomic::Ordering::Acquire)
+            && signal.is_drained();
         loop {
-            let woken = signal.notified();
+            let woken = signal.notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if let Some(found) = look().await? {
-                return Ok(Some(found));
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
+            if !std::mem::take(&mut skip) {
+                let before = signal.sent();
+                match look().await? {
+                    Some((found, true)) => {
+                        signal.drained_at(before);
+                        return Ok(Some(found));
+                    }
+                    Some((found, false)) => {
+                        signal.sent_one();
+                        return Ok(Some(found));
+                    }
+                    None => signal.drained_at(before),
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(None);
+                }
             }
             self.driver.start_listening(&self.wakeups);
-            let nap = (deadline - now).min(self.wakeups.poll);
+            let nap = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(self.wakeups.poll);
             let _ = tokio::time::timeout(nap, woken).await;
         }
     }
@@ -744,7 +832,8 @@ impl<D: Driver> Transport for SqlStore<D> {
         let found = self
             .until_found(queue, wait, || async {
                 let messages = self.receive_now(queue, max).await?;
-                Ok::<_, TransportError>((!messages.is_empty()).then_some(messages))
+                let all = messages.len() < max as usize;
+                Ok::<_, TransportError>((!messages.is_empty()).then_some((messages, all)))
             })
             .await?;
         Ok(found.unwrap_or_default())
@@ -915,7 +1004,7 @@ mod tests {
     /// Whether `wakeups`' receivers on `queue` are woken by `heard(payload)`.
     fn wakes(wakeups: &Wakeups, queue: &str, payload: &str) -> bool {
         let signal = wakeups.of(queue);
-        let woken = signal.notified();
+        let woken = signal.notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         wakeups.heard(payload);
@@ -943,6 +1032,55 @@ mod tests {
             mine.claimable.load(std::sync::atomic::Ordering::Acquire),
             seen + 1
         );
+    }
+
+    fn ready(f: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::future::Future::poll(f, &mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_send_wakes_one_waiting_receiver_and_a_lost_listener_wakes_them_all() {
+        let wakeups = Wakeups::new(POLL_FOR_TESTS);
+        let signal = wakeups.of("replies");
+        let (a, b) = (signal.notify.notified(), signal.notify.notified());
+        tokio::pin!(a);
+        tokio::pin!(b);
+        a.as_mut().enable();
+        b.as_mut().enable();
+        wakeups.wake("replies");
+        let (a_woken, b_woken) = (ready(a.as_mut()), ready(b.as_mut()));
+        assert!(a_woken != b_woken, "one of the two: {a_woken} {b_woken}");
+        wakeups.wake_all();
+        assert!(ready(a.as_mut()) && ready(b.as_mut()));
+        // With nobody waiting, a send is kept for the next receiver to wait.
+        wakeups.wake("replies");
+        let c = signal.notify.notified();
+        tokio::pin!(c);
+        c.as_mut().enable();
+        assert!(ready(c.as_mut()));
+    }
+
+    #[test]
+    fn a_queue_counts_as_drained_only_until_the_next_send() {
+        let s = QueueSignal::default();
+        assert!(!s.is_drained(), "the first look is always made");
+        let before = s.sent();
+        s.drained_at(before);
+        assert!(s.is_drained());
+        // A send committed while a look ran: the look may not have seen it.
+        let before = s.sent();
+        s.sent_one();
+        s.drained_at(before);
+        assert!(!s.is_drained());
+        let before = s.sent();
+        s.drained_at(before);
+        assert!(s.is_drained());
+        // An older look finishing last does not undo a newer one's finding.
+        s.drained_at(before - 1);
+        assert!(s.is_drained());
+        s.anything();
+        assert!(!s.is_drained());
     }
 
     const POLL_FOR_TESTS: Duration = Duration::from_secs(1);

@@ -189,7 +189,8 @@ impl<D: Driver> SqlStore<D> {
                     // dead-letters them; whatever it delivers is the caller's.
                     Head::Exhausted => {
                         let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
-                        Ok((!messages.is_empty()).then(|| Taken::held(messages)))
+                        let all = messages.len() < max as usize;
+                        Ok((!messages.is_empty()).then(|| (Taken::held(messages), all)))
                     }
                     Head::Ready => {
                         let (mut tx, now) = self.begin().await?;
@@ -201,14 +202,15 @@ impl<D: Driver> SqlStore<D> {
                             D::commit(tx).await.map_err(db)?;
                             return Ok(None);
                         }
+                        let all = messages.len() < max as usize;
                         match act(tx, now, messages).await {
-                            Ok(taken) => Ok(Some(taken)),
+                            Ok(taken) => Ok(Some((taken, all))),
                             Err(e) if e.is_retryable() => Err(e),
                             Err(e) => {
                                 tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
                                 let messages =
                                     self.receive_now(queue, max).await.map_err(queue_error)?;
-                                Ok(Some(Taken::held(messages)))
+                                Ok(Some((Taken::held(messages), false)))
                             }
                         }
                     }

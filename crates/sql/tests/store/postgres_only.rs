@@ -78,3 +78,44 @@ async fn postgres_claim_and_sweep_use_their_partial_indexes() {
     }
     f.cleanup().await;
 }
+
+/// A receiver that found its queue drained waits for the next send before it looks
+/// again; a send from another process (another store: its own wake-ups, heard through
+/// `LISTEN`) still reaches it, and so does every one of a stream of them.
+#[tokio::test]
+async fn postgres_a_receiver_that_found_its_queue_drained_hears_another_process_send() {
+    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
+    let f = pg_factory(TimeSource::Database).await;
+    let (here, there) = (f.store().await, f.store().await);
+    let queue = QueueName::parse("agent.drained").unwrap();
+    here.declare_queue(&queue, &QueueSettings::default())
+        .await
+        .unwrap();
+    // Found drained (and listening from then on).
+    for _ in 0..2 {
+        assert!(
+            here.receive(&queue, 10, Duration::from_millis(200))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+    for i in 0..5 {
+        let send = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            there
+                .send(
+                    &queue,
+                    &[OutgoingMessage::new(format!("m-{i}"), b"{}".to_vec())],
+                )
+                .await
+                .unwrap();
+        };
+        let (got, ()) = tokio::join!(here.receive(&queue, 10, Duration::from_secs(10)), send);
+        let got = got.unwrap();
+        assert_eq!(got.len(), 1, "message {i}");
+        assert_eq!(got[0].message_id, format!("m-{i}"));
+        Transport::complete(&here, &got[0]).await.unwrap();
+    }
+    f.cleanup().await;
+}
