@@ -491,6 +491,11 @@ pub(crate) trait Driver: Send + Sync + 'static {
     type Row: SqlRow + 'static;
 
     async fn begin_write(&self) -> Result<Self::Tx>;
+    /// A write transaction for a claim: [`Self::begin_write`] with whatever the
+    /// dialect needs for the claim to read its index well.
+    async fn begin_claim(&self) -> Result<Self::Tx> {
+        self.begin_write().await
+    }
     async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error>;
     async fn acquire(&self) -> Result<Self::Pooled>;
     /// This handle's counters (write transactions, batch sizes).

@@ -204,6 +204,21 @@ impl Driver for PgDriver {
         self.pool.begin().await.map_err(db)
     }
 
+    /// The claim reads `order_state_claimable` in order with a plain index scan: it
+    /// marks the entries of rows that have left Pending as dead, so the next claim
+    /// skips them. Expecting few rows (a new table, or statistics from a quiet
+    /// moment), the planner would otherwise pick a bitmap scan and a sort, which mark
+    /// nothing: every claim re-read each such entry and its heap page until a vacuum
+    /// (7,000 entries and 200 pages for an empty claim, 0.4 ms, in the bench). Set
+    /// for this transaction only, in the same round trip as its `BEGIN`.
+    async fn begin_claim(&self) -> Result<Self::Tx> {
+        self.stats.write_alone();
+        self.pool
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
+            .await
+            .map_err(db)
+    }
+
     async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error> {
         tx.commit().await
     }

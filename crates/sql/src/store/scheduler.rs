@@ -154,7 +154,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
     ) -> Result<Vec<(ClaimedOrder, bool)>> {
         let timeout = checked_claim(request)?;
-        let (mut tx, now) = self.begin().await?;
+        let (mut tx, now) = self.begin_claim().await?;
         let claimed = D::claim_in(&mut tx, now, request, timeout).await?;
         self.driver.stats().batch("claim", claimed.len());
         if claimed.is_empty() {
