@@ -359,6 +359,11 @@ impl Driver for PgDriver {
         order_ids(rows)
     }
 
+    // The batch inserts (step records, history, new orders, queue messages and their
+    // duplicate check) are prepared once per connection and their plans kept: an
+    // insert from `unnest` plans the same whatever the arrays hold, and parsing and
+    // planning each batch afresh was server work on every write. The batch updates
+    // (`TOUCH_STEPS`, `COMPLETE`) stay unnamed: their join is planned for the batch.
     async fn write_steps(
         conn: &mut PgConnection,
         now: DateTime<Utc>,
@@ -369,7 +374,6 @@ impl Driver for PgDriver {
         let epochs: Vec<i64> = rows.iter().map(|r| r.fence.epoch.0).collect();
         let details: Vec<Option<&str>> = rows.iter().map(|r| r.detail.as_deref()).collect();
         sqlx::query(sql::UPSERT_STEPS)
-            .persistent(false)
             .bind(Ts(now))
             .bind(&ids)
             .bind(&indexes)
@@ -382,7 +386,6 @@ impl Driver for PgDriver {
             .await
             .map_err(db)?;
         sqlx::query(sql::STEP_HISTORY)
-            .persistent(false)
             .bind(Ts(now))
             .bind(&ids)
             .bind(
@@ -407,7 +410,6 @@ impl Driver for PgDriver {
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
         sqlx::query(sql::INSERT_ORDERS)
-            .persistent(false)
             .bind(Ts(now))
             .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
             .bind(
@@ -477,7 +479,6 @@ impl Driver for PgDriver {
         let mut ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
         if let Some(until) = dedup_until {
             let fresh: Vec<String> = sqlx::query_scalar(sql::Q_DEDUP_MANY)
-                .persistent(false)
                 .bind(queue.as_str())
                 .bind(&ids)
                 .bind(until)
@@ -495,7 +496,6 @@ impl Driver for PgDriver {
             return Ok(0);
         }
         sqlx::query(sql::Q_INSERT_MANY)
-            .persistent(false)
             .bind(queue.as_str())
             .bind(keep.iter().map(|r| r.message_id).collect::<Vec<_>>())
             .bind(keep.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
