@@ -64,15 +64,9 @@ async fn submit(rig: &Rig, id: &str) -> OrderId {
 
 /// The one request waiting on `queue` (taken off it).
 async fn request(rig: &Rig, queue: &str) -> StepRequest {
-    let queue = QueueName::parse(queue).unwrap();
-    let got = rig
-        .transport
-        .receive(&queue, 10, Duration::from_millis(100))
-        .await
-        .unwrap();
+    let mut got = all_requests(rig, queue).await;
     assert_eq!(got.len(), 1, "one request on {queue}");
-    rig.transport.complete(&got[0]).await.unwrap();
-    serde_json::from_slice(&got[0].body).unwrap()
+    got.remove(0)
 }
 
 /// Answers `req` as an agent would.
