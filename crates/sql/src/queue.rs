@@ -27,12 +27,13 @@ use crate::rows::{Cols, dead_letter_columns};
 use crate::store::SqlStore;
 use crate::time::Ts;
 
-/// One queue's wake-up: a signal that a message may be waiting, and a count of the
-/// sends heard (this process's commits, other processes' notifications), so a receiver
-/// can tell whether anything was sent since a look found the queue drained.
+/// One queue's wake-up (or the claimers', where what is sent is claimable orders): a
+/// signal that something may be waiting, and a count of the sends heard (this process's
+/// commits, other processes' notifications), so a waiter can tell whether anything was
+/// sent since it last looked.
 #[derive(Debug)]
 pub(crate) struct QueueSignal {
-    notify: Notify,
+    pub(crate) notify: Notify,
     sent: std::sync::atomic::AtomicU64,
     /// `sent` as it was before the latest look that took everything it could see.
     drained: std::sync::atomic::AtomicU64,
@@ -51,7 +52,7 @@ impl Default for QueueSignal {
 
 impl QueueSignal {
     /// Sends heard so far.
-    fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
@@ -98,11 +99,9 @@ pub(crate) struct Wakeups {
     /// Sends through this database so far: every [`SWEEP_EVERY`]th also removes
     /// expired duplicate-detection rows (housekeeping, kept off most sends).
     pub sends: std::sync::atomic::AtomicU64,
-    /// Signalled when orders became claimable (one waiting scheduler is woken).
-    pub claims: Notify,
-    /// Times orders became claimable, so a scheduler that was busy claiming when it
-    /// happened does not wait for the next one.
-    pub claimable: std::sync::atomic::AtomicU64,
+    /// Orders became claimable: one waiting scheduler is woken, and the count tells a
+    /// scheduler that was busy claiming when it happened not to wait for the next one.
+    pub claims: QueueSignal,
     /// Signalled after each commit that wrote to the outbox (a permit is kept when no
     /// relay waits, so a write during a relay pass is not missed).
     pub outbox: Notify,
@@ -140,8 +139,7 @@ impl Wakeups {
             hearing: false.into(),
             origin: uuid::Uuid::new_v4().simple().to_string(),
             sends: 0.into(),
-            claims: Notify::new(),
-            claimable: 0.into(),
+            claims: QueueSignal::default(),
             outbox: Notify::new(),
             settings: Mutex::default(),
         }
@@ -195,9 +193,7 @@ impl Wakeups {
     /// the others are not woken to find nothing, and one that was busy sees the count
     /// moved and looks again).
     pub fn wake_claimers(&self) {
-        self.claimable
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.claims.notify_one();
+        self.claims.sent_one();
     }
 
     /// The notification that `what` (a queue's name, or [`CLAIMABLE`]) was filled by
@@ -229,7 +225,7 @@ impl Wakeups {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.values().for_each(|n| n.anything());
-        self.claims.notify_waiters();
+        self.claims.anything();
     }
 }
 
@@ -1001,6 +997,7 @@ impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
 mod tests {
     use super::*;
 
+    /// Whether `f` is ready when polled once.
     /// Whether `wakeups`' receivers on `queue` are woken by `heard(payload)`.
     fn wakes(wakeups: &Wakeups, queue: &str, payload: &str) -> bool {
         let signal = wakeups.of(queue);
@@ -1008,8 +1005,7 @@ mod tests {
         tokio::pin!(woken);
         woken.as_mut().enable();
         wakeups.heard(payload);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        std::future::Future::poll(woken, &mut cx).is_ready()
+        ready(woken)
     }
 
     #[test]
@@ -1021,17 +1017,14 @@ mod tests {
         // An older version's notification names only the queue.
         assert!(wakes(&mine, "replies", "replies"));
 
-        let seen = mine.claimable.load(std::sync::atomic::Ordering::Acquire);
+        let seen = mine.claims.sent();
         mine.heard(&mine.notice(CLAIMABLE));
-        assert_eq!(
-            mine.claimable.load(std::sync::atomic::Ordering::Acquire),
-            seen
-        );
+        assert_eq!(mine.claims.sent(), seen);
         mine.heard(&theirs.notice(CLAIMABLE));
-        assert_eq!(
-            mine.claimable.load(std::sync::atomic::Ordering::Acquire),
-            seen + 1
-        );
+        assert_eq!(mine.claims.sent(), seen + 1);
+        // A lost listener: the claimers look again too, waiting or not.
+        mine.wake_all();
+        assert_eq!(mine.claims.sent(), seen + 2);
     }
 
     fn ready(f: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) -> bool {

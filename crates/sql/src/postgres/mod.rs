@@ -536,40 +536,42 @@ impl Driver for PgDriver {
             loop {
                 match sqlx::postgres::PgListener::connect_with(&pool).await {
                     Ok(mut listener) => match listener.listen(crate::queue::CHANNEL).await {
-                        Ok(()) => loop {
+                        Ok(()) => {
                             // Heard from now on; what was sent before, every receiver
                             // looks for once.
                             match wakeups.upgrade() {
-                                Some(w) if !w.hearing.swap(true, Ordering::AcqRel) => {
+                                Some(w) => {
+                                    w.hearing.store(true, Ordering::Release);
                                     w.wake_all();
                                 }
-                                Some(_) => {}
                                 None => return,
                             }
-                            // `try_recv`, not `recv`: `recv` reconnects without a
-                            // word and what was sent meanwhile is never heard.
-                            match listener.try_recv().await {
-                                Ok(Some(n)) => match wakeups.upgrade() {
-                                    Some(w) => w.heard(n.payload()),
-                                    None => return,
-                                },
-                                // The connection was lost and is back, listening again:
-                                // what was sent in between, every receiver looks for.
-                                Ok(None) => match wakeups.upgrade() {
-                                    Some(w) => {
-                                        tracing::warn!(
-                                            "queue listener lost its connection and reconnected"
-                                        );
-                                        w.wake_all();
+                            loop {
+                                // `try_recv`, not `recv`: `recv` reconnects without a
+                                // word and what was sent meanwhile is never heard.
+                                match listener.try_recv().await {
+                                    Ok(Some(n)) => match wakeups.upgrade() {
+                                        Some(w) => w.heard(n.payload()),
+                                        None => return,
+                                    },
+                                    // The connection was lost and is back, listening again:
+                                    // what was sent in between, every receiver looks for.
+                                    Ok(None) => match wakeups.upgrade() {
+                                        Some(w) => {
+                                            tracing::warn!(
+                                                "queue listener lost its connection and reconnected"
+                                            );
+                                            w.wake_all();
+                                        }
+                                        None => return,
+                                    },
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "queue listener lost its connection; polling until it is back");
+                                        break;
                                     }
-                                    None => return,
-                                },
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "queue listener lost its connection; polling until it is back");
-                                    break;
                                 }
                             }
-                        },
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot LISTEN for queue sends; polling instead")
                         }

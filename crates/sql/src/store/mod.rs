@@ -323,16 +323,14 @@ impl<D: Driver> SqlStore<D> {
     /// Waits until orders may have become claimable since `*seen` (a count this
     /// updates), or `within` passes.
     pub(crate) async fn wait_claimable_for(&self, seen: &mut u64, within: std::time::Duration) {
-        use std::sync::atomic::Ordering;
-        let woken = self.wakeups.claims.notified();
+        let woken = self.wakeups.claims.notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let now = self.wakeups.claimable.load(Ordering::Acquire);
-        if now == *seen {
+        if self.wakeups.claims.sent() == *seen {
             self.driver.start_listening(&self.wakeups);
             let _ = tokio::time::timeout(within, woken).await;
         }
-        *seen = self.wakeups.claimable.load(Ordering::Acquire);
+        *seen = self.wakeups.claims.sent();
     }
 
     /// Refuses the write unless `leader`'s term is the current one: the first statement
