@@ -149,7 +149,7 @@ pub(crate) const NOW: &str = "SELECT coalesce($1::timestamptz, now()) AS now";
 // locks). Named, it lets the planner combine the primary key with a whole scan of
 // `order_state_deadlines` or `order_state_claimable`, whose entries for rows that
 // have moved on stay until a vacuum: on a busy or new table (no statistics yet) a
-// record of 30 steps read 17,000 index entries and 500 heap pages instead of 30 rows.
+// record of 23 steps read 17,284 index entries and 485 heap pages instead of 23 rows.
 
 /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds,
 /// `$5` the default workflow's name, `$6` JSON object of the workflows it starts
