@@ -574,13 +574,15 @@ pub(crate) trait Driver: Send + Sync + 'static {
     ) -> Result<HashSet<String>>;
 
     /// Inserts messages into `queue` unless (with `dedup_until`) their id was seen
-    /// within the window; returns how many it inserted.
+    /// within the window; returns how many it inserted. If it inserted any, other
+    /// processes hear `notice` at commit, as from [`Self::notify_sent`].
     async fn insert_messages(
         conn: &mut Self::Conn,
         now: Ts,
         queue: &QueueName,
         dedup_until: Option<Ts>,
         rows: &[MessageRow<'_>],
+        notice: &str,
     ) -> Result<usize, sqlx::Error>;
     /// Tells other processes, at commit, that `what` happened: a queue's name (it has
     /// new messages) or [`crate::queue::CLAIMABLE`] (orders can be claimed).

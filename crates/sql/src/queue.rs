@@ -2,7 +2,7 @@
 //! it needs nothing extra, and a state change and the message it causes can later
 //! commit in one transaction. Written once for both dialects over the
 //! [`Driver`]; each dialect provides the receive lock (`Statements::q_candidates`,
-//! `q_lock`, ...), the batch insert, `notify_sent` (inside the sending transaction) and
+//! `q_lock`, ...), the batch insert (which notifies other processes at commit) and
 //! `start_listening` (wake-ups from other processes).
 //!
 //! Receivers do not busy-poll: they wait on a per-queue in-process signal, raised by
@@ -415,16 +415,12 @@ impl<D: Driver> SqlStore<D> {
             })
             .collect::<Result<Vec<_>>>()?;
         let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
-        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_until, &rows)
+        let notice = self.wakeups.notice(queue.as_str());
+        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_until, &rows, &notice)
             .await
             .map_err(db)?;
         outcome.duplicates += rows.len() - accepted;
         outcome.accepted += accepted;
-        if outcome.accepted > 0 {
-            D::notify_sent(&mut *conn, &self.wakeups.notice(queue.as_str()))
-                .await
-                .map_err(db)?;
-        }
         Ok(outcome)
     }
 

@@ -468,48 +468,33 @@ impl Driver for PgDriver {
         order_ids(rows)
     }
 
-    /// Two statements for the whole batch.
+    /// One statement for the whole batch, its duplicate check and its notification.
     async fn insert_messages(
         conn: &mut PgConnection,
         now: Ts,
         queue: &QueueName,
         dedup_until: Option<Ts>,
         rows: &[MessageRow<'_>],
+        notice: &str,
     ) -> Result<usize, sqlx::Error> {
-        let mut ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
-        if let Some(until) = dedup_until {
-            let fresh: Vec<String> = sqlx::query_scalar(sql::Q_DEDUP_MANY)
-                .bind(queue.as_str())
-                .bind(&ids)
-                .bind(until)
-                .bind(now)
-                .fetch_all(&mut *conn)
-                .await?;
-            let fresh: HashSet<String> = fresh.into_iter().collect();
-            ids.retain(|id| fresh.contains(*id));
-        }
-        let keep: Vec<&MessageRow<'_>> = rows
-            .iter()
-            .filter(|r| ids.contains(&r.message_id))
-            .collect();
-        if keep.is_empty() {
-            return Ok(0);
-        }
-        sqlx::query(sql::Q_INSERT_MANY)
+        let inserted: i64 = sqlx::query_scalar(sql::Q_SEND)
             .bind(queue.as_str())
-            .bind(keep.iter().map(|r| r.message_id).collect::<Vec<_>>())
-            .bind(keep.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
             .bind(
-                keep.iter()
+                rows.iter()
                     .map(|r| r.properties.as_str())
                     .collect::<Vec<_>>(),
             )
-            .bind(keep.iter().map(|r| r.body).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
             .bind(now)
-            .bind(keep.iter().map(|r| r.visible_at.0).collect::<Vec<_>>())
-            .execute(conn)
+            .bind(rows.iter().map(|r| r.visible_at.0).collect::<Vec<_>>())
+            .bind(dedup_until)
+            .bind(crate::queue::CHANNEL)
+            .bind(notice)
+            .fetch_one(conn)
             .await?;
-        Ok(keep.len())
+        Ok(usize::try_from(inserted).unwrap_or_default())
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.

@@ -117,20 +117,29 @@ pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
     USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
     WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
 
-/// Records each id of `$2` as seen in queue `$1` until `$3` unless seen and not
-/// expired at `$4`; returns the ids that were not duplicates.
-pub(crate) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_id, expires_at) \
-    SELECT $1, id, $3 FROM unnest($2::text[]) AS id \
-    ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-    WHERE queue_dedup.expires_at <= $4 RETURNING message_id";
-
-/// Inserts messages into queue `$1`: ids `$2`, correlations `$3`, properties `$4`,
-/// bodies `$5`, enqueued at `$6`, visible at `$7`.
-pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
-    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-    SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
-        AS m(id, correlation, properties, body, visible)";
+/// A batch send in one statement: inserts messages into queue `$1` (ids `$2`,
+/// correlations `$3`, properties `$4`, bodies `$5`, enqueued at `$6`, visible at `$7`)
+/// except those whose id was seen there within the duplicate window (`$8`, the
+/// window's end for the ids recorded now; NULL: the queue detects no duplicates), and
+/// if it inserted any, notifies channel `$9` of `$10` (delivered at commit). Returns
+/// how many it inserted. An id is a duplicate unless it is new or its record expired
+/// by `$6`. Three round trips before (record the ids, insert, notify), one now.
+pub(crate) const Q_SEND: &str = "WITH fresh AS ( \
+        INSERT INTO queue_dedup (queue, message_id, expires_at) \
+        SELECT $1, id, $8::timestamptz FROM unnest($2::text[]) AS id \
+        WHERE $8::timestamptz IS NOT NULL \
+        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+        WHERE queue_dedup.expires_at <= $6 RETURNING message_id), \
+    inserted AS ( \
+        INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
+        FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
+            AS m(id, correlation, properties, body, visible) \
+        WHERE $8::timestamptz IS NULL OR m.id IN (SELECT message_id FROM fresh) \
+        RETURNING 1) \
+    SELECT c.n, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
+    FROM (SELECT count(*) AS n FROM inserted) c";
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";

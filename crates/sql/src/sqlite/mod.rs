@@ -638,6 +638,7 @@ impl Driver for SqliteDriver {
         queue: &QueueName,
         dedup_until: Option<Ts>,
         rows: &[MessageRow<'_>],
+        _notice: &str,
     ) -> Result<usize, sqlx::Error> {
         let fresh: Option<HashSet<String>> = match dedup_until {
             Some(until) => {

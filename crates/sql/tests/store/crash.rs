@@ -113,7 +113,7 @@ async fn postgres_a_process_killed_half_way_through_a_change_leaves_neither_the_
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'orderly' \
-             AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO queue_dedup%'",
+             AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO queue_dedup%'",
         )
         .fetch_one(store.pool())
         .await
