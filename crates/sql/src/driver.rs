@@ -440,25 +440,8 @@ pub(crate) struct Statements {
     /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
     /// dialect can, with what a recovery decision needs.
     pub lock_expired: &'static str,
-    /// The first visible message of queue `$1` at `$2` (the dialect's now parameter):
-    /// `seq`, `delivery_count`.
-    pub q_any_ready: &'static str,
-    /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
-    /// times under token `$5` until `$6`, in queue order; returns the messages.
-    pub q_take: &'static str,
-    /// Where a statement is a transaction of its own without a round trip more
-    /// (PostgreSQL): [`Self::q_take`] reading the clock itself, `$2` the dialect's now
-    /// parameter and `$6` the lock's duration in milliseconds. `None` (SQLite): a take
-    /// is a write like any other, in the writer's turn.
-    pub q_take_now: Option<&'static str>,
-    /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
-    pub q_candidates: &'static str,
-    /// Locks the messages `$1` (list) under token `$2` until `$3`.
-    pub q_lock: &'static str,
-    /// Dead-letters the messages `$1` (list) at `$2`: delivered too often.
-    pub q_dead_letter_exhausted: &'static str,
-    /// Deletes the messages `$1` (list).
-    pub q_delete_many: &'static str,
+    /// How a receive locks messages.
+    pub q_receive: Receive,
     /// Completes the holds `$1` (seqs) / `$2` (tokens) still locked at `$3`; returns
     /// `seq`, `lock_token` of those it completed.
     pub q_complete_many: &'static str,
@@ -470,6 +453,42 @@ pub(crate) struct Statements {
     pub o_sent: &'static str,
     /// Outbox rows `$1` (list) of relay `$2` failed with `$3`, retried after `$4`.
     pub o_failed: &'static str,
+}
+
+/// How a dialect's queue locks messages for a receive.
+#[derive(Debug, Clone, Copy)]
+pub enum Receive {
+    /// The whole receive in one statement, alone or first in a transaction, with no
+    /// look at the queue's head before it (PostgreSQL: a statement is a transaction of
+    /// its own without a round trip more). Of the first `$3` visible messages of queue
+    /// `$1` at `$2` (the dialect's now parameter), those delivered `$4` times already
+    /// are dead-lettered, the rest locked under token `$5` for `$6` milliseconds. Every
+    /// row carries the clock it read (`now`) and how many it dead-lettered
+    /// (`dead_lettered`); a take of nothing returns one row of those alone (`seq`
+    /// NULL).
+    OneStatement(&'static str),
+    /// A cheap read of the head first, so an idle receiver takes no write lock, then a
+    /// take in the writer's turn (SQLite).
+    LookThenTake(LookThenTake),
+}
+
+/// The statements of [`Receive::LookThenTake`].
+#[derive(Debug, Clone, Copy)]
+pub struct LookThenTake {
+    /// The first visible message of queue `$1` at `$2` (the dialect's now parameter):
+    /// `seq`, `delivery_count`.
+    pub any_ready: &'static str,
+    /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
+    /// times under token `$5` until `$6`, in queue order; returns the messages.
+    pub take: &'static str,
+    /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
+    pub candidates: &'static str,
+    /// Locks the messages `$1` (list) under token `$2` until `$3`.
+    pub lock: &'static str,
+    /// Dead-letters the messages `$1` (list) at `$2`: delivered too often.
+    pub dead_letter_exhausted: &'static str,
+    /// Deletes the messages `$1` (list).
+    pub delete_many: &'static str,
 }
 
 /// A SQL dialect: its connections, how it binds and runs statements, and its hot

@@ -1,8 +1,8 @@
 //! The embedded SQL queue: the transport port on the state store's own database, so
 //! it needs nothing extra, and a state change and the message it causes can later
 //! commit in one transaction. Written once for both dialects over the
-//! [`Driver`]; each dialect provides the receive lock (`Statements::q_candidates`,
-//! `q_lock`, ...), the batch insert (which notifies other processes at commit) and
+//! [`Driver`]; each dialect provides the receive ([`crate::driver::Receive`]), the
+//! batch insert (which notifies other processes at commit) and
 //! `start_listening` (wake-ups from other processes).
 //!
 //! Receivers do not busy-poll: they wait on a per-queue in-process signal, raised by
@@ -22,7 +22,7 @@ use orderly_core::transport::{
     SendOutcome, Transport, TransportError,
 };
 
-use crate::driver::{Driver, MessageRow, q};
+use crate::driver::{Driver, LookThenTake, MessageRow, Receive, q};
 use crate::rows::{Cols, dead_letter_columns};
 use crate::store::SqlStore;
 use crate::time::Ts;
@@ -495,43 +495,82 @@ impl<D: Driver> SqlStore<D> {
         queues.iter().for_each(|q| self.wakeups.wake(q.as_str()));
     }
 
-    /// Locks up to `max` visible messages not delivered too often, in one statement
-    /// (those delivered too often are dead-lettered when one is first in line).
+    /// Locks up to `max` visible messages not delivered too often (those delivered too
+    /// often are dead-lettered by the same statement, or, looking first, when one is
+    /// first in line: [`Self::receive_now`]).
     async fn take(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
-        if let Some(take_now) = D::SQL.q_take_now {
-            let mut conn = self.driver.acquire().await?;
-            let settings = self.queue_settings(&mut conn, queue).await?;
-            let token = uuid::Uuid::new_v4().to_string();
-            self.driver.stats().write_alone();
-            let rows = q(take_now)
-                .bind(queue.as_str())
-                .bind(self.driver.now_param())
-                .bind(i64::from(max))
-                .bind(settings.max_deliveries)
-                .bind(&token)
-                .bind(settings.lock_ms)
-                .fetch_all::<D>(&mut conn)
-                .await
-                .map_err(db)?;
-            return self.delivered(queue, &token, &rows);
+        match D::SQL.q_receive {
+            Receive::OneStatement(receive) => {
+                let mut conn = self.driver.acquire().await?;
+                self.driver.stats().write_alone();
+                Ok(self.take_first(&mut conn, receive, queue, max).await?.0)
+            }
+            Receive::LookThenTake(look) => {
+                let (mut tx, now) = self.begin().await?;
+                let messages = self.take_in(&mut tx, look, now, queue, max).await?;
+                D::commit(tx).await.map_err(db)?;
+                Ok(messages)
+            }
         }
-        let (mut tx, now) = self.begin().await?;
-        let messages = self.take_in(&mut tx, now, queue, max).await?;
-        D::commit(tx).await.map_err(db)?;
-        Ok(messages)
+    }
+
+    /// [`Receive::OneStatement`]'s `receive` on `conn`, alone or as the first statement
+    /// of a transaction: the messages it took and the clock it read.
+    pub(crate) async fn take_first(
+        &self,
+        conn: &mut D::Conn,
+        receive: &'static str,
+        queue: &QueueName,
+        max: u32,
+    ) -> Result<(Vec<ReceivedMessage>, chrono::DateTime<chrono::Utc>)> {
+        let settings = self.queue_settings(&mut *conn, queue).await?;
+        let token = uuid::Uuid::new_v4().to_string();
+        let rows = q(receive)
+            .bind(queue.as_str())
+            .bind(self.driver.now_param())
+            .bind(i64::from(max))
+            .bind(settings.max_deliveries)
+            .bind(&token)
+            .bind(settings.lock_ms)
+            .fetch_all::<D>(&mut *conn)
+            .await
+            .map_err(db)?;
+        // Every row carries the clock and the count; one row at least comes back.
+        let first = rows
+            .first()
+            .map(Cols)
+            .ok_or_else(|| TransportError::Unavailable("the take returned no row".into()))?;
+        let now = first.ts("now")?;
+        let dead = first.get::<i64>("dead_lettered")?;
+        if dead > 0 {
+            tracing::warn!(
+                queue = %queue,
+                count = dead,
+                max_delivery_count = settings.max_deliveries,
+                "messages dead-lettered: delivered too often without being completed"
+            );
+        }
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if Cols(row).get::<Option<i64>>("seq")?.is_some() {
+                taken.push(row);
+            }
+        }
+        Ok((self.delivered(queue, &token, &taken)?, now))
     }
 
     /// [`Self::take`] inside the caller's transaction.
     pub(crate) async fn take_in(
         &self,
         tx: &mut D::Conn,
+        look: LookThenTake,
         now: chrono::DateTime<chrono::Utc>,
         queue: &QueueName,
         max: u32,
     ) -> Result<Vec<ReceivedMessage>> {
         let settings = self.queue_settings(&mut *tx, queue).await?;
         let token = uuid::Uuid::new_v4().to_string();
-        let rows = q(D::SQL.q_take)
+        let rows = q(look.take)
             .bind(queue.as_str())
             .bind(Ts(now))
             .bind(i64::from(max))
@@ -545,11 +584,11 @@ impl<D: Driver> SqlStore<D> {
     }
 
     /// What is first in line on `queue`, read without the write lock.
-    pub(crate) async fn head(&self, queue: &QueueName) -> Result<Head> {
+    pub(crate) async fn head(&self, look: LookThenTake, queue: &QueueName) -> Result<Head> {
         // The read's connection goes back to the pool before a write begins (an
         // in-memory database has only one).
         let mut conn = self.driver.acquire().await?;
-        let ready = q(D::SQL.q_any_ready)
+        let ready = q(look.any_ready)
             .bind(queue.as_str())
             .bind(self.driver.now_param())
             .fetch_optional::<D>(&mut conn)
@@ -627,15 +666,15 @@ impl<D: Driver> SqlStore<D> {
     }
 
     /// The messages locked under `token`, in queue order.
-    fn delivered(
+    fn delivered<R: std::borrow::Borrow<D::Row>>(
         &self,
         queue: &QueueName,
         token: &str,
-        rows: &[D::Row],
+        rows: &[R],
     ) -> Result<Vec<ReceivedMessage>> {
         let mut messages = rows
             .iter()
-            .map(|r| Cols(r).message(token))
+            .map(|r| Cols(r.borrow()).message(token))
             .collect::<orderly_core::Result<Vec<_>>>()?;
         messages.sort_by_key(|m| m.sequence_number);
         self.driver
@@ -650,8 +689,12 @@ impl<D: Driver> SqlStore<D> {
         queue: &QueueName,
         max: u32,
     ) -> Result<Vec<ReceivedMessage>> {
+        let look = match D::SQL.q_receive {
+            Receive::OneStatement(_) => return self.take(queue, max).await,
+            Receive::LookThenTake(look) => look,
+        };
         // A cheap read first: an idle receiver takes no write lock.
-        match self.head(queue).await? {
+        match self.head(look, queue).await? {
             Head::Empty => return Ok(Vec::new()),
             Head::Ready => return self.take(queue, max).await,
             Head::Exhausted => {}
@@ -660,7 +703,7 @@ impl<D: Driver> SqlStore<D> {
         // the candidates, deliver the rest.
         let (mut tx, now) = self.begin().await?;
         let settings = self.queue_settings(&mut tx, queue).await?;
-        let candidates = q(D::SQL.q_candidates)
+        let candidates = q(look.candidates)
             .bind(queue.as_str())
             .bind(Ts(now))
             .bind(i64::from(max))
@@ -678,13 +721,13 @@ impl<D: Driver> SqlStore<D> {
             .partition(|(_, count)| *count >= settings.max_deliveries);
         if !exhausted.is_empty() {
             let seqs: Vec<i64> = exhausted.iter().map(|(seq, _)| *seq).collect();
-            q(D::SQL.q_dead_letter_exhausted)
+            q(look.dead_letter_exhausted)
                 .bind(seqs.clone())
                 .bind(Ts(now))
                 .execute::<D>(&mut tx)
                 .await
                 .map_err(db)?;
-            q(D::SQL.q_delete_many)
+            q(look.delete_many)
                 .bind(seqs.clone())
                 .execute::<D>(&mut tx)
                 .await
@@ -702,7 +745,7 @@ impl<D: Driver> SqlStore<D> {
         }
         let token = uuid::Uuid::new_v4().to_string();
         let seqs: Vec<i64> = deliver.iter().map(|(seq, _)| *seq).collect();
-        let rows = q(D::SQL.q_lock)
+        let rows = q(look.lock)
             .bind(seqs.clone())
             .bind(&token)
             .bind(Ts(now + millis(settings.lock_ms)))

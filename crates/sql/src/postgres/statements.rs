@@ -2,7 +2,7 @@
 //! statements take a whole batch as parallel arrays (`unnest`) and write its history in
 //! the same statement.
 
-use crate::driver::Statements;
+use crate::driver::{Receive, Statements};
 use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in PostgreSQL.
@@ -17,13 +17,7 @@ pub(crate) const SQL: Statements = Statements {
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
-    q_any_ready: Q_ANY_READY,
-    q_take: Q_TAKE,
-    q_take_now: Some(Q_TAKE_NOW),
-    q_candidates: Q_CANDIDATES,
-    q_lock: Q_LOCK,
-    q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
-    q_delete_many: Q_DELETE_MANY,
+    q_receive: Receive::OneStatement(Q_RECEIVE),
     q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
@@ -31,68 +25,37 @@ pub(crate) const SQL: Statements = Statements {
     o_failed: O_FAILED,
 };
 
-/// The first visible message of queue `$1` at `$2` (NULL: the server's now).
-pub(crate) const Q_ANY_READY: &str = "SELECT seq, delivery_count FROM queue_messages \
-    WHERE queue = $1 AND visible_at <= coalesce($2::timestamptz, now()) ORDER BY visible_at, seq LIMIT 1";
-
-/// The take: locks up to `$3` visible messages of queue `$1` at `now` delivered fewer
-/// than `$4` times, under token `$5` until `until` (rows other receivers lock are
-/// passed over), and returns them.
-macro_rules! take {
-    ($now:literal, $until:literal) => {
-        concat!(
-            "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-             locked_until = ",
-            $until,
-            ", visible_at = ",
-            $until,
-            " \
-             WHERE seq IN (SELECT seq FROM queue_messages \
-                WHERE queue = $1 AND visible_at <= ",
-            $now,
-            " AND delivery_count < $4 \
-                ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING ",
-            message_columns!()
-        )
-    };
-}
-
-/// The take at `$2`, until `$6`, inside the caller's transaction.
-pub(crate) const Q_TAKE: &str = take!("$2", "$6");
-
-/// The take as a statement of its own: `$2` NULL for the server's now, `$6` the lock's
-/// duration in milliseconds. One round trip instead of four (`BEGIN`, the clock, the
-/// take, `COMMIT`): a single statement is atomic by itself.
-pub(crate) const Q_TAKE_NOW: &str = concat!(
-    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now) ",
-    take!(
-        "(SELECT now FROM clock)",
-        "(SELECT now FROM clock) + $6 * interval '1 millisecond'"
-    )
-);
-
-/// Up to `$3` visible messages of queue `$1` at `$2`, locked.
-pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
-    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED";
-
-/// `$1` seqs, `$2` lock token, `$3` locked until.
-pub(crate) const Q_LOCK: &str = concat!(
-    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
-     locked_until = $3, visible_at = $3 WHERE seq = ANY($1::bigint[]) RETURNING ",
-    message_columns!()
-);
-
-/// `$1` seqs dead-lettered at `$2`: delivered too often.
-pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
-    "INSERT INTO queue_dead_letters (",
+/// [`Receive::OneStatement`]: the messages a receive finds locked, and those
+/// delivered too often dead-lettered, in one statement with no look at the head of the
+/// queue first (that read cost a round trip and a walk of the index for each receive
+/// that found something). A take of nothing returns one row of the clock and the count
+/// alone, joined to nothing.
+pub(crate) const Q_RECEIVE: &str = concat!(
+    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
+     candidates AS MATERIALIZED (SELECT seq, delivery_count >= $4 AS exhausted \
+        FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
+        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+     gone AS (DELETE FROM queue_messages \
+        WHERE seq = ANY(ARRAY(SELECT seq FROM candidates WHERE exhausted)) \
+        RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+            delivery_count), \
+     dead AS (INSERT INTO queue_dead_letters (",
     dead_letter_columns!(),
-    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
-     'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
-     FROM queue_messages WHERE seq = ANY($1::bigint[])"
+    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+            delivery_count, 'MaxDeliveryCountExceeded', \
+            'delivered ' || delivery_count || ' times without being completed', \
+            (SELECT now FROM clock) FROM gone), \
+     taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+        locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond', \
+        visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond' \
+        WHERE seq = ANY(ARRAY(SELECT seq FROM candidates WHERE NOT exhausted)) \
+        RETURNING ",
+    message_columns!(),
+    ") \
+     SELECT taken.*, (SELECT now FROM clock) AS now, \
+        (SELECT count(*) FROM gone) AS dead_lettered \
+     FROM (SELECT 1) AS one LEFT JOIN taken ON true"
 );
-
-/// Deletes the messages `$1`.
-pub(crate) const Q_DELETE_MANY: &str = "DELETE FROM queue_messages WHERE seq = ANY($1::bigint[])";
 
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \

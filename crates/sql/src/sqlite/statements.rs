@@ -2,7 +2,7 @@
 //! with `json_each`; the statements of a batch that PostgreSQL runs set-based over
 //! arrays run here once per row (in-process calls; the commit is what costs).
 
-use crate::driver::Statements;
+use crate::driver::{LookThenTake, Receive, Statements};
 use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in SQLite.
@@ -19,13 +19,14 @@ pub(crate) const SQL: Statements = Statements {
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     lock_expired: LOCK_EXPIRED,
-    q_any_ready: Q_ANY_READY,
-    q_take: Q_TAKE,
-    q_take_now: None,
-    q_candidates: Q_CANDIDATES,
-    q_lock: Q_LOCK,
-    q_dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
-    q_delete_many: Q_DELETE_MANY,
+    q_receive: Receive::LookThenTake(LookThenTake {
+        any_ready: Q_ANY_READY,
+        take: Q_TAKE,
+        candidates: Q_CANDIDATES,
+        lock: Q_LOCK,
+        dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
+        delete_many: Q_DELETE_MANY,
+    }),
     q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,

@@ -32,7 +32,7 @@ use orderly_core::store::{ClaimRequest, MAX_BATCH, Taken, bounded_text};
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, OrderId, ProcessState, Result, StateRow, ValidationError};
 
-use crate::driver::{Driver, q};
+use crate::driver::{Driver, Receive, q};
 use crate::error::db;
 use crate::fence::refusal;
 use crate::queue::Head;
@@ -159,8 +159,9 @@ impl<D: Driver> SqlStore<D> {
     /// messages with it) and the error returned; for any other reason it is rolled
     /// back and the messages received plainly (their delivery counted, so one that
     /// always fails ends in the dead letters), held for the caller. Messages delivered
-    /// too often first in line are dead-lettered by the receive's own path and those
-    /// after them handed over held.
+    /// too often are dead-lettered: on PostgreSQL by the take itself, in the same
+    /// transaction; on SQLite, when one is first in line, by the receive's own path,
+    /// and those after them are handed over held.
     pub(crate) async fn take_with<T, F, Fut>(
         &self,
         queue: &QueueName,
@@ -181,9 +182,37 @@ impl<D: Driver> SqlStore<D> {
         }
         let queue_error = |e| Error::Queue(Box::new(e));
         let act = &act;
+        let act_on = |tx: D::Tx, now, messages: Vec<ReceivedMessage>| async move {
+            let all = messages.len() < max as usize;
+            match act(tx, now, messages).await {
+                Ok(taken) => Ok(Some((taken, all))),
+                Err(e) if e.is_retryable() => Err(e),
+                Err(e) => {
+                    tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
+                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
+                    Ok(Some((Taken::held(messages), false)))
+                }
+            }
+        };
         let found = self
             .until_found(queue, wait, || async move {
-                match self.head(queue).await.map_err(queue_error)? {
+                let look = match D::SQL.q_receive {
+                    // The take is the transaction's first statement and reads its clock.
+                    Receive::OneStatement(receive) => {
+                        let mut tx = self.driver.begin_write().await?;
+                        let (messages, now) = self
+                            .take_first(&mut tx, receive, queue, max)
+                            .await
+                            .map_err(queue_error)?;
+                        if messages.is_empty() {
+                            D::commit(tx).await.map_err(db)?;
+                            return Ok(None);
+                        }
+                        return act_on(tx, now, messages).await;
+                    }
+                    Receive::LookThenTake(look) => look,
+                };
+                match self.head(look, queue).await.map_err(queue_error)? {
                     Head::Empty => Ok(None),
                     // Delivered too often first in line: the receive's own path
                     // dead-letters them; whatever it delivers is the caller's.
@@ -195,24 +224,14 @@ impl<D: Driver> SqlStore<D> {
                     Head::Ready => {
                         let (mut tx, now) = self.begin().await?;
                         let messages = self
-                            .take_in(&mut tx, now, queue, max)
+                            .take_in(&mut tx, look, now, queue, max)
                             .await
                             .map_err(queue_error)?;
                         if messages.is_empty() {
                             D::commit(tx).await.map_err(db)?;
                             return Ok(None);
                         }
-                        let all = messages.len() < max as usize;
-                        match act(tx, now, messages).await {
-                            Ok(taken) => Ok(Some((taken, all))),
-                            Err(e) if e.is_retryable() => Err(e),
-                            Err(e) => {
-                                tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
-                                let messages =
-                                    self.receive_now(queue, max).await.map_err(queue_error)?;
-                                Ok(Some((Taken::held(messages), false)))
-                            }
-                        }
+                        act_on(tx, now, messages).await
                     }
                 }
             })
