@@ -9,14 +9,14 @@
 //! `statements.rs`, under the same names in both ([`Statements`]).
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::DerefMut;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::QueueName;
+use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Fence, Result};
 
 use crate::migrate::Migration;
@@ -370,7 +370,17 @@ pub(crate) struct MessageRow<'a> {
     pub correlation_id: Option<&'a str>,
     pub properties: String,
     pub body: &'a [u8],
-    pub visible_at: Ts,
+    /// When it was scheduled to become visible (truncated to microseconds); `None`: at
+    /// once. It is visible from the later of this and the send's now.
+    pub scheduled_at: Option<Ts>,
+}
+
+/// What [`Driver::send_and_complete_alone`] did.
+pub(crate) struct SentAndCompleted {
+    /// How many messages it inserted (the rest were duplicates).
+    pub inserted: usize,
+    /// The holds it completed: seq and lock token.
+    pub completed: HashMap<i64, String>,
 }
 
 /// The fenced touch of one step write, decided by the shared code: the step it must be
@@ -442,6 +452,10 @@ pub(crate) struct Statements {
     pub lock_expired: &'static str,
     /// How a receive locks messages.
     pub q_receive: Receive,
+    /// Whether a send and the completions that go with it run as one statement of
+    /// their own ([`Driver::send_and_complete_alone`]) when nothing else shares their
+    /// transaction.
+    pub sends_alone: bool,
     /// Completes the holds `$1` (seqs) / `$2` (tokens) still locked at `$3`; returns
     /// `seq`, `lock_token` of those it completed.
     pub q_complete_many: &'static str,
@@ -603,6 +617,24 @@ pub(crate) trait Driver: Send + Sync + 'static {
         rows: &[MessageRow<'_>],
         notice: &str,
     ) -> Result<usize, sqlx::Error>;
+    /// A send of `rows` to `queue` (as [`Self::insert_messages`], its duplicate window
+    /// `dedup_ms` long; `None`: none) and the completion of the holds `held` (as
+    /// [`Statements::q_complete_many`]) as ONE statement on a connection of its own,
+    /// which reads the clock itself (`now`: the injected clock, if any) and is a
+    /// transaction by itself: one round trip where a transaction takes five (`BEGIN`,
+    /// the clock, the send, the completion, `COMMIT`). `None` where the dialect has no
+    /// such statement (SQLite: a write takes the writer's turn like any other); the
+    /// caller then runs them in a transaction.
+    async fn send_and_complete_alone(
+        &self,
+        _queue: &str,
+        _dedup_ms: Option<i64>,
+        _rows: &[MessageRow<'_>],
+        _held: &[&ReceivedMessage],
+        _notice: &str,
+    ) -> Result<Option<SentAndCompleted>> {
+        Ok(None)
+    }
     /// Tells other processes, at commit, that `what` happened: a queue's name (it has
     /// new messages) or [`crate::queue::CLAIMABLE`] (orders can be claimed).
     async fn notify_sent(conn: &mut Self::Conn, what: &str) -> Result<(), sqlx::Error>;

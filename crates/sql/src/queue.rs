@@ -334,6 +334,34 @@ struct Settings {
     dedup_ms: i64,
 }
 
+/// The rows to insert for validated `messages`, and how many of them repeat an earlier
+/// id of the same batch (with duplicate detection on, the first of equal ids wins).
+fn message_rows(
+    messages: &[OutgoingMessage],
+    detect_duplicates: bool,
+) -> Result<(Vec<MessageRow<'_>>, usize)> {
+    let mut ids = std::collections::HashSet::with_capacity(messages.len());
+    let mut repeated = 0;
+    let mut rows = Vec::with_capacity(messages.len());
+    for m in messages {
+        if detect_duplicates && !ids.insert(m.message_id.as_str()) {
+            repeated += 1;
+            continue;
+        }
+        rows.push(MessageRow {
+            message_id: &m.message_id,
+            correlation_id: m.correlation_id.as_deref(),
+            properties: serde_json::to_string(&m.properties)
+                .map_err(|e| TransportError::Unavailable(Box::new(e)))?,
+            body: &m.body,
+            scheduled_at: m
+                .scheduled_enqueue_time
+                .map(|t| Ts(orderly_core::clock::truncate_micros(t))),
+        });
+    }
+    Ok((rows, repeated))
+}
+
 impl<D: Driver> SqlStore<D> {
     /// The settings of `queue` (`QueueNotFound` if it was never declared), from the
     /// cache while fresh.
@@ -384,36 +412,8 @@ impl<D: Driver> SqlStore<D> {
                 .await
                 .map_err(db)?;
         }
-        // Within one batch the first of several equal ids wins.
-        let mut unique: Vec<&OutgoingMessage> = Vec::with_capacity(messages.len());
-        if settings.dedup_ms > 0 {
-            let mut ids = std::collections::HashSet::with_capacity(messages.len());
-            for m in messages {
-                if ids.insert(m.message_id.as_str()) {
-                    unique.push(m);
-                } else {
-                    outcome.duplicates += 1;
-                }
-            }
-        } else {
-            unique.extend(messages);
-        }
-        let rows = unique
-            .iter()
-            .map(|m| {
-                Ok(MessageRow {
-                    message_id: &m.message_id,
-                    correlation_id: m.correlation_id.as_deref(),
-                    properties: serde_json::to_string(&m.properties)
-                        .map_err(|e| TransportError::Unavailable(Box::new(e)))?,
-                    body: &m.body,
-                    visible_at: m
-                        .scheduled_enqueue_time
-                        .map(|t| Ts(orderly_core::clock::truncate_micros(t)).max(Ts(now)))
-                        .unwrap_or(Ts(now)),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (rows, repeated) = message_rows(messages, settings.dedup_ms > 0)?;
+        outcome.duplicates += repeated;
         let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
         let notice = self.wakeups.notice(queue.as_str());
         let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_until, &rows, &notice)
@@ -488,6 +488,71 @@ impl<D: Driver> SqlStore<D> {
             }
         }
         Ok(woken)
+    }
+
+    /// Sends `messages` (validated) to `queue` and completes the holds `consumed` as one
+    /// statement that is its own transaction ([`Driver::send_and_complete_alone`]),
+    /// where the dialect can and the queue's settings are known; returns what the send
+    /// did and, hold by hold, whether it ended it. `None`: the caller runs them in a
+    /// transaction (SQLite; settings not read yet; a sweep of expired duplicate records
+    /// due).
+    async fn send_and_complete_alone(
+        &self,
+        queue: Option<&QueueName>,
+        messages: &[OutgoingMessage],
+        consumed: &[ReceivedMessage],
+    ) -> Result<Option<(SendOutcome, Vec<bool>)>> {
+        if !D::SQL.sends_alone {
+            return Ok(None);
+        }
+        let dedup_ms = match queue {
+            Some(queue) => match self.wakeups.cached_settings(queue.as_str()) {
+                Some(settings) => settings.dedup_ms,
+                None => return Ok(None),
+            },
+            None => 0,
+        };
+        if dedup_ms > 0 {
+            // The transaction's path counts this send and sweeps when it is due.
+            let nth = self
+                .wakeups
+                .sends
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if nth.is_multiple_of(SWEEP_EVERY) {
+                return Ok(None);
+            }
+            self.wakeups
+                .sends
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let (rows, repeated) = message_rows(messages, dedup_ms > 0)?;
+        let queue_name = queue.map_or("", |q| q.as_str());
+        let held: Vec<&ReceivedMessage> = consumed.iter().collect();
+        let Some(done) = self
+            .driver
+            .send_and_complete_alone(
+                queue_name,
+                (dedup_ms > 0).then_some(dedup_ms),
+                &rows,
+                &held,
+                &self.wakeups.notice(queue_name),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        if done.inserted > 0 {
+            self.wakeups.wake(queue_name);
+        }
+        let outcome = SendOutcome {
+            accepted: done.inserted,
+            duplicates: repeated + rows.len() - done.inserted,
+        };
+        let ended = held
+            .iter()
+            .map(|m| done.completed.get(&m.sequence_number) == Some(&m.lock_token.0))
+            .collect();
+        Ok(Some((outcome, ended)))
     }
 
     /// Wakes receivers of `queues` (after the commit that filled them).
@@ -846,6 +911,12 @@ impl<D: Driver> Transport for SqlStore<D> {
         if messages.is_empty() {
             return Ok(SendOutcome::default());
         }
+        if let Some((outcome, _)) = self
+            .send_and_complete_alone(Some(queue), messages, &[])
+            .await?
+        {
+            return Ok(outcome);
+        }
         let (mut tx, now) = self.begin().await?;
         let outcome = self.enqueue(&mut tx, now, queue, messages).await?;
         D::commit(tx).await.map_err(db)?;
@@ -891,12 +962,36 @@ impl<D: Driver> Transport for SqlStore<D> {
         consumed: &[ReceivedMessage],
     ) -> Result<Vec<Result<()>>> {
         self.driver.stats().batch("settle", consumed.len());
-        let (mut tx, now) = self.begin().await?;
-        let woken = self.enqueue_all(&mut tx, now, sends).await?;
-        let held: Vec<&ReceivedMessage> = consumed.iter().collect();
-        let ended = Self::complete_held(&mut tx, now, &held).await?;
-        D::commit(tx).await.map_err(db)?;
-        self.wake_queues(&woken);
+        // Sends to one queue (an agent's replies) may go with the completions in one
+        // statement.
+        let one_queue = match sends.first() {
+            Some(first) if sends.iter().all(|e| e.queue == first.queue) => Some(&first.queue),
+            _ => None,
+        };
+        let alone = match one_queue {
+            Some(queue) => {
+                let messages = sends
+                    .iter()
+                    .map(|e| e.message.validate().map(|()| e.message.clone()))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                self.send_and_complete_alone(Some(queue), &messages, consumed)
+                    .await?
+            }
+            None if sends.is_empty() => self.send_and_complete_alone(None, &[], consumed).await?,
+            None => None,
+        };
+        let ended = match alone {
+            Some((_, ended)) => ended,
+            None => {
+                let (mut tx, now) = self.begin().await?;
+                let woken = self.enqueue_all(&mut tx, now, sends).await?;
+                let held: Vec<&ReceivedMessage> = consumed.iter().collect();
+                let ended = Self::complete_held(&mut tx, now, &held).await?;
+                D::commit(tx).await.map_err(db)?;
+                self.wake_queues(&woken);
+                ended
+            }
+        };
         Ok(consumed
             .iter()
             .zip(ended)

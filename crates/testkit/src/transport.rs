@@ -352,6 +352,30 @@ pub async fn settling_after_the_lock_was_lost_is_an_error(ctx: &TransportCtx) {
     lost(t.abandon(&stale).await);
     lost(t.renew_lock(&stale).await.map(|_| ()));
     lost(t.dead_letter(&stale, "Late", "too late").await);
+    let verdicts = t
+        .complete_messages(std::slice::from_ref(&stale))
+        .await
+        .unwrap();
+    lost(verdicts.into_iter().next().unwrap());
+    let replies = queue("late-replies");
+    t.declare_queue(&replies, &settings(30, 10)).await.unwrap();
+    let verdicts = t
+        .send_and_complete(
+            &[orderly_core::transport::Envelope {
+                queue: replies.clone(),
+                message: msg("late-reply", "y"),
+            }],
+            std::slice::from_ref(&stale),
+        )
+        .await
+        .unwrap();
+    lost(verdicts.into_iter().next().unwrap());
+    let late_reply = receive_one(&*t, &replies).await;
+    assert_eq!(
+        late_reply.message_id, "late-reply",
+        "the send still went out"
+    );
+    t.complete(&late_reply).await.unwrap();
     let current = receive_one(&*t, &q).await;
     assert_eq!(
         current.delivery_count, 2,
@@ -415,14 +439,25 @@ pub async fn duplicate_message_ids_are_dropped_within_the_window(ctx: &Transport
 /// A scheduled message waits for its time.
 pub async fn scheduled_messages_stay_invisible_until_their_time(ctx: &TransportCtx) {
     let (t, q) = declared(ctx, "retries", QueueSettings::default()).await;
+    let at = ctx.clock.now() + chrono::Duration::seconds(60);
     let mut later = msg("later", "x");
-    later.scheduled_enqueue_time = Some(ctx.clock.now() + chrono::Duration::seconds(60));
+    later.scheduled_enqueue_time = Some(at);
     t.send(&q, &[later]).await.unwrap();
     assert!(t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty());
+    // Sent again to a queue already in use (a transport may send differently once it
+    // knows the queue).
+    let mut later_too = msg("later-too", "y");
+    later_too.scheduled_enqueue_time = Some(at);
+    t.send(&q, &[later_too]).await.unwrap();
     ctx.clock.advance(Duration::from_secs(59));
     assert!(t.receive(&q, 1, NO_WAIT).await.unwrap().is_empty());
     ctx.clock.advance(Duration::from_secs(1));
-    assert_eq!(receive_one(&*t, &q).await.message_id, "later");
+    let first = receive_one(&*t, &q).await;
+    t.complete(&first).await.unwrap();
+    let second = receive_one(&*t, &q).await;
+    let mut ids = [first.message_id, second.message_id];
+    ids.sort();
+    assert_eq!(ids, ["later", "later-too"]);
 }
 
 /// Unknown queues, oversized payloads and bad arguments are typed errors; a batch with

@@ -15,13 +15,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::QueueName;
+use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Fence, Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::driver::{
-    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, StepRow, Touch, q,
+    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepRow,
+    Touch, q,
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
@@ -488,13 +489,67 @@ impl Driver for PgDriver {
             )
             .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
             .bind(now)
-            .bind(rows.iter().map(|r| r.visible_at.0).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.scheduled_at.map(|at| at.0))
+                    .collect::<Vec<_>>(),
+            )
             .bind(dedup_until)
             .bind(crate::queue::CHANNEL)
             .bind(notice)
             .fetch_one(conn)
             .await?;
         Ok(usize::try_from(inserted).unwrap_or_default())
+    }
+
+    /// One statement, on a connection of its own.
+    async fn send_and_complete_alone(
+        &self,
+        queue: &str,
+        dedup_ms: Option<i64>,
+        rows: &[MessageRow<'_>],
+        held: &[&ReceivedMessage],
+        notice: &str,
+    ) -> Result<Option<SentAndCompleted>> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        self.stats.write_alone();
+        let found: Vec<(i64, Option<i64>, Option<String>)> =
+            sqlx::query_as(sql::Q_SEND_AND_COMPLETE)
+                .bind(queue)
+                .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
+                .bind(
+                    rows.iter()
+                        .map(|r| r.properties.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
+                .bind(self.injected_now())
+                .bind(
+                    rows.iter()
+                        .map(|r| r.scheduled_at.map(|at| at.0))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(dedup_ms)
+                .bind(crate::queue::CHANNEL)
+                .bind(notice)
+                .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
+                .bind(
+                    held.iter()
+                        .map(|m| m.lock_token.0.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db)?;
+        let inserted = found.first().map_or(0, |(n, _, _)| *n);
+        Ok(Some(SentAndCompleted {
+            inserted: usize::try_from(inserted).unwrap_or_default(),
+            completed: found
+                .into_iter()
+                .filter_map(|(_, seq, token)| seq.zip(token))
+                .collect(),
+        }))
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.

@@ -18,6 +18,7 @@ pub(crate) const SQL: Statements = Statements {
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement(Q_RECEIVE),
+    sends_alone: true,
     q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
@@ -81,7 +82,8 @@ pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
     WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
 
 /// A batch send in one statement: inserts messages into queue `$1` (ids `$2`,
-/// correlations `$3`, properties `$4`, bodies `$5`, enqueued at `$6`, visible at `$7`)
+/// correlations `$3`, properties `$4`, bodies `$5`, enqueued at `$6`, scheduled for
+/// `$7` (NULL: at once; visible from the later of that and `$6`))
 /// except those whose id was seen there within the duplicate window (`$8`, the
 /// window's end for the ids recorded now; NULL: the queue detects no duplicates), and
 /// if it inserted any, notifies channel `$9` of `$10` (delivered at commit). Returns
@@ -96,13 +98,50 @@ pub(crate) const Q_SEND: &str = "WITH fresh AS ( \
     inserted AS ( \
         INSERT INTO queue_messages \
             (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-        SELECT $1, m.id, m.correlation, m.properties, m.body, $6, m.visible \
+        SELECT $1, m.id, m.correlation, m.properties, m.body, $6, \
+            greatest(coalesce(m.scheduled, $6), $6) \
         FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
-            AS m(id, correlation, properties, body, visible) \
+            AS m(id, correlation, properties, body, scheduled) \
         WHERE $8::timestamptz IS NULL OR m.id IN (SELECT message_id FROM fresh) \
         RETURNING 1) \
     SELECT c.n, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
     FROM (SELECT count(*) AS n FROM inserted) c";
+
+/// [`crate::driver::Driver::send_and_complete_alone`]: [`Q_SEND`] and
+/// [`Q_COMPLETE_MANY`] as one statement that reads the clock itself (`$6`, NULL for the
+/// server's now) and is a transaction of its own. Inserts messages into queue `$1`
+/// (ids `$2`, correlations `$3`, properties `$4`, bodies `$5`, scheduled for `$7`)
+/// except those seen there within the duplicate window of `$8` milliseconds (NULL: the
+/// queue detects no duplicates); if it inserted any, notifies channel `$9` of `$10`;
+/// and deletes the messages `$11` (seqs) still held under the lock tokens `$12`,
+/// pairwise. One row per completed hold (`seq`, `lock_token`), or one row of NULLs if
+/// none; every row carries how many it inserted (`inserted`).
+pub(crate) const Q_SEND_AND_COMPLETE: &str = "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), \
+    fresh AS ( \
+        INSERT INTO queue_dedup (queue, message_id, expires_at) \
+        SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
+        FROM unnest($2::text[]) AS id \
+        WHERE $8::bigint IS NOT NULL \
+        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+        WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), \
+    inserted AS ( \
+        INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT $1, m.id, m.correlation, m.properties, m.body, c.now, \
+            greatest(coalesce(m.scheduled, c.now), c.now) \
+        FROM clock c, \
+            unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
+            AS m(id, correlation, properties, body, scheduled) \
+        WHERE $8::bigint IS NULL OR m.id IN (SELECT message_id FROM fresh) \
+        RETURNING 1), \
+    completed AS ( \
+        DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
+        WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
+        RETURNING q.seq, q.lock_token) \
+    SELECT s.inserted, completed.seq, completed.lock_token \
+    FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
+        FROM (SELECT count(*) AS n FROM inserted) c) s \
+    LEFT JOIN completed ON true";
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";

@@ -679,7 +679,7 @@ impl Driver for SqliteDriver {
                     r.correlation_id,
                     r.properties.as_str(),
                     hex(r.body),
-                    r.visible_at.to_text()
+                    r.scheduled_at.map_or(now, |at| at.max(now)).to_text()
                 ])
             }))
             .execute::<Self>(conn)

@@ -27,6 +27,7 @@ pub(crate) const SQL: Statements = Statements {
         dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
         delete_many: Q_DELETE_MANY,
     }),
+    sends_alone: false,
     q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
