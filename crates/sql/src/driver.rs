@@ -606,14 +606,15 @@ pub(crate) trait Driver: Send + Sync + 'static {
         rescues: &[Rescue],
     ) -> Result<HashSet<String>>;
 
-    /// Inserts messages into `queue` unless (with `dedup_until`) their id was seen
-    /// within the window; returns how many it inserted. If it inserted any, other
-    /// processes hear `notice` at commit, as from [`Self::notify_sent`].
+    /// Inserts messages into `queue` unless (with a duplicate window `dedup_ms` long)
+    /// their id was seen within the window; returns how many it inserted. If it
+    /// inserted any, other processes hear `notice` at commit, as from
+    /// [`Self::notify_sent`].
     async fn insert_messages(
         conn: &mut Self::Conn,
         now: Ts,
         queue: &QueueName,
-        dedup_until: Option<Ts>,
+        dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         notice: &str,
     ) -> Result<usize, sqlx::Error>;

@@ -334,12 +334,23 @@ struct Settings {
     dedup_ms: i64,
 }
 
+/// Hold by hold, whether the completion ended it: `ended` holds the seq and lock token
+/// of each message it deleted.
+fn verdicts(
+    held: &[&ReceivedMessage],
+    ended: &std::collections::HashMap<i64, String>,
+) -> Vec<bool> {
+    held.iter()
+        .map(|m| ended.get(&m.sequence_number) == Some(&m.lock_token.0))
+        .collect()
+}
+
 /// The rows to insert for validated `messages`, and how many of them repeat an earlier
 /// id of the same batch (with duplicate detection on, the first of equal ids wins).
-fn message_rows(
-    messages: &[OutgoingMessage],
+fn message_rows<'m>(
+    messages: impl ExactSizeIterator<Item = &'m OutgoingMessage>,
     detect_duplicates: bool,
-) -> Result<(Vec<MessageRow<'_>>, usize)> {
+) -> Result<(Vec<MessageRow<'m>>, usize)> {
     let mut ids = std::collections::HashSet::with_capacity(messages.len());
     let mut repeated = 0;
     let mut rows = Vec::with_capacity(messages.len());
@@ -412,11 +423,11 @@ impl<D: Driver> SqlStore<D> {
                 .await
                 .map_err(db)?;
         }
-        let (rows, repeated) = message_rows(messages, settings.dedup_ms > 0)?;
+        let (rows, repeated) = message_rows(messages.iter(), settings.dedup_ms > 0)?;
         outcome.duplicates += repeated;
-        let dedup_until = (settings.dedup_ms > 0).then(|| Ts(now + millis(settings.dedup_ms)));
+        let dedup_ms = (settings.dedup_ms > 0).then_some(settings.dedup_ms);
         let notice = self.wakeups.notice(queue.as_str());
-        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_until, &rows, &notice)
+        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_ms, &rows, &notice)
             .await
             .map_err(db)?;
         outcome.duplicates += rows.len() - accepted;
@@ -454,10 +465,7 @@ impl<D: Driver> SqlStore<D> {
                 Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
             })
             .collect::<orderly_core::Result<std::collections::HashMap<i64, String>>>()?;
-        Ok(held
-            .iter()
-            .map(|m| ended.get(&m.sequence_number) == Some(&m.lock_token.0))
-            .collect())
+        Ok(verdicts(held, &ended))
     }
 
     /// Enqueues the messages a state change causes, inside its transaction.
@@ -496,10 +504,10 @@ impl<D: Driver> SqlStore<D> {
     /// did and, hold by hold, whether it ended it. `None`: the caller runs them in a
     /// transaction (SQLite; settings not read yet; a sweep of expired duplicate records
     /// due).
-    async fn send_and_complete_alone(
+    async fn send_and_complete_alone<'m>(
         &self,
         queue: Option<&QueueName>,
-        messages: &[OutgoingMessage],
+        messages: impl ExactSizeIterator<Item = &'m OutgoingMessage>,
         consumed: &[ReceivedMessage],
     ) -> Result<Option<(SendOutcome, Vec<bool>)>> {
         if !D::SQL.sends_alone {
@@ -528,6 +536,11 @@ impl<D: Driver> SqlStore<D> {
         let (rows, repeated) = message_rows(messages, dedup_ms > 0)?;
         let queue_name = queue.map_or("", |q| q.as_str());
         let held: Vec<&ReceivedMessage> = consumed.iter().collect();
+        let notice = if rows.is_empty() {
+            String::new()
+        } else {
+            self.wakeups.notice(queue_name)
+        };
         let Some(done) = self
             .driver
             .send_and_complete_alone(
@@ -535,7 +548,7 @@ impl<D: Driver> SqlStore<D> {
                 (dedup_ms > 0).then_some(dedup_ms),
                 &rows,
                 &held,
-                &self.wakeups.notice(queue_name),
+                &notice,
             )
             .await?
         else {
@@ -548,11 +561,7 @@ impl<D: Driver> SqlStore<D> {
             accepted: done.inserted,
             duplicates: repeated + rows.len() - done.inserted,
         };
-        let ended = held
-            .iter()
-            .map(|m| done.completed.get(&m.sequence_number) == Some(&m.lock_token.0))
-            .collect();
-        Ok(Some((outcome, ended)))
+        Ok(Some((outcome, verdicts(&held, &done.completed))))
     }
 
     /// Wakes receivers of `queues` (after the commit that filled them).
@@ -912,7 +921,7 @@ impl<D: Driver> Transport for SqlStore<D> {
             return Ok(SendOutcome::default());
         }
         if let Some((outcome, _)) = self
-            .send_and_complete_alone(Some(queue), messages, &[])
+            .send_and_complete_alone(Some(queue), messages.iter(), &[])
             .await?
         {
             return Ok(outcome);
@@ -962,23 +971,18 @@ impl<D: Driver> Transport for SqlStore<D> {
         consumed: &[ReceivedMessage],
     ) -> Result<Vec<Result<()>>> {
         self.driver.stats().batch("settle", consumed.len());
-        // Sends to one queue (an agent's replies) may go with the completions in one
-        // statement.
-        let one_queue = match sends.first() {
-            Some(first) if sends.iter().all(|e| e.queue == first.queue) => Some(&first.queue),
-            _ => None,
-        };
-        let alone = match one_queue {
-            Some(queue) => {
-                let messages = sends
-                    .iter()
-                    .map(|e| e.message.validate().map(|()| e.message.clone()))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                self.send_and_complete_alone(Some(queue), &messages, consumed)
+        // Sends to one queue (an agent's replies), or none, may go with the completions
+        // in one statement.
+        let alone = match sends.first().map(|e| &e.queue) {
+            Some(queue) if sends.iter().any(|e| &e.queue != queue) => None,
+            queue => {
+                for e in sends {
+                    e.message.validate()?;
+                }
+                let messages = sends.iter().map(|e| &e.message);
+                self.send_and_complete_alone(queue, messages, consumed)
                     .await?
             }
-            None if sends.is_empty() => self.send_and_complete_alone(None, &[], consumed).await?,
-            None => None,
         };
         let ended = match alone {
             Some((_, ended)) => ended,

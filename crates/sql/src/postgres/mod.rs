@@ -183,6 +183,58 @@ fn complete_query(
         .bind(HistoryKind::Completed.as_str())
 }
 
+/// What [`sql::Q_SEND`] returns: how many it inserted, and per completed hold its seq
+/// and lock token.
+type SentRow = (i64, Option<i64>, Option<String>);
+
+/// [`sql::Q_SEND`]: `rows` sent to `queue` at `now` (NULL: the server's), the holds
+/// `held` completed.
+fn send_query<'q>(
+    queue: &'q str,
+    now: Option<Ts>,
+    dedup_ms: Option<i64>,
+    rows: &'q [MessageRow<'q>],
+    held: &'q [&'q ReceivedMessage],
+    notice: &'q str,
+) -> sqlx::query::QueryAs<'q, Postgres, SentRow, <Postgres as sqlx::Database>::Arguments> {
+    sqlx::query_as(sql::Q_SEND)
+        .bind(queue)
+        .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.properties.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
+        .bind(now)
+        .bind(
+            rows.iter()
+                .map(|r| r.scheduled_at.map(|at| at.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(dedup_ms)
+        .bind(crate::queue::CHANNEL)
+        .bind(notice)
+        .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
+        .bind(
+            held.iter()
+                .map(|m| m.lock_token.0.as_str())
+                .collect::<Vec<_>>(),
+        )
+}
+
+fn sent_and_completed(rows: Vec<SentRow>) -> SentAndCompleted {
+    let inserted = rows.first().map_or(0, |(n, _, _)| *n);
+    SentAndCompleted {
+        inserted: usize::try_from(inserted).unwrap_or_default(),
+        completed: rows
+            .into_iter()
+            .filter_map(|(_, seq, token)| seq.zip(token))
+            .collect(),
+    }
+}
+
 fn order_ids(rows: Vec<PgRow>) -> Result<HashSet<String>> {
     rows.iter()
         .map(|r| Cols(r).get::<String>("order_id"))
@@ -474,35 +526,17 @@ impl Driver for PgDriver {
         conn: &mut PgConnection,
         now: Ts,
         queue: &QueueName,
-        dedup_until: Option<Ts>,
+        dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         notice: &str,
     ) -> Result<usize, sqlx::Error> {
-        let inserted: i64 = sqlx::query_scalar(sql::Q_SEND)
-            .bind(queue.as_str())
-            .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
-            .bind(
-                rows.iter()
-                    .map(|r| r.properties.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
-            .bind(now)
-            .bind(
-                rows.iter()
-                    .map(|r| r.scheduled_at.map(|at| at.0))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(dedup_until)
-            .bind(crate::queue::CHANNEL)
-            .bind(notice)
-            .fetch_one(conn)
+        let sent = send_query(queue.as_str(), Some(now), dedup_ms, rows, &[], notice)
+            .fetch_all(conn)
             .await?;
-        Ok(usize::try_from(inserted).unwrap_or_default())
+        Ok(sent_and_completed(sent).inserted)
     }
 
-    /// One statement, on a connection of its own.
+    /// The same statement as a send's, on a connection of its own.
     async fn send_and_complete_alone(
         &self,
         queue: &str,
@@ -513,43 +547,11 @@ impl Driver for PgDriver {
     ) -> Result<Option<SentAndCompleted>> {
         let mut conn = self.pool.acquire().await.map_err(db)?;
         self.stats.write_alone();
-        let found: Vec<(i64, Option<i64>, Option<String>)> =
-            sqlx::query_as(sql::Q_SEND_AND_COMPLETE)
-                .bind(queue)
-                .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
-                .bind(
-                    rows.iter()
-                        .map(|r| r.properties.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(rows.iter().map(|r| r.body).collect::<Vec<_>>())
-                .bind(self.injected_now())
-                .bind(
-                    rows.iter()
-                        .map(|r| r.scheduled_at.map(|at| at.0))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(dedup_ms)
-                .bind(crate::queue::CHANNEL)
-                .bind(notice)
-                .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
-                .bind(
-                    held.iter()
-                        .map(|m| m.lock_token.0.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db)?;
-        let inserted = found.first().map_or(0, |(n, _, _)| *n);
-        Ok(Some(SentAndCompleted {
-            inserted: usize::try_from(inserted).unwrap_or_default(),
-            completed: found
-                .into_iter()
-                .filter_map(|(_, seq, token)| seq.zip(token))
-                .collect(),
-        }))
+        let sent = send_query(queue, self.injected_now(), dedup_ms, rows, held, notice)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?;
+        Ok(Some(sent_and_completed(sent)))
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.

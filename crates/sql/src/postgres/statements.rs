@@ -81,42 +81,19 @@ pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
     USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
     WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
 
-/// A batch send in one statement: inserts messages into queue `$1` (ids `$2`,
-/// correlations `$3`, properties `$4`, bodies `$5`, enqueued at `$6`, scheduled for
-/// `$7` (NULL: at once; visible from the later of that and `$6`))
-/// except those whose id was seen there within the duplicate window (`$8`, the
-/// window's end for the ids recorded now; NULL: the queue detects no duplicates), and
-/// if it inserted any, notifies channel `$9` of `$10` (delivered at commit). Returns
-/// how many it inserted. An id is a duplicate unless it is new or its record expired
-/// by `$6`. Three round trips before (record the ids, insert, notify), one now.
-pub(crate) const Q_SEND: &str = "WITH fresh AS ( \
-        INSERT INTO queue_dedup (queue, message_id, expires_at) \
-        SELECT $1, id, $8::timestamptz FROM unnest($2::text[]) AS id \
-        WHERE $8::timestamptz IS NOT NULL \
-        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-        WHERE queue_dedup.expires_at <= $6 RETURNING message_id), \
-    inserted AS ( \
-        INSERT INTO queue_messages \
-            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-        SELECT $1, m.id, m.correlation, m.properties, m.body, $6, \
-            greatest(coalesce(m.scheduled, $6), $6) \
-        FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
-            AS m(id, correlation, properties, body, scheduled) \
-        WHERE $8::timestamptz IS NULL OR m.id IN (SELECT message_id FROM fresh) \
-        RETURNING 1) \
-    SELECT c.n, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
-    FROM (SELECT count(*) AS n FROM inserted) c";
-
-/// [`crate::driver::Driver::send_and_complete_alone`]: [`Q_SEND`] and
-/// [`Q_COMPLETE_MANY`] as one statement that reads the clock itself (`$6`, NULL for the
-/// server's now) and is a transaction of its own. Inserts messages into queue `$1`
-/// (ids `$2`, correlations `$3`, properties `$4`, bodies `$5`, scheduled for `$7`)
-/// except those seen there within the duplicate window of `$8` milliseconds (NULL: the
-/// queue detects no duplicates); if it inserted any, notifies channel `$9` of `$10`;
-/// and deletes the messages `$11` (seqs) still held under the lock tokens `$12`,
-/// pairwise. One row per completed hold (`seq`, `lock_token`), or one row of NULLs if
-/// none; every row carries how many it inserted (`inserted`).
-pub(crate) const Q_SEND_AND_COMPLETE: &str = "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), \
+/// A send and the completions that go with it, in one statement that reads the clock
+/// itself (`$6`; NULL: the server's now). Inserts messages into queue `$1` (ids `$2`,
+/// correlations `$3`, properties `$4`, bodies `$5`, scheduled for `$7`, NULL: at once;
+/// each visible from the later of that and now) except those whose id was seen there
+/// within the duplicate window of `$8` milliseconds (NULL: the queue detects no
+/// duplicates); if it inserted any, notifies channel `$9` of `$10` (delivered at
+/// commit); and deletes the messages `$11` (seqs) still held under the lock tokens
+/// `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of NULLs
+/// if none; every row carries how many it inserted (`inserted`). Inside a transaction
+/// it is the send (no holds); alone it is a transaction of its own
+/// ([`crate::driver::Driver::send_and_complete_alone`]): one round trip where a
+/// transaction takes five.
+pub(crate) const Q_SEND: &str = "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), \
     fresh AS ( \
         INSERT INTO queue_dedup (queue, message_id, expires_at) \
         SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \

@@ -636,12 +636,13 @@ impl Driver for SqliteDriver {
         conn: &mut SqliteConnection,
         now: Ts,
         queue: &QueueName,
-        dedup_until: Option<Ts>,
+        dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         _notice: &str,
     ) -> Result<usize, sqlx::Error> {
-        let fresh: Option<HashSet<String>> = match dedup_until {
-            Some(until) => {
+        let fresh: Option<HashSet<String>> = match dedup_ms {
+            Some(ms) => {
+                let until = Ts(now.0 + chrono::Duration::milliseconds(ms));
                 let ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
                 let fresh = q(sql::Q_DEDUP_MANY)
                     .bind(queue.as_str())
