@@ -454,6 +454,14 @@ pub async fn stale_owner_cannot_complete_fail_extend_release_or_record_a_step(ct
     let third = claim_one(&*store, &b, MINUTE).await;
     assert_eq!(third.fence.epoch, Epoch(3));
     every_write_is_fenced(&*store, &second.fence, &b, Epoch(3)).await;
+
+    // Another instance naming the current epoch is refused too: the owner is part of
+    // the fence, not only the epoch.
+    let forged = Fence {
+        owner: a.clone(),
+        ..third.fence.clone()
+    };
+    every_write_is_fenced(&*store, &forged, &b, Epoch(3)).await;
     store.complete(&third.fence, &[]).await.unwrap();
     assert_eq!(
         row(&*store, &id).await.process_state,

@@ -161,7 +161,21 @@ fn claimed_orders(rows: &[PgRow], request: &ClaimRequest) -> Result<Vec<ClaimedO
         .collect()
 }
 
-/// A batch of fences as the parallel arrays of the COMPLETE statement.
+/// A batch's per-order values as the JSON object its statement looks each row up in
+/// (see `statements.rs`): order id to `entry(order)`. Order ids are unique in a batch.
+fn batch_of<T>(
+    items: &[T],
+    id: impl Fn(&T) -> &str,
+    entry: impl Fn(&T) -> serde_json::Value,
+) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = items
+        .iter()
+        .map(|item| (id(item).to_owned(), entry(item)))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// A batch of fences as the COMPLETE statement takes them.
 fn complete_query(
     now: Option<Ts>,
     fences: &[&Fence],
@@ -170,16 +184,18 @@ fn complete_query(
         .iter()
         .map(|f| f.order_id.as_str().to_owned())
         .collect();
-    let owners: Vec<String> = fences.iter().map(|f| f.owner.as_str().to_owned()).collect();
-    let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.0).collect();
-    // Unnamed (not cached) so the server plans it for this batch's actual arrays; a
-    // cached generic plan cannot see their size and picks a far slower join.
+    let batch = batch_of(
+        fences,
+        |f| f.order_id.as_str(),
+        |f| serde_json::json!({ "owner": f.owner.as_str(), "epoch": f.epoch.0 }),
+    );
+    // Unnamed (not cached) so the server plans it for this batch's actual ids: a cached
+    // generic plan cannot see how many there are.
     sqlx::query(sql::COMPLETE)
         .persistent(false)
         .bind(now)
         .bind(ids)
-        .bind(owners)
-        .bind(epochs)
+        .bind(batch)
         .bind(HistoryKind::Completed.as_str())
 }
 
@@ -381,6 +397,20 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
+        let batch = batch_of(
+            touches,
+            |t| t.fence.order_id.as_str(),
+            |t| {
+                serde_json::json!({
+                    "owner": t.fence.owner.as_str(),
+                    "epoch": t.fence.epoch.0,
+                    "expect": t.expect,
+                    "step": t.new_step,
+                    "failed": t.failed,
+                    "error": t.error,
+                })
+            },
+        );
         let rows = sqlx::query(sql::TOUCH_STEPS)
             .persistent(false)
             .bind(Ts(now))
@@ -390,22 +420,7 @@ impl Driver for PgDriver {
                     .map(|t| t.fence.order_id.as_str())
                     .collect::<Vec<_>>(),
             )
-            .bind(
-                touches
-                    .iter()
-                    .map(|t| t.fence.owner.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(touches.iter().map(|t| t.fence.epoch.0).collect::<Vec<_>>())
-            .bind(touches.iter().map(|t| t.expect).collect::<Vec<_>>())
-            .bind(touches.iter().map(|t| t.new_step).collect::<Vec<_>>())
-            .bind(touches.iter().map(|t| t.failed).collect::<Vec<_>>())
-            .bind(
-                touches
-                    .iter()
-                    .map(|t| t.error.as_deref())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(batch)
             .fetch_all(conn)
             .await
             .map_err(db)?;
@@ -416,7 +431,7 @@ impl Driver for PgDriver {
     // duplicate check) are prepared once per connection and their plans kept: an
     // insert from `unnest` plans the same whatever the arrays hold, and parsing and
     // planning each batch afresh was server work on every write. The batch updates
-    // (`TOUCH_STEPS`, `COMPLETE`) stay unnamed: their join is planned for the batch.
+    // (`TOUCH_STEPS`, `COMPLETE`) stay unnamed: they are planned for the batch's ids.
     async fn write_steps(
         conn: &mut PgConnection,
         now: DateTime<Utc>,
@@ -489,7 +504,23 @@ impl Driver for PgDriver {
         actor: &str,
         rescues: &[Rescue],
     ) -> Result<HashSet<String>> {
+        let batch = batch_of(
+            rescues,
+            |r| r.order_id.as_str(),
+            |r| {
+                serde_json::json!({
+                    "epoch": r.epoch,
+                    "failures": r.failure_count,
+                    "state": r.state,
+                    "finish_as": r.finish_as,
+                    "next_at": r.next_attempt_at.map(Ts::to_text),
+                    "reason": orderly_core::store::bounded_text(&r.reason),
+                    "kind": r.kind,
+                })
+            },
+        );
         let rows = sqlx::query(sql::RECOVER)
+            .persistent(false)
             .bind(Ts(now))
             .bind(actor)
             .bind(
@@ -498,23 +529,7 @@ impl Driver for PgDriver {
                     .map(|r| r.order_id.as_str())
                     .collect::<Vec<_>>(),
             )
-            .bind(rescues.iter().map(|r| r.epoch).collect::<Vec<_>>())
-            .bind(rescues.iter().map(|r| r.failure_count).collect::<Vec<_>>())
-            .bind(rescues.iter().map(|r| r.state).collect::<Vec<_>>())
-            .bind(rescues.iter().map(|r| r.finish_as).collect::<Vec<_>>())
-            .bind(
-                rescues
-                    .iter()
-                    .map(|r| r.next_attempt_at.map(|t| t.0))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                rescues
-                    .iter()
-                    .map(|r| orderly_core::store::bounded_text(&r.reason))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rescues.iter().map(|r| r.kind).collect::<Vec<_>>())
+            .bind(batch)
             .fetch_all(conn)
             .await
             .map_err(db)?;

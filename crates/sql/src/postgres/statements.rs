@@ -130,6 +130,12 @@ pub(crate) const NOW: &str = "SELECT coalesce($1::timestamptz, now()) AS now";
 // id array) so every row of a batch is one primary-key probe: joined as a CTE
 // instead, the planner hash-joins the batch against a scan of the whole table.
 //
+// What a batch says per order (a fence, a step to move to) is one JSON object keyed by
+// order id ([`batch_of`]) that each row looks itself up in, not an `unnest` of arrays
+// joined to the rows: the planner, expecting one row from the id list and a deadline
+// it has no statistics for (all NULL when last analyzed), nested the whole array under
+// each row it found, and a completion of 500 orders took 60 ms instead of 14.
+//
 // Nor do they name the state the partial indexes are on (`process_state =
 // 'Pending'` or `'Processing'`), where something else already proves it: the fence
 // `locked_by = owner` (a locked row is Processing: `order_state_locked_iff_processing`),
@@ -170,35 +176,44 @@ pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, 
         (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
     FROM claimed c";
 
-/// `$1` injected now or NULL, `$2` order ids, `$3` owners, `$4` epochs, `$5` the
-/// history kind.
-pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
+/// `$1` injected now or NULL, `$2` order ids, `$3` the batch ([`batch_of`]): per
+/// order id `owner` and `epoch`, `$4` the history kind.
+pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now, \
+        $3::jsonb AS batch), \
     done AS ( \
         UPDATE order_state s SET process_state = 'Processed', locked_by = NULL, complete_by = NULL, \
             updated_at = clock.now \
-        FROM clock, unnest($2::text[], $3::text[], $4::bigint[]) AS f(order_id, owner, epoch) \
-        WHERE s.order_id = ANY($2::text[]) AND s.order_id = f.order_id \
-            AND s.locked_by = f.owner AND s.lock_epoch = f.epoch \
+        FROM clock \
+        WHERE s.order_id = ANY($2::text[]) \
+            AND s.locked_by = clock.batch -> s.order_id ->> 'owner' \
+            AND s.lock_epoch = (clock.batch -> s.order_id ->> 'epoch')::bigint \
             AND s.complete_by > clock.now \
-        RETURNING s.order_id, s.lock_epoch, f.owner, clock.now AS at), \
+        RETURNING s.order_id, s.lock_epoch, clock.batch -> s.order_id ->> 'owner' AS owner, \
+            clock.now AS at), \
     history AS ( \
         INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
-        SELECT order_id, at, owner, $5, 'Processing', 'Processed', lock_epoch FROM done) \
+        SELECT order_id, at, owner, $4, 'Processing', 'Processed', lock_epoch FROM done) \
     SELECT order_id FROM done";
 
-/// The fenced, step-guarded touch of many step writes at once: `$1` now, then per
-/// write order id, owner, epoch, expected step (-1: any), the step to move to (-1:
-/// none), whether a step failed and its error. Returns the orders touched.
-pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state s SET \
-        current_step = CASE WHEN w.new_step > s.current_step THEN w.new_step ELSE s.current_step END, \
-        last_error = CASE WHEN w.failed THEN w.err ELSE s.last_error END, \
-        waiting_on = CASE WHEN w.new_step > s.current_step THEN NULL ELSE s.waiting_on END, \
+/// The fenced, step-guarded touch of many step writes at once: `$1` now, `$2` order
+/// ids, `$3` the batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the
+/// step it expects, -1: any), `step` (the step to move to, -1: none), `failed` and
+/// `error`. Returns the orders touched.
+pub(crate) const TOUCH_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch) \
+    UPDATE order_state s SET \
+        current_step = greatest(s.current_step, (b.batch -> s.order_id ->> 'step')::int), \
+        last_error = CASE WHEN (b.batch -> s.order_id ->> 'failed')::bool \
+            THEN b.batch -> s.order_id ->> 'error' ELSE s.last_error END, \
+        waiting_on = CASE WHEN (b.batch -> s.order_id ->> 'step')::int > s.current_step \
+            THEN NULL ELSE s.waiting_on END, \
         updated_at = $1 \
-    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::int[], $6::int[], $7::bool[], $8::text[]) \
-        AS w(order_id, owner, epoch, expect, new_step, failed, err) \
-    WHERE s.order_id = ANY($2::text[]) AND s.order_id = w.order_id \
-        AND s.locked_by = w.owner AND s.lock_epoch = w.epoch AND s.complete_by > $1 \
-        AND (w.expect < 0 OR s.current_step = w.expect) \
+    FROM b \
+    WHERE s.order_id = ANY($2::text[]) \
+        AND s.locked_by = b.batch -> s.order_id ->> 'owner' \
+        AND s.lock_epoch = (b.batch -> s.order_id ->> 'epoch')::bigint \
+        AND s.complete_by > $1 \
+        AND ((b.batch -> s.order_id ->> 'expect')::int < 0 \
+            OR s.current_step = (b.batch -> s.order_id ->> 'expect')::int) \
     RETURNING s.order_id";
 
 /// Many step records at once: `$1` now, then per update order id, index, name,
@@ -242,19 +257,26 @@ pub(crate) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_ep
     WHERE s.process_state = 'Processing' AND s.complete_by < $1 \
     ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED";
 
-/// The decided recoveries, set-based: `$1` now, `$2` actor, then per order its id,
-/// epoch, failure count, new state, finish_as, next attempt (NULL: unchanged),
-/// reason and history kind.
-pub(crate) const RECOVER: &str = "WITH recovered AS ( \
-        UPDATE order_state s SET failure_count = d.failure_count, process_state = d.state, \
-            finish_as = d.finish_as, next_attempt_at = coalesce(d.next_at, s.next_attempt_at), \
-            last_error = d.reason, locked_by = NULL, complete_by = NULL, updated_at = $1 \
-        FROM unnest($3::text[], $4::bigint[], $5::int[], $6::text[], $7::text[], \
-            $8::timestamptz[], $9::text[], $10::text[]) \
-            AS d(order_id, epoch, failure_count, state, finish_as, next_at, reason, kind) \
-        WHERE s.order_id = ANY($3::text[]) AND s.order_id = d.order_id \
-            AND s.process_state = 'Processing' AND s.lock_epoch = d.epoch AND s.complete_by < $1 \
-        RETURNING s.order_id, d.state, d.reason, d.kind, s.lock_epoch), \
+/// The decided recoveries, set-based: `$1` now, `$2` actor, `$3` order ids, `$4` the
+/// batch ([`batch_of`]): per order id `epoch`, `failures` (the new count), `state`,
+/// `finish_as`, `next_at` (the next attempt, NULL: unchanged), `reason` and `kind` (of
+/// history).
+pub(crate) const RECOVER: &str = "WITH b AS (SELECT $4::jsonb AS batch), \
+    recovered AS ( \
+        UPDATE order_state s SET \
+            failure_count = (b.batch -> s.order_id ->> 'failures')::int, \
+            process_state = b.batch -> s.order_id ->> 'state', \
+            finish_as = b.batch -> s.order_id ->> 'finish_as', \
+            next_attempt_at = coalesce((b.batch -> s.order_id ->> 'next_at')::timestamptz, \
+                s.next_attempt_at), \
+            last_error = b.batch -> s.order_id ->> 'reason', \
+            locked_by = NULL, complete_by = NULL, updated_at = $1 \
+        FROM b \
+        WHERE s.order_id = ANY($3::text[]) AND s.process_state = 'Processing' \
+            AND s.lock_epoch = (b.batch -> s.order_id ->> 'epoch')::bigint \
+            AND s.complete_by < $1 \
+        RETURNING s.order_id, s.process_state AS state, s.last_error AS reason, \
+            b.batch -> s.order_id ->> 'kind' AS kind, s.lock_epoch), \
     history AS ( \
         INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch, reason) \
         SELECT order_id, $1, $2, kind, 'Processing', state, lock_epoch, reason FROM recovered) \
