@@ -575,19 +575,16 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// [`Driver::complete_in`] as a transaction of its own.
     async fn complete(&self, fences: &[&Fence]) -> Result<HashSet<String>>;
 
-    /// The fenced touches of a batch of step writes (at most one per order); returns
-    /// the ids of the orders it touched.
-    async fn touch_steps(
-        conn: &mut Self::Conn,
-        now: DateTime<Utc>,
-        touches: &[Touch<'_>],
-    ) -> Result<HashSet<String>>;
-    /// Writes step records and their history entries, in order.
+    /// The fenced touches of a batch of step writes (at most one per order) and, for
+    /// the orders it touched, their step records and history entries (`rows`, in
+    /// order); returns the ids of the orders it touched. A refused touch writes none
+    /// of its rows.
     async fn write_steps(
         conn: &mut Self::Conn,
         now: DateTime<Utc>,
-        rows: &[StepRow<'_>],
-    ) -> Result<()>;
+        touches: &[Touch<'_>],
+        rows: Vec<StepRow<'_>>,
+    ) -> Result<HashSet<String>>;
     /// Inserts the orders whose id is new (details, Pending state row, Submitted
     /// history entry by `actor`), each id once; returns the ids inserted.
     async fn insert_orders(

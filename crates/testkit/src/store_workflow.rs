@@ -85,6 +85,22 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
         statuses,
         [(0, StepStatus::Succeeded), (1, StepStatus::Started)]
     );
+    // Only a start counts as an attempt; the history lists the updates in their order.
+    let attempts: Vec<_> = view.steps.iter().map(|s| s.attempts).collect();
+    assert_eq!(attempts, [0, 1]);
+    let written: Vec<_> = view
+        .history
+        .iter()
+        .filter(|e| e.step.is_some())
+        .map(|e| (e.kind, e.step))
+        .collect();
+    assert_eq!(
+        written,
+        [
+            (HistoryKind::StepSucceeded, Some(0)),
+            (HistoryKind::StepStarted, Some(1))
+        ]
+    );
     for refused in [&two.fence.order_id, &three.fence.order_id] {
         let v = store.get(refused).await.unwrap();
         assert!(v.steps.is_empty(), "a refused write leaves no step behind");

@@ -6,7 +6,7 @@
 //! trip for a whole batch, history included. Deadlines are compared on the server's
 //! clock (`now()`, the transaction's start), unless a test injects its own.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,16 +163,17 @@ fn claimed_orders(rows: &[PgRow], request: &ClaimRequest) -> Result<Vec<ClaimedO
 
 /// A batch's per-order values as the JSON object its statement looks each row up in
 /// (see `statements.rs`): order id to `entry(order)`. Order ids are unique in a batch.
+/// Bound as `jsonb`, so a kept (generic) plan reads it once, not once per row.
 fn batch_of<T>(
     items: &[T],
     id: impl Fn(&T) -> &str,
-    entry: impl Fn(&T) -> serde_json::Value,
-) -> String {
+    mut entry: impl FnMut(&T) -> serde_json::Value,
+) -> serde_json::Value {
     let map: serde_json::Map<String, serde_json::Value> = items
         .iter()
         .map(|item| (id(item).to_owned(), entry(item)))
         .collect();
-    serde_json::Value::Object(map).to_string()
+    serde_json::Value::Object(map)
 }
 
 /// A batch of fences as the COMPLETE statement takes them.
@@ -189,10 +190,7 @@ fn complete_query(
         |f| f.order_id.as_str(),
         |f| serde_json::json!({ "owner": f.owner.as_str(), "epoch": f.epoch.0 }),
     );
-    // Unnamed (not cached) so the server plans it for this batch's actual ids: a cached
-    // generic plan cannot see how many there are.
     sqlx::query(sql::COMPLETE)
-        .persistent(false)
         .bind(now)
         .bind(ids)
         .bind(batch)
@@ -392,11 +390,27 @@ impl Driver for PgDriver {
         )
     }
 
-    async fn touch_steps(
+    /// One statement: the touch, and the records and history of what it touched.
+    async fn write_steps(
         conn: &mut PgConnection,
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
+        rows: Vec<StepRow<'_>>,
     ) -> Result<HashSet<String>> {
+        let mut steps: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
+        for r in &rows {
+            steps
+                .entry(r.fence.order_id.as_str())
+                .or_default()
+                .push(serde_json::json!({
+                    "index": r.index,
+                    "name": r.name,
+                    "status": r.status,
+                    "key": r.idempotency_key,
+                    "detail": r.detail,
+                    "kind": r.kind,
+                }));
+        }
         let batch = batch_of(
             touches,
             |t| t.fence.order_id.as_str(),
@@ -408,11 +422,11 @@ impl Driver for PgDriver {
                     "step": t.new_step,
                     "failed": t.failed,
                     "error": t.error,
+                    "steps": steps.remove(t.fence.order_id.as_str()).unwrap_or_default(),
                 })
             },
         );
-        let rows = sqlx::query(sql::TOUCH_STEPS)
-            .persistent(false)
+        let rows = sqlx::query(sql::WRITE_STEPS)
             .bind(Ts(now))
             .bind(
                 touches
@@ -427,50 +441,11 @@ impl Driver for PgDriver {
         order_ids(rows)
     }
 
-    // The batch inserts (step records, history, new orders, queue messages and their
-    // duplicate check) are prepared once per connection and their plans kept: an
-    // insert from `unnest` plans the same whatever the arrays hold, and parsing and
-    // planning each batch afresh was server work on every write. The batch updates
-    // (`TOUCH_STEPS`, `COMPLETE`) stay unnamed: they are planned for the batch's ids.
-    async fn write_steps(
-        conn: &mut PgConnection,
-        now: DateTime<Utc>,
-        rows: &[StepRow<'_>],
-    ) -> Result<()> {
-        let ids: Vec<&str> = rows.iter().map(|r| r.fence.order_id.as_str()).collect();
-        let indexes: Vec<i32> = rows.iter().map(|r| r.index).collect();
-        let epochs: Vec<i64> = rows.iter().map(|r| r.fence.epoch.0).collect();
-        let details: Vec<Option<&str>> = rows.iter().map(|r| r.detail.as_deref()).collect();
-        sqlx::query(sql::UPSERT_STEPS)
-            .bind(Ts(now))
-            .bind(&ids)
-            .bind(&indexes)
-            .bind(rows.iter().map(|r| r.name).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.status).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.idempotency_key).collect::<Vec<_>>())
-            .bind(&details)
-            .bind(&epochs)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        sqlx::query(sql::STEP_HISTORY)
-            .bind(Ts(now))
-            .bind(&ids)
-            .bind(
-                rows.iter()
-                    .map(|r| r.fence.owner.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rows.iter().map(|r| r.kind).collect::<Vec<_>>())
-            .bind(&epochs)
-            .bind(&indexes)
-            .bind(&details)
-            .execute(conn)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
+    // The batch statements are prepared once per connection and their plans kept: an
+    // insert from `unnest` plans the same whatever the arrays hold, and an update finds
+    // its rows by primary key and looks each up in its batch (no join to plan for the
+    // batch's size). Parsing and planning each batch afresh was server work on every
+    // write.
     async fn insert_orders(
         conn: &mut PgConnection,
         now: DateTime<Utc>,
@@ -520,7 +495,6 @@ impl Driver for PgDriver {
             },
         );
         let rows = sqlx::query(sql::RECOVER)
-            .persistent(false)
             .bind(Ts(now))
             .bind(actor)
             .bind(

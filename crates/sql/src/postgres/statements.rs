@@ -195,48 +195,52 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
         SELECT order_id, at, owner, $4, 'Processing', 'Processed', lock_epoch FROM done) \
     SELECT order_id FROM done";
 
-/// The fenced, step-guarded touch of many step writes at once: `$1` now, `$2` order
-/// ids, `$3` the batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the
-/// step it expects, -1: any), `step` (the step to move to, -1: none), `failed` and
-/// `error`. Returns the orders touched.
-pub(crate) const TOUCH_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch) \
-    UPDATE order_state s SET \
-        current_step = greatest(s.current_step, (b.batch -> s.order_id ->> 'step')::int), \
-        last_error = CASE WHEN (b.batch -> s.order_id ->> 'failed')::bool \
-            THEN b.batch -> s.order_id ->> 'error' ELSE s.last_error END, \
-        waiting_on = CASE WHEN (b.batch -> s.order_id ->> 'step')::int > s.current_step \
-            THEN NULL ELSE s.waiting_on END, \
-        updated_at = $1 \
-    FROM b \
-    WHERE s.order_id = ANY($2::text[]) \
-        AND s.locked_by = b.batch -> s.order_id ->> 'owner' \
-        AND s.lock_epoch = (b.batch -> s.order_id ->> 'epoch')::bigint \
-        AND s.complete_by > $1 \
-        AND ((b.batch -> s.order_id ->> 'expect')::int < 0 \
-            OR s.current_step = (b.batch -> s.order_id ->> 'expect')::int) \
-    RETURNING s.order_id";
-
-/// Many step records at once: `$1` now, then per update order id, index, name,
-/// status, idempotency key, detail, epoch.
-pub(crate) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
-        (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
-    SELECT u.order_id, u.idx, u.name, u.status, u.key, \
-        CASE WHEN u.status = 'Started' THEN 1 ELSE 0 END, u.detail, u.epoch, $1 \
-    FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[]) \
-        AS u(order_id, idx, name, status, key, detail, epoch) \
-    ON CONFLICT (order_id, step_index) DO UPDATE SET \
-        name = excluded.name, status = excluded.status, \
-        attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
-        epoch = excluded.epoch, updated_at = excluded.updated_at";
-
-/// Many step history entries at once, in array order: `$1` now, then per update
-/// order id, actor, kind, epoch, step, reason.
-pub(crate) const STEP_HISTORY: &str = "INSERT INTO order_history \
-        (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
-    SELECT h.order_id, $1, h.actor, h.kind, 'Processing', 'Processing', h.epoch, h.step, h.reason \
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[]) \
-        WITH ORDINALITY AS h(order_id, actor, kind, epoch, step, reason, n) \
-    ORDER BY h.n";
+/// The fenced, step-guarded touch of many step writes at once and, for the orders it
+/// touched, their step records and history entries: `$1` now, `$2` order ids, `$3` the
+/// batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the step it
+/// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error` and
+/// `steps`, its updates in order (`index`, `name`, `status`, `key`, `detail`, `kind`
+/// of history). Each order's records come from its own touched row (no join), its
+/// history entries in the order of its updates. Returns the orders touched.
+pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
+    touched AS ( \
+        UPDATE order_state s SET \
+            current_step = greatest(s.current_step, (b.batch -> s.order_id ->> 'step')::int), \
+            last_error = CASE WHEN (b.batch -> s.order_id ->> 'failed')::bool \
+                THEN b.batch -> s.order_id ->> 'error' ELSE s.last_error END, \
+            waiting_on = CASE WHEN (b.batch -> s.order_id ->> 'step')::int > s.current_step \
+                THEN NULL ELSE s.waiting_on END, \
+            updated_at = $1 \
+        FROM b \
+        WHERE s.order_id = ANY($2::text[]) \
+            AND s.locked_by = b.batch -> s.order_id ->> 'owner' \
+            AND s.lock_epoch = (b.batch -> s.order_id ->> 'epoch')::bigint \
+            AND s.complete_by > $1 \
+            AND ((b.batch -> s.order_id ->> 'expect')::int < 0 \
+                OR s.current_step = (b.batch -> s.order_id ->> 'expect')::int) \
+        RETURNING s.order_id, s.locked_by AS owner, s.lock_epoch AS epoch, \
+            b.batch -> s.order_id -> 'steps' AS steps), \
+    written AS ( \
+        SELECT t.order_id, t.owner, t.epoch, u.n, (u.step ->> 'index')::int AS idx, \
+            u.step ->> 'name' AS name, u.step ->> 'status' AS status, \
+            u.step ->> 'key' AS key, u.step ->> 'detail' AS detail, u.step ->> 'kind' AS kind \
+        FROM touched t, jsonb_array_elements(t.steps) WITH ORDINALITY AS u(step, n)), \
+    records AS ( \
+        INSERT INTO order_steps \
+            (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+        SELECT order_id, idx, name, status, key, \
+            CASE WHEN status = 'Started' THEN 1 ELSE 0 END, detail, epoch, $1 \
+        FROM written \
+        ON CONFLICT (order_id, step_index) DO UPDATE SET \
+            name = excluded.name, status = excluded.status, \
+            attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
+            epoch = excluded.epoch, updated_at = excluded.updated_at), \
+    history AS ( \
+        INSERT INTO order_history \
+            (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+        SELECT order_id, $1, owner, kind, 'Processing', 'Processing', epoch, idx, detail \
+        FROM written ORDER BY order_id, n) \
+    SELECT order_id FROM touched";
 
 /// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
 /// or NULL, `$2` limit.

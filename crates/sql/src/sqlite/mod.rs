@@ -288,6 +288,62 @@ fn order_ids(rows: &[SqliteRow]) -> Result<HashSet<String>> {
         .collect()
 }
 
+impl SqliteDriver {
+    /// The fenced touches of a batch of step writes; returns the ids touched.
+    async fn touch_steps(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        touches: &[Touch<'_>],
+    ) -> Result<HashSet<String>> {
+        let batch = rows_json(touches, |t| {
+            serde_json::json!([
+                t.fence.order_id.as_str(),
+                t.fence.owner.as_str(),
+                t.fence.epoch.0,
+                t.expect,
+                t.new_step,
+                t.failed,
+                t.error.as_deref()
+            ])
+        });
+        order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
+    }
+
+    /// Step records and their history entries, in order.
+    async fn write_step_rows(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        rows: &[StepRow<'_>],
+    ) -> Result<()> {
+        let steps = rows_json(rows, |r| {
+            serde_json::json!([
+                r.fence.order_id.as_str(),
+                r.index,
+                r.name,
+                r.status,
+                r.idempotency_key,
+                r.detail.as_deref(),
+                r.fence.epoch.0
+            ])
+        });
+        run_batch(conn, sql::UPSERT_STEPS, now, steps).await?;
+        let history = rows_json(rows, |r| {
+            serde_json::json!([
+                r.fence.order_id.as_str(),
+                r.fence.owner.as_str(),
+                r.kind,
+                "Processing",
+                "Processing",
+                r.fence.epoch.0,
+                r.index,
+                r.detail.as_deref()
+            ])
+        });
+        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
+        Ok(())
+    }
+}
+
 /// Bytes as lowercase hex, for `unhex()` inside a JSON batch.
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -499,56 +555,23 @@ impl Driver for SqliteDriver {
         Ok(done)
     }
 
-    async fn touch_steps(
-        conn: &mut SqliteConnection,
-        now: DateTime<Utc>,
-        touches: &[Touch<'_>],
-    ) -> Result<HashSet<String>> {
-        let batch = rows_json(touches, |t| {
-            serde_json::json!([
-                t.fence.order_id.as_str(),
-                t.fence.owner.as_str(),
-                t.fence.epoch.0,
-                t.expect,
-                t.new_step,
-                t.failed,
-                t.error.as_deref()
-            ])
-        });
-        order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
-    }
-
+    /// The touch, then the rows of the orders it touched: three statements, each a
+    /// call into the library.
     async fn write_steps(
         conn: &mut SqliteConnection,
         now: DateTime<Utc>,
-        rows: &[StepRow<'_>],
-    ) -> Result<()> {
-        let steps = rows_json(rows, |r| {
-            serde_json::json!([
-                r.fence.order_id.as_str(),
-                r.index,
-                r.name,
-                r.status,
-                r.idempotency_key,
-                r.detail.as_deref(),
-                r.fence.epoch.0
-            ])
-        });
-        run_batch(conn, sql::UPSERT_STEPS, now, steps).await?;
-        let history = rows_json(rows, |r| {
-            serde_json::json!([
-                r.fence.order_id.as_str(),
-                r.fence.owner.as_str(),
-                r.kind,
-                "Processing",
-                "Processing",
-                r.fence.epoch.0,
-                r.index,
-                r.detail.as_deref()
-            ])
-        });
-        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
-        Ok(())
+        touches: &[Touch<'_>],
+        rows: Vec<StepRow<'_>>,
+    ) -> Result<HashSet<String>> {
+        let touched = Self::touch_steps(conn, now, touches).await?;
+        let rows: Vec<StepRow<'_>> = rows
+            .into_iter()
+            .filter(|r| touched.contains(r.fence.order_id.as_str()))
+            .collect();
+        if !rows.is_empty() {
+            Self::write_step_rows(conn, now, &rows).await?;
+        }
+        Ok(touched)
     }
 
     async fn insert_orders(

@@ -183,16 +183,16 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
     ) -> Result<StepRecord> {
         check_update(step)?;
         let (mut tx, now) = self.begin().await?;
-        let touched = D::touch_steps(
+        let touched = D::write_steps(
             &mut tx,
             now,
             &[touch(fence, None, std::slice::from_ref(step))],
+            vec![step_row(fence, step)],
         )
         .await?;
         if touched.is_empty() {
             return Err(Self::explain(&mut tx, fence, now, ProcessState::Processing).await);
         }
-        D::write_steps(&mut tx, now, &[step_row(fence, step)]).await?;
         let record = Self::fetch_steps(&mut tx, &fence.order_id)
             .await?
             .into_iter()

@@ -101,8 +101,8 @@ impl<D: Driver> SqlStore<D> {
 
     /// The writes of a batch in the caller's transaction: `Some(refusal)` for each
     /// refused write (nothing of it written). Writes with updates, for distinct orders
-    /// and distinct steps, go together (one touch, one write of records and history);
-    /// the others one after the other, in order.
+    /// and distinct steps, go together ([`Driver::write_steps`]: the touch, records and
+    /// history of all of them); the others one after the other, in order.
     pub(crate) async fn apply_step_writes(
         conn: &mut D::Conn,
         writes: &[StepWrite],
@@ -122,16 +122,16 @@ impl<D: Driver> SqlStore<D> {
                 .iter()
                 .map(|&i| touch(&writes[i].fence, writes[i].expect_step, &writes[i].updates))
                 .collect();
-            let touched = D::touch_steps(conn, now, &touches).await?;
             let rows: Vec<StepRow<'_>> = bulk
                 .iter()
-                .map(|&i| &writes[i])
-                .filter(|w| touched.contains(w.fence.order_id.as_str()))
-                .flat_map(|w| w.updates.iter().map(|u| step_row(&w.fence, u)))
+                .flat_map(|&i| {
+                    writes[i]
+                        .updates
+                        .iter()
+                        .map(move |u| step_row(&writes[i].fence, u))
+                })
                 .collect();
-            if !rows.is_empty() {
-                D::write_steps(conn, now, &rows).await?;
-            }
+            let touched = D::write_steps(conn, now, &touches, rows).await?;
             for &i in &bulk {
                 let w = &writes[i];
                 if !touched.contains(w.fence.order_id.as_str()) {
@@ -155,7 +155,8 @@ impl<D: Driver> SqlStore<D> {
     ) -> Result<Option<Error>> {
         let fence = &w.fence;
         if w.updates.is_empty() {
-            let touched = D::touch_steps(conn, now, &[touch(fence, w.expect_step, &[])]).await?;
+            let touched =
+                D::write_steps(conn, now, &[touch(fence, w.expect_step, &[])], Vec::new()).await?;
             if touched.is_empty() {
                 return Ok(Some(
                     Self::explain_step(conn, fence, now, w.expect_step).await,
@@ -165,10 +166,11 @@ impl<D: Driver> SqlStore<D> {
         }
         for (i, step) in w.updates.iter().enumerate() {
             let expect = if i == 0 { w.expect_step } else { None };
-            let touched = D::touch_steps(
+            let touched = D::write_steps(
                 conn,
                 now,
                 &[touch(fence, expect, std::slice::from_ref(step))],
+                vec![step_row(fence, step)],
             )
             .await?;
             if touched.is_empty() {
@@ -185,7 +187,6 @@ impl<D: Driver> SqlStore<D> {
                     .into(),
                 ));
             }
-            D::write_steps(conn, now, &[step_row(fence, step)]).await?;
         }
         Ok(None)
     }
