@@ -375,7 +375,33 @@ pub(crate) struct MessageRow<'a> {
     pub scheduled_at: Option<Ts>,
 }
 
-/// What [`Driver::send_and_complete_alone`] did.
+/// Deletes, in the caller's transaction, those of `held` the queue still holds for
+/// their delivery (same seq, same lock token, lock not expired at `now`); returns
+/// their seq and lock token.
+pub(crate) async fn complete_holds<D: Driver>(
+    conn: &mut D::Conn,
+    now: Ts,
+    held: &[&ReceivedMessage],
+) -> Result<HashMap<i64, String>, sqlx::Error> {
+    if held.is_empty() {
+        return Ok(HashMap::new());
+    }
+    q(D::SQL.q_complete_many)
+        .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
+        .bind(
+            held.iter()
+                .map(|m| m.lock_token.0.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(now)
+        .fetch_all::<D>(conn)
+        .await?
+        .iter()
+        .map(|r| Ok((i64::from_col(r, "seq")?, String::from_col(r, "lock_token")?)))
+        .collect()
+}
+
+/// What [`Driver::insert_messages`] or [`Driver::send_and_complete_alone`] did.
 pub(crate) struct SentAndCompleted {
     /// How many messages it inserted (the rest were duplicates).
     pub inserted: usize,
@@ -604,17 +630,19 @@ pub(crate) trait Driver: Send + Sync + 'static {
     ) -> Result<HashSet<String>>;
 
     /// Inserts messages into `queue` unless (with a duplicate window `dedup_ms` long)
-    /// their id was seen within the window; returns how many it inserted. If it
-    /// inserted any, other processes hear `notice` at commit, as from
-    /// [`Self::notify_sent`].
+    /// their id was seen within the window, and completes the holds `held` (as
+    /// [`Statements::q_complete_many`]), in the caller's transaction; returns how many
+    /// it inserted and the holds it completed. If it inserted any, other processes hear
+    /// `notice` at commit, as from [`Self::notify_sent`].
     async fn insert_messages(
         conn: &mut Self::Conn,
         now: Ts,
         queue: &QueueName,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
+        held: &[&ReceivedMessage],
         notice: &str,
-    ) -> Result<usize, sqlx::Error>;
+    ) -> Result<SentAndCompleted, sqlx::Error>;
     /// A send of `rows` to `queue` (as [`Self::insert_messages`], its duplicate window
     /// `dedup_ms` long; `None`: none) and the completion of the holds `held` (as
     /// [`Statements::q_complete_many`]) as ONE statement on a connection of its own,

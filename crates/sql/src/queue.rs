@@ -402,14 +402,17 @@ impl<D: Driver> SqlStore<D> {
     }
 
     /// Enqueues validated `messages` inside the caller's transaction: duplicate
-    /// detection, insert, and (PostgreSQL) the notification sent at commit.
+    /// detection, insert, and (PostgreSQL) the notification sent at commit; the holds
+    /// `held` are completed by the same statement. Returns, with what the send did, hold
+    /// by hold whether it ended it.
     async fn enqueue(
         &self,
         conn: &mut D::Conn,
         now: chrono::DateTime<chrono::Utc>,
         queue: &QueueName,
         messages: &[OutgoingMessage],
-    ) -> Result<SendOutcome> {
+        held: &[&ReceivedMessage],
+    ) -> Result<(SendOutcome, Vec<bool>)> {
         let mut outcome = SendOutcome::default();
         let settings = self.queue_settings(&mut *conn, queue).await?;
         let nth = self
@@ -427,12 +430,12 @@ impl<D: Driver> SqlStore<D> {
         outcome.duplicates += repeated;
         let dedup_ms = (settings.dedup_ms > 0).then_some(settings.dedup_ms);
         let notice = self.wakeups.notice(queue.as_str());
-        let accepted = D::insert_messages(&mut *conn, Ts(now), queue, dedup_ms, &rows, &notice)
+        let done = D::insert_messages(&mut *conn, Ts(now), queue, dedup_ms, &rows, held, &notice)
             .await
             .map_err(db)?;
-        outcome.duplicates += rows.len() - accepted;
-        outcome.accepted += accepted;
-        Ok(outcome)
+        outcome.duplicates += rows.len() - done.inserted;
+        outcome.accepted += done.inserted;
+        Ok((outcome, verdicts(held, &done.completed)))
     }
 
     /// Deletes, inside the caller's transaction, those of `held` this database's queue
@@ -445,37 +448,23 @@ impl<D: Driver> SqlStore<D> {
         now: chrono::DateTime<chrono::Utc>,
         held: &[&ReceivedMessage],
     ) -> Result<Vec<bool>> {
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ended = q(D::SQL.q_complete_many)
-            .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
-            .bind(
-                held.iter()
-                    .map(|m| m.lock_token.0.clone())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(Ts(now))
-            .fetch_all::<D>(conn)
+        let ended = crate::driver::complete_holds::<D>(conn, Ts(now), held)
             .await
-            .map_err(db)?
-            .iter()
-            .map(|r| {
-                let c = Cols(r);
-                Ok((c.get::<i64>("seq")?, c.get::<String>("lock_token")?))
-            })
-            .collect::<orderly_core::Result<std::collections::HashMap<i64, String>>>()?;
+            .map_err(db)?;
         Ok(verdicts(held, &ended))
     }
 
-    /// Enqueues the messages a state change causes, inside its transaction.
-    /// Returns the queues to wake once the transaction has committed.
+    /// Enqueues the messages a state change causes, inside its transaction, and
+    /// completes the holds `held` (with the first send, in its statement, if there is
+    /// one). Returns the queues to wake once the transaction has committed and, hold
+    /// by hold, whether it was ended.
     pub(crate) async fn enqueue_all(
         &self,
         conn: &mut D::Conn,
         now: chrono::DateTime<chrono::Utc>,
         sends: &[orderly_core::transport::Envelope],
-    ) -> Result<Vec<QueueName>> {
+        held: &[&ReceivedMessage],
+    ) -> Result<(Vec<QueueName>, Vec<bool>)> {
         let mut by_queue: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
         for envelope in sends {
             envelope.message.validate()?;
@@ -484,18 +473,24 @@ impl<D: Driver> SqlStore<D> {
                 None => by_queue.push((&envelope.queue, vec![envelope.message.clone()])),
             }
         }
+        if by_queue.is_empty() {
+            return Ok((Vec::new(), Self::complete_held(conn, now, held).await?));
+        }
         let mut woken = Vec::new();
-        for (queue, messages) in by_queue {
-            if self
-                .enqueue(&mut *conn, now, queue, &messages)
-                .await?
-                .accepted
-                > 0
-            {
+        let mut ended = Vec::new();
+        for (i, (queue, messages)) in by_queue.into_iter().enumerate() {
+            let holds = if i == 0 { held } else { &[] };
+            let (sent, done) = self
+                .enqueue(&mut *conn, now, queue, &messages, holds)
+                .await?;
+            if i == 0 {
+                ended = done;
+            }
+            if sent.accepted > 0 {
                 woken.push(queue.clone());
             }
         }
-        Ok(woken)
+        Ok((woken, ended))
     }
 
     /// Sends `messages` (validated) to `queue` and completes the holds `consumed` as one
@@ -927,7 +922,7 @@ impl<D: Driver> Transport for SqlStore<D> {
             return Ok(outcome);
         }
         let (mut tx, now) = self.begin().await?;
-        let outcome = self.enqueue(&mut tx, now, queue, messages).await?;
+        let (outcome, _) = self.enqueue(&mut tx, now, queue, messages, &[]).await?;
         D::commit(tx).await.map_err(db)?;
         if outcome.accepted > 0 {
             self.wakeups.wake(queue.as_str());
@@ -988,9 +983,8 @@ impl<D: Driver> Transport for SqlStore<D> {
             Some((_, ended)) => ended,
             None => {
                 let (mut tx, now) = self.begin().await?;
-                let woken = self.enqueue_all(&mut tx, now, sends).await?;
                 let held: Vec<&ReceivedMessage> = consumed.iter().collect();
-                let ended = Self::complete_held(&mut tx, now, &held).await?;
+                let (woken, ended) = self.enqueue_all(&mut tx, now, sends, &held).await?;
                 D::commit(tx).await.map_err(db)?;
                 self.wake_queues(&woken);
                 ended

@@ -510,19 +510,21 @@ impl Driver for PgDriver {
         order_ids(rows)
     }
 
-    /// One statement for the whole batch, its duplicate check and its notification.
+    /// One statement for the whole batch, its duplicate check, its notification and the
+    /// completions that go with it.
     async fn insert_messages(
         conn: &mut PgConnection,
         now: Ts,
         queue: &QueueName,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
+        held: &[&ReceivedMessage],
         notice: &str,
-    ) -> Result<usize, sqlx::Error> {
-        let sent = send_query(queue.as_str(), Some(now), dedup_ms, rows, &[], notice)
+    ) -> Result<SentAndCompleted, sqlx::Error> {
+        let sent = send_query(queue.as_str(), Some(now), dedup_ms, rows, held, notice)
             .fetch_all(conn)
             .await?;
-        Ok(sent_and_completed(sent).inserted)
+        Ok(sent_and_completed(sent))
     }
 
     /// The same statement as a send's, on a connection of its own.

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::QueueName;
+use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Fence, Result, TimeSource};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -27,7 +27,8 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::driver::{
-    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, StepRow, Touch, q,
+    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepRow,
+    Touch, q,
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
@@ -661,8 +662,10 @@ impl Driver for SqliteDriver {
         queue: &QueueName,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
+        held: &[&ReceivedMessage],
         _notice: &str,
-    ) -> Result<usize, sqlx::Error> {
+    ) -> Result<SentAndCompleted, sqlx::Error> {
+        let completed = crate::driver::complete_holds::<Self>(&mut *conn, now, held).await?;
         let fresh: Option<HashSet<String>> = match dedup_ms {
             Some(ms) => {
                 let until = Ts(now.0 + chrono::Duration::milliseconds(ms));
@@ -692,7 +695,10 @@ impl Driver for SqliteDriver {
             })
             .collect();
         if accepted.is_empty() {
-            return Ok(0);
+            return Ok(SentAndCompleted {
+                inserted: 0,
+                completed,
+            });
         }
         q(sql::Q_INSERT_MANY)
             .bind(queue.as_str())
@@ -708,7 +714,10 @@ impl Driver for SqliteDriver {
             }))
             .execute::<Self>(conn)
             .await?;
-        Ok(accepted.len())
+        Ok(SentAndCompleted {
+            inserted: accepted.len(),
+            completed,
+        })
     }
 
     /// Receivers in this process are woken after the commit; other processes poll.

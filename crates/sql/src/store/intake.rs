@@ -187,14 +187,15 @@ impl<D: Driver> SqlStore<D> {
             .flat_map(|(s, _)| s.sends.iter().cloned())
             .collect();
         // A rejected order's message is dead-lettered by the caller.
-        let consumed = self
-            .consume(&mut tx, now, messages, &outcomes, Result::is_ok)
-            .await?;
-        if !outcomes.iter().any(accepted) {
-            self.commit_with(tx, now, &sends).await?;
+        let consuming = self.to_consume(messages, &outcomes, Result::is_ok);
+        let ended = if !outcomes.iter().any(accepted) {
+            self.commit_consuming(tx, now, &sends, &consuming.held)
+                .await?
         } else {
-            self.commit_claimable(tx, now, &sends).await?;
-        }
+            self.commit_claimable_consuming(tx, now, &sends, &consuming.held)
+                .await?
+        };
+        let consumed = consuming.consumed(ended);
         Ok(Consumed { outcomes, consumed })
     }
 }

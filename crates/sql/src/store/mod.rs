@@ -253,61 +253,72 @@ impl<D: Driver> SqlStore<D> {
         Ok((tx, now))
     }
 
-    /// Ends, inside the caller's transaction, the delivery of `messages[i]` for each
-    /// `outcomes[i]` that `ends` (the item is settled for good), when this store's
-    /// database is also its transport (its sends go to its own queue); returns, item
-    /// by item, whether its message was consumed. No messages, a store on the outbox,
-    /// or a message this queue does not hold for that delivery (another transport's,
-    /// a lock lost): not consumed, the caller's to settle.
-    pub(crate) async fn consume<T>(
+    /// The holds whose delivery a commit ends: of `messages[i]` for each `outcomes[i]`
+    /// that `ends` (the item is settled for good), when this store's database is also
+    /// its transport (its sends go to its own queue). No messages, or a store on the
+    /// outbox: none, the caller's to settle.
+    pub(crate) fn to_consume<'m, T>(
         &self,
-        conn: &mut D::Conn,
-        now: DateTime<Utc>,
-        messages: Option<&[orderly_core::transport::ReceivedMessage]>,
+        messages: Option<&'m [orderly_core::transport::ReceivedMessage]>,
         outcomes: &[T],
         ends: impl Fn(&T) -> bool,
-    ) -> Result<Vec<bool>> {
-        let mut consumed = vec![false; outcomes.len()];
+    ) -> Consuming<'m> {
         let Some(messages) = messages.filter(|_| self.delivery == crate::Delivery::Queue) else {
-            return Ok(consumed);
+            return Consuming {
+                items: outcomes.len(),
+                slots: Vec::new(),
+                held: Vec::new(),
+            };
         };
-        let (items, held): (Vec<usize>, Vec<_>) = messages
+        let (slots, held): (Vec<usize>, Vec<_>) = messages
             .iter()
             .zip(outcomes)
             .enumerate()
             .filter(|(_, (_, o))| ends(o))
             .map(|(i, (m, _))| (i, m))
             .unzip();
-        if held.is_empty() {
-            return Ok(consumed);
+        if !held.is_empty() {
+            self.driver.stats().batch("consume", held.len());
         }
-        self.driver.stats().batch("consume", held.len());
-        let ended = Self::complete_held(conn, now, &held)
-            .await
-            .map_err(|e| Error::Queue(Box::new(e)))?;
-        for (i, ended) in items.into_iter().zip(ended) {
-            consumed[i] = ended;
+        Consuming {
+            items: outcomes.len(),
+            slots,
+            held,
         }
-        Ok(consumed)
     }
 
     /// Enqueues `sends` in the transaction, commits, then wakes their receivers: the
     /// state change and the messages it causes commit together or not at all.
     pub(crate) async fn commit_with(
         &self,
-        mut tx: D::Tx,
+        tx: D::Tx,
         now: DateTime<Utc>,
         sends: &[Envelope],
     ) -> Result<()> {
+        self.commit_consuming(tx, now, sends, &[]).await.map(|_| ())
+    }
+
+    /// [`Self::commit_with`], ending in the same transaction (in the statement of its
+    /// first send, if any) the deliveries `held` ([`Self::to_consume`]); returns, hold
+    /// by hold, whether it was ended (not: a message this queue does not hold for that
+    /// delivery, such as another transport's or one whose lock was lost).
+    pub(crate) async fn commit_consuming(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        sends: &[Envelope],
+        held: &[&orderly_core::transport::ReceivedMessage],
+    ) -> Result<Vec<bool>> {
         let send_error = |e| Error::Send(Box::new(e));
         match self.delivery {
             crate::Delivery::Queue => {
-                let woken = self
-                    .enqueue_all(&mut tx, now, sends)
+                let (woken, ended) = self
+                    .enqueue_all(&mut tx, now, sends, held)
                     .await
                     .map_err(send_error)?;
                 D::commit(tx).await.map_err(db)?;
                 self.wake_queues(&woken);
+                Ok(ended)
             }
             crate::Delivery::Outbox => {
                 self.write_outbox(&mut tx, now, sends)
@@ -317,9 +328,9 @@ impl<D: Driver> SqlStore<D> {
                 if !sends.is_empty() {
                     self.wakeups.outbox.notify_one();
                 }
+                Ok(vec![false; held.len()])
             }
         }
-        Ok(())
     }
 
     /// [`Self::commit_with`] for a transaction that made orders claimable: schedulers
@@ -327,16 +338,29 @@ impl<D: Driver> SqlStore<D> {
     /// right after it.
     pub(crate) async fn commit_claimable(
         &self,
-        mut tx: D::Tx,
+        tx: D::Tx,
         now: DateTime<Utc>,
         sends: &[Envelope],
     ) -> Result<()> {
+        self.commit_claimable_consuming(tx, now, sends, &[])
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Self::commit_claimable`] ending deliveries as [`Self::commit_consuming`] does.
+    pub(crate) async fn commit_claimable_consuming(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        sends: &[Envelope],
+        held: &[&orderly_core::transport::ReceivedMessage],
+    ) -> Result<Vec<bool>> {
         D::notify_sent(&mut tx, &self.wakeups.notice(crate::queue::CLAIMABLE))
             .await
             .map_err(db)?;
-        self.commit_with(tx, now, sends).await?;
+        let ended = self.commit_consuming(tx, now, sends, held).await?;
         self.wakeups.wake_claimers();
-        Ok(())
+        Ok(ended)
     }
 
     /// Waits until orders may have become claimable since `*seen` (a count this
@@ -447,6 +471,26 @@ impl<D: Driver> SqlStore<D> {
             Ok(row) => refusal(fence, row, now, target),
             Err(e) => e,
         }
+    }
+}
+
+/// The deliveries a commit is to end ([`SqlStore::to_consume`]): `held[k]` is the
+/// message of item `slots[k]`, of `items` in all.
+pub(crate) struct Consuming<'m> {
+    items: usize,
+    slots: Vec<usize>,
+    pub held: Vec<&'m orderly_core::transport::ReceivedMessage>,
+}
+
+impl Consuming<'_> {
+    /// Item by item, whether its message was consumed, from the commit's verdicts on
+    /// `held`.
+    pub fn consumed(&self, ended: Vec<bool>) -> Vec<bool> {
+        let mut consumed = vec![false; self.items];
+        for (&i, ended) in self.slots.iter().zip(ended) {
+            consumed[i] = ended;
+        }
+        consumed
     }
 }
 

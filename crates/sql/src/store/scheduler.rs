@@ -530,12 +530,13 @@ impl<D: Driver> SqlStore<D> {
             Self::complete_with_last_step(&mut tx, now, &completing).await?;
         }
         // A write refused for a reason that may pass keeps its reply, to be tried again.
-        let consumed = self
-            .consume(&mut tx, now, messages, &verdicts, |v: &Result<()>| {
-                v.as_ref().err().is_none_or(|e| !e.is_retryable())
-            })
+        let consuming = self.to_consume(messages, &verdicts, |v: &Result<()>| {
+            v.as_ref().err().is_none_or(|e| !e.is_retryable())
+        });
+        let ended = self
+            .commit_consuming(tx, now, &sends, &consuming.held)
             .await?;
-        self.commit_with(tx, now, &sends).await?;
+        let consumed = consuming.consumed(ended);
         Ok(Consumed {
             outcomes: verdicts,
             consumed,
