@@ -587,6 +587,20 @@ pub(crate) trait Driver: Send + Sync + 'static {
         request: &ClaimRequest,
         timeout_micros: i64,
     ) -> Result<Vec<ClaimedOrder>>;
+    /// [`Driver::claim_in`] as the first statement of the caller's transaction, on
+    /// the transaction's clock (read by the claim itself where the dialect can: one
+    /// round trip fewer); returns what it claimed and that clock's now, or `None` if
+    /// it claimed nothing.
+    async fn claim_first(
+        &self,
+        conn: &mut Self::Conn,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>> {
+        let now = self.now(conn).await?;
+        let claimed = Self::claim_in(conn, now, request, timeout_micros).await?;
+        Ok((!claimed.is_empty()).then_some((claimed, now)))
+    }
     /// [`Driver::claim_in`] as a transaction of its own.
     async fn claim(&self, request: &ClaimRequest, timeout_micros: i64)
     -> Result<Vec<ClaimedOrder>>;

@@ -931,6 +931,9 @@ pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
         std::mem::replace(&mut *first, false)
             .then(|| write(&c.fence, Some(0), vec![update(0, StepStatus::Started)]))
     };
+    // Away from the host's time: the claim and its step are written at the store's.
+    ctx.clock.advance(Duration::from_secs(3_600));
+    let at = orderly_core::clock::truncate_micros(orderly_core::Clock::now(&ctx.clock));
     let claimed = store.claim_and_start(&request, &plan).await.unwrap();
     assert_eq!(claimed.len(), 2);
     assert_eq!(claimed.iter().filter(|(_, started)| *started).count(), 1);
@@ -942,6 +945,20 @@ pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
         );
         let steps = store.steps(&c.fence.order_id).await.unwrap();
         assert_eq!(steps.len(), usize::from(*started), "{steps:?}");
+        let written: Vec<_> = store
+            .get(&c.fence.order_id)
+            .await
+            .unwrap()
+            .history
+            .into_iter()
+            .filter(|e| matches!(e.kind, HistoryKind::Claimed | HistoryKind::StepStarted))
+            .map(|e| (e.kind, e.at))
+            .collect();
+        let mut expected = vec![(HistoryKind::Claimed, at)];
+        if *started {
+            expected.push((HistoryKind::StepStarted, at));
+        }
+        assert_eq!(written, expected);
     }
 }
 

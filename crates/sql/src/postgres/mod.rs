@@ -354,6 +354,24 @@ impl Driver for PgDriver {
         claimed_orders(&rows, request)
     }
 
+    /// The claim reads the clock itself and says it in each row.
+    async fn claim_first(
+        &self,
+        conn: &mut PgConnection,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>> {
+        let rows = claim_query(self.injected_now(), request, timeout_micros)?
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let now = Cols(first).ts("at")?;
+        Ok(Some((claimed_orders(&rows, request)?, now)))
+    }
+
     /// One statement on its own: claim, history and details in one round trip.
     async fn claim(
         &self,

@@ -148,7 +148,7 @@ pub(crate) const NOW: &str = "SELECT coalesce($1::timestamptz, now()) AS now";
 /// `$1` injected now or NULL, `$2` limit, `$3` owner, `$4` timeout in microseconds,
 /// `$5` the default workflow's name, `$6` JSON object of the workflows it starts
 /// (name to version), `$7` the `name@version`s it carries on. A new order is
-/// pinned here. `$8` the history kind.
+/// pinned here. `$8` the history kind. Each row says the clock's now (`at`).
 pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now), \
     claimed AS ( \
         UPDATE order_state s SET process_state = 'Processing', locked_by = $3, \
@@ -173,7 +173,7 @@ pub(crate) const CLAIM: &str = "WITH clock AS (SELECT coalesce($1::timestamptz, 
         SELECT order_id, at, $3, $8, 'Pending', 'Processing', lock_epoch FROM claimed) \
     SELECT c.order_id, c.lock_epoch, c.complete_by, c.current_step, c.failure_count, c.reply_to, \
         c.finish_as, c.generation, c.last_error, c.workflow, c.workflow_version, c.waiting_on, \
-        (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details \
+        (SELECT o.details::text FROM orders o WHERE o.order_id = c.order_id) AS details, c.at \
     FROM claimed c";
 
 /// `$1` injected now or NULL, `$2` order ids, `$3` the batch ([`batch_of`]): per

@@ -246,13 +246,6 @@ impl<D: Driver> SqlStore<D> {
         Ok((tx, now))
     }
 
-    /// [`Self::begin`] for a claim ([`Driver::begin_claim`]).
-    pub(crate) async fn begin_claim(&self) -> Result<(D::Tx, DateTime<Utc>)> {
-        let mut tx = self.driver.begin_claim().await?;
-        let now = self.driver.now(&mut tx).await?;
-        Ok((tx, now))
-    }
-
     /// The holds whose delivery a commit ends: of `messages[i]` for each `outcomes[i]`
     /// that `ends` (the item is settled for good), when this store's database is also
     /// its transport (its sends go to its own queue). No messages, or a store on the

@@ -154,12 +154,12 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
     ) -> Result<Vec<(ClaimedOrder, bool)>> {
         let timeout = checked_claim(request)?;
-        let (mut tx, now) = self.begin_claim().await?;
-        let claimed = D::claim_in(&mut tx, now, request, timeout).await?;
-        self.driver.stats().batch("claim", claimed.len());
-        if claimed.is_empty() {
+        let mut tx = self.driver.begin_claim().await?;
+        let Some((claimed, now)) = self.driver.claim_first(&mut tx, request, timeout).await? else {
+            self.driver.stats().batch("claim", 0);
             return Ok(Vec::new());
-        }
+        };
+        self.driver.stats().batch("claim", claimed.len());
         let planned: Vec<Option<StepWrite>> = claimed.iter().map(plan).collect();
         let started: Vec<bool> = planned.iter().map(Option::is_some).collect();
         let writes: Vec<StepWrite> = planned.into_iter().flatten().collect();
