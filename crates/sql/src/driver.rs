@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::{QueueName, ReceivedMessage};
+use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result};
 
 use crate::migrate::Migration;
@@ -375,32 +375,6 @@ pub(crate) struct MessageRow<'a> {
     pub scheduled_at: Option<Ts>,
 }
 
-/// Deletes, in the caller's transaction, those of `held` the queue still holds for
-/// their delivery (same seq, same lock token, lock not expired at `now`); returns
-/// their seq and lock token.
-pub(crate) async fn complete_holds<D: Driver>(
-    conn: &mut D::Conn,
-    now: Ts,
-    held: &[&ReceivedMessage],
-) -> Result<HashMap<i64, String>, sqlx::Error> {
-    if held.is_empty() {
-        return Ok(HashMap::new());
-    }
-    q(D::SQL.q_complete_many)
-        .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
-        .bind(
-            held.iter()
-                .map(|m| m.lock_token.0.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(now)
-        .fetch_all::<D>(conn)
-        .await?
-        .iter()
-        .map(|r| Ok((i64::from_col(r, "seq")?, String::from_col(r, "lock_token")?)))
-        .collect()
-}
-
 /// What [`Driver::insert_messages`] or [`Driver::send_and_complete_alone`] did.
 pub(crate) struct SentAndCompleted {
     /// How many messages it inserted (the rest were duplicates).
@@ -482,9 +456,6 @@ pub(crate) struct Statements {
     /// their own ([`Driver::send_and_complete_alone`]) when nothing else shares their
     /// transaction.
     pub sends_alone: bool,
-    /// Completes the holds `$1` (seqs) / `$2` (tokens) still locked at `$3`; returns
-    /// `seq`, `lock_token` of those it completed.
-    pub q_complete_many: &'static str,
     /// Leases unsent outbox rows: `$1` relay, `$2` lease end, `$3` now, `$4` limit.
     pub o_lease: &'static str,
     /// Outbox rows `$1` (list) of relay `$2` dead at `$3` for reason `$4`.
@@ -579,29 +550,17 @@ pub(crate) trait Driver: Send + Sync + 'static {
         q: Q<'_>,
     ) -> Result<Option<Self::Row>, sqlx::Error>;
 
-    /// Claims up to the request's limit inside the caller's transaction, with the
-    /// claims' history (kind `Claimed`).
-    async fn claim_in(
-        conn: &mut Self::Conn,
-        now: DateTime<Utc>,
-        request: &ClaimRequest,
-        timeout_micros: i64,
-    ) -> Result<Vec<ClaimedOrder>>;
-    /// [`Driver::claim_in`] as the first statement of the caller's transaction, on
-    /// the transaction's clock (read by the claim itself where the dialect can: one
-    /// round trip fewer); returns what it claimed and that clock's now, or `None` if
-    /// it claimed nothing.
+    /// Claims up to the request's limit as the first statement of the caller's
+    /// transaction, with the claims' history (kind `Claimed`), on the transaction's
+    /// clock (PostgreSQL: read by the claim itself, no round trip of its own); returns
+    /// what it claimed and that clock's now, or `None` if it claimed nothing.
     async fn claim_first(
         &self,
         conn: &mut Self::Conn,
         request: &ClaimRequest,
         timeout_micros: i64,
-    ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>> {
-        let now = self.now(conn).await?;
-        let claimed = Self::claim_in(conn, now, request, timeout_micros).await?;
-        Ok((!claimed.is_empty()).then_some((claimed, now)))
-    }
-    /// [`Driver::claim_in`] as a transaction of its own.
+    ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>>;
+    /// [`Driver::claim_first`] as a transaction of its own.
     async fn claim(&self, request: &ClaimRequest, timeout_micros: i64)
     -> Result<Vec<ClaimedOrder>>;
 
@@ -644,22 +603,23 @@ pub(crate) trait Driver: Send + Sync + 'static {
     ) -> Result<HashSet<String>>;
 
     /// Inserts messages into `queue` unless (with a duplicate window `dedup_ms` long)
-    /// their id was seen within the window, and completes the holds `held` (as
-    /// [`Statements::q_complete_many`]), in the caller's transaction; returns how many
-    /// it inserted and the holds it completed. If it inserted any, other processes hear
-    /// `notice` at commit, as from [`Self::notify_sent`].
+    /// their id was seen within the window, and completes the holds `held` (deletes
+    /// the messages still held under their lock tokens, locks not expired at `now`), in
+    /// the caller's transaction; returns how many it inserted and the holds it
+    /// completed. No rows: it only completes (`queue` unused). If it inserted any,
+    /// other processes hear `notice` at commit, as from [`Self::notify_sent`].
     async fn insert_messages(
         conn: &mut Self::Conn,
         now: Ts,
-        queue: &QueueName,
+        queue: &str,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         held: &[&ReceivedMessage],
         notice: &str,
     ) -> Result<SentAndCompleted, sqlx::Error>;
-    /// A send of `rows` to `queue` (as [`Self::insert_messages`], its duplicate window
-    /// `dedup_ms` long; `None`: none) and the completion of the holds `held` (as
-    /// [`Statements::q_complete_many`]) as ONE statement on a connection of its own,
+    /// A send of `rows` to `queue` and the completion of the holds `held` (as
+    /// [`Self::insert_messages`], its duplicate window `dedup_ms` long; `None`: none)
+    /// as ONE statement on a connection of its own,
     /// which reads the clock itself (`now`: the injected clock, if any) and is a
     /// transaction by itself: one round trip where a transaction takes five (`BEGIN`,
     /// the clock, the send, the completion, `COMMIT`). `None` where the dialect has no

@@ -430,28 +430,20 @@ impl<D: Driver> SqlStore<D> {
         outcome.duplicates += repeated;
         let dedup_ms = (settings.dedup_ms > 0).then_some(settings.dedup_ms);
         let notice = self.wakeups.notice(queue.as_str());
-        let done = D::insert_messages(&mut *conn, Ts(now), queue, dedup_ms, &rows, held, &notice)
-            .await
-            .map_err(db)?;
+        let done = D::insert_messages(
+            &mut *conn,
+            Ts(now),
+            queue.as_str(),
+            dedup_ms,
+            &rows,
+            held,
+            &notice,
+        )
+        .await
+        .map_err(db)?;
         outcome.duplicates += rows.len() - done.inserted;
         outcome.accepted += done.inserted;
         Ok((outcome, verdicts(held, &done.completed)))
-    }
-
-    /// Deletes, inside the caller's transaction, those of `held` this database's queue
-    /// still holds for their delivery (same seq, same lock token, lock not expired);
-    /// returns, hold by hold, whether it ended it. A verdict belongs to a hold, not to
-    /// a message: a stale hold on a message a fresh hold completed has still lost its
-    /// lock, and a message from another transport matches nothing.
-    pub(crate) async fn complete_held(
-        conn: &mut D::Conn,
-        now: chrono::DateTime<chrono::Utc>,
-        held: &[&ReceivedMessage],
-    ) -> Result<Vec<bool>> {
-        let ended = crate::driver::complete_holds::<D>(conn, Ts(now), held)
-            .await
-            .map_err(db)?;
-        Ok(verdicts(held, &ended))
     }
 
     /// Enqueues the messages a state change causes, inside its transaction, and
@@ -474,7 +466,14 @@ impl<D: Driver> SqlStore<D> {
             }
         }
         if by_queue.is_empty() {
-            return Ok((Vec::new(), Self::complete_held(conn, now, held).await?));
+            if held.is_empty() {
+                return Ok((Vec::new(), Vec::new()));
+            }
+            // Nothing to send: the statement only completes.
+            let done = D::insert_messages(conn, Ts(now), "", None, &[], held, "")
+                .await
+                .map_err(db)?;
+            return Ok((Vec::new(), verdicts(held, &done.completed)));
         }
         let mut woken = Vec::new();
         let mut ended = Vec::new();

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::{QueueName, ReceivedMessage};
+use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -341,19 +341,6 @@ impl Driver for PgDriver {
         prepare(q).fetch_optional(conn).await
     }
 
-    async fn claim_in(
-        conn: &mut PgConnection,
-        now: DateTime<Utc>,
-        request: &ClaimRequest,
-        timeout_micros: i64,
-    ) -> Result<Vec<ClaimedOrder>> {
-        let rows = claim_query(Some(Ts(now)), request, timeout_micros)?
-            .fetch_all(conn)
-            .await
-            .map_err(db)?;
-        claimed_orders(&rows, request)
-    }
-
     /// The claim reads the clock itself and says it in each row.
     async fn claim_first(
         &self,
@@ -533,13 +520,13 @@ impl Driver for PgDriver {
     async fn insert_messages(
         conn: &mut PgConnection,
         now: Ts,
-        queue: &QueueName,
+        queue: &str,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         held: &[&ReceivedMessage],
         notice: &str,
     ) -> Result<SentAndCompleted, sqlx::Error> {
-        let sent = send_query(queue.as_str(), Some(now), dedup_ms, rows, held, notice)
+        let sent = send_query(queue, Some(now), dedup_ms, rows, held, notice)
             .fetch_all(conn)
             .await?;
         Ok(sent_and_completed(sent))

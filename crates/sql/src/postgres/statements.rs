@@ -19,7 +19,6 @@ pub(crate) const SQL: Statements = Statements {
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement(Q_RECEIVE),
     sends_alone: true,
-    q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
     o_sent: O_SENT,
@@ -76,11 +75,6 @@ pub(crate) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NU
 pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
     WHERE seq = ANY($1::bigint[]) AND relay = $2";
 
-/// `$1` seqs and `$2` their lock tokens, pairwise; `$3` now.
-pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
-    USING unnest($1::bigint[], $2::text[]) AS h(seq, token) \
-    WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $3 RETURNING q.seq, q.lock_token";
-
 /// A send and the completions that go with it, in one statement that reads the clock
 /// itself (`$6`; NULL: the server's now). Inserts messages into queue `$1` (ids `$2`,
 /// correlations `$3`, properties `$4`, bodies `$5`, scheduled for `$7`, NULL: at once;
@@ -90,7 +84,8 @@ pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages q \
 /// commit); and deletes the messages `$11` (seqs) still held under the lock tokens
 /// `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of NULLs
 /// if none; every row carries how many it inserted (`inserted`). Inside a transaction
-/// it is the send (no holds); alone it is a transaction of its own
+/// it is the send with what it consumes, or, with no messages, the completion alone;
+/// alone it is a transaction of its own
 /// ([`crate::driver::Driver::send_and_complete_alone`]): one round trip where a
 /// transaction takes five.
 pub(crate) const Q_SEND: &str = "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), \

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
-use orderly_core::transport::{QueueName, ReceivedMessage};
+use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result, TimeSource};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -27,8 +27,8 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::driver::{
-    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepRow,
-    Touch, q,
+    Driver, FromCol, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted,
+    StepRow, Touch, q,
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
@@ -290,6 +290,73 @@ fn order_ids(rows: &[SqliteRow]) -> Result<HashSet<String>> {
 }
 
 impl SqliteDriver {
+    /// Claims up to the request's limit in the caller's transaction at `now`, with
+    /// the claims' history.
+    async fn claim_in(
+        conn: &mut SqliteConnection,
+        now: DateTime<Utc>,
+        request: &ClaimRequest,
+        timeout_micros: i64,
+    ) -> Result<Vec<ClaimedOrder>> {
+        let deadline = now + chrono::Duration::microseconds(timeout_micros);
+        let rows = q(sql::CLAIM)
+            .bind(request.owner.as_str())
+            .bind(Ts(deadline))
+            .bind(Ts(now))
+            .bind(i64::from(request.limit))
+            .bind(&request.workflows.default_name)
+            .bind(st::start_json(&request.workflows)?)
+            .bind(st::carry_on(&request.workflows))
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = rows
+            .iter()
+            .map(|r| Cols(r).get::<String>("order_id"))
+            .collect::<Result<Vec<_>>>()?;
+        q(sql::CLAIMED_HISTORY)
+            .bind(ids.clone())
+            .bind(Ts(now))
+            .bind(request.owner.as_str())
+            .bind(orderly_core::history::HistoryKind::Claimed.as_str())
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
+        let mut details = std::collections::HashMap::with_capacity(rows.len());
+        for r in q(sql::DETAILS_OF)
+            .bind(ids)
+            .fetch_all::<Self>(conn)
+            .await
+            .map_err(db)?
+        {
+            let c = Cols(&r);
+            let d = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
+                .map_err(|e| corrupt("orders.details", e))?;
+            details.insert(c.get::<String>("order_id")?, d);
+        }
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                let order_id = c.order_id("order_id")?;
+                let details = details.remove(order_id.as_str()).ok_or_else(|| {
+                    corrupt(
+                        "orders",
+                        format!("order {order_id} has a state row but no details"),
+                    )
+                })?;
+                let fence = Fence {
+                    order_id,
+                    owner: request.owner.clone(),
+                    epoch: orderly_core::Epoch(c.get("lock_epoch")?),
+                };
+                c.claimed(fence, details)
+            })
+            .collect()
+    }
+
     /// The fenced touches of a batch of step writes; returns the ids touched.
     async fn touch_steps(
         conn: &mut SqliteConnection,
@@ -437,69 +504,16 @@ impl Driver for SqliteDriver {
         prepare(q).fetch_optional(conn).await
     }
 
-    async fn claim_in(
+    /// The host's clock (or the injected one), then the claim.
+    async fn claim_first(
+        &self,
         conn: &mut SqliteConnection,
-        now: DateTime<Utc>,
         request: &ClaimRequest,
         timeout_micros: i64,
-    ) -> Result<Vec<ClaimedOrder>> {
-        let deadline = now + chrono::Duration::microseconds(timeout_micros);
-        let rows = q(sql::CLAIM)
-            .bind(request.owner.as_str())
-            .bind(Ts(deadline))
-            .bind(Ts(now))
-            .bind(i64::from(request.limit))
-            .bind(&request.workflows.default_name)
-            .bind(st::start_json(&request.workflows)?)
-            .bind(st::carry_on(&request.workflows))
-            .fetch_all::<Self>(conn)
-            .await
-            .map_err(db)?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids = rows
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect::<Result<Vec<_>>>()?;
-        q(sql::CLAIMED_HISTORY)
-            .bind(ids.clone())
-            .bind(Ts(now))
-            .bind(request.owner.as_str())
-            .bind(orderly_core::history::HistoryKind::Claimed.as_str())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
-        let mut details = std::collections::HashMap::with_capacity(rows.len());
-        for r in q(sql::DETAILS_OF)
-            .bind(ids)
-            .fetch_all::<Self>(conn)
-            .await
-            .map_err(db)?
-        {
-            let c = Cols(&r);
-            let d = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
-                .map_err(|e| corrupt("orders.details", e))?;
-            details.insert(c.get::<String>("order_id")?, d);
-        }
-        rows.iter()
-            .map(|r| {
-                let c = Cols(r);
-                let order_id = c.order_id("order_id")?;
-                let details = details.remove(order_id.as_str()).ok_or_else(|| {
-                    corrupt(
-                        "orders",
-                        format!("order {order_id} has a state row but no details"),
-                    )
-                })?;
-                let fence = Fence {
-                    order_id,
-                    owner: request.owner.clone(),
-                    epoch: orderly_core::Epoch(c.get("lock_epoch")?),
-                };
-                c.claimed(fence, details)
-            })
-            .collect()
+    ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>> {
+        let now = self.now(conn).await?;
+        let claimed = Self::claim_in(conn, now, request, timeout_micros).await?;
+        Ok((!claimed.is_empty()).then_some((claimed, now)))
     }
 
     async fn claim(
@@ -659,19 +673,43 @@ impl Driver for SqliteDriver {
     async fn insert_messages(
         conn: &mut SqliteConnection,
         now: Ts,
-        queue: &QueueName,
+        queue: &str,
         dedup_ms: Option<i64>,
         rows: &[MessageRow<'_>],
         held: &[&ReceivedMessage],
         _notice: &str,
     ) -> Result<SentAndCompleted, sqlx::Error> {
-        let completed = crate::driver::complete_holds::<Self>(&mut *conn, now, held).await?;
+        let mut completed = HashMap::with_capacity(held.len());
+        if !held.is_empty() {
+            for r in q(sql::Q_COMPLETE_MANY)
+                .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
+                .bind(
+                    held.iter()
+                        .map(|m| m.lock_token.0.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(now)
+                .fetch_all::<Self>(&mut *conn)
+                .await?
+            {
+                completed.insert(
+                    i64::from_col(&r, "seq")?,
+                    String::from_col(&r, "lock_token")?,
+                );
+            }
+        }
+        if rows.is_empty() {
+            return Ok(SentAndCompleted {
+                inserted: 0,
+                completed,
+            });
+        }
         let fresh: Option<HashSet<String>> = match dedup_ms {
             Some(ms) => {
                 let until = Ts(now.0 + chrono::Duration::milliseconds(ms));
                 let ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
                 let fresh = q(sql::Q_DEDUP_MANY)
-                    .bind(queue.as_str())
+                    .bind(queue)
                     .bind(until)
                     .bind(now)
                     .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
@@ -701,7 +739,7 @@ impl Driver for SqliteDriver {
             });
         }
         q(sql::Q_INSERT_MANY)
-            .bind(queue.as_str())
+            .bind(queue)
             .bind(now)
             .bind(rows_json(&accepted, |r| {
                 serde_json::json!([

@@ -28,7 +28,6 @@ pub(crate) const SQL: Statements = Statements {
         delete_many: Q_DELETE_MANY,
     }),
     sends_alone: false,
-    q_complete_many: Q_COMPLETE_MANY,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
     o_sent: O_SENT,
