@@ -35,7 +35,7 @@ fn write(fence: &Fence, expect: Option<i32>, updates: Vec<StepUpdate>) -> StepWr
 /// refused one changes nothing. A repeated reply is refused as a stale step.
 pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
     let store = ctx.store().await;
-    submit_n(&*store, 3).await;
+    submit_n(&*store, 4).await;
     let (a, b) = (owner("a"), owner("b"));
     let one = claim_one(&*store, &a, MINUTE).await;
     let two = claim_one(&*store, &a, MINUTE).await;
@@ -163,6 +163,28 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
         .unwrap();
     assert!(touch[0].is_ok());
     assert!(matches!(touch[1], Err(Error::Fenced { .. })));
+    // Past its deadline the owner's fence still names the row, but its write is
+    // refused whole (the order is the supervisor's now): no step, no history entry.
+    let late = claim_one(&*store, &a, MINUTE).await;
+    ctx.clock.advance(MINUTE);
+    let before = store.get(&late.fence.order_id).await.unwrap();
+    let refused = store
+        .record_steps(&[write(
+            &late.fence,
+            Some(0),
+            vec![update(0, StepStatus::Started)],
+        )])
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused[0], Err(Error::DeadlinePassed { .. })),
+        "{:?}",
+        refused[0]
+    );
+    let after = store.get(&late.fence.order_id).await.unwrap();
+    assert!(after.steps.is_empty(), "a late write leaves no step behind");
+    assert_eq!(after.history.len(), before.history.len());
+    assert_eq!(after.state, before.state);
 }
 
 /// A scheduler restarting under the same instance id takes back its live orders with
