@@ -123,11 +123,15 @@ pub struct HttpRemote {
 }
 
 impl HttpRemote {
-    /// A client for `endpoints`.
+    /// A client for `endpoints`. Every connection it opened is kept for reuse until
+    /// it has been idle for 90 s, so it holds at most as many per service as calls were
+    /// in flight at once (the agent's concurrency bounds that). A smaller cap on idle
+    /// connections closes the rest after each burst of calls and opens them again for
+    /// the next: a TCP (or TLS) handshake per call, on both ends.
     pub fn new(endpoints: Endpoints) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
-            .pool_max_idle_per_host(64)
+            .pool_idle_timeout(Duration::from_secs(90))
             .build()?;
         Ok(Self { client, endpoints })
     }

@@ -210,6 +210,10 @@ pub struct SimStats {
     /// Calls refused because their action was down (an outage).
     #[serde(default)]
     pub outage_refusals: u64,
+    /// Connections accepted: a client that keeps its connections for reuse opens
+    /// about as many as it had calls in flight at once, not one per call.
+    #[serde(default)]
+    pub connections: u64,
 }
 
 #[derive(Debug, Default)]
@@ -230,6 +234,8 @@ pub struct Sim {
     repaired: Arc<std::sync::atomic::AtomicBool>,
     /// Actions that are down now (an outage): every call answers 503, nothing applied.
     down: Arc<Mutex<HashSet<String>>>,
+    /// Connections accepted by [`Sim::serve`].
+    connections: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -250,6 +256,7 @@ impl Sim {
             ledger: Arc::default(),
             repaired: Arc::default(),
             down: Arc::default(),
+            connections: Arc::default(),
         }
     }
 
@@ -297,7 +304,10 @@ impl Sim {
 
     /// The counters.
     pub fn stats(&self) -> SimStats {
-        self.ledger().stats
+        SimStats {
+            connections: self.connections.load(std::sync::atomic::Ordering::Relaxed),
+            ..self.ledger().stats
+        }
     }
 
     /// The HTTP routes.
@@ -336,6 +346,10 @@ impl Sim {
                 sim.set_down(&o.action, false);
             });
         }
+        let connections = self.connections.clone();
+        let listener = axum::serve::ListenerExt::tap_io(listener, move |_| {
+            connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
         axum::serve(listener, self.router())
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await
