@@ -14,7 +14,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use common::Db;
-use orderly_core::store::{ClaimRequest, Completion};
+use orderly_core::step::StepStatus;
+use orderly_core::store::{ClaimRequest, Completion, StepUpdate, StepWrite};
 use orderly_core::{InstanceId, TimeSource};
 use orderly_sql::{PgStore, SqliteStore};
 use sqlx::postgres::PgConnectOptions;
@@ -183,8 +184,9 @@ async fn claim_run(
 }
 
 /// Queue core: `workers` loops of claim(batch) then complete_many(batch) until `total`
-/// ready orders are Processed. Returns orders/s.
-async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
+/// ready orders are Processed, with `steps` batches of step writes in between (each
+/// order's step `r` succeeds and step `r + 1` starts, as a reply does). Returns orders/s.
+async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize, steps: i32) -> f64 {
     let mut handles = Vec::new();
     for _ in 0..workers {
         handles.push(db.open().await.state_store());
@@ -208,6 +210,23 @@ async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
                 if claimed.is_empty() {
                     break done;
                 }
+                for r in 0..steps {
+                    let writes: Vec<StepWrite> = claimed
+                        .iter()
+                        .map(|c| StepWrite {
+                            complete: false,
+                            fence: c.fence.clone(),
+                            expect_step: Some(r),
+                            updates: vec![
+                                step(r, StepStatus::Succeeded),
+                                step(r + 1, StepStatus::Started),
+                            ],
+                            sends: Vec::new(),
+                        })
+                        .collect();
+                    let verdicts = store.record_steps(&writes).await.expect("record");
+                    assert!(verdicts.iter().all(Result::is_ok), "refused: {verdicts:?}");
+                }
                 let completions: Vec<Completion> = claimed
                     .into_iter()
                     .map(|c| Completion::from(c.fence))
@@ -224,6 +243,16 @@ async fn queue_core(db: &Db, workers: usize, batch: u32, total: usize) -> f64 {
     }
     assert_eq!(done, total);
     total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn step(index: i32, status: StepStatus) -> StepUpdate {
+    StepUpdate {
+        index,
+        name: format!("step-{index}"),
+        status,
+        detail: None,
+        idempotency_key: format!("key-{index}"),
+    }
 }
 
 /// Claim (one order per call) and sweep (`find_expired(100)`) latency with `finished`
@@ -297,9 +326,19 @@ async fn main() {
         for workers in [1usize, 4] {
             let db = Db::fresh(kind).await;
             seed(&db, "q", 1, 20_000, "Pending").await;
-            let rate = queue_core(&db, workers, 500, 20_000).await;
+            let rate = queue_core(&db, workers, 500, 20_000, 0).await;
             println!(
                 "{:<10} queue core: claim+complete 20,000 ready orders, {workers} worker(s), batches of 500: {rate:>9.0} orders/s (target 45,000/s on PostgreSQL)",
+                db.name()
+            );
+            db.drop_all().await;
+        }
+        for workers in [1usize, 4] {
+            let db = Db::fresh(kind).await;
+            seed(&db, "w", 1, 10_000, "Pending").await;
+            let rate = queue_core(&db, workers, 100, 10_000, 3).await;
+            println!(
+                "{:<10} with steps: claim, 3 step writes, complete 10,000 ready orders, {workers} worker(s), batches of 100: {rate:>9.0} orders/s",
                 db.name()
             );
             db.drop_all().await;
