@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 11] = [
+const ALL: [Both; 12] = [
     Both {
         version: 1,
         name: "state_store",
@@ -106,6 +106,12 @@ const ALL: [Both; 11] = [
         name: "operations",
         sqlite: include_str!("../../../migrations/sqlite/0011_operations.sql"),
         postgres: include_str!("../../../migrations/postgres/0011_operations.sql"),
+    },
+    Both {
+        version: 12,
+        name: "in_place_steps",
+        sqlite: include_str!("../../../migrations/sqlite/0012_in_place_steps.sql"),
+        postgres: include_str!("../../../migrations/postgres/0012_in_place_steps.sql"),
     },
 ];
 

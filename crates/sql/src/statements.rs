@@ -163,10 +163,10 @@ pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "SELECT workflow, workflow_version,
     GROUP BY workflow, workflow_version, process_state \
     ORDER BY workflow, workflow_version, process_state";
 
-/// Orders that reached a final state since `$1` (and are still in it), by state.
+/// Orders that reached a final state since `$1` (and are still in it), by state:
+/// `finished_at` is set only on a finished row (the index of finished orders).
 pub(crate) const FINISHED_SINCE: &str = "SELECT process_state, count(*) AS n FROM order_state \
-    WHERE process_state IN ('Processed', 'Error', 'Cancelled') AND updated_at >= $1 \
-    GROUP BY process_state";
+    WHERE finished_at >= $1 GROUP BY process_state";
 
 /// A bound value of a query built at run time.
 pub(crate) enum Arg {

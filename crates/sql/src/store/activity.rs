@@ -29,7 +29,7 @@ impl<D: Driver> SqlStore<D> {
              CAST(CASE WHEN process_state = 'Processed' THEN {bucket} ELSE -1 END AS BIGINT) \
              AS bucket, \
              count(*) AS n FROM order_state \
-             WHERE process_state IN ('Processed', 'Error', 'Cancelled') AND updated_at >= $1 \
+             WHERE finished_at >= $1 \
              GROUP BY 1, 2, 3",
             m = minute("updated_at"),
             bucket = bucket_sql(D::SQL.latency_ms),

@@ -60,6 +60,11 @@ async fn postgres_claim_and_sweep_use_their_partial_indexes() {
              ORDER BY complete_by LIMIT 10",
             "order_state_deadlines",
         ),
+        (
+            "EXPLAIN SELECT process_state, count(*) FROM order_state \
+             WHERE finished_at >= now() - interval '1 hour' GROUP BY process_state",
+            "order_state_finished",
+        ),
     ] {
         let mut conn = store.pool().acquire().await.unwrap();
         sqlx::query("SET enable_seqscan = off")
@@ -76,6 +81,51 @@ async fn postgres_claim_and_sweep_use_their_partial_indexes() {
             plan.join("\n")
         );
     }
+    f.cleanup().await;
+}
+
+/// A step's write (the touch of its order's state row) changes no column that an index
+/// of `order_state` reads, keys or predicate, and pages keep room beside their rows: so
+/// PostgreSQL can update the row in place (HOT), adding no index entries. An index on
+/// `updated_at`, as the finished orders' index was, makes every step's write a new
+/// entry in each index.
+#[tokio::test]
+async fn postgres_a_step_write_touches_no_indexed_column() {
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    // What the touch of a step write sets (waiting_on only when it was set: rare).
+    let written = ["current_step", "last_error", "updated_at"];
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, pg_get_indexdef(i.indexrelid) FROM pg_index i \
+         JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'order_state'::regclass",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert!(indexes.len() >= 5, "{indexes:?}");
+    for (name, definition) in &indexes {
+        let words: Vec<&str> = definition
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        for column in written {
+            assert!(
+                !words.contains(&column),
+                "{name} reads {column}, which every step's write changes: {definition}"
+            );
+        }
+    }
+    let options: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = 'order_state'::regclass")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(
+        options.unwrap_or_default().iter().any(|o| o
+            .strip_prefix("fillfactor=")
+            .and_then(|v| v.parse::<u8>().ok())
+            < Some(100)),
+        "order_state pages keep no room for a row's next version"
+    );
     f.cleanup().await;
 }
 
