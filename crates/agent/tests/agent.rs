@@ -148,16 +148,7 @@ fn request(rig: &Rig, order: &str, deadline_in: Duration, attempts: u32) -> Step
         reply_to: rig.replies.clone(),
         context: StepContext {
             workflow: None,
-            details: orderly_core::OrderDetails::new(
-                "c-1",
-                orderly_core::Currency::parse("EUR").unwrap(),
-                vec![orderly_core::OrderLine {
-                    sku: "SKU-1".into(),
-                    quantity: 1,
-                    unit_price_minor: 100,
-                }],
-            )
-            .unwrap(),
+            details: orderly_testkit::builders::details(1),
             notify_to: None,
             finish_as: None,
             generation: 0,

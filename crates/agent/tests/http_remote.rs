@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use orderly_agent::{Endpoints, HttpRemote, RemoteCall, RemoteService};
+use orderly_core::OrderId;
 use orderly_core::messages::StepKind;
-use orderly_core::{OrderDetails, OrderId};
 use orderly_remote_sim::{Sim, SimConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -22,16 +22,7 @@ fn call(order: usize, round: usize) -> RemoteCall {
         kind: StepKind::Do,
         idempotency_key: format!("o-{order}:reserve:{round}"),
         compensates: None,
-        details: OrderDetails::new(
-            "c-1",
-            orderly_core::Currency::parse("EUR").unwrap(),
-            vec![orderly_core::OrderLine {
-                sku: "SKU-1".into(),
-                quantity: 1,
-                unit_price_minor: 100,
-            }],
-        )
-        .unwrap(),
+        details: orderly_testkit::builders::details(order as u64),
     }
 }
 

@@ -323,25 +323,23 @@ async fn main() {
             );
             db.drop_all().await;
         }
-        for workers in [1usize, 4] {
-            let db = Db::fresh(kind).await;
-            seed(&db, "q", 1, 20_000, "Pending").await;
-            let rate = queue_core(&db, workers, 500, 20_000, 0).await;
-            println!(
-                "{:<10} queue core: claim+complete 20,000 ready orders, {workers} worker(s), batches of 500: {rate:>9.0} orders/s (target 45,000/s on PostgreSQL)",
-                db.name()
-            );
-            db.drop_all().await;
-        }
-        for workers in [1usize, 4] {
-            let db = Db::fresh(kind).await;
-            seed(&db, "w", 1, 10_000, "Pending").await;
-            let rate = queue_core(&db, workers, 100, 10_000, 3).await;
-            println!(
-                "{:<10} with steps: claim, 3 step writes, complete 10,000 ready orders, {workers} worker(s), batches of 100: {rate:>9.0} orders/s",
-                db.name()
-            );
-            db.drop_all().await;
+        // The queue core, then the same with a three-step order's writes in between.
+        for (steps, total, batch) in [(0, 20_000, 500), (3, 10_000, 100)] {
+            for workers in [1usize, 4] {
+                let db = Db::fresh(kind).await;
+                seed(&db, "q", 1, total, "Pending").await;
+                let rate = queue_core(&db, workers, batch, total as usize, steps).await;
+                let what = if steps == 0 {
+                    "queue core: claim+complete"
+                } else {
+                    "with steps: claim, 3 step writes, complete"
+                };
+                println!(
+                    "{:<10} {what} {total} ready orders, {workers} worker(s), batches of {batch}: {rate:>9.0} orders/s",
+                    db.name()
+                );
+                db.drop_all().await;
+            }
         }
         let sizes: &[i64] = if big { &[10_000, 1_000_000] } else { &[10_000] };
         for &finished in sizes {

@@ -31,6 +31,11 @@ fn write(fence: &Fence, expect: Option<i32>, updates: Vec<StepUpdate>) -> StepWr
     }
 }
 
+/// The first step's start, as the claim's first write.
+fn start_first(fence: &Fence) -> StepWrite {
+    write(fence, Some(0), vec![update(0, StepStatus::Started)])
+}
+
 /// One transaction, many orders: each write is applied or refused on its own, and a
 /// refused one changes nothing. A repeated reply is refused as a stale step.
 pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
@@ -169,11 +174,7 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
     ctx.clock.advance(MINUTE);
     let before = store.get(&late.fence.order_id).await.unwrap();
     let refused = store
-        .record_steps(&[write(
-            &late.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
+        .record_steps(&[start_first(&late.fence)])
         .await
         .unwrap();
     assert!(
@@ -205,22 +206,11 @@ pub async fn resume_owned_takes_back_live_orders_under_a_new_epoch(ctx: &Ctx) {
     assert_eq!(r.complete_by, live.complete_by, "the deadline is kept");
     assert_eq!(r.details, live.details);
     let old = store
-        .record_steps(&[write(
-            &live.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
+        .record_steps(&[start_first(&live.fence)])
         .await
         .unwrap();
     assert!(matches!(old[0], Err(Error::Fenced { .. })), "{:?}", old[0]);
-    let new = store
-        .record_steps(&[write(
-            &r.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
-        .await
-        .unwrap();
+    let new = store.record_steps(&[start_first(&r.fence)]).await.unwrap();
     assert!(new[0].is_ok());
     let history = store.get(&live.fence.order_id).await.unwrap().history;
     assert!(
@@ -311,14 +301,7 @@ pub async fn request_cancel_undoes_started_work_and_cancels_untouched_orders_at_
         .await
         .unwrap();
     assert_eq!(r.process_state, ProcessState::Cancelled);
-    store
-        .record_steps(&[write(
-            &c.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
-        .await
-        .unwrap();
+    store.record_steps(&[start_first(&c.fence)]).await.unwrap();
     let r = store
         .request_cancel(&c.fence.order_id, &ops, "customer", &[])
         .await
@@ -361,11 +344,7 @@ pub async fn every_error_raises_one_alert_which_is_published_once(ctx: &Ctx) {
     let a = owner("a");
     let failed = claim_one(&*store, &a, MINUTE).await;
     store
-        .record_steps(&[write(
-            &failed.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
+        .record_steps(&[start_first(&failed.fence)])
         .await
         .unwrap();
     store
@@ -689,11 +668,7 @@ async fn failed_and_undone(
     c: &orderly_core::store::ClaimedOrder,
 ) -> Fence {
     let f = &c.fence;
-    apply(
-        store,
-        write(f, Some(0), vec![update(0, StepStatus::Started)]),
-    )
-    .await;
+    apply(store, start_first(f)).await;
     fail_the_last_step(store, f).await;
     store
         .begin_compensation(f, ProcessState::Error, "step 2 failed", &[])
@@ -797,11 +772,7 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
     let once = policy(1, 1);
     let touched = claim_one(&*store, &a, Duration::from_secs(1)).await;
     store
-        .record_steps(&[write(
-            &touched.fence,
-            Some(0),
-            vec![update(0, StepStatus::Started)],
-        )])
+        .record_steps(&[start_first(&touched.fence)])
         .await
         .unwrap();
     let untouched = claim_one(&*store, &a, Duration::from_secs(1)).await;
@@ -880,10 +851,7 @@ pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: 
     let a = owner("a");
     let c = claim_one(&*store, &a, MINUTE).await;
     let f = &c.fence;
-    store
-        .record_steps(&[write(f, Some(0), vec![update(0, StepStatus::Started)])])
-        .await
-        .unwrap();
+    store.record_steps(&[start_first(f)]).await.unwrap();
     let stale = Fence {
         epoch: orderly_core::Epoch(f.epoch.0 - 1),
         ..f.clone()
@@ -950,8 +918,7 @@ pub async fn a_claim_and_its_first_step_commit_together(ctx: &Ctx) {
     let first = std::sync::Mutex::new(true);
     let plan = |c: &orderly_core::store::ClaimedOrder| {
         let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::replace(&mut *first, false)
-            .then(|| write(&c.fence, Some(0), vec![update(0, StepStatus::Started)]))
+        std::mem::replace(&mut *first, false).then(|| start_first(&c.fence))
     };
     // Away from the host's time: the claim and its step are written at the store's.
     ctx.clock.advance(Duration::from_secs(3_600));
