@@ -139,20 +139,21 @@ pub async fn declare_queues(
 ) -> anyhow::Result<()> {
     let fixed = [queues::ORDERS, queues::REPLIES, queues::ALERTS];
     for q in fixed {
+        let q = QueueName::parse(q)?;
         backend
             .transport
-            .declare_queue(&QueueName::parse(q)?, &QueueSettings::default())
+            .declare_queue(&q, &queues::settings(&q))
             .await
             .with_context(|| format!("cannot declare queue {q}"))?;
     }
-    let agent_settings = QueueSettings {
-        lock_duration: request_lock,
-        ..QueueSettings::default()
-    };
     for q in workflow.queues() {
+        let settings = QueueSettings {
+            lock_duration: request_lock,
+            ..queues::settings(&q)
+        };
         backend
             .transport
-            .declare_queue(&q, &agent_settings)
+            .declare_queue(&q, &settings)
             .await
             .with_context(|| format!("cannot declare queue {q}"))?;
     }

@@ -1,6 +1,7 @@
 //! The messages the roles exchange, and the queue names they use by default. Every
 //! message is JSON; every message id is derived from what the message means, so a
-//! resend of the same message is dropped by the queue's duplicate detection.
+//! resend of the same message is dropped by a queue with duplicate detection (see
+//! [`queues::settings`] for which queues orderly creates with it).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,31 @@ pub mod queues {
     pub const REPLIES: &str = "replies";
     /// Where operator alerts go.
     pub const ALERTS: &str = "alerts";
+
+    use crate::transport::{QueueName, QueueSettings};
+
+    /// The settings orderly creates `queue` with where it creates queues (the SQL
+    /// transport). `orders` and `alerts` detect duplicates (over 10 minutes): a client
+    /// may post an order again, and alerts are few. `replies` and the step request
+    /// queues do not: a duplicate there changes nothing, and detecting them costs a row
+    /// written, indexed and swept for every message of every step. On the SQL transport
+    /// a step's request is sent only in the transaction that records it, and an agent's
+    /// reply with the completion of its request; the one repeat that remains possible (an
+    /// agent whose lock ran out while it worked replies, and so does the agent that took
+    /// the request after it) is refused by the store, whose record of a reply is
+    /// fenced by the owner's epoch and guarded by the step the order is at, and the
+    /// remote call behind it carried the same idempotency key. Service Bus queues are
+    /// provisioned by their operators, with duplicate detection on (the outbox relay may
+    /// publish a message twice).
+    pub fn settings(queue: &QueueName) -> QueueSettings {
+        match queue.as_str() {
+            ORDERS | ALERTS => QueueSettings::default(),
+            _ => QueueSettings {
+                duplicate_detection_window: std::time::Duration::ZERO,
+                ..QueueSettings::default()
+            },
+        }
+    }
 }
 
 /// The message a client posts to the orders queue: the order and, optionally, a

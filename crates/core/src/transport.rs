@@ -76,7 +76,8 @@ pub struct QueueSettings {
     pub lock_duration: Duration,
     /// Deliveries after which a message is dead-lettered instead of delivered again.
     pub max_delivery_count: u32,
-    /// A message id seen within this window is dropped as a duplicate.
+    /// A message id seen within this window is dropped as a duplicate; zero: no
+    /// duplicate detection.
     pub duplicate_detection_window: Duration,
 }
 

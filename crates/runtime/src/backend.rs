@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
 use orderly_core::messages::queues;
 use orderly_core::transport::{
-    Outbox, QueueDepth, QueueInspector, QueueName, QueueSettings, Transport, TransportError,
+    Outbox, QueueDepth, QueueInspector, QueueName, Transport, TransportError,
 };
 use orderly_core::{InstanceId, SystemClock, TimeSource};
 use orderly_sql::Backend;
@@ -71,16 +71,16 @@ pub fn queue(name: &'static str) -> QueueName {
 }
 
 /// Makes sure `wanted` exist before a role uses them. On the SQL transport a missing
-/// queue is created with the defaults (lock 30 s, dead-lettered after 10 deliveries,
-/// duplicate detection over 10 minutes: [`QueueSettings::default`]); an existing one
-/// keeps its settings. On Service Bus queues are infrastructure: a missing one is an
+/// queue is created with [`queues::settings`]: lock 30 s, dead-lettered after 10
+/// deliveries, and duplicate detection over 10 minutes for `orders` and `alerts` only;
+/// an existing one keeps its settings. On Service Bus queues are infrastructure: a missing one is an
 /// error that names it and says how to provision it.
 pub async fn ensure_queues(
     transport: &dyn Transport,
     wanted: impl IntoIterator<Item = QueueName>,
 ) -> anyhow::Result<()> {
-    let settings = QueueSettings::default();
     for q in wanted {
+        let settings = queues::settings(&q);
         match transport.ensure_queue(&q, &settings).await {
             Ok(true) => tracing::info!(
                 queue = %q,
@@ -375,5 +375,49 @@ impl QueueInspector for ServiceBusInspector {
         self.servicebus
             .settle_dead_letters(queue, message_id, false)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_queues_a_role_creates_detect_duplicates_only_where_clients_and_alerts_post() {
+        let store = Arc::new(
+            orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+                .await
+                .unwrap(),
+        );
+        let step = QueueName::parse("agent.inventory").unwrap();
+        let wanted: Vec<QueueName> = fixed_queues()
+            .into_iter()
+            .chain(std::iter::once(step.clone()))
+            .collect();
+        ensure_queues(store.as_ref(), wanted.clone()).await.unwrap();
+        // The same message id sent twice to each.
+        for q in &wanted {
+            for _ in 0..2 {
+                let m = orderly_core::transport::OutgoingMessage::new(
+                    "same-id".to_owned(),
+                    b"{}".to_vec(),
+                );
+                store.send(q, &[m]).await.unwrap();
+            }
+        }
+        let depths = store.depths().await.unwrap();
+        let ready = |q: &str| {
+            depths
+                .iter()
+                .find(|d| d.queue.as_str() == q)
+                .map(|d| d.ready)
+                .unwrap()
+        };
+        assert_eq!(ready(queues::ORDERS), 1, "orders drops the repeat");
+        assert_eq!(ready(queues::ALERTS), 1, "alerts drops the repeat");
+        assert_eq!(ready(queues::REPLIES), 2, "replies keeps both");
+        assert_eq!(ready(step.as_str()), 2, "a step queue keeps both");
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use orderly_core::history::HistoryKind;
 use orderly_core::messages::{StepKind, StepOutcome, StepReply, StepRequest, json_message};
 use orderly_core::store::StateStore;
-use orderly_core::transport::{QueueName, QueueSettings, Transport};
+use orderly_core::transport::{QueueName, Transport};
 use orderly_core::workflow::{Workflow, Workflows};
 use orderly_core::{InstanceId, OrderId, ProcessState, StepStatus, SystemClock, TimeSource};
 use orderly_scheduler::{Pass, Scheduler, SchedulerConfig};
@@ -26,14 +26,16 @@ async fn rig() -> Rig {
             .unwrap(),
     );
     let transport: Arc<dyn Transport> = store.clone();
+    // As the roles create them on the SQL transport: no duplicate detection on these.
     for q in [
         "replies",
         "agent.inventory",
         "agent.payment",
         "agent.shipping",
     ] {
+        let q = QueueName::parse(q).unwrap();
         transport
-            .declare_queue(&QueueName::parse(q).unwrap(), &QueueSettings::default())
+            .declare_queue(&q, &orderly_core::messages::queues::settings(&q))
             .await
             .unwrap();
     }
@@ -132,6 +134,63 @@ async fn an_order_is_driven_by_its_replies_step_by_step_and_completed_by_the_las
     assert_eq!(view.state.process_state, ProcessState::Processed);
     assert!(view.steps.iter().all(|s| s.status == StepStatus::Succeeded));
     assert_eq!(view.steps.len(), 3);
+}
+
+#[tokio::test]
+async fn a_reply_delivered_twice_is_applied_once_whether_its_copies_come_together_or_apart() {
+    // `replies` detects no duplicates: a second copy of a reply (an agent whose lock ran
+    // out while it worked replied, and so did the agent that took the request after it)
+    // reaches the scheduler, and the store's guard on the step the order is at drops it.
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let id = submit(&rig, "o-1").await;
+    s.claim_once().await.unwrap();
+    // Both copies in one batch.
+    let req = request(&rig, "agent.inventory").await;
+    answer(&rig, &req, ok("reserved")).await;
+    answer(&rig, &req, ok("reserved")).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.dropped, pass.requests),
+        (1, 1, 1),
+        "{pass:?}"
+    );
+    // The second copy after the first was recorded and the next step requested.
+    let req = request(&rig, "agent.payment").await;
+    answer(&rig, &req, ok("charged")).await;
+    assert_eq!(replies(&s).await.applied, 1);
+    answer(&rig, &req, ok("charged")).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.dropped, pass.requests),
+        (0, 1, 0),
+        "{pass:?}"
+    );
+    // The last step's copy after the order completed.
+    let req = request(&rig, "agent.shipping").await;
+    answer(&rig, &req, ok("shipped")).await;
+    assert_eq!(replies(&s).await.completed, 1);
+    answer(&rig, &req, ok("shipped")).await;
+    let pass = replies(&s).await;
+    assert_eq!((pass.applied, pass.dropped, pass.completed), (0, 1, 0));
+    // One request per step went out, each step was recorded done once, nothing is left.
+    for q in [
+        "agent.inventory",
+        "agent.payment",
+        "agent.shipping",
+        "replies",
+    ] {
+        assert!(all_requests(&rig, q).await.is_empty(), "{q} is empty");
+    }
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Processed);
+    assert_eq!(view.steps.len(), 3);
+    let done = view
+        .history
+        .iter()
+        .filter(|h| h.kind == HistoryKind::StepSucceeded)
+        .count();
+    assert_eq!(done, 3, "{:?}", view.history);
 }
 
 #[tokio::test]
