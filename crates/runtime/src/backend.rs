@@ -73,8 +73,8 @@ pub fn queue(name: &'static str) -> QueueName {
 /// Makes sure `wanted` exist before a role uses them. On the SQL transport a missing
 /// queue is created with [`queues::settings`]: lock 30 s, dead-lettered after 10
 /// deliveries, and duplicate detection over 10 minutes for `orders` and `alerts` only;
-/// an existing one keeps its settings. On Service Bus queues are infrastructure: a missing one is an
-/// error that names it and says how to provision it.
+/// an existing one keeps its settings. On Service Bus queues are infrastructure: a
+/// missing one is an error that names it and says how to provision it.
 pub async fn ensure_queues(
     transport: &dyn Transport,
     wanted: impl IntoIterator<Item = QueueName>,
