@@ -1,6 +1,13 @@
 //! The SQLite text of the store's statements. Lists are bound as JSON arrays and read
 //! with `json_each`; the statements of a batch that PostgreSQL runs set-based over
 //! arrays run here once per row (in-process calls; the commit is what costs).
+//!
+//! A hot statement's `LIMIT` is written `LIMIT CAST($n AS INTEGER)`, not `LIMIT $n`.
+//! SQLite reads a bare parameter in `LIMIT` as a constant for its plan and marks the
+//! statement to be compiled again whenever that parameter is bound anew, which sqlx
+//! does at every execution: the receive and the claim were parsed and planned again
+//! on every call. The cast is the same number to the statement and no constant to
+//! the planner, so the prepared statement is kept.
 
 use crate::driver::{LookThenTake, Receive, Statements};
 use crate::rows::{dead_letter_columns, message_columns};
@@ -44,13 +51,13 @@ pub(crate) const Q_TAKE: &str = concat!(
     "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
      locked_until = $6, visible_at = $6 WHERE seq IN (SELECT seq FROM queue_messages \
         WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 \
-        ORDER BY visible_at, seq LIMIT $3) RETURNING ",
+        ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)) RETURNING ",
     message_columns!()
 );
 
 /// Up to `$3` visible messages of queue `$1` at `$2`.
 pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
-    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3";
+    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)";
 
 /// `$1` JSON array of seqs, `$2` lock token, `$3` locked until.
 pub(crate) const Q_LOCK: &str = concat!(
@@ -78,7 +85,7 @@ pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages \
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
     WHERE seq IN (SELECT seq FROM outbox INDEXED BY outbox_unsent WHERE sent_at IS NULL \
-        AND dead_at IS NULL AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT $4) \
+        AND dead_at IS NULL AND (leased_until IS NULL OR leased_until <= $3) ORDER BY seq LIMIT CAST($4 AS INTEGER)) \
     RETURNING seq, queue, message_id, correlation_id, properties, body, scheduled_at, attempts";
 
 /// `$1` seqs, `$2` relay, `$3` now, `$4` the reason.
@@ -117,7 +124,7 @@ pub(crate) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processi
         AND CASE WHEN workflow_version IS NULL \
             THEN json_extract($6, '$.\"' || coalesce(workflow, $5) || '\"') IS NOT NULL \
             ELSE workflow || '@' || workflow_version IN (SELECT value FROM json_each($7)) END \
-        ORDER BY next_attempt_at LIMIT $4) \
+        ORDER BY next_attempt_at LIMIT CAST($4 AS INTEGER)) \
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
     finish_as, generation, last_error, workflow, workflow_version, waiting_on";
 
@@ -154,7 +161,7 @@ pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, c
     (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
         AND h.state IN ('Down', 'Probing')) AS waiting_for \
     FROM order_state s INDEXED BY order_state_deadlines \
-    WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT $2";
+    WHERE process_state = 'Processing' AND complete_by < $1 ORDER BY complete_by LIMIT CAST($2 AS INTEGER)";
 
 /// One decided recovery: `$1` order, `$2` failure count, `$3` state, `$4` next attempt
 /// (NULL: unchanged), `$5` reason, `$6` now, `$7` epoch, `$8` finish_as.
@@ -231,3 +238,24 @@ pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
     (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
     SELECT $1, value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), $2, value ->> 4 \
     FROM json_each($3) ORDER BY key";
+
+#[cfg(test)]
+mod tests {
+    /// A bare parameter as a statement's `LIMIT` makes SQLite compile the statement
+    /// again at every execution (see the module's documentation).
+    #[test]
+    fn no_statement_here_takes_its_limit_as_a_bare_parameter() {
+        let text = include_str!("statements.rs");
+        let bare: Vec<&str> = text
+            .match_indices("LIMIT $")
+            .filter(|(at, needle)| {
+                text[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit())
+            })
+            .map(|(at, _)| text[at..].lines().next().unwrap_or_default())
+            .collect();
+        assert!(bare.is_empty(), "LIMIT bound bare: {bare:?}");
+    }
+}
