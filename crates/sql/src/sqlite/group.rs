@@ -60,9 +60,17 @@ impl Default for Writers {
 /// How a group's commit ended, for the writers waiting on it.
 type Outcome = Option<Result<(), Arc<str>>>;
 
+/// Where a handle keeps its write connection between groups: the next group begins on
+/// it at once, with its page cache still valid, instead of waiting for the pool to take
+/// the connection back (a task of its own) and acquiring it again.
+pub(crate) type Home = Arc<std::sync::Mutex<Option<PoolConnection<Sqlite>>>>;
+
 /// One SQLite transaction shared by a group of writers.
 struct Group {
-    conn: PoolConnection<Sqlite>,
+    /// Always present; taken only on the way out (home, or closed).
+    conn: Option<PoolConnection<Sqlite>>,
+    /// Where the connection goes once the group ended well, if anywhere.
+    home: Option<Home>,
     /// When the transaction began.
     began: Instant,
     outcome: watch::Sender<Outcome>,
@@ -90,24 +98,43 @@ impl std::fmt::Debug for Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
         if !self.ended {
             // Dropped mid-way (a cancelled commit, a panic): never return a connection
             // with an open transaction to the pool. The waiting writers see the sender
             // go and report the write as failed.
-            self.conn.close_on_drop();
+            conn.close_on_drop();
+            return;
+        }
+        // Ended well: kept at home, if the group has one; otherwise back to the pool.
+        if let Some(home) = &self.home
+            && Tm::get_transaction_depth(&conn) == 0
+        {
+            *home.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
         }
     }
 }
 
 impl Group {
-    /// Begins a transaction on a connection of `pool`.
-    async fn open(pool: &SqlitePool, stats: &Arc<Stats>) -> Result<Self, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
+    /// Begins a transaction on the connection kept at `home`, or on one of `pool`.
+    async fn open(
+        pool: &SqlitePool,
+        home: Option<&Home>,
+        stats: &Arc<Stats>,
+    ) -> Result<Self, sqlx::Error> {
+        let kept = home.and_then(|h| h.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let mut conn = match kept {
+            Some(conn) => conn,
+            None => pool.acquire().await?,
+        };
         stats.transaction();
         Tm::begin(&mut conn, Some("BEGIN IMMEDIATE".into_sql_str())).await?;
         let (outcome, _) = watch::channel(None);
         Ok(Group {
-            conn,
+            conn: Some(conn),
+            home: home.cloned(),
             began: Instant::now(),
             outcome,
             joined: 0,
@@ -136,18 +163,25 @@ impl Group {
 
     /// A writer's savepoint in the group's transaction.
     async fn join(&mut self) -> Result<(), sqlx::Error> {
-        Tm::begin(&mut self.conn, None).await?;
+        Tm::begin(self.conn(), None).await?;
         self.joined += 1;
         Ok(())
+    }
+
+    /// The group's connection.
+    fn conn(&mut self) -> &mut PoolConnection<Sqlite> {
+        self.conn
+            .as_mut()
+            .expect("a group holds its connection until it ends")
     }
 
     /// Commits the group's transaction and tells every writer in it.
     async fn commit(mut self) -> Result<(), sqlx::Error> {
         let started = Instant::now();
         let result = if self.kept == 0 {
-            Tm::rollback(&mut self.conn).await
+            Tm::rollback(self.conn()).await
         } else {
-            Tm::commit(&mut self.conn).await
+            Tm::commit(self.conn()).await
         };
         self.stats.committed(started.elapsed());
         match result {
@@ -166,9 +200,11 @@ impl Group {
     /// Rolls the whole transaction back and fails every writer in it.
     async fn fail(mut self, cause: &sqlx::Error) {
         self.ended = true;
-        let rolled_back = Tm::rollback(&mut self.conn).await.is_ok();
-        if !rolled_back || Tm::get_transaction_depth(&self.conn) != 0 {
-            self.conn.close_on_drop();
+        let rolled_back = Tm::rollback(self.conn()).await.is_ok();
+        if (!rolled_back || Tm::get_transaction_depth(self.conn()) != 0)
+            && let Some(mut conn) = self.conn.take()
+        {
+            conn.close_on_drop();
         }
         let message: Arc<str> = cause.to_string().into();
         self.outcome.send_replace(Some(Err(message)));
@@ -211,9 +247,21 @@ impl Drop for Waiting<'_> {
 
 impl Writers {
     /// Waits for the turn and begins a write: joins the group in progress, if any.
+    #[cfg(test)]
     pub(crate) async fn begin(
         self: &Arc<Self>,
         pool: &SqlitePool,
+        stats: &Arc<Stats>,
+    ) -> Result<WriteTx, sqlx::Error> {
+        self.begin_at(pool, None, stats).await
+    }
+
+    /// [`Writers::begin`]; a group this write opens begins on the connection kept at
+    /// `home` if there is one, and leaves its connection there when it ends well.
+    pub(crate) async fn begin_at(
+        self: &Arc<Self>,
+        pool: &SqlitePool,
+        home: Option<&Home>,
         stats: &Arc<Stats>,
     ) -> Result<WriteTx, sqlx::Error> {
         let mut turn = {
@@ -225,7 +273,7 @@ impl Writers {
         stats.write();
         let mut group = match turn.take() {
             Some(group) => group,
-            None => Group::open(pool, stats).await?,
+            None => Group::open(pool, home, stats).await?,
         };
         if let Err(e) = group.join().await {
             // The open transaction is unusable: its writers fail, this one with them.
@@ -275,7 +323,7 @@ impl WriteTx {
         };
         let started = Instant::now();
         // Releasing the savepoint also proves the transaction is still open.
-        if let Err(e) = Tm::commit(&mut group.conn).await {
+        if let Err(e) = Tm::commit(group.conn()).await {
             group.fail(&e).await;
             return Err(e);
         }
@@ -328,7 +376,7 @@ impl Open {
         } = self;
         // Rolling back to the savepoint fails if SQLite already rolled the whole
         // transaction back: then the group fails.
-        if let Err(e) = Tm::rollback(&mut group.conn).await {
+        if let Err(e) = Tm::rollback(group.conn()).await {
             group.fail(&e).await;
             return;
         }
@@ -347,23 +395,23 @@ impl Open {
 impl std::ops::Deref for WriteTx {
     type Target = sqlx::SqliteConnection;
     fn deref(&self) -> &Self::Target {
-        &self
-            .open
+        self.open
             .as_ref()
             .expect("a write transaction in use")
             .group
             .conn
+            .as_ref()
+            .expect("a group holds its connection until it ends")
     }
 }
 
 impl std::ops::DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self
-            .open
+        self.open
             .as_mut()
             .expect("a write transaction in use")
             .group
-            .conn
+            .conn()
     }
 }
 
@@ -602,5 +650,56 @@ mod tests {
         assert_eq!(rows(&reader).await, ["a", "b", "c"]);
         let counted = stats.snapshot();
         assert_eq!((counted.writes, counted.transactions), (3, 3));
+    }
+
+    #[tokio::test]
+    async fn a_group_that_ends_well_leaves_its_connection_home_and_one_sqlite_lost_does_not() {
+        let (_pool, reader, file) = file().await;
+        // A write pool of one connection that gives up waiting soon: while the
+        // connection is kept at home, a group can only begin on it there.
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_with(SqliteConnectOptions::new().filename(&file.0))
+            .await
+            .unwrap();
+        let home = Home::default();
+        let (writers, stats) = writers(Duration::from_secs(600));
+        let kept = |home: &Home| home.lock().unwrap().is_some();
+
+        let mut a = writers.begin_at(&write, Some(&home), &stats).await.unwrap();
+        insert(&mut a, "a").await;
+        // A temporary table lives on its connection only: it tells which one b gets.
+        (&mut *a)
+            .execute("CREATE TEMP TABLE mark (x)")
+            .await
+            .unwrap();
+        a.commit().await.unwrap();
+        assert!(kept(&home), "the connection is kept at home");
+        assert_eq!(write.num_idle(), 0, "not given back to the pool");
+
+        let mut b = writers.begin_at(&write, Some(&home), &stats).await.unwrap();
+        assert!(!kept(&home), "taken from home while in use");
+        (&mut *b).execute("SELECT x FROM temp.mark").await.unwrap();
+        insert(&mut b, "b").await;
+        b.commit().await.unwrap();
+        assert!(kept(&home));
+
+        let mut c = writers.begin_at(&write, Some(&home), &stats).await.unwrap();
+        insert(&mut c, "c").await;
+        // As SQLite does on an I/O error or a full disk: the whole transaction is gone.
+        (&mut *c).execute("ROLLBACK").await.unwrap();
+        c.commit().await.expect_err("c's work was lost");
+        assert!(!kept(&home), "a connection whose group failed is not kept");
+
+        let mut d = writers.begin_at(&write, Some(&home), &stats).await.unwrap();
+        (&mut *d)
+            .execute("SELECT x FROM temp.mark")
+            .await
+            .expect_err("a new connection: the mark was on the closed one");
+        insert(&mut d, "d").await;
+        d.commit().await.unwrap();
+        assert!(kept(&home));
+        assert_eq!(rows(&reader).await, ["a", "b", "d"]);
     }
 }

@@ -90,6 +90,10 @@ pub type SqliteStore = SqlStore<SqliteDriver>;
 #[derive(Debug, Clone)]
 pub struct SqliteDriver {
     pool: SqlitePool,
+    /// The one connection this handle's write transactions take...
+    write_pool: SqlitePool,
+    /// ...kept here between them (none in memory: that connection is everybody's).
+    write_home: Option<group::Home>,
     time: TimeSource,
     writers: Arc<Writers>,
     stats: Arc<crate::stats::Stats>,
@@ -179,6 +183,23 @@ impl SqlStore<SqliteDriver> {
             .connect_with(options.clone())
             .await
             .map_err(db)?;
+        // Writes take a connection of their own, kept between transactions. In WAL mode
+        // a connection that begins a transaction after another connection committed
+        // drops its whole page cache: writes that took turns on the readers'
+        // connections began cold and read again every page they touched. The writer's
+        // cache stays valid across its own commits. (In memory there is one connection
+        // for everything.)
+        let write_pool = if in_memory {
+            pool.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
+                .connect_with(options.clone())
+                .await
+                .map_err(db)?
+        };
         let file = options.get_filename();
         let key = std::fs::canonicalize(file)
             .unwrap_or_else(|_| file.to_owned())
@@ -197,6 +218,8 @@ impl SqlStore<SqliteDriver> {
         let store = SqlStore::new(
             SqliteDriver {
                 pool,
+                write_pool,
+                write_home: (!in_memory).then(group::Home::default),
                 time,
                 writers,
                 stats: Arc::default(),
@@ -452,7 +475,7 @@ impl Driver for SqliteDriver {
 
     async fn begin_write(&self) -> Result<WriteTx> {
         self.writers
-            .begin(&self.pool, &self.stats)
+            .begin_at(&self.write_pool, self.write_home.as_ref(), &self.stats)
             .await
             .map_err(db)
     }
