@@ -577,6 +577,13 @@ pub struct OrderView {
     pub history: Vec<HistoryEvent>,
 }
 
+impl OrderView {
+    /// How many entries of its history are of `kind`.
+    pub fn history_count(&self, kind: crate::history::HistoryKind) -> usize {
+        self.history.iter().filter(|e| e.kind == kind).count()
+    }
+}
+
 /// Accepting orders (the submitter).
 #[async_trait]
 pub trait IntakeStore: Send + Sync {

@@ -194,12 +194,12 @@ async fn a_reply_delivered_twice_is_applied_once_whether_its_copies_come_togethe
     let view = rig.store.get(&id).await.unwrap();
     assert_eq!(view.state.process_state, ProcessState::Processed);
     assert_eq!(view.steps.len(), 3);
-    let done = view
-        .history
-        .iter()
-        .filter(|h| h.kind == HistoryKind::StepSucceeded)
-        .count();
-    assert_eq!(done, 3, "{:?}", view.history);
+    assert_eq!(
+        view.history_count(HistoryKind::StepSucceeded),
+        3,
+        "{:?}",
+        view.history
+    );
 }
 
 #[tokio::test]

@@ -115,12 +115,12 @@ async fn posted_orders_are_recorded_once_and_bad_messages_dead_lettered_with_a_r
         let view = rig.store.get(&o.order_id).await.unwrap();
         assert_eq!(view.state.process_state, ProcessState::Pending);
         assert_eq!(view.details, o.details, "the first details stand");
-        let submitted = view
-            .history
-            .iter()
-            .filter(|e| e.kind == HistoryKind::Submitted)
-            .count();
-        assert_eq!(submitted, 1, "order {} recorded once", o.order_id);
+        assert_eq!(
+            view.history_count(HistoryKind::Submitted),
+            1,
+            "order {} recorded once",
+            o.order_id
+        );
     }
     let dead = rig.transport.dead_letters(&rig.orders, 100).await.unwrap();
     for id in ["junk-1", "junk-2"] {

@@ -417,13 +417,7 @@ pub async fn eight_concurrent_claimers_claim_each_of_1000_orders_exactly_once(ct
         let view = store.get(id).await.unwrap();
         assert_eq!(view.state.locked_by.as_ref(), Some(&fences[0].owner));
         assert_eq!(view.state.lock_epoch, Epoch(1));
-        assert_eq!(
-            view.history
-                .iter()
-                .filter(|h| h.kind == HistoryKind::Claimed)
-                .count(),
-            1
-        );
+        assert_eq!(view.history_count(HistoryKind::Claimed), 1);
     }
     let counts: HashMap<_, _> = store.count_by_state().await.unwrap().into_iter().collect();
     assert_eq!(counts[&ProcessState::Processing], 1000);

@@ -149,15 +149,8 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
         "{:?}",
         both[1]
     );
-    let succeeded = store
-        .get(&two.fence.order_id)
-        .await
-        .unwrap()
-        .history
-        .iter()
-        .filter(|e| e.kind == HistoryKind::StepSucceeded)
-        .count();
-    assert_eq!(succeeded, 1);
+    let view = store.get(&two.fence.order_id).await.unwrap();
+    assert_eq!(view.history_count(HistoryKind::StepSucceeded), 1);
     // A write with no updates only checks the fence.
     let touch = store
         .record_steps(&[
@@ -531,13 +524,7 @@ pub async fn submit_many_records_a_batch_and_judges_each_order_alone(ctx: &Ctx) 
     for o in [&d, &e] {
         let view = store.get(&o.order_id).await.unwrap();
         assert_eq!(view.details, o.details, "the first row's details are kept");
-        assert_eq!(
-            view.history
-                .iter()
-                .filter(|h| h.kind == HistoryKind::Submitted)
-                .count(),
-            1
-        );
+        assert_eq!(view.history_count(HistoryKind::Submitted), 1);
     }
     let counts = store.count_by_state().await.unwrap();
     assert!(counts.contains(&(ProcessState::Pending, 5)), "{counts:?}");

@@ -69,7 +69,8 @@ pub(crate) type Home = Arc<std::sync::Mutex<Option<PoolConnection<Sqlite>>>>;
 struct Group {
     /// Always present; taken only on the way out (home, or closed).
     conn: Option<PoolConnection<Sqlite>>,
-    /// Where the connection goes once the group ended well, if anywhere.
+    /// Where the connection goes once the group ended with no transaction left open,
+    /// if anywhere.
     home: Option<Home>,
     /// When the transaction began.
     began: Instant,
@@ -108,7 +109,8 @@ impl Drop for Group {
             conn.close_on_drop();
             return;
         }
-        // Ended well: kept at home, if the group has one; otherwise back to the pool.
+        // Ended with no transaction open (committed, or rolled back whole): kept at
+        // home if the group has one, otherwise back to the pool.
         if let Some(home) = &self.home
             && Tm::get_transaction_depth(&conn) == 0
         {
@@ -257,7 +259,8 @@ impl Writers {
     }
 
     /// [`Writers::begin`]; a group this write opens begins on the connection kept at
-    /// `home` if there is one, and leaves its connection there when it ends well.
+    /// `home` if there is one, and leaves its connection there when it ends with no
+    /// transaction left open.
     pub(crate) async fn begin_at(
         self: &Arc<Self>,
         pool: &SqlitePool,
