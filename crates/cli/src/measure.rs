@@ -106,14 +106,15 @@ impl Cost {
         );
         if !self.store.write_held.is_zero() {
             outln!(
-                "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time): beginning {:.1} s, committing {:.1} s, {:.2} ms per transaction, {:.2} per write",
+                "write lock held      {:.1} s of {:.1} s ({:.0}%; SQLite has one writer at a time): beginning {:.1} s, committing {:.1} s, {:.2} ms per transaction, {:.2} per write, {:.2} round trips of transaction control per write",
                 self.store.write_held.as_secs_f64(),
                 self.elapsed.as_secs_f64(),
                 100.0 * self.store.write_held.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9),
                 self.store.beginning.as_secs_f64(),
                 self.store.committing.as_secs_f64(),
                 1e3 * self.store.write_held.as_secs_f64() / (self.store.transactions.max(1) as f64),
-                1e3 * self.store.write_held.as_secs_f64() / (self.store.writes.max(1) as f64)
+                1e3 * self.store.write_held.as_secs_f64() / (self.store.writes.max(1) as f64),
+                self.store.control_round_trips as f64 / (self.store.writes.max(1) as f64)
             );
         }
         if let Some(n) = self.server_commits {

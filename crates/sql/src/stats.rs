@@ -17,6 +17,7 @@ pub struct Stats {
     held_micros: AtomicU64,
     begin_micros: AtomicU64,
     commit_micros: AtomicU64,
+    control: AtomicU64,
     batches: Mutex<BTreeMap<String, Batches>>,
 }
 
@@ -58,6 +59,9 @@ pub struct StatsSnapshot {
     pub beginning: std::time::Duration,
     /// Of which committing (SQLite: writing and syncing the log).
     pub committing: std::time::Duration,
+    /// Round trips to the database spent on beginning, savepoints and ending (SQLite
+    /// only: each is a hand-off to the connection's thread and back inside the turn).
+    pub control_round_trips: u64,
     /// Batches by stage.
     pub batches: BTreeMap<String, Batches>,
 }
@@ -88,6 +92,7 @@ impl StatsSnapshot {
             write_held: self.write_held.saturating_sub(earlier.write_held),
             beginning: self.beginning.saturating_sub(earlier.beginning),
             committing: self.committing.saturating_sub(earlier.committing),
+            control_round_trips: self.control_round_trips - earlier.control_round_trips,
             batches,
         }
     }
@@ -128,6 +133,11 @@ impl Stats {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// One round trip of transaction control (begin, savepoint, commit, rollback).
+    pub(crate) fn control(&self) {
+        self.control.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// `stage` handed over `items` at once (empty batches are not counted).
     pub(crate) fn batch(&self, stage: &str, items: usize) {
         if items == 0 {
@@ -157,6 +167,7 @@ impl Stats {
             committing: std::time::Duration::from_micros(
                 self.commit_micros.load(Ordering::Relaxed),
             ),
+            control_round_trips: self.control.load(Ordering::Relaxed),
             batches: self
                 .batches
                 .lock()
