@@ -547,12 +547,23 @@ pub async fn complete_messages_settles_each_message_it_still_holds(ctx: &Transpo
 }
 
 /// Replies out and requests settled in one call; a stale hold gets `LockLost` and does
-/// not hold back the sends.
+/// not hold back the sends. Both with the replies' queue detecting duplicates and
+/// without (the transports may settle and send in one statement only without).
 pub async fn send_and_complete_sends_and_settles_in_one_call(ctx: &TransportCtx) {
+    let plain = QueueSettings {
+        duplicate_detection_window: Duration::ZERO,
+        ..settings(30, 10)
+    };
+    for (name, replies_settings) in [("checked", settings(30, 10)), ("plain", plain)] {
+        send_and_complete_case(ctx, name, &replies_settings).await;
+    }
+}
+
+async fn send_and_complete_case(ctx: &TransportCtx, name: &str, replies_settings: &QueueSettings) {
     use orderly_core::transport::Envelope;
-    let (t, work) = declared(ctx, "work", settings(30, 10)).await;
-    let replies = queue("replies");
-    t.declare_queue(&replies, &settings(30, 10)).await.unwrap();
+    let (t, work) = declared(ctx, &format!("work-{name}"), settings(30, 10)).await;
+    let replies = queue(&format!("replies-{name}"));
+    t.declare_queue(&replies, replies_settings).await.unwrap();
     t.send(&work, &[msg("w1", "1"), msg("w2", "2"), msg("w3", "3")])
         .await
         .unwrap();
@@ -606,7 +617,7 @@ pub async fn send_and_complete_sends_and_settles_in_one_call(ctx: &TransportCtx)
     ctx.clock.advance(Duration::from_secs(3600));
     assert!(
         t.receive(&work, 10, NO_WAIT).await.unwrap().is_empty(),
-        "w1 and w2 were completed"
+        "{name}: w1 and w2 were completed"
     );
 }
 

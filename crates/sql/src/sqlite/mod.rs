@@ -340,17 +340,12 @@ impl SqliteDriver {
             .iter()
             .map(|r| Cols(r).get::<String>("order_id"))
             .collect::<Result<Vec<_>>>()?;
-        q(sql::CLAIMED_HISTORY)
-            .bind(ids.clone())
+        let mut details = std::collections::HashMap::with_capacity(rows.len());
+        for r in q(sql::CLAIMED_HISTORY_AND_DETAILS)
+            .bind(ids)
             .bind(Ts(now))
             .bind(request.owner.as_str())
             .bind(orderly_core::history::HistoryKind::Claimed.as_str())
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
-        let mut details = std::collections::HashMap::with_capacity(rows.len());
-        for r in q(sql::DETAILS_OF)
-            .bind(ids)
             .fetch_all::<Self>(conn)
             .await
             .map_err(db)?
@@ -400,7 +395,7 @@ impl SqliteDriver {
         order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
     }
 
-    /// Step records and their history entries, in order.
+    /// Step records and their history entries, in order, in one round trip.
     async fn write_step_rows(
         conn: &mut SqliteConnection,
         now: DateTime<Utc>,
@@ -417,7 +412,6 @@ impl SqliteDriver {
                 r.fence.epoch.0
             ])
         });
-        run_batch(conn, sql::UPSERT_STEPS, now, steps).await?;
         let history = rows_json(rows, |r| {
             serde_json::json!([
                 r.fence.order_id.as_str(),
@@ -430,9 +424,35 @@ impl SqliteDriver {
                 r.detail.as_deref()
             ])
         });
-        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
+        q(sql::STEP_ROWS)
+            .bind(Ts(now))
+            .bind(steps)
+            .bind(history)
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
         Ok(())
     }
+}
+
+/// The rows of a message insert sent at `now`, as its statements take them.
+fn message_batch(now: Ts, rows: &[&MessageRow<'_>]) -> String {
+    rows_json(rows, |r| {
+        serde_json::json!([
+            r.message_id,
+            r.correlation_id,
+            r.properties.as_str(),
+            hex(r.body),
+            r.scheduled_at.map_or(now, |at| at.max(now)).to_text()
+        ])
+    })
+}
+
+/// The holds a completion ended, from the rows it returned: seq and lock token.
+fn completions(rows: &[SqliteRow]) -> Result<HashMap<i64, String>, sqlx::Error> {
+    rows.iter()
+        .map(|r| Ok((i64::from_col(r, "seq")?, String::from_col(r, "lock_token")?)))
+        .collect()
 }
 
 /// Bytes as lowercase hex, for `unhex()` inside a JSON batch.
@@ -632,7 +652,6 @@ impl Driver for SqliteDriver {
         let states = rows_json(&new, |o| {
             serde_json::json!([o.order_id, o.reply_to, o.workflow])
         });
-        run_batch(conn, sql::INSERT_STATES, now, states).await?;
         let history = rows_json(&new, |o| {
             serde_json::json!([
                 o.order_id,
@@ -645,7 +664,13 @@ impl Driver for SqliteDriver {
                 None::<&str>
             ])
         });
-        run_batch(conn, sql::INSERT_HISTORIES, now, history).await?;
+        q(sql::INSERT_STATES_AND_HISTORIES)
+            .bind(Ts(now))
+            .bind(states)
+            .bind(history)
+            .execute::<Self>(conn)
+            .await
+            .map_err(db)?;
         Ok(inserted)
     }
 
@@ -691,8 +716,10 @@ impl Driver for SqliteDriver {
         Ok(applied)
     }
 
-    /// One statement for the duplicate check and one for the inserts, whatever the
-    /// batch's size: each statement is a round trip to the connection's thread.
+    /// One statement for the completions, one for the duplicate check and one for the
+    /// inserts, whatever the batch's size: each statement is a round trip to the
+    /// connection's thread. With no duplicate check between them, the completions and
+    /// the inserts go in one round trip.
     async fn insert_messages(
         conn: &mut SqliteConnection,
         now: Ts,
@@ -702,9 +729,8 @@ impl Driver for SqliteDriver {
         held: &[&ReceivedMessage],
         _notice: &str,
     ) -> Result<SentAndCompleted, sqlx::Error> {
-        let mut completed = HashMap::with_capacity(held.len());
-        if !held.is_empty() {
-            for r in q(sql::Q_COMPLETE_MANY)
+        let holds = |statement| {
+            q(statement)
                 .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
                 .bind(
                     held.iter()
@@ -712,15 +738,28 @@ impl Driver for SqliteDriver {
                         .collect::<Vec<_>>(),
                 )
                 .bind(now)
-                .fetch_all::<Self>(&mut *conn)
-                .await?
-            {
-                completed.insert(
-                    i64::from_col(&r, "seq")?,
-                    String::from_col(&r, "lock_token")?,
-                );
-            }
+        };
+        if dedup_ms.is_none() && !held.is_empty() && !rows.is_empty() {
+            let all: Vec<&MessageRow<'_>> = rows.iter().collect();
+            let ended = holds(sql::Q_COMPLETE_AND_INSERT)
+                .bind(queue)
+                .bind(message_batch(now, &all))
+                .fetch_all::<Self>(conn)
+                .await?;
+            return Ok(SentAndCompleted {
+                inserted: rows.len(),
+                completed: completions(&ended)?,
+            });
         }
+        let completed = if held.is_empty() {
+            HashMap::new()
+        } else {
+            completions(
+                &holds(sql::Q_COMPLETE_MANY)
+                    .fetch_all::<Self>(&mut *conn)
+                    .await?,
+            )?
+        };
         if rows.is_empty() {
             return Ok(SentAndCompleted {
                 inserted: 0,
@@ -764,15 +803,7 @@ impl Driver for SqliteDriver {
         q(sql::Q_INSERT_MANY)
             .bind(queue)
             .bind(now)
-            .bind(rows_json(&accepted, |r| {
-                serde_json::json!([
-                    r.message_id,
-                    r.correlation_id,
-                    r.properties.as_str(),
-                    hex(r.body),
-                    r.scheduled_at.map_or(now, |at| at.max(now)).to_text()
-                ])
-            }))
+            .bind(message_batch(now, &accepted))
             .execute::<Self>(conn)
             .await?;
         Ok(SentAndCompleted {

@@ -12,6 +12,25 @@
 use crate::driver::{LookThenTake, Receive, Statements};
 use crate::rows::{dead_letter_columns, message_columns};
 
+/// Many messages on a queue, enqueued at a time: the parameters given hold the queue,
+/// the time and a JSON array of
+/// `[message_id, correlation_id, properties, body as hex, visible_at]`, in order.
+macro_rules! q_insert_many {
+    ($queue:literal, $now:literal, $batch:literal) => {
+        concat!(
+            "INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+            SELECT ",
+            $queue,
+            ", value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), ",
+            $now,
+            ", value ->> 4 FROM json_each(",
+            $batch,
+            ") ORDER BY key"
+        )
+    };
+}
+
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
     texts_of_1: "SELECT value FROM json_each($1)",
@@ -75,12 +94,25 @@ pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
      FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))"
 );
 
+/// The text of [`Q_COMPLETE_MANY`].
+macro_rules! q_complete_many {
+    () => {
+        "DELETE FROM queue_messages \
+        WHERE (seq, lock_token) IN (SELECT s.value, $2 ->> s.key FROM json_each($1) s) \
+        AND locked_until > $3 RETURNING seq, lock_token"
+    };
+}
+
 /// `$1` JSON array of seqs and `$2` of their lock tokens, pairwise; `$3` now. Each
 /// seq's token is read by its index in `$2` (one pass over the batch; a join of the two
 /// arrays would cost the batch's size squared).
-pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages \
-    WHERE (seq, lock_token) IN (SELECT s.value, $2 ->> s.key FROM json_each($1) s) \
-    AND locked_until > $3 RETURNING seq, lock_token";
+pub(crate) const Q_COMPLETE_MANY: &str = q_complete_many!();
+
+/// [`Q_COMPLETE_MANY`] (`$1`, `$2`, `$3` now), then [`Q_INSERT_MANY`] on queue `$4`
+/// of the rows `$5`, enqueued at `$3`: one round trip where a send ends the holds of
+/// what it answers (an agent's reply, a scheduler's next request).
+pub(crate) const Q_COMPLETE_AND_INSERT: &str =
+    concat!(q_complete_many!(), "; ", q_insert_many!("$4", "$3", "$5"));
 
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
@@ -107,9 +139,12 @@ pub(crate) const Q_DELETE_MANY: &str =
 /// The details of order `$1`.
 pub(crate) const SELECT_DETAILS: &str = "SELECT details FROM orders WHERE order_id = $1";
 
-/// The details of the orders `$1` (JSON array).
-pub(crate) const DETAILS_OF: &str =
-    "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))";
+/// The details of the orders `$1` (JSON array): `order_id, details`.
+macro_rules! details_of {
+    () => {
+        "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))"
+    };
+}
 
 /// `$1` owner, `$2` deadline, `$3` now, `$4` limit, `$5` the default workflow's
 /// name, `$6` JSON object of the workflows it starts (name to version), `$7` JSON
@@ -128,12 +163,16 @@ pub(crate) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processi
     RETURNING order_id, lock_epoch, complete_by, current_step, failure_count, reply_to, \
     finish_as, generation, last_error, workflow, workflow_version, waiting_on";
 
-/// History for a claimed batch: `$1` JSON array of order ids, `$2` now, `$3` owner,
-/// `$4` the kind.
-pub(crate) const CLAIMED_HISTORY: &str = "INSERT INTO order_history \
+/// History for a claimed batch and the claimed orders' details, in one round trip:
+/// `$1` JSON array of order ids, `$2` now, `$3` owner, `$4` the kind. Returns
+/// `order_id, details` (the history insert returns nothing).
+pub(crate) const CLAIMED_HISTORY_AND_DETAILS: &str = concat!(
+    "INSERT INTO order_history \
     (order_id, at, actor, kind, from_state, to_state, epoch) \
     SELECT order_id, $2, $3, $4, 'Pending', 'Processing', lock_epoch FROM order_state \
-    WHERE order_id IN (SELECT value FROM json_each($1))";
+    WHERE order_id IN (SELECT value FROM json_each($1)); ",
+    details_of!()
+);
 
 /// `$1` JSON array of `[order_id, owner, epoch]` fences, `$2` now. The `+` keeps
 /// the planner off the process_state index: the batch drives, each fence one
@@ -193,9 +232,27 @@ pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state SET \
     AND (w.expect < 0 OR order_state.current_step = w.expect) \
     RETURNING order_state.order_id";
 
-/// Many step records: `$1` now, `$2` JSON array of
-/// `[order_id, index, name, status, idempotency_key, detail, epoch]`, applied in order.
-pub(crate) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
+/// Many history entries at `$1`: the parameter given holds a JSON array of
+/// `[order_id, actor, kind, from_state, to_state, epoch, step, reason]`, in order.
+macro_rules! insert_histories {
+    ($batch:literal) => {
+        concat!(
+            "INSERT INTO order_history \
+            (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+            SELECT value ->> 0, $1, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+                value ->> 5, value ->> 6, value ->> 7 \
+            FROM json_each(",
+            $batch,
+            ") ORDER BY key"
+        )
+    };
+}
+
+/// Many step records and their history entries at `$1`, in one round trip: `$2` JSON
+/// array of `[order_id, index, name, status, idempotency_key, detail, epoch]`, applied
+/// in order; `$3` the history entries as `insert_histories!` takes them.
+pub(crate) const STEP_ROWS: &str = concat!(
+    "INSERT INTO order_steps \
     (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
         CASE WHEN value ->> 3 = 'Started' THEN 1 ELSE 0 END, value ->> 5, value ->> 6, $1 \
@@ -203,15 +260,9 @@ pub(crate) const UPSERT_STEPS: &str = "INSERT INTO order_steps \
     ON CONFLICT (order_id, step_index) DO UPDATE SET \
     name = excluded.name, status = excluded.status, \
     attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
-    epoch = excluded.epoch, updated_at = excluded.updated_at";
-
-/// Many history entries at `$1`: `$2` JSON array of
-/// `[order_id, actor, kind, from_state, to_state, epoch, step, reason]`, in order.
-pub(crate) const INSERT_HISTORIES: &str = "INSERT INTO order_history \
-    (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
-    SELECT value ->> 0, $1, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-        value ->> 5, value ->> 6, value ->> 7 \
-    FROM json_each($2) ORDER BY key";
+    epoch = excluded.epoch, updated_at = excluded.updated_at; ",
+    insert_histories!("$3")
+);
 
 /// Many new orders at `$1`: `$2` JSON array of `[order_id, details]`; returns the
 /// ids inserted (a repeated id, here or already stored, is not).
@@ -219,11 +270,15 @@ pub(crate) const INSERT_ORDERS: &str = "INSERT INTO orders (order_id, details, c
     SELECT value ->> 0, value ->> 1, $1 FROM json_each($2) WHERE true ORDER BY key \
     ON CONFLICT (order_id) DO NOTHING RETURNING order_id";
 
-/// The Pending state rows of new orders at `$1`: `$2` JSON array of
-/// `[order_id, reply_to, workflow]`.
-pub(crate) const INSERT_STATES: &str = "INSERT INTO order_state \
+/// The Pending state rows of new orders at `$1` and their history entries, in one
+/// round trip: `$2` JSON array of `[order_id, reply_to, workflow]`, `$3` the history
+/// entries as `insert_histories!` takes them.
+pub(crate) const INSERT_STATES_AND_HISTORIES: &str = concat!(
+    "INSERT INTO order_state \
     (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
-    SELECT value ->> 0, 'Pending', $1, value ->> 1, value ->> 2, $1, $1 FROM json_each($2)";
+    SELECT value ->> 0, 'Pending', $1, value ->> 1, value ->> 2, $1, $1 FROM json_each($2); ",
+    insert_histories!("$3")
+);
 
 /// Records many message ids of queue `$1` as seen until `$2`, unless seen and not
 /// expired at `$3`: `$4` JSON array of ids. Returns the ids that are new.
@@ -234,10 +289,7 @@ pub(crate) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_i
 
 /// Many messages on queue `$1` enqueued at `$2`: `$3` JSON array of
 /// `[message_id, correlation_id, properties, body as hex, visible_at]`, in order.
-pub(crate) const Q_INSERT_MANY: &str = "INSERT INTO queue_messages \
-    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-    SELECT $1, value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), $2, value ->> 4 \
-    FROM json_each($3) ORDER BY key";
+pub(crate) const Q_INSERT_MANY: &str = q_insert_many!("$1", "$2", "$3");
 
 #[cfg(test)]
 mod tests {
