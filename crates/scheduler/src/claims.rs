@@ -28,9 +28,8 @@ impl Scheduler {
         Ok(self.claim_pass().await?.0)
     }
 
-    /// [`Self::claim_once`], and whether it held its maximum (so claimed nothing
-    /// whatever was waiting).
-    pub(crate) async fn claim_pass(&self) -> orderly_core::Result<(Pass, bool)> {
+    /// [`Self::claim_once`], and how it ended: whether to claim again at once.
+    pub(crate) async fn claim_pass(&self) -> orderly_core::Result<(Pass, ClaimEnd)> {
         let (batch, max) = (
             i64::from(self.cfg.claim_batch),
             i64::from(self.cfg.max_in_flight),
@@ -44,7 +43,7 @@ impl Scheduler {
         };
         let limit = u32::try_from(room).unwrap_or(0);
         if limit == 0 {
-            return Ok((Pass::default(), true));
+            return Ok((Pass::default(), ClaimEnd::Full));
         }
         // Orders running forward get their first request in the claim's own
         // transaction; the rest (to be undone, or with every step done) after it.
@@ -63,6 +62,11 @@ impl Scheduler {
             .await
             .inspect_err(|_| self.holding.forget())?;
         self.holding.claimed(room, claimed.len() as i64);
+        let end = if claimed.len() < limit as usize {
+            ClaimEnd::Drained
+        } else {
+            ClaimEnd::Batch
+        };
         let started = claimed.iter().filter(|(_, started)| *started).count();
         if started > 0 {
             metrics::counter!("orderly_orders_claimed_total").increment(started as u64);
@@ -75,7 +79,7 @@ impl Scheduler {
         let mut pass = self.advance_claimed(rest).await?;
         pass.claimed += started;
         pass.requests += started;
-        Ok((pass, false))
+        Ok((pass, end))
     }
 
     /// The write that starts an order's current step, telling the client's queue (if
@@ -274,4 +278,17 @@ impl Scheduler {
         }
         Ok(waiting)
     }
+}
+
+/// How a claim pass ended, for a claim loop deciding whether to claim again at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimEnd {
+    /// It took as many as it asked for: more may be waiting, so claim again at once.
+    Batch,
+    /// It took fewer than it asked for (none, maybe): everything claimable when it
+    /// looked was taken. Claiming again at once would take the write turn to find
+    /// nothing; wait for the next order made claimable (or the poll).
+    Drained,
+    /// It holds its maximum in flight and asked for none.
+    Full,
 }

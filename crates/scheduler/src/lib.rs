@@ -276,11 +276,13 @@ impl Scheduler {
                             }
                         }
                         match me.claim_pass().await {
-                            Ok((p, _)) if p.claimed > 0 => backoff.reset(),
-                            Ok((_, full)) => {
+                            Ok((_, claims::ClaimEnd::Batch)) => backoff.reset(),
+                            Ok((_, end)) => {
                                 backoff.reset();
+                                // Orders made claimable since the last wait (`seen`),
+                                // during the claim too, end the wait at once.
                                 let wait = async {
-                                    if full {
+                                    if end == claims::ClaimEnd::Full {
                                         tokio::time::sleep(me.cfg.idle_wait).await;
                                     } else {
                                         me.store.wait_claimable(&mut seen, me.cfg.claim_poll).await;

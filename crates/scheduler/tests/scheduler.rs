@@ -20,11 +20,16 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
-    let store = Arc::new(
+    rig_on(Arc::new(
         orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
             .await
             .unwrap(),
-    );
+    ))
+    .await
+}
+
+/// [`rig`] on `store`.
+async fn rig_on(store: Arc<orderly_sql::SqliteStore>) -> Rig {
     let transport: Arc<dyn Transport> = store.clone();
     // As the roles create them on the SQL transport: no duplicate detection on these.
     for q in [
@@ -507,4 +512,77 @@ async fn a_scheduler_never_holds_more_than_its_maximum_and_claims_again_as_order
     answer(&rig, &waiting, ok("done")).await;
     replies(&s).await;
     assert_eq!(held().await, 3, "one step done, the order still held");
+}
+
+/// A claim that took fewer orders than it asked for took everything claimable when it
+/// looked: the loop waits for the next order made claimable instead of taking the
+/// write turn again at once to find nothing (on SQLite, one wasted write per claim).
+#[tokio::test]
+async fn a_claim_that_took_everything_waits_for_the_next_order_instead_of_claiming_again() {
+    let sqlite = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let rig = rig_on(sqlite.clone()).await;
+    let mut cfg = SchedulerConfig::new(
+        InstanceId::parse("scheduler-a").unwrap(),
+        Arc::new(Workflows::new(vec![Workflow::default()]).unwrap()),
+    );
+    // No fallback poll during the test: only a submit wakes the loop.
+    cfg.claim_poll = Duration::from_secs(600);
+    // Its orders are never answered here: no waiting for them when it stops.
+    cfg.shutdown_grace = Duration::ZERO;
+    let s = Scheduler::new(
+        rig.store.clone(),
+        rig.transport.clone(),
+        Arc::new(SystemClock),
+        cfg,
+    );
+    let writes = || sqlite.stats().snapshot().writes;
+    let processing = || async {
+        rig.store
+            .count_by_state()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|(state, _)| *state == ProcessState::Processing)
+            .map_or(0, |(_, n)| n)
+    };
+    let settled = |expected: i64| async move {
+        for _ in 0..500 {
+            if processing().await == expected {
+                // Long enough for a claim loop that claims again at once to do so.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the scheduler did not claim {expected} orders");
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(s.run(shutdown.clone()));
+    // Started: it resumed its orders (none) and claimed nothing; now it waits.
+    settled(0).await;
+    for round in 1..=2_i64 {
+        let before = writes();
+        let batch: Vec<orderly_core::store::Submission> = (0..3)
+            .map(|i| orderly_core::store::Submission {
+                order: orderly_testkit::builders::order_with_id(&format!("o-{round}-{i}"), 1),
+                sends: Vec::new(),
+            })
+            .collect();
+        rig.store
+            .submit_many(&batch, &orderly_testkit::builders::submitter())
+            .await
+            .unwrap();
+        settled(3 * round).await;
+        assert_eq!(
+            writes() - before,
+            2,
+            "round {round}: the submit and one claim, no claim of nothing after it"
+        );
+    }
+    shutdown.cancel();
+    running.await.unwrap();
 }
