@@ -305,6 +305,25 @@ async fn run_batch(
         .map_err(db)
 }
 
+/// Runs a statement text taking `$1` now, `$2` a batch of rows and `$3` their
+/// history entries (two statements in one round trip).
+async fn run_with_history(
+    conn: &mut SqliteConnection,
+    statements: &'static str,
+    now: DateTime<Utc>,
+    batch: String,
+    history: String,
+) -> Result<()> {
+    q(statements)
+        .bind(Ts(now))
+        .bind(batch)
+        .bind(history)
+        .execute::<SqliteDriver>(conn)
+        .await
+        .map(|_| ())
+        .map_err(db)
+}
+
 /// The `order_id` of each row.
 fn order_ids(rows: &[SqliteRow]) -> Result<HashSet<String>> {
     rows.iter()
@@ -424,14 +443,7 @@ impl SqliteDriver {
                 r.detail.as_deref()
             ])
         });
-        q(sql::STEP_ROWS)
-            .bind(Ts(now))
-            .bind(steps)
-            .bind(history)
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
-        Ok(())
+        run_with_history(conn, sql::STEP_ROWS, now, steps, history).await
     }
 }
 
@@ -664,13 +676,7 @@ impl Driver for SqliteDriver {
                 None::<&str>
             ])
         });
-        q(sql::INSERT_STATES_AND_HISTORIES)
-            .bind(Ts(now))
-            .bind(states)
-            .bind(history)
-            .execute::<Self>(conn)
-            .await
-            .map_err(db)?;
+        run_with_history(conn, sql::INSERT_STATES_AND_HISTORIES, now, states, history).await?;
         Ok(inserted)
     }
 
