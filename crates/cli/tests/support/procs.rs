@@ -167,12 +167,23 @@ impl Drop for Proc {
     }
 }
 
+/// A loopback port free now and not handed out before by this process. The system
+/// may give a port just released to the very next bind, so two calls in a row could
+/// return the same port (seen: a test's submitter and scheduler were given one port,
+/// and the second to start could not listen on it).
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 pub(crate) async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
