@@ -52,8 +52,6 @@ const BEGIN_GROUP: &str = "BEGIN IMMEDIATE; SAVEPOINT orderly_write";
 const RELEASE_AND_NEXT: &str = "RELEASE orderly_write; SAVEPOINT orderly_write";
 /// Undoes the writer's work; the savepoint stays open for the next writer.
 const ROLL_BACK_WRITER: &str = "ROLLBACK TO orderly_write";
-/// Opens a writer's savepoint where none is open.
-const OPEN_SAVEPOINT: &str = "SAVEPOINT orderly_write";
 
 /// A group takes in writers for this long after it began. Grouping saves a begin and a
 /// commit (about half a millisecond with its fsync) per writer and costs the earlier
@@ -101,8 +99,6 @@ struct Group {
     joined: usize,
     /// Writers whose work is in it (their savepoint released).
     kept: usize,
-    /// The savepoint is open with nothing behind it yet: the next writer works in it.
-    ready: bool,
     /// A flusher is queued for the turn.
     flushing: bool,
     /// Where the group's commit is counted.
@@ -172,7 +168,6 @@ impl Group {
             outcome,
             joined: 0,
             kept: 0,
-            ready: true,
             flushing: false,
             stats: stats.clone(),
             ended: false,
@@ -195,14 +190,10 @@ impl Group {
         }
     }
 
-    /// A writer's savepoint in the group's transaction: the one left open for it, or
-    /// a new one.
-    async fn join(&mut self) -> Result<(), sqlx::Error> {
-        if !std::mem::replace(&mut self.ready, false) {
-            self.run(OPEN_SAVEPOINT).await?;
-        }
+    /// A writer joins: it works behind the savepoint the group left open for it (every
+    /// way a group is opened or handed on leaves one open), at no round trip.
+    fn join(&mut self) {
         self.joined += 1;
-        Ok(())
     }
 
     /// Runs one of this module's statements on the group's connection.
@@ -323,11 +314,7 @@ impl Writers {
             Some(group) => group,
             None => Group::open(pool, home, stats).await?,
         };
-        if let Err(e) = group.join().await {
-            // The open transaction is unusable: its writers fail, this one with them.
-            group.fail(&e).await;
-            return Err(e);
-        }
+        group.join();
         stats.begun(since.elapsed());
         Ok(WriteTx {
             open: Some(Open {
@@ -378,7 +365,6 @@ impl WriteTx {
                 group.fail(&e).await;
                 return Err(e);
             }
-            group.ready = true;
             held.stats.committed(started.elapsed());
             // Hand the transaction on and wait for the group's commit.
             let mut outcome = group.outcome.subscribe();
@@ -429,7 +415,6 @@ impl Open {
             group.fail(&e).await;
             return;
         }
-        group.ready = true;
         if group.kept > 0 && group.takes_more(&writers) {
             drop(held);
             group.hand_on(turn, &writers);

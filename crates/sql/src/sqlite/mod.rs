@@ -448,7 +448,10 @@ impl SqliteDriver {
 }
 
 /// The rows of a message insert sent at `now`, as its statements take them.
-fn message_batch(now: Ts, rows: &[&MessageRow<'_>]) -> String {
+fn message_batch<'r, 'm: 'r>(
+    now: Ts,
+    rows: impl IntoIterator<Item = &'r MessageRow<'m>>,
+) -> String {
     rows_json(rows, |r| {
         serde_json::json!([
             r.message_id,
@@ -746,10 +749,9 @@ impl Driver for SqliteDriver {
                 .bind(now)
         };
         if dedup_ms.is_none() && !held.is_empty() && !rows.is_empty() {
-            let all: Vec<&MessageRow<'_>> = rows.iter().collect();
             let ended = holds(sql::Q_COMPLETE_AND_INSERT)
                 .bind(queue)
-                .bind(message_batch(now, &all))
+                .bind(message_batch(now, rows))
                 .fetch_all::<Self>(conn)
                 .await?;
             return Ok(SentAndCompleted {
@@ -809,7 +811,7 @@ impl Driver for SqliteDriver {
         q(sql::Q_INSERT_MANY)
             .bind(queue)
             .bind(now)
-            .bind(message_batch(now, &accepted))
+            .bind(message_batch(now, accepted.iter().copied()))
             .execute::<Self>(conn)
             .await?;
         Ok(SentAndCompleted {
