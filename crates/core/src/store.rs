@@ -837,6 +837,29 @@ pub trait SupervisorStore: Send + Sync {
     /// duplicate-detection rows. Orders in Error and live orders are never touched.
     /// With `dry_run`, counts what would go and removes nothing.
     async fn prune(&self, retention: &Retention, dry_run: bool) -> Result<Pruned>;
+
+    /// Reclaims, in the tables whose rows turn over fastest (queue messages, order
+    /// state and steps, the outbox), the row versions that updates and deletes left
+    /// behind, where the database keeps them until a vacuum (PostgreSQL) and at least
+    /// [`TIDY_MIN_DEAD`] rows (and a tenth of the live ones) have piled up in a table.
+    /// Every scan in order reads past them (the queue's take, the claim, the sweep),
+    /// so their cost grows with the work done since the last vacuum, and the
+    /// database's own autovacuum looks once a minute at best. A table another vacuum is
+    /// working on is skipped. Returns the tables vacuumed; none where the database
+    /// reclaims as it goes (SQLite).
+    async fn tidy(&self) -> Result<Vec<Vacuumed>>;
+}
+
+/// Fewest left-behind row versions in a table for [`SupervisorStore::tidy`] to vacuum it.
+pub const TIDY_MIN_DEAD: u64 = 1_000;
+
+/// A table [`SupervisorStore::tidy`] vacuumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Vacuumed {
+    /// The table.
+    pub table: String,
+    /// Row versions left behind that the database counted before the vacuum.
+    pub dead_rows: u64,
 }
 
 /// Looking at and repairing orders (operators).

@@ -464,6 +464,20 @@ pub(crate) struct Statements {
     pub o_sent: &'static str,
     /// Outbox rows `$1` (list) of relay `$2` failed with `$3`, retried after `$4`.
     pub o_failed: &'static str,
+    /// How the hot tables are vacuumed, where the database keeps what updates and
+    /// deletes left behind until a vacuum (`None`: it reclaims as it goes).
+    pub tidy: Option<Tidy>,
+}
+
+/// The statements of [`crate::SqlStore`]'s `tidy`.
+#[derive(Debug, Clone, Copy)]
+pub struct Tidy {
+    /// Per hot table of this schema: `table_name`, `dead` (row versions left behind,
+    /// as the database counts them) and `live` (rows in use).
+    pub dead_rows: &'static str,
+    /// Each hot table and the statement that vacuums it, skipping it if another
+    /// vacuum holds it.
+    pub vacuum: &'static [(&'static str, &'static str)],
 }
 
 /// How a dialect's queue locks messages for a receive.

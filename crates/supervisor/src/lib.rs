@@ -22,7 +22,7 @@ use orderly_core::service::{ServiceAlert, ServiceStore};
 use orderly_core::store::{Alert, Recovered, RecoveryPolicy, Retention, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 mod conditions;
 pub mod webhook;
@@ -59,6 +59,10 @@ pub struct SupervisorConfig {
     pub retention: Option<Retention>,
     /// How often the leader prunes under `retention`.
     pub prune_every: Duration,
+    /// How often the leader reclaims what updates and deletes left behind in the hot
+    /// tables, where the store keeps it ([`SupervisorStore::tidy`]; `None`: never, the
+    /// database's own vacuum is left to it).
+    pub tidy_every: Option<Duration>,
     /// Raise an alert when the oldest Pending order (not one waiting for a service that
     /// is down) is older than this (`None`: never).
     pub pending_alert_after: Option<Duration>,
@@ -84,6 +88,7 @@ impl SupervisorConfig {
                 batch: 500,
             }),
             prune_every: Duration::from_secs(600),
+            tidy_every: Some(Duration::from_secs(1)),
             pending_alert_after: Some(Duration::from_secs(300)),
             conditions_every: Duration::from_secs(5),
             presence_every: Duration::from_secs(2),
@@ -445,6 +450,18 @@ impl Supervisor {
                     self.prune(retention).await;
                 }
             };
+            // Vacuuming too: a vacuum of a large table takes a while.
+            let tidies = async {
+                let Some(period) = self.cfg.tidy_every else {
+                    return std::future::pending().await;
+                };
+                let mut every = tokio::time::interval(period);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    self.tidy().await;
+                }
+            };
             // The conditions the leader alerts on, also beside the sweeps.
             let looks = async {
                 let mut watch = conditions::Watch::default();
@@ -460,6 +477,7 @@ impl Supervisor {
             tokio::select! {
                 exit = sweeps => exit,
                 never = prunes => never,
+                never = tidies => never,
                 never = looks => never,
             }
         }
@@ -497,6 +515,21 @@ impl Supervisor {
                 );
             }
             Err(e) => warn!(error = %e, "prune failed; trying again at the next prune"),
+        }
+    }
+
+    /// Vacuums the hot tables that need it (the leader's housekeeping); a failure is
+    /// logged and tried again at the next turn.
+    async fn tidy(&self) {
+        match self.store.tidy().await {
+            Ok(vacuumed) => {
+                for v in vacuumed {
+                    metrics::counter!("orderly_vacuums_total", "table" => v.table.clone())
+                        .increment(1);
+                    debug!(table = %v.table, dead_rows = v.dead_rows, "vacuumed");
+                }
+            }
+            Err(e) => warn!(error = %e, "vacuum failed; trying again at the next turn"),
         }
     }
 

@@ -39,15 +39,20 @@ struct Args {
     /// Remove finished orders (Processed or Cancelled; with their steps, history and
     /// alerts), old dead letters and relayed outbox rows this long after they ended:
     /// 7d, 36h, ...; `off` keeps everything. Only the leader prunes, in small batches.
-    #[arg(long, env = "ORDERLY_RETAIN_FINISHED", default_value = "7d", value_parser = retain)]
-    retain_finished: RetainFinished,
+    #[arg(long, env = "ORDERLY_RETAIN_FINISHED", default_value = "7d", value_parser = span_or_off)]
+    retain_finished: SpanOrOff,
     /// How often the leader prunes: 10m, 1h, ...
     #[arg(long, env = "ORDERLY_PRUNE_EVERY", default_value = "10m", value_parser = orderly_runtime::span)]
     prune_every: Duration,
+    /// How often the leader vacuums the hot tables (queue messages, order state and
+    /// steps, outbox) on PostgreSQL when enough dead rows piled up in one: 1s, 30s, ...;
+    /// `off` leaves it to the server's autovacuum. Nothing to do on SQLite.
+    #[arg(long, env = "ORDERLY_VACUUM_EVERY", default_value = "1s", value_parser = span_or_off)]
+    vacuum_every: SpanOrOff,
     /// Raise an alert when the oldest Pending order (not one waiting for a service that
     /// is down) has waited longer than this: 5m, 1h, ...; `off` never.
-    #[arg(long, env = "ORDERLY_ALERT_PENDING_AFTER", default_value = "5m", value_parser = retain)]
-    alert_pending_after: RetainFinished,
+    #[arg(long, env = "ORDERLY_ALERT_PENDING_AFTER", default_value = "5m", value_parser = span_or_off)]
+    alert_pending_after: SpanOrOff,
     /// Attempts per alert before the webhook gives up on it (it stays in the alerts table and queue).
     #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
     alert_webhook_max_attempts: u32,
@@ -105,6 +110,7 @@ async fn main() -> anyhow::Result<()> {
             batch: cfg.batch,
         });
     cfg.prune_every = args.prune_every;
+    cfg.tidy_every = args.vacuum_every.0;
     cfg.pending_alert_after = args.alert_pending_after.0;
     cfg.policy.max_failures = args.max_failures;
     cfg.policy.backoff_base = args.backoff_base_ms;
@@ -154,15 +160,15 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// A span that may be `off` (`None`): how long finished orders are kept, how long the
-/// oldest Pending order may wait before it is alerted on.
+/// oldest Pending order may wait before it is alerted on, how often the leader vacuums.
 #[derive(Debug, Clone, Copy)]
-struct RetainFinished(Option<Duration>);
+struct SpanOrOff(Option<Duration>);
 
 /// Reads a span, or `off`.
-fn retain(raw: &str) -> Result<RetainFinished, String> {
+fn span_or_off(raw: &str) -> Result<SpanOrOff, String> {
     if raw.trim().eq_ignore_ascii_case("off") {
-        Ok(RetainFinished(None))
+        Ok(SpanOrOff(None))
     } else {
-        orderly_runtime::span(raw).map(|keep| RetainFinished(Some(keep)))
+        orderly_runtime::span(raw).map(|keep| SpanOrOff(Some(keep)))
     }
 }

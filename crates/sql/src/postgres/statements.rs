@@ -2,7 +2,7 @@
 //! statements take a whole batch as parallel arrays (`unnest`) and write its history in
 //! the same statement.
 
-use crate::driver::{Receive, Statements};
+use crate::driver::{Receive, Statements, Tidy};
 use crate::rows::{dead_letter_columns, message_columns};
 
 /// The statements the shared code runs, in PostgreSQL.
@@ -23,7 +23,34 @@ pub(crate) const SQL: Statements = Statements {
     o_dead: O_DEAD,
     o_sent: O_SENT,
     o_failed: O_FAILED,
+    tidy: Some(Tidy {
+        dead_rows: DEAD_ROWS,
+        vacuum: &VACUUM,
+    }),
 };
+
+/// The hot tables' counts of left-behind row versions and live rows (the statistics'
+/// figures, reported by each server process about once a second). The hot tables are
+/// those whose rows turn over fastest: every message is inserted, locked and deleted;
+/// an order's state row is updated at each of its steps (its partial indexes keep
+/// entries for the states it left), its step rows twice each; outbox rows are leased
+/// and marked sent. Only tables this role may vacuum (it owns them, or is a
+/// superuser): the server skips the others with a warning, which would be no vacuum.
+const DEAD_ROWS: &str = "SELECT t.relname AS table_name, t.n_dead_tup AS dead, \
+        t.n_live_tup AS live \
+    FROM pg_stat_user_tables t JOIN pg_class c ON c.oid = t.relid \
+    WHERE t.schemaname = current_schema() \
+        AND t.relname IN ('queue_messages', 'order_state', 'order_steps', 'outbox') \
+        AND pg_has_role(c.relowner, 'USAGE')";
+
+/// Vacuums each hot table; one that another vacuum (autovacuum, another leader's last
+/// one) is working on is skipped rather than waited for.
+const VACUUM: [(&str, &str); 4] = [
+    ("queue_messages", "VACUUM (SKIP_LOCKED) queue_messages"),
+    ("order_state", "VACUUM (SKIP_LOCKED) order_state"),
+    ("order_steps", "VACUUM (SKIP_LOCKED) order_steps"),
+    ("outbox", "VACUUM (SKIP_LOCKED) outbox"),
+];
 
 /// [`Receive::OneStatement`]: the messages a receive finds locked, and those
 /// delivered too often dead-lettered, in one statement with no look at the head of the

@@ -58,6 +58,8 @@ pub(crate) const SQL: Statements = Statements {
     o_dead: O_DEAD,
     o_sent: O_SENT,
     o_failed: O_FAILED,
+    // A delete or update frees its space and index entries as it commits.
+    tidy: None,
 };
 
 /// The first visible message of queue `$1` at `$2`.

@@ -3,7 +3,7 @@
 //! detection rows) in short transactions, so the hot path never waits long behind it.
 
 use chrono::{DateTime, Utc};
-use orderly_core::store::{Pruned, Retention};
+use orderly_core::store::{Pruned, Retention, TIDY_MIN_DEAD, Vacuumed};
 use orderly_core::{Error, Result};
 
 use super::SqlStore;
@@ -209,5 +209,39 @@ impl<D: Driver> SqlStore<D> {
             kind.add(&mut pruned, n);
         }
         Ok(pruned)
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// [`orderly_core::store::SupervisorStore::tidy`]: the hot tables with enough
+    /// left-behind row versions, vacuumed one by one outside any transaction.
+    pub(crate) async fn tidy_now(&self) -> Result<Vec<Vacuumed>> {
+        let Some(tidy) = D::SQL.tidy else {
+            return Ok(Vec::new());
+        };
+        let mut conn = self.driver.acquire().await?;
+        let due = q(tidy.dead_rows)
+            .fetch_all::<D>(&mut conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                let dead = u64::try_from(c.get::<i64>("dead")?).unwrap_or(0);
+                let live = u64::try_from(c.get::<i64>("live")?).unwrap_or(0);
+                Ok((c.get::<String>("table_name")?, dead, live))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .filter(|(_, dead, live)| *dead >= TIDY_MIN_DEAD.max(live / 10));
+        let mut vacuumed = Vec::new();
+        for (table, dead_rows, _) in due {
+            let Some((_, vacuum)) = tidy.vacuum.iter().find(|(t, _)| *t == table) else {
+                continue;
+            };
+            D::run_script(&mut conn, vacuum).await.map_err(db)?;
+            vacuumed.push(Vacuumed { table, dead_rows });
+        }
+        Ok(vacuumed)
     }
 }

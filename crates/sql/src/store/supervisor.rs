@@ -88,6 +88,10 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         self.prune_now(retention, dry_run).await
     }
 
+    async fn tidy(&self) -> Result<Vec<orderly_core::store::Vacuumed>> {
+        self.tidy_now().await
+    }
+
     async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>> {
         let mut conn = self.driver.acquire().await?;
         let rows = q(D::SQL.find_expired)

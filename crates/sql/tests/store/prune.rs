@@ -231,3 +231,119 @@ async fn history_stays_append_only_for_orders_that_are_not_finished() {
     assert!(err.to_string().contains("append-only"), "{err}");
     f.cleanup().await;
 }
+
+/// Sends `n` messages to `q` (ids `tag-0`...) and completes them all: each leaves
+/// behind the row versions of its insert and its lock, deleted.
+async fn churn(store: &(impl Transport + ?Sized), q: &QueueName, tag: &str, n: usize) {
+    store
+        .declare_queue(q, &QueueSettings::default())
+        .await
+        .unwrap();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(250) {
+        let batch: Vec<OutgoingMessage> = chunk
+            .iter()
+            .map(|i| OutgoingMessage::new(format!("{tag}-{i}"), b"x".to_vec()))
+            .collect();
+        store.send(q, &batch).await.unwrap();
+    }
+    let mut done = 0;
+    while done < n {
+        let got = store.receive(q, 250, Duration::ZERO).await.unwrap();
+        assert!(!got.is_empty(), "{done} of {n} received");
+        for verdict in store.complete_messages(&got).await.unwrap() {
+            verdict.unwrap();
+        }
+        done += got.len();
+    }
+}
+
+/// On PostgreSQL the leader's tidy vacuums a hot table once enough dead row versions
+/// have piled up in it, and not before: the queue's churn is vacuumed, the server
+/// counts the vacuum, and what the next take reads past is gone.
+#[tokio::test]
+async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
+    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let vacuums = || async {
+        // A fresh look at the statistics, not the transaction's cached one.
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query_scalar::<_, i64>(
+            "SELECT vacuum_count FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema() AND relname = 'queue_messages'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+    };
+    let q = QueueName::parse("tidy").unwrap();
+    // A little churn: under the threshold, nothing is vacuumed.
+    churn(&store, &q, "few", 50).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let tidied = store.tidy().await.unwrap();
+    assert!(
+        tidied.iter().all(|v| v.table != "queue_messages"),
+        "vacuumed below the threshold: {tidied:?}"
+    );
+    assert_eq!(vacuums().await, 0);
+
+    // Enough: each message leaves two dead versions (its lock, its delete).
+    churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
+    // The server processes report their counts about once a second when idle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let vacuumed = loop {
+        let tidied = store.tidy().await.unwrap();
+        if let Some(v) = tidied.into_iter().find(|v| v.table == "queue_messages") {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue_messages was never vacuumed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
+    assert_eq!(vacuums().await, 1);
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT n_dead_tup FROM pg_stat_user_tables \
+         WHERE schemaname = current_schema() AND relname = 'queue_messages'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(
+        dead < TIDY_MIN_DEAD as i64,
+        "{dead} dead rows after the vacuum"
+    );
+    // Nothing left to do right after.
+    assert!(
+        store
+            .tidy()
+            .await
+            .unwrap()
+            .iter()
+            .all(|v| v.table != "queue_messages")
+    );
+    f.cleanup().await;
+}
+
+/// SQLite frees what deletes and updates leave as they commit: tidy has nothing to do.
+#[tokio::test]
+async fn sqlite_tidy_has_nothing_to_vacuum() {
+    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    let f = sqlite_factory(TimeSource::Database);
+    let store = SqliteStore::open(&f.url(), f.time.clone()).await.unwrap();
+    churn(
+        &store,
+        &QueueName::parse("tidy").unwrap(),
+        "m",
+        TIDY_MIN_DEAD as usize,
+    )
+    .await;
+    assert_eq!(store.tidy().await.unwrap(), Vec::new());
+    f.cleanup().await;
+}
