@@ -21,6 +21,31 @@ pub trait TransportFactory: Send + Sync {
     async fn cleanup(&self) {}
 }
 
+/// Declares `queue`, sends it `n` messages (ids `tag-0`, `tag-1`, ...) and receives
+/// and completes them all: the churn a queue's table sees under work.
+pub async fn churn(transport: &(impl Transport + ?Sized), queue: &QueueName, tag: &str, n: usize) {
+    transport
+        .declare_queue(queue, &QueueSettings::default())
+        .await
+        .unwrap();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(250) {
+        let batch: Vec<OutgoingMessage> = chunk
+            .iter()
+            .map(|i| OutgoingMessage::new(format!("{tag}-{i}"), b"x".to_vec()))
+            .collect();
+        transport.send(queue, &batch).await.unwrap();
+    }
+    let mut done = 0;
+    while done < n {
+        let got = transport.receive(queue, 250, Duration::ZERO).await.unwrap();
+        assert!(!got.is_empty(), "{done} of {n} received");
+        for verdict in transport.complete_messages(&got).await.unwrap() {
+            verdict.unwrap();
+        }
+        done += got.len();
+    }
+}
+
 /// What a transport case gets.
 pub struct TransportCtx {
     /// The clock the transport reads for locks, schedules and duplicate windows.

@@ -81,34 +81,16 @@ async fn leader_prunes(dialect: Dialect) {
 /// autovacuum is off on the test server, and looks once a minute at best elsewhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_leading_supervisor_vacuums_the_queue_table_on_postgres() {
-    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings};
+    use orderly_core::transport::QueueName;
     let (db, backend) = Db::with_queues(Dialect::Postgres, Duration::from_secs(5)).await;
     let queue = QueueName::parse("e2e.churn").unwrap();
-    let transport = backend.transport.clone();
-    transport
-        .declare_queue(&queue, &QueueSettings::default())
-        .await
-        .unwrap();
-    let n = orderly_core::store::TIDY_MIN_DEAD as usize;
-    for chunk in (0..n).collect::<Vec<_>>().chunks(250) {
-        let batch: Vec<OutgoingMessage> = chunk
-            .iter()
-            .map(|i| OutgoingMessage::new(format!("m-{i}"), b"x".to_vec()))
-            .collect();
-        transport.send(&queue, &batch).await.unwrap();
-    }
-    let mut done = 0;
-    while done < n {
-        let got = transport
-            .receive(&queue, 250, Duration::ZERO)
-            .await
-            .unwrap();
-        assert!(!got.is_empty(), "{done} of {n} received");
-        for verdict in transport.complete_messages(&got).await.unwrap() {
-            verdict.unwrap();
-        }
-        done += got.len();
-    }
+    orderly_testkit::transport::churn(
+        backend.transport.as_ref(),
+        &queue,
+        "m",
+        orderly_core::store::TIDY_MIN_DEAD as usize,
+    )
+    .await;
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     let vacuums = || async {
         let mut conn = pool.acquire().await.unwrap();

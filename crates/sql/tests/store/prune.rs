@@ -232,31 +232,6 @@ async fn history_stays_append_only_for_orders_that_are_not_finished() {
     f.cleanup().await;
 }
 
-/// Sends `n` messages to `q` (ids `tag-0`...) and completes them all: each leaves
-/// behind the row versions of its insert and its lock, deleted.
-async fn churn(store: &(impl Transport + ?Sized), q: &QueueName, tag: &str, n: usize) {
-    store
-        .declare_queue(q, &QueueSettings::default())
-        .await
-        .unwrap();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(250) {
-        let batch: Vec<OutgoingMessage> = chunk
-            .iter()
-            .map(|i| OutgoingMessage::new(format!("{tag}-{i}"), b"x".to_vec()))
-            .collect();
-        store.send(q, &batch).await.unwrap();
-    }
-    let mut done = 0;
-    while done < n {
-        let got = store.receive(q, 250, Duration::ZERO).await.unwrap();
-        assert!(!got.is_empty(), "{done} of {n} received");
-        for verdict in store.complete_messages(&got).await.unwrap() {
-            verdict.unwrap();
-        }
-        done += got.len();
-    }
-}
-
 /// On PostgreSQL the leader's tidy vacuums a hot table once enough dead row versions
 /// have piled up in it, and not before: the queue's churn is vacuumed, the server
 /// counts the vacuum, and what the next take reads past is gone.
@@ -282,7 +257,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     };
     let q = QueueName::parse("tidy").unwrap();
     // A little churn: under the threshold, nothing is vacuumed.
-    churn(&store, &q, "few", 50).await;
+    orderly_testkit::transport::churn(&store, &q, "few", 50).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let tidied = store.tidy().await.unwrap();
     assert!(
@@ -292,7 +267,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     assert_eq!(vacuums().await, 0);
 
     // Enough: each message leaves two dead versions (its lock, its delete).
-    churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
+    orderly_testkit::transport::churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
     // The server processes report their counts about once a second when idle.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let vacuumed = loop {
@@ -337,7 +312,7 @@ async fn sqlite_tidy_has_nothing_to_vacuum() {
     use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
     let f = sqlite_factory(TimeSource::Database);
     let store = SqliteStore::open(&f.url(), f.time.clone()).await.unwrap();
-    churn(
+    orderly_testkit::transport::churn(
         &store,
         &QueueName::parse("tidy").unwrap(),
         "m",
