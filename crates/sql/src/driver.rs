@@ -472,8 +472,8 @@ pub(crate) struct Statements {
 /// The statements of [`crate::SqlStore`]'s `tidy`.
 #[derive(Debug, Clone, Copy)]
 pub struct Tidy {
-    /// Per hot table of this schema: `table_name`, `dead` (row versions left behind,
-    /// as the database counts them) and `live` (rows in use).
+    /// Per table of list `$1` in this schema: `table_name`, `dead` (row versions left
+    /// behind, as the database counts them) and `live` (rows in use).
     pub dead_rows: &'static str,
     /// Each hot table and the statement that vacuums it, skipping it if another
     /// vacuum holds it.

@@ -29,22 +29,22 @@ pub(crate) const SQL: Statements = Statements {
     }),
 };
 
-/// The hot tables' counts of left-behind row versions and live rows (the statistics'
-/// figures, reported by each server process about once a second). The hot tables are
-/// those whose rows turn over fastest: every message is inserted, locked and deleted;
-/// an order's state row is updated at each of its steps (its partial indexes keep
-/// entries for the states it left), its step rows twice each; outbox rows are leased
-/// and marked sent. Only tables this role may vacuum (it owns them, or is a
-/// superuser): the server skips the others with a warning, which would be no vacuum.
+/// The counts of left-behind row versions and live rows of the tables `$1` in this
+/// schema (the statistics' figures, reported by each server process about once a
+/// second). Only tables this role may vacuum (it owns them, or is a superuser): the
+/// server skips the others with a warning, which would be no vacuum.
 const DEAD_ROWS: &str = "SELECT t.relname AS table_name, t.n_dead_tup AS dead, \
         t.n_live_tup AS live \
     FROM pg_stat_user_tables t JOIN pg_class c ON c.oid = t.relid \
-    WHERE t.schemaname = current_schema() \
-        AND t.relname IN ('queue_messages', 'order_state', 'order_steps', 'outbox') \
+    WHERE t.schemaname = current_schema() AND t.relname = ANY($1::text[]) \
         AND pg_has_role(c.relowner, 'USAGE')";
 
-/// Vacuums each hot table; one that another vacuum (autovacuum, another leader's last
-/// one) is working on is skipped rather than waited for.
+/// The hot tables, those whose rows turn over fastest: every message is inserted,
+/// locked and deleted; an order's state row is updated at each of its steps (its
+/// partial indexes keep entries for the states it left), its step rows twice each;
+/// outbox rows are leased and marked sent. Each with its vacuum: one that another
+/// vacuum (autovacuum, another leader's last one) is working on is skipped rather than
+/// waited for.
 const VACUUM: [(&str, &str); 4] = [
     ("queue_messages", "VACUUM (SKIP_LOCKED) queue_messages"),
     ("order_state", "VACUUM (SKIP_LOCKED) order_state"),

@@ -220,7 +220,9 @@ impl<D: Driver> SqlStore<D> {
             return Ok(Vec::new());
         };
         let mut conn = self.driver.acquire().await?;
+        let tables: Vec<String> = tidy.vacuum.iter().map(|(t, _)| t.to_string()).collect();
         let due = q(tidy.dead_rows)
+            .bind(tables)
             .fetch_all::<D>(&mut conn)
             .await
             .map_err(db)?

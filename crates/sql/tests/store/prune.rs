@@ -255,10 +255,33 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
         .await
         .unwrap()
     };
+    let dead_rows = || async {
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query_scalar::<_, i64>(
+            "SELECT n_dead_tup FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema() AND relname = 'queue_messages'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+    };
+    // The server processes report their counts about once a second when idle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let q = QueueName::parse("tidy").unwrap();
-    // A little churn: under the threshold, nothing is vacuumed.
+    // A little churn: under the threshold, nothing is vacuumed, once the server has
+    // counted what it left (each message: its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "few", 50).await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    while dead_rows().await < 100 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the churn was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let tidied = store.tidy().await.unwrap();
     assert!(
         tidied.iter().all(|v| v.table != "queue_messages"),
@@ -268,8 +291,6 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
 
     // Enough: each message leaves two dead versions (its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
-    // The server processes report their counts about once a second when idle.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let vacuumed = loop {
         let tidied = store.tidy().await.unwrap();
         if let Some(v) = tidied.into_iter().find(|v| v.table == "queue_messages") {
@@ -283,13 +304,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     };
     assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
     assert_eq!(vacuums().await, 1);
-    let dead: i64 = sqlx::query_scalar(
-        "SELECT n_dead_tup FROM pg_stat_user_tables \
-         WHERE schemaname = current_schema() AND relname = 'queue_messages'",
-    )
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+    let dead = dead_rows().await;
     assert!(
         dead < TIDY_MIN_DEAD as i64,
         "{dead} dead rows after the vacuum"
