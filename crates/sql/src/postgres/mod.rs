@@ -201,8 +201,9 @@ fn complete_query(
 /// and lock token.
 type SentRow = (i64, Option<i64>, Option<String>);
 
-/// [`sql::Q_SEND`]: `rows` sent to `queue` at `now` (NULL: the server's), the holds
-/// `held` completed.
+/// [`sql::Q_SEND`] (or, to a queue that detects duplicates within `dedup_ms`,
+/// [`sql::Q_SEND_DEDUP`]): `rows` sent to `queue` at `now` (NULL: the server's), the
+/// holds `held` completed.
 fn send_query<'q>(
     queue: &'q str,
     now: Option<Ts>,
@@ -211,7 +212,12 @@ fn send_query<'q>(
     held: &'q [&'q ReceivedMessage],
     notice: &'q str,
 ) -> sqlx::query::QueryAs<'q, Postgres, SentRow, <Postgres as sqlx::Database>::Arguments> {
-    sqlx::query_as(sql::Q_SEND)
+    let statement = if dedup_ms.is_some() {
+        sql::Q_SEND_DEDUP
+    } else {
+        sql::Q_SEND
+    };
+    sqlx::query_as(statement)
         .bind(queue)
         .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
