@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 12] = [
+const ALL: [Both; 13] = [
     Both {
         version: 1,
         name: "state_store",
@@ -112,6 +112,12 @@ const ALL: [Both; 12] = [
         name: "in_place_steps",
         sqlite: include_str!("../../../migrations/sqlite/0012_in_place_steps.sql"),
         postgres: include_str!("../../../migrations/postgres/0012_in_place_steps.sql"),
+    },
+    Both {
+        version: 13,
+        name: "queue_tables_keep_pages",
+        sqlite: include_str!("../../../migrations/sqlite/0013_queue_tables_keep_pages.sql"),
+        postgres: include_str!("../../../migrations/postgres/0013_queue_tables_keep_pages.sql"),
     },
 ];
 

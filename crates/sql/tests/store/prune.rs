@@ -321,6 +321,73 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     f.cleanup().await;
 }
 
+/// The queue's table empties out whenever the system is idle. A vacuum then must not
+/// cut its file to nothing: the server would take the table for empty, and a take
+/// planned then (every connection plans again after a vacuum) would read the whole
+/// table in full at every execution after it, however full it got. With its pages
+/// kept, the one plan for any take walks the queue's index.
+#[tokio::test]
+async fn postgres_a_vacuum_of_the_emptied_queue_keeps_its_pages_and_the_take_its_index() {
+    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let q = QueueName::parse("emptied").unwrap();
+    // Every message sent is taken and completed: the table ends empty.
+    orderly_testkit::transport::churn(&store, &q, "m", 2 * TIDY_MIN_DEAD as usize).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !store
+        .tidy()
+        .await
+        .unwrap()
+        .iter()
+        .any(|v| v.table == "queue_messages")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue_messages was never vacuumed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut conn = store.pool().acquire().await.unwrap();
+    let (pages, file_pages, live): (i32, i64, i64) = sqlx::query_as(
+        "SELECT c.relpages, pg_relation_size(c.oid) / 8192, \
+            (SELECT count(*) FROM queue_messages) \
+         FROM pg_class c WHERE c.oid = 'queue_messages'::regclass",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(live, 0, "the churn left messages behind");
+    assert!(
+        pages > 0 && file_pages > 0,
+        "the vacuum cut the emptied table to {file_pages} pages (the server counts {pages})"
+    );
+    // The plan the server keeps for every take, whatever the queue and the limit.
+    for sql in [
+        "SET plan_cache_mode = force_generic_plan",
+        "PREPARE take_now(text, timestamptz, bigint) AS SELECT seq FROM queue_messages \
+         WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3 \
+         FOR UPDATE SKIP LOCKED",
+    ] {
+        sqlx::raw_sql(sql).execute(&mut *conn).await.unwrap();
+    }
+    let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE take_now('emptied', now(), 10)")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::raw_sql("DEALLOCATE take_now; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("queue_messages_ready") && !plan.contains("Seq Scan"),
+        "the take reads the whole table:\n{plan}"
+    );
+    drop(conn);
+    f.cleanup().await;
+}
+
 /// SQLite frees what deletes and updates leave as they commit: tidy has nothing to do.
 #[tokio::test]
 async fn sqlite_tidy_has_nothing_to_vacuum() {
