@@ -36,6 +36,10 @@ pub struct Report {
     pub latencies: Vec<Duration>,
     /// Invariant violations; empty when all held.
     pub violations: Vec<String>,
+    /// Where a Processed order's time went: per hop of its record (from the post to
+    /// its first entry, then from each entry to the next, named by their kinds), the
+    /// times of every such hop, sorted; hops in the order they first came.
+    pub hops: Vec<(String, Vec<Duration>)>,
 }
 
 impl Report {
@@ -54,11 +58,7 @@ impl Report {
 
     /// The `p`-th percentile (0 to 100) of submit-to-Processed latency.
     pub fn percentile(&self, p: f64) -> Duration {
-        if self.latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = ((p / 100.0) * (self.latencies.len() - 1) as f64).round() as usize;
-        self.latencies[rank.min(self.latencies.len() - 1)]
+        percentile(&self.latencies, p)
     }
 
     /// Prints the summary.
@@ -102,6 +102,99 @@ impl Report {
                 outln!("  - {v}");
             }
         }
+    }
+}
+
+impl Report {
+    /// Where the time of a Processed order went, hop by hop ([`Self::hops`]): each
+    /// hop's p50, p99 and how many there were per order. Hops inside one transaction
+    /// (two entries of the same instant, every time) are left out.
+    pub fn hop_times(&self) -> Vec<HopTime> {
+        let orders = self.latencies.len().max(1);
+        self.hops
+            .iter()
+            .filter(|(_, times)| times.last().is_some_and(|t| !t.is_zero()))
+            .map(|(hop, times)| HopTime {
+                hop: hop.clone(),
+                p50: percentile(times, 50.0),
+                p99: percentile(times, 99.0),
+                per_order: times.len() as f64 / orders as f64,
+            })
+            .collect()
+    }
+
+    /// Prints [`Self::hop_times`].
+    pub fn print_hops(&self) {
+        let hops = self.hop_times();
+        if hops.is_empty() {
+            return;
+        }
+        outln!(
+            "time per hop         p50 / p99 ms, Processed orders (hops within one transaction left out)"
+        );
+        for h in hops {
+            outln!(
+                "  {:<34} {:>7.1} / {:>7.1}{}",
+                h.hop,
+                ms(h.p50),
+                ms(h.p99),
+                if (h.per_order - 1.0).abs() < 0.005 {
+                    String::new()
+                } else {
+                    format!("  ({:.2} per order)", h.per_order)
+                }
+            );
+        }
+    }
+}
+
+/// One hop of [`Report::hop_times`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HopTime {
+    /// From which entry of the record to which (`posted` for the post).
+    pub hop: String,
+    /// Its median.
+    pub p50: Duration,
+    /// Its 99th percentile.
+    pub p99: Duration,
+    /// How many per Processed order.
+    pub per_order: f64,
+}
+
+/// The `p`-th percentile (0 to 100) of `sorted`.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Adds the hops of one Processed order's `history`, posted at `sent`, to `hops`.
+fn add_hops(
+    hops: &mut Vec<(String, Vec<Duration>)>,
+    sent: DateTime<Utc>,
+    history: &[orderly_core::history::HistoryEvent],
+) {
+    let mut add = |hop: String, took: chrono::TimeDelta| {
+        let took = took.to_std().unwrap_or_default();
+        match hops.iter_mut().find(|(h, _)| *h == hop) {
+            Some((_, times)) => times.push(took),
+            None => hops.push((hop, vec![took])),
+        }
+    };
+    let Some(first) = history.first() else {
+        return;
+    };
+    add(
+        format!("posted -> {}", first.kind.as_str()),
+        first.at - sent,
+    );
+    for pair in history.windows(2) {
+        add(
+            format!("{} -> {}", pair[0].kind.as_str(), pair[1].kind.as_str()),
+            pair[1].at - pair[0].at,
+        );
     }
 }
 
@@ -190,6 +283,7 @@ pub async fn report_on(
             if done.kind == HistoryKind::Completed {
                 r.latencies
                     .push((done.at - *sent).to_std().unwrap_or_default());
+                add_hops(&mut r.hops, *sent, &view.history);
             }
         }
         if check {
@@ -228,6 +322,9 @@ pub async fn report_on(
         }
     }
     r.latencies.sort();
+    for (_, times) in &mut r.hops {
+        times.sort();
+    }
     r.elapsed = (last_done - first_sent).to_std().unwrap_or_default();
     Ok(r)
 }
@@ -422,5 +519,65 @@ fn check_order(
     // 7. Every Error raised an alert.
     if state == ProcessState::Error && alerts.unwrap_or(0) == 0 {
         violations.push(format!("order {id} is in Error without an alert"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orderly_core::history::HistoryEvent;
+    use orderly_core::{Actor, Epoch};
+
+    fn event(order: &str, kind: HistoryKind, at_ms: i64, step: Option<i32>) -> HistoryEvent {
+        HistoryEvent {
+            seq: at_ms,
+            order_id: OrderId::parse(order).unwrap(),
+            at: DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::milliseconds(at_ms),
+            actor: Actor::from_stored("test".to_owned()),
+            kind,
+            from_state: None,
+            to_state: ProcessState::Processing,
+            epoch: Epoch(1),
+            step,
+            reason: None,
+        }
+    }
+
+    /// Each hop of a Processed order's record is timed from one entry to the next, the
+    /// first from its post; the steps' hops are pooled, and the hops that happen inside
+    /// one transaction (same instant) are left out of what is shown.
+    #[test]
+    fn the_time_of_an_order_is_split_by_the_hops_of_its_record() {
+        let mut r = Report::default();
+        for (order, slow) in [("A-1", 0), ("A-2", 10)] {
+            let history = [
+                event(order, HistoryKind::Submitted, 2, None),
+                event(order, HistoryKind::Claimed, 5 + slow, None),
+                event(order, HistoryKind::StepStarted, 5 + slow, Some(0)),
+                event(order, HistoryKind::StepSucceeded, 9 + slow, Some(0)),
+                event(order, HistoryKind::StepStarted, 9 + slow, Some(1)),
+                event(order, HistoryKind::StepSucceeded, 15 + slow, Some(1)),
+                event(order, HistoryKind::Completed, 15 + slow, None),
+            ];
+            add_hops(&mut r.hops, DateTime::<Utc>::UNIX_EPOCH, &history);
+            r.latencies.push(Duration::from_millis(15 + slow as u64));
+        }
+        for (_, times) in &mut r.hops {
+            times.sort();
+        }
+        let ms = Duration::from_millis;
+        let shown: Vec<(String, Duration, Duration, f64)> = r
+            .hop_times()
+            .into_iter()
+            .map(|h| (h.hop, h.p50, h.p99, h.per_order))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("posted -> Submitted".to_owned(), ms(2), ms(2), 1.0),
+                ("Submitted -> Claimed".to_owned(), ms(13), ms(13), 1.0),
+                ("StepStarted -> StepSucceeded".to_owned(), ms(6), ms(6), 2.0),
+            ]
+        );
     }
 }

@@ -126,6 +126,7 @@ pub(crate) async fn run_bench(
         "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
     );
     peak.print();
+    peak.print_hops();
     burst_cost.print();
     // Paced: half the burst's throughput (or the rate asked for), for latency under a
     // steady load.
@@ -160,6 +161,7 @@ pub(crate) async fn run_bench(
     };
     outln!("== {dialect}: paced at {rate:.0} orders/s ({pace}), {paced_n} orders");
     steady.print();
+    steady.print_hops();
     paced_cost.print();
     if !peak.violations.is_empty() || !steady.violations.is_empty() {
         bail!("invariant violations during the benchmark");
