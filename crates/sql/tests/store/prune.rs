@@ -232,6 +232,43 @@ async fn history_stays_append_only_for_orders_that_are_not_finished() {
     f.cleanup().await;
 }
 
+/// A figure of `queue_messages` in the server's statistics (`vacuum_count`,
+/// `n_dead_tup`, ...), read afresh, not from the snapshot a connection keeps.
+async fn queue_stat(store: &PgStore, column: &str) -> i64 {
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+        "SELECT {column} FROM pg_stat_user_tables \
+         WHERE schemaname = current_schema() AND relname = 'queue_messages'"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Tidies until it vacuums `queue_messages` (the server reports what the churn left
+/// about once a second), by `deadline`; what it reported of that vacuum.
+async fn tidy_until_the_queue_is_vacuumed(
+    store: &PgStore,
+    deadline: std::time::Instant,
+) -> orderly_core::store::Vacuumed {
+    use orderly_core::store::SupervisorStore;
+    loop {
+        let tidied = store.tidy().await.unwrap();
+        if let Some(v) = tidied.into_iter().find(|v| v.table == "queue_messages") {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue_messages was never vacuumed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// On PostgreSQL the leader's tidy vacuums a hot table once enough dead row versions
 /// have piled up in it, and not before: the queue's churn is vacuumed, the server
 /// counts the vacuum, and what the next take reads past is gone.
@@ -240,42 +277,13 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
-    let vacuums = || async {
-        // A fresh look at the statistics, not the transaction's cached one.
-        let mut conn = store.pool().acquire().await.unwrap();
-        sqlx::query("SELECT pg_stat_clear_snapshot()")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query_scalar::<_, i64>(
-            "SELECT vacuum_count FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() AND relname = 'queue_messages'",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
-    };
-    let dead_rows = || async {
-        let mut conn = store.pool().acquire().await.unwrap();
-        sqlx::query("SELECT pg_stat_clear_snapshot()")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query_scalar::<_, i64>(
-            "SELECT n_dead_tup FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() AND relname = 'queue_messages'",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
-    };
     // The server processes report their counts about once a second when idle.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let q = QueueName::parse("tidy").unwrap();
     // A little churn: under the threshold, nothing is vacuumed, once the server has
     // counted what it left (each message: its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "few", 50).await;
-    while dead_rows().await < 100 {
+    while queue_stat(&store, "n_dead_tup").await < 100 {
         assert!(
             std::time::Instant::now() < deadline,
             "the churn was never counted"
@@ -287,24 +295,14 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
         tidied.iter().all(|v| v.table != "queue_messages"),
         "vacuumed below the threshold: {tidied:?}"
     );
-    assert_eq!(vacuums().await, 0);
+    assert_eq!(queue_stat(&store, "vacuum_count").await, 0);
 
     // Enough: each message leaves two dead versions (its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
-    let vacuumed = loop {
-        let tidied = store.tidy().await.unwrap();
-        if let Some(v) = tidied.into_iter().find(|v| v.table == "queue_messages") {
-            break v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "queue_messages was never vacuumed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let vacuumed = tidy_until_the_queue_is_vacuumed(&store, deadline).await;
     assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
-    assert_eq!(vacuums().await, 1);
-    let dead = dead_rows().await;
+    assert_eq!(queue_stat(&store, "vacuum_count").await, 1);
+    let dead = queue_stat(&store, "n_dead_tup").await;
     assert!(
         dead < TIDY_MIN_DEAD as i64,
         "{dead} dead rows after the vacuum"
@@ -328,26 +326,14 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
 /// kept, the one plan for any take walks the queue's index.
 #[tokio::test]
 async fn postgres_a_vacuum_of_the_emptied_queue_keeps_its_pages_and_the_take_its_index() {
-    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    use orderly_core::store::TIDY_MIN_DEAD;
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
     let q = QueueName::parse("emptied").unwrap();
     // Every message sent is taken and completed: the table ends empty.
     orderly_testkit::transport::churn(&store, &q, "m", 2 * TIDY_MIN_DEAD as usize).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !store
-        .tidy()
-        .await
-        .unwrap()
-        .iter()
-        .any(|v| v.table == "queue_messages")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "queue_messages was never vacuumed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    tidy_until_the_queue_is_vacuumed(&store, deadline).await;
     let mut conn = store.pool().acquire().await.unwrap();
     let (pages, file_pages, live): (i32, i64, i64) = sqlx::query_as(
         "SELECT c.relpages, pg_relation_size(c.oid) / 8192, \
