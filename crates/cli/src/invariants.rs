@@ -39,7 +39,7 @@ pub struct Report {
     /// Where a Processed order's time went: per hop of its record (from the post to
     /// its first entry, then from each entry to the next, named by their kinds), the
     /// times of every such hop, sorted; hops in the order they first came.
-    pub hops: Vec<(String, Vec<Duration>)>,
+    pub hops: Vec<(Hop, Vec<Duration>)>,
 }
 
 impl Report {
@@ -114,8 +114,12 @@ impl Report {
         self.hops
             .iter()
             .filter(|(_, times)| times.last().is_some_and(|t| !t.is_zero()))
-            .map(|(hop, times)| HopTime {
-                hop: hop.clone(),
+            .map(|((from, to), times)| HopTime {
+                hop: format!(
+                    "{} -> {}",
+                    from.map_or("posted", HistoryKind::as_str),
+                    to.as_str()
+                ),
                 p50: percentile(times, 50.0),
                 p99: percentile(times, 99.0),
                 per_order: times.len() as f64 / orders as f64,
@@ -170,13 +174,17 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// A hop of an order's record: from the entry of the first kind (`None`: its post) to
+/// the next, of the second.
+pub type Hop = (Option<HistoryKind>, HistoryKind);
+
 /// Adds the hops of one Processed order's `history`, posted at `sent`, to `hops`.
 fn add_hops(
-    hops: &mut Vec<(String, Vec<Duration>)>,
+    hops: &mut Vec<(Hop, Vec<Duration>)>,
     sent: DateTime<Utc>,
     history: &[orderly_core::history::HistoryEvent],
 ) {
-    let mut add = |hop: String, took: chrono::TimeDelta| {
+    let mut add = |hop: Hop, took: chrono::TimeDelta| {
         let took = took.to_std().unwrap_or_default();
         match hops.iter_mut().find(|(h, _)| *h == hop) {
             Some((_, times)) => times.push(took),
@@ -186,15 +194,9 @@ fn add_hops(
     let Some(first) = history.first() else {
         return;
     };
-    add(
-        format!("posted -> {}", first.kind.as_str()),
-        first.at - sent,
-    );
+    add((None, first.kind), first.at - sent);
     for pair in history.windows(2) {
-        add(
-            format!("{} -> {}", pair[0].kind.as_str(), pair[1].kind.as_str()),
-            pair[1].at - pair[0].at,
-        );
+        add((Some(pair[0].kind), pair[1].kind), pair[1].at - pair[0].at);
     }
 }
 
