@@ -36,6 +36,12 @@ mod statements;
 
 use statements as sql;
 
+/// The text of the queue's take (parameters: queue, now or NULL, limit, deliveries
+/// allowed, lock token, lock in milliseconds), for the tests that read the server's
+/// plan of it.
+#[doc(hidden)]
+pub const TAKE: &str = statements::Q_RECEIVE;
+
 /// Connections per store unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 

@@ -57,13 +57,21 @@ const VACUUM: [(&str, &str); 4] = [
 /// queue first (that read cost a round trip and a walk of the index for each receive
 /// that found something). A take of nothing returns one row of the clock and the count
 /// alone, joined to nothing.
+///
+/// The messages it locked are updated (or dead-lettered) by their row's address
+/// (`ctid`, read under the lock), a TID scan whatever the indexes' sizes. Found again
+/// by `seq`, the server chose between the primary key and `queue_messages_ready` by
+/// their sizes, and a plan made on a small queue walked the whole of the latter once
+/// per message. A message changed by another transaction between this statement's
+/// snapshot and its lock is locked in its new version, which this statement cannot
+/// see: it is left, unchanged, for the next take.
 pub(crate) const Q_RECEIVE: &str = concat!(
     "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
-     candidates AS MATERIALIZED (SELECT seq, delivery_count >= $4 AS exhausted \
+     candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
         FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
         ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
      gone AS (DELETE FROM queue_messages \
-        WHERE seq = ANY(ARRAY(SELECT seq FROM candidates WHERE exhausted)) \
+        WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE exhausted)) \
         RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
             delivery_count), \
      dead AS (INSERT INTO queue_dead_letters (",
@@ -75,7 +83,7 @@ pub(crate) const Q_RECEIVE: &str = concat!(
      taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
         locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond', \
         visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond' \
-        WHERE seq = ANY(ARRAY(SELECT seq FROM candidates WHERE NOT exhausted)) \
+        WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE NOT exhausted)) \
         RETURNING ",
     message_columns!(),
     ") \
