@@ -208,8 +208,9 @@ fn complete_query(
 type SentRow = (i64, Option<i64>, Option<String>);
 
 /// [`sql::Q_SEND`] (or, to a queue that detects duplicates within `dedup_ms`,
-/// [`sql::Q_SEND_DEDUP`]): `rows` sent to `queue` at `now` (NULL: the server's), the
-/// holds `held` completed.
+/// [`sql::Q_SEND_DEDUP`]; with holds to complete, [`sql::Q_SEND_COMPLETING`] or
+/// [`sql::Q_SEND_DEDUP_COMPLETING`]): `rows` sent to `queue` at `now` (NULL: the
+/// server's), the holds `held` completed.
 fn send_query<'q>(
     queue: &'q str,
     now: Option<Ts>,
@@ -218,12 +219,13 @@ fn send_query<'q>(
     held: &'q [&'q ReceivedMessage],
     notice: &'q str,
 ) -> sqlx::query::QueryAs<'q, Postgres, SentRow, <Postgres as sqlx::Database>::Arguments> {
-    let statement = if dedup_ms.is_some() {
-        sql::Q_SEND_DEDUP
-    } else {
-        sql::Q_SEND
+    let statement = match (dedup_ms.is_some(), held.is_empty()) {
+        (false, true) => sql::Q_SEND,
+        (false, false) => sql::Q_SEND_COMPLETING,
+        (true, true) => sql::Q_SEND_DEDUP,
+        (true, false) => sql::Q_SEND_DEDUP_COMPLETING,
     };
-    sqlx::query_as(statement)
+    let query = sqlx::query_as(statement)
         .bind(queue)
         .bind(rows.iter().map(|r| r.message_id).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.correlation_id).collect::<Vec<_>>())
@@ -241,7 +243,11 @@ fn send_query<'q>(
         )
         .bind(dedup_ms)
         .bind(crate::queue::CHANNEL)
-        .bind(notice)
+        .bind(notice);
+    if held.is_empty() {
+        return query;
+    }
+    query
         .bind(held.iter().map(|m| m.sequence_number).collect::<Vec<_>>())
         .bind(
             held.iter()

@@ -111,9 +111,30 @@ pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_unt
     WHERE seq = ANY($1::bigint[]) AND relay = $2";
 
 /// The send statement ([`Q_SEND`]), with the duplicate detection `$fresh` (a CTE) and
-/// the filter `$only_fresh` on what it inserts, or neither.
+/// the filter `$only_fresh` on what it inserts, or neither; and with the completion of
+/// the holds `$11`/`$12` ([`Q_SEND_COMPLETING`]), or not (`$11` and `$12` unused).
 macro_rules! send_statement {
+    ($fresh:literal, $only_fresh:literal, completing) => {
+        send_statement!(
+            $fresh,
+            $only_fresh,
+            ", completed AS ( \
+                DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
+                WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
+                RETURNING q.seq, q.lock_token) \
+            SELECT s.inserted, completed.seq, completed.lock_token ",
+            "LEFT JOIN completed ON true"
+        )
+    };
     ($fresh:literal, $only_fresh:literal) => {
+        send_statement!(
+            $fresh,
+            $only_fresh,
+            " SELECT s.inserted, NULL::bigint AS seq, NULL::text AS lock_token ",
+            ""
+        )
+    };
+    ($fresh:literal, $only_fresh:literal, $completed:literal, $join:literal) => {
         concat!(
             "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), ",
             $fresh,
@@ -126,33 +147,60 @@ macro_rules! send_statement {
                     unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
                     AS m(id, correlation, properties, body, scheduled) ",
             $only_fresh,
-            "RETURNING 1), \
-            completed AS ( \
-                DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
-                WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
-                RETURNING q.seq, q.lock_token) \
-            SELECT s.inserted, completed.seq, completed.lock_token \
-            FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
-                FROM (SELECT count(*) AS n FROM inserted) c) s \
-            LEFT JOIN completed ON true"
+            "RETURNING 1)",
+            $completed,
+            "FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
+                FROM (SELECT count(*) AS n FROM inserted) c) s ",
+            $join
         )
     };
 }
 
-/// A send and the completions that go with it, in one statement that reads the clock
-/// itself (`$6`; NULL: the server's now). Inserts messages into queue `$1` (ids `$2`,
-/// correlations `$3`, properties `$4`, bodies `$5`, scheduled for `$7`, NULL: at once;
-/// each visible from the later of that and now; [`Q_SEND_DEDUP`]: except those whose
-/// id was seen there within the duplicate window of `$8` milliseconds, which this one
-/// does not read); if it inserted any, notifies channel `$9` of `$10` (delivered at
-/// commit); and deletes the messages `$11` (seqs) still held under the lock tokens
-/// `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of NULLs
-/// if none; every row carries how many it inserted (`inserted`). Inside a transaction
-/// it is the send with what it consumes, or, with no messages, the completion alone;
-/// alone it is a transaction of its own
-/// ([`crate::driver::Driver::send_and_complete_alone`]): one round trip where a
-/// transaction takes five.
+/// [`send_statement!`] with the completion.
+macro_rules! send_completing {
+    ($fresh:literal, $only_fresh:literal) => {
+        send_statement!($fresh, $only_fresh, completing)
+    };
+}
+
+/// The duplicate detection of [`Q_SEND_DEDUP`]: a CTE, and the filter on what it
+/// inserts.
+macro_rules! dedup {
+    ($then:ident) => {
+        $then!(
+            "fresh AS ( \
+                INSERT INTO queue_dedup (queue, message_id, expires_at) \
+                SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
+                FROM unnest($2::text[]) AS id \
+                ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+                WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), ",
+            "WHERE m.id IN (SELECT message_id FROM fresh) "
+        )
+    };
+}
+
+/// A send, in one statement that reads the clock itself (`$6`; NULL: the server's
+/// now). Inserts messages into queue `$1` (ids `$2`, correlations `$3`, properties
+/// `$4`, bodies `$5`, scheduled for `$7`, NULL: at once; each visible from the later
+/// of that and now; [`Q_SEND_DEDUP`]: except those whose id was seen there within the
+/// duplicate window of `$8` milliseconds, which this one does not read); if it
+/// inserted any, notifies channel `$9` of `$10` (delivered at commit). One row, of how
+/// many it inserted (`inserted`) and NULLs.
 pub(crate) const Q_SEND: &str = send_statement!("", "");
+
+/// [`Q_SEND`] that also deletes the messages `$11` (seqs) still held under the lock
+/// tokens `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of
+/// NULLs if none; every row carries how many it inserted. Inside a transaction it is
+/// the send with what it consumes, or, with no messages, the completion alone; alone
+/// it is a transaction of its own ([`crate::driver::Driver::send_and_complete_alone`]):
+/// one round trip where a transaction takes five.
+///
+/// A send that completes nothing (a client's, a claim's first requests) runs
+/// [`Q_SEND`]: with the completion in it, a plan made for the parameters at hand knew
+/// the holds were none, looked cheaper than the one plan for any (which expects ten
+/// and joins them to the table), and the server planned the client's sends to a queue
+/// that detects duplicates again at every call.
+pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completing);
 
 /// [`Q_SEND`] to a queue that detects duplicates: only ids not seen within its window.
 /// Two statements, not one that tests `$8` for NULL: with the test in it, a plan made
@@ -160,15 +208,10 @@ pub(crate) const Q_SEND: &str = send_statement!("", "");
 /// cheaper than the one plan for any, so the server planned the statement again at
 /// most executions (a third of the calls under paced load, a tenth of the server's
 /// time in the queue's statements).
-pub(crate) const Q_SEND_DEDUP: &str = send_statement!(
-    "fresh AS ( \
-        INSERT INTO queue_dedup (queue, message_id, expires_at) \
-        SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
-        FROM unnest($2::text[]) AS id \
-        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-        WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), ",
-    "WHERE m.id IN (SELECT message_id FROM fresh) "
-);
+pub(crate) const Q_SEND_DEDUP: &str = dedup!(send_statement);
+
+/// [`Q_SEND_DEDUP`] with the completion of [`Q_SEND_COMPLETING`].
+pub(crate) const Q_SEND_DEDUP_COMPLETING: &str = dedup!(send_completing);
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
