@@ -62,9 +62,11 @@ const VACUUM: [(&str, &str); 4] = [
 /// (`ctid`, read under the lock), a TID scan whatever the indexes' sizes. Found again
 /// by `seq`, the server chose between the primary key and `queue_messages_ready` by
 /// their sizes, and a plan made on a small queue walked the whole of the latter once
-/// per message. A message changed by another transaction between this statement's
-/// snapshot and its lock is locked in its new version, which this statement cannot
-/// see: it is left, unchanged, for the next take.
+/// per message. (On a small table never vacuumed the server may still read the table
+/// whole, until the leader's first vacuum makes every connection plan again.) A
+/// message changed by another transaction between this statement's snapshot and its
+/// lock is locked in its new version, which this statement cannot see: it is left,
+/// unchanged, for the next take.
 pub(crate) const Q_RECEIVE: &str = concat!(
     "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
      candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
