@@ -112,31 +112,11 @@ pub(crate) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NU
 pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
     WHERE seq = ANY($1::bigint[]) AND relay = $2";
 
-/// The send statement ([`Q_SEND`]), with the duplicate detection `$fresh` (a CTE) and
-/// the filter `$only_fresh` on what it inserts, or neither; and with the completion of
-/// the holds `$11`/`$12` ([`Q_SEND_COMPLETING`]), or not (`$11` and `$12` unused).
+/// The send statement ([`Q_SEND`]): with the duplicate detection `$fresh` (a CTE) and
+/// the filter `$only_fresh` on what it inserts, or neither; `$completed` the rows of
+/// the holds it completes ([`completion!`], or none).
 macro_rules! send_statement {
-    ($fresh:literal, $only_fresh:literal, completing) => {
-        send_statement!(
-            $fresh,
-            $only_fresh,
-            ", completed AS ( \
-                DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
-                WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
-                RETURNING q.seq, q.lock_token) \
-            SELECT s.inserted, completed.seq, completed.lock_token ",
-            "LEFT JOIN completed ON true"
-        )
-    };
-    ($fresh:literal, $only_fresh:literal) => {
-        send_statement!(
-            $fresh,
-            $only_fresh,
-            " SELECT s.inserted, NULL::bigint AS seq, NULL::text AS lock_token ",
-            ""
-        )
-    };
-    ($fresh:literal, $only_fresh:literal, $completed:literal, $join:literal) => {
+    ($fresh:expr, $only_fresh:expr, $completed:expr) => {
         concat!(
             "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), ",
             $fresh,
@@ -149,35 +129,52 @@ macro_rules! send_statement {
                     unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
                     AS m(id, correlation, properties, body, scheduled) ",
             $only_fresh,
-            "RETURNING 1)",
+            "RETURNING 1), \
+            completed AS (",
             $completed,
-            "FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
-                FROM (SELECT count(*) AS n FROM inserted) c) s ",
-            $join
+            ") \
+            SELECT s.inserted, completed.seq, completed.lock_token \
+            FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
+                FROM (SELECT count(*) AS n FROM inserted) c) s \
+            LEFT JOIN completed ON true"
         )
     };
 }
 
-/// [`send_statement!`] with the completion.
-macro_rules! send_completing {
-    ($fresh:literal, $only_fresh:literal) => {
-        send_statement!($fresh, $only_fresh, completing)
+/// The duplicate detection of [`Q_SEND_DEDUP`]: the ids not seen on queue `$1` within
+/// `$8` milliseconds, recorded as seen.
+macro_rules! dedup_fresh {
+    () => {
+        "fresh AS ( \
+            INSERT INTO queue_dedup (queue, message_id, expires_at) \
+            SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
+            FROM unnest($2::text[]) AS id \
+            ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+            WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), "
     };
 }
 
-/// The duplicate detection of [`Q_SEND_DEDUP`]: a CTE, and the filter on what it
-/// inserts.
-macro_rules! dedup {
-    ($then:ident) => {
-        $then!(
-            "fresh AS ( \
-                INSERT INTO queue_dedup (queue, message_id, expires_at) \
-                SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
-                FROM unnest($2::text[]) AS id \
-                ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-                WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), ",
-            "WHERE m.id IN (SELECT message_id FROM fresh) "
-        )
+/// What [`Q_SEND_DEDUP`] inserts: the ids [`dedup_fresh!`] found fresh.
+macro_rules! dedup_only_fresh {
+    () => {
+        "WHERE m.id IN (SELECT message_id FROM fresh) "
+    };
+}
+
+/// The completion of [`Q_SEND_COMPLETING`]: deletes the messages `$11` (seqs) still
+/// held under the lock tokens `$12`, pairwise.
+macro_rules! completion {
+    () => {
+        "DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
+        WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
+        RETURNING q.seq, q.lock_token"
+    };
+}
+
+/// No completion: a send that completes nothing (`$11` and `$12` unused).
+macro_rules! no_completion {
+    () => {
+        "SELECT NULL::bigint AS seq, NULL::text AS lock_token WHERE false"
     };
 }
 
@@ -188,7 +185,7 @@ macro_rules! dedup {
 /// duplicate window of `$8` milliseconds, which this one does not read); if it
 /// inserted any, notifies channel `$9` of `$10` (delivered at commit). One row, of how
 /// many it inserted (`inserted`) and NULLs.
-pub(crate) const Q_SEND: &str = send_statement!("", "");
+pub(crate) const Q_SEND: &str = send_statement!("", "", no_completion!());
 
 /// [`Q_SEND`] that also deletes the messages `$11` (seqs) still held under the lock
 /// tokens `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of
@@ -202,7 +199,7 @@ pub(crate) const Q_SEND: &str = send_statement!("", "");
 /// the holds were none, looked cheaper than the one plan for any (which expects ten
 /// and joins them to the table), and the server planned the client's sends to a queue
 /// that detects duplicates again at every call.
-pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completing);
+pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completion!());
 
 /// [`Q_SEND`] to a queue that detects duplicates: only ids not seen within its window.
 /// Two statements, not one that tests `$8` for NULL: with the test in it, a plan made
@@ -210,10 +207,12 @@ pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completing);
 /// cheaper than the one plan for any, so the server planned the statement again at
 /// most executions (a third of the calls under paced load, a tenth of the server's
 /// time in the queue's statements).
-pub(crate) const Q_SEND_DEDUP: &str = dedup!(send_statement);
+pub(crate) const Q_SEND_DEDUP: &str =
+    send_statement!(dedup_fresh!(), dedup_only_fresh!(), no_completion!());
 
 /// [`Q_SEND_DEDUP`] with the completion of [`Q_SEND_COMPLETING`].
-pub(crate) const Q_SEND_DEDUP_COMPLETING: &str = dedup!(send_completing);
+pub(crate) const Q_SEND_DEDUP_COMPLETING: &str =
+    send_statement!(dedup_fresh!(), dedup_only_fresh!(), completion!());
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
