@@ -143,7 +143,7 @@ impl Cost {
             .store
             .batches
             .iter()
-            .map(|(stage, b)| format!("{stage} {:.1} (max {})", b.mean(), b.max))
+            .map(|(stage, b)| format!("{stage} {:.1} (max {}, {} empty)", b.mean(), b.max, b.empty))
             .collect();
         outln!("batch sizes, mean    {}", stages.join(", "));
     }

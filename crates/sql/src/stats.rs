@@ -30,6 +30,9 @@ pub struct Batches {
     pub items: u64,
     /// The largest batch.
     pub max: u64,
+    /// Looks that found nothing to hand over (a receive or a claim that came back
+    /// empty): each cost a statement, most of them a round trip, for no work.
+    pub empty: u64,
 }
 
 impl Batches {
@@ -81,10 +84,11 @@ impl StatsSnapshot {
                         calls: b.calls - before.calls,
                         items: b.items - before.items,
                         max: b.max,
+                        empty: b.empty - before.empty,
                     },
                 )
             })
-            .filter(|(_, b)| b.calls > 0)
+            .filter(|(_, b)| b.calls > 0 || b.empty > 0)
             .collect();
         StatsSnapshot {
             writes: self.writes - earlier.writes,
@@ -138,11 +142,9 @@ impl Stats {
         self.control.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `stage` handed over `items` at once (empty batches are not counted).
+    /// `stage` handed over `items` at once (an empty batch is counted as `empty`, not
+    /// as a batch).
     pub(crate) fn batch(&self, stage: &str, items: usize) {
-        if items == 0 {
-            return;
-        }
         let items = items as u64;
         let mut batches = self
             .batches
@@ -152,6 +154,10 @@ impl Stats {
             Some(b) => b,
             None => batches.entry(stage.to_owned()).or_default(),
         };
+        if items == 0 {
+            b.empty += 1;
+            return;
+        }
         b.calls += 1;
         b.items += items;
         b.max = b.max.max(items);
@@ -199,10 +205,15 @@ mod tests {
             Batches {
                 calls: 1,
                 items: 5,
-                max: 5
+                max: 5,
+                empty: 0
             }
         );
         assert_eq!(d.batches["submit"].mean(), 64.0);
         assert_eq!(first.batches["claim"].calls, 1, "an empty batch is not one");
+        assert_eq!(
+            first.batches["claim"].empty, 1,
+            "but it is counted as empty"
+        );
     }
 }
