@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 13] = [
+const ALL: [Both; 14] = [
     Both {
         version: 1,
         name: "state_store",
@@ -118,6 +118,12 @@ const ALL: [Both; 13] = [
         name: "queue_tables_keep_pages",
         sqlite: include_str!("../../../migrations/sqlite/0013_queue_tables_keep_pages.sql"),
         postgres: include_str!("../../../migrations/postgres/0013_queue_tables_keep_pages.sql"),
+    },
+    Both {
+        version: 14,
+        name: "step_rows_updated_in_place",
+        sqlite: include_str!("../../../migrations/sqlite/0014_step_rows_updated_in_place.sql"),
+        postgres: include_str!("../../../migrations/postgres/0014_step_rows_updated_in_place.sql"),
     },
 ];
 
