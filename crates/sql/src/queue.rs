@@ -35,7 +35,8 @@ use crate::time::Ts;
 pub(crate) struct QueueSignal {
     pub(crate) notify: Notify,
     sent: std::sync::atomic::AtomicU64,
-    /// `sent` as it was before the latest look that took everything it could see.
+    /// `sent` as it was when the latest look began: that look takes everything it can
+    /// see or, when it cannot, wakes another receiver.
     drained: std::sync::atomic::AtomicU64,
 }
 
@@ -56,13 +57,14 @@ impl QueueSignal {
         self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// A look that began when `sent` was `before` took all it could see.
+    /// A look began when `sent` was `before`: it takes all it can see, or wakes another
+    /// receiver when it cannot.
     fn drained_at(&self, before: u64) {
         self.drained
             .fetch_max(before, std::sync::atomic::Ordering::AcqRel);
     }
 
-    /// Nothing was sent since a look found the queue drained.
+    /// Nothing was sent since the latest look began.
     fn is_drained(&self) -> bool {
         self.drained.load(std::sync::atomic::Ordering::Acquire) == self.sent()
     }
@@ -679,8 +681,9 @@ impl<D: Driver> SqlStore<D> {
     ///
     /// `look` says with what it found whether it took all it could see (fewer than it
     /// asked for). A receive that may wait does not begin with a look when nothing was
-    /// sent since a look found the queue drained: it waits for a send, the poll or the
-    /// end of its wait, and looks then (always once at least). It skips only while
+    /// sent since a look began (one still running, or one that took all it saw): it
+    /// waits for a send, the poll or the end of its wait, and looks then (always once
+    /// at least). It skips only while
     /// other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
     /// not, and every receive begins with a look. Messages that come back without a
     /// send (a lock that ran out, a scheduled time reached) are found by the poll, as by
@@ -709,17 +712,24 @@ impl<D: Driver> SqlStore<D> {
             tokio::pin!(woken);
             woken.as_mut().enable();
             if !std::mem::take(&mut skip) {
-                let before = signal.sent();
-                match look().await? {
-                    Some((found, true)) => {
-                        signal.drained_at(before);
-                        return Ok(Some(found));
-                    }
-                    Some((found, false)) => {
+                // This look answers every send heard so far, from its start: a receiver
+                // that comes back while it runs waits for the next send rather than
+                // looking beside it (it would find this look's messages locked, and
+                // nothing: a statement, on the take-and-act path a transaction, for
+                // nothing). A look that cannot answer them all, having taken a whole
+                // batch or failed, wakes another receiver.
+                signal.drained_at(signal.sent());
+                match look().await {
+                    Ok(Some((found, true))) => return Ok(Some(found)),
+                    Ok(Some((found, false))) => {
                         signal.sent_one();
                         return Ok(Some(found));
                     }
-                    None => signal.drained_at(before),
+                    Ok(None) => {}
+                    Err(e) => {
+                        signal.sent_one();
+                        return Err(e);
+                    }
                 }
                 if tokio::time::Instant::now() >= deadline {
                     return Ok(None);
@@ -1192,7 +1202,7 @@ mod tests {
         let before = s.sent();
         s.drained_at(before);
         assert!(s.is_drained());
-        // A send committed while a look ran: the look may not have seen it.
+        // A send committed after a look began: the look may not have seen it.
         let before = s.sent();
         s.sent_one();
         s.drained_at(before);
@@ -1206,6 +1216,67 @@ mod tests {
         s.anything();
         assert!(!s.is_drained());
     }
+
+    /// Drives `f` for `d` of the (paused) clock; whether it finished.
+    async fn drive<F: std::future::Future>(f: std::pin::Pin<&mut F>, d: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = f => true,
+            _ = tokio::time::sleep(d) => false,
+        }
+    }
+
+    /// Two receivers of one queue: one that comes back while the other's look runs does
+    /// not look beside it (it would find that look's messages locked: a statement for
+    /// nothing), but waits; and a look that fails wakes it at once, not at its poll.
+    #[tokio::test]
+    async fn a_receiver_back_while_a_look_runs_waits_and_a_failed_look_wakes_it() {
+        let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        // Other processes' sends are heard, as on PostgreSQL while its LISTEN stands.
+        store
+            .wakeups
+            .hearing
+            .store(true, std::sync::atomic::Ordering::Release);
+        tokio::time::pause();
+        let queue = QueueName::parse("replies").unwrap();
+        let wait = Duration::from_secs(60);
+        let (a_looks, b_looks) = (
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        );
+        let release = tokio::sync::Semaphore::new(0);
+        let a = store.until_found(&queue, wait, || async {
+            a_looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = release.acquire().await;
+            Err::<Option<((), bool)>, &str>("the connection was lost")
+        });
+        let b = store.until_found(&queue, wait, || async {
+            b_looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, &str>(Some(((), true)))
+        });
+        tokio::pin!(a);
+        tokio::pin!(b);
+        assert!(!drive(a.as_mut(), Duration::from_millis(1)).await);
+        assert_eq!(a_looks.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+        // B comes back while A's look runs: no look of its own, however long A takes
+        // (short of B's poll).
+        assert!(!drive(b.as_mut(), POLL / 2).await);
+        assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+        // A's look fails: B looks at once.
+        release.add_permits(1);
+        assert!(drive(a.as_mut(), Duration::from_millis(1)).await);
+        let started = tokio::time::Instant::now();
+        assert!(drive(b.as_mut(), POLL).await);
+        assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(started.elapsed() < POLL / 10, "{:?}", started.elapsed());
+    }
+
+    /// The SQLite store's fallback poll (the test's store is one).
+    const POLL: Duration = Duration::from_millis(200);
 
     const POLL_FOR_TESTS: Duration = Duration::from_secs(1);
 }
