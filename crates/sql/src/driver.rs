@@ -384,13 +384,15 @@ pub(crate) struct SentAndCompleted {
 }
 
 /// The fenced touch of one step write, decided by the shared code: the step it must be
-/// at (-1: any), the step to move to (-1: none), whether a step failed and its error.
+/// at (-1: any), the step to move to (-1: none), whether a step failed and its error,
+/// and whether its order completes with it (its last step's record).
 pub(crate) struct Touch<'a> {
     pub fence: &'a Fence,
     pub expect: i32,
     pub new_step: i32,
     pub failed: bool,
     pub error: Option<String>,
+    pub complete: bool,
 }
 
 /// A new order to insert, with its Pending state row and Submitted history entry.
@@ -591,7 +593,9 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// The fenced touches of a batch of step writes (at most one per order) and, for
     /// the orders it touched, their step records and history entries (`rows`, in
     /// order); returns the ids of the orders it touched. A refused touch writes none
-    /// of its rows.
+    /// of its rows. A touched order whose touch `complete`s is completed with it
+    /// (Processed, its lock released, its Completed entry after its steps'), or the
+    /// whole call fails (retryable) and the caller rolls back.
     async fn write_steps(
         conn: &mut Self::Conn,
         now: DateTime<Utc>,

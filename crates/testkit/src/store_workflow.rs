@@ -854,16 +854,58 @@ pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: 
         row(&*store, &f.order_id).await.process_state,
         ProcessState::Processing
     );
+    // In one batch with another order's write that does not complete it.
+    submit_n(&*store, 1).await;
+    let other = claim_one(&*store, &a, MINUTE).await;
+    store
+        .record_steps(&[start_first(&other.fence)])
+        .await
+        .unwrap();
+    let going_on = write(
+        &other.fence,
+        Some(0),
+        vec![
+            update(0, StepStatus::Succeeded),
+            update(1, StepStatus::Started),
+        ],
+    );
     last.fence = f.clone();
-    let applied = store.record_steps(&[last]).await.unwrap();
-    assert!(matches!(applied[..], [Ok(())]), "{applied:?}");
+    let applied = store.record_steps(&[going_on, last]).await.unwrap();
+    assert!(matches!(applied[..], [Ok(()), Ok(())]), "{applied:?}");
     let r = row(&*store, &f.order_id).await;
     assert_eq!(
         (r.process_state, r.locked_by, r.complete_by),
         (ProcessState::Processed, None, None)
     );
+    let history = store.get(&f.order_id).await.unwrap().history;
+    let kinds: Vec<HistoryKind> = history.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        &kinds[kinds.len() - 2..],
+        [HistoryKind::StepSucceeded, HistoryKind::Completed]
+    );
+    let completed = history.last().unwrap();
+    assert_eq!(
+        (
+            completed.from_state,
+            completed.to_state,
+            completed.epoch,
+            completed.step
+        ),
+        (
+            Some(ProcessState::Processing),
+            ProcessState::Processed,
+            f.epoch,
+            None
+        )
+    );
+    assert!(history.windows(2).all(|w| w[0].seq < w[1].seq));
+    let r = row(&*store, &other.fence.order_id).await;
+    assert_eq!(
+        (r.process_state, r.locked_by, r.current_step),
+        (ProcessState::Processing, Some(a.clone()), 1)
+    );
     let kinds: Vec<HistoryKind> = store
-        .get(&f.order_id)
+        .get(&other.fence.order_id)
         .await
         .unwrap()
         .history
@@ -872,7 +914,7 @@ pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: 
         .collect();
     assert_eq!(
         &kinds[kinds.len() - 2..],
-        [HistoryKind::StepSucceeded, HistoryKind::Completed]
+        [HistoryKind::StepSucceeded, HistoryKind::StepStarted]
     );
 }
 

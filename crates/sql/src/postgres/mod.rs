@@ -445,6 +445,7 @@ impl Driver for PgDriver {
                     "step": t.new_step,
                     "failed": t.failed,
                     "error": t.error,
+                    "complete": t.complete,
                     "steps": steps.remove(t.fence.order_id.as_str()).unwrap_or_default(),
                 })
             },
@@ -458,6 +459,7 @@ impl Driver for PgDriver {
                     .collect::<Vec<_>>(),
             )
             .bind(batch)
+            .bind(HistoryKind::Completed.as_str())
             .fetch_all(conn)
             .await
             .map_err(db)?;

@@ -292,10 +292,13 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
 /// The fenced, step-guarded touch of many step writes at once and, for the orders it
 /// touched, their step records and history entries: `$1` now, `$2` order ids, `$3` the
 /// batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the step it
-/// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error` and
-/// `steps`, its updates in order (`index`, `name`, `status`, `key`, `detail`, `kind`
-/// of history). Each order's records come from its own touched row (no join), its
-/// history entries in the order of its updates. Returns the orders touched.
+/// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error`,
+/// `complete` (the order completes with it: Processed, its lock released, a `$4`
+/// history entry after its steps') and `steps`, its updates in order (`index`,
+/// `name`, `status`, `key`, `detail`, `kind` of history). Each order's records come
+/// from its own touched row (no join), its history entries in the order of its
+/// updates. The completion is the touch itself: one new version of the state row,
+/// not two, and no statement of its own. Returns the orders touched.
 pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
     touched AS ( \
         UPDATE order_state s SET \
@@ -304,6 +307,12 @@ pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
                 THEN b.batch -> s.order_id ->> 'error' ELSE s.last_error END, \
             waiting_on = CASE WHEN (b.batch -> s.order_id ->> 'step')::int > s.current_step \
                 THEN NULL ELSE s.waiting_on END, \
+            process_state = CASE WHEN (b.batch -> s.order_id ->> 'complete')::bool \
+                THEN 'Processed' ELSE s.process_state END, \
+            locked_by = CASE WHEN (b.batch -> s.order_id ->> 'complete')::bool \
+                THEN NULL ELSE s.locked_by END, \
+            complete_by = CASE WHEN (b.batch -> s.order_id ->> 'complete')::bool \
+                THEN NULL ELSE s.complete_by END, \
             updated_at = $1 \
         FROM b \
         WHERE s.order_id = ANY($2::text[]) \
@@ -312,8 +321,9 @@ pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
             AND s.complete_by > $1 \
             AND ((b.batch -> s.order_id ->> 'expect')::int < 0 \
                 OR s.current_step = (b.batch -> s.order_id ->> 'expect')::int) \
-        RETURNING s.order_id, s.locked_by AS owner, s.lock_epoch AS epoch, \
-            b.batch -> s.order_id -> 'steps' AS steps), \
+        RETURNING s.order_id, b.batch -> s.order_id ->> 'owner' AS owner, \
+            s.lock_epoch AS epoch, b.batch -> s.order_id -> 'steps' AS steps, \
+            s.process_state = 'Processed' AS completed), \
     written AS ( \
         SELECT t.order_id, t.owner, t.epoch, u.n, (u.step ->> 'index')::int AS idx, \
             u.step ->> 'name' AS name, u.step ->> 'status' AS status, \
@@ -332,8 +342,13 @@ pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
     history AS ( \
         INSERT INTO order_history \
             (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
-        SELECT order_id, $1, owner, kind, 'Processing', 'Processing', epoch, idx, detail \
-        FROM written ORDER BY order_id, n) \
+        SELECT order_id, $1, owner, kind, 'Processing', to_state, epoch, idx, detail \
+        FROM (SELECT order_id, n, owner, kind, 'Processing' AS to_state, epoch, idx, detail \
+                FROM written \
+            UNION ALL \
+            SELECT order_id, NULL, owner, $4, 'Processed', epoch, NULL, NULL \
+                FROM touched WHERE completed) AS entries \
+        ORDER BY order_id, n NULLS LAST) \
     SELECT order_id FROM touched";
 
 /// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now

@@ -644,6 +644,28 @@ impl Driver for SqliteDriver {
         if !rows.is_empty() {
             Self::write_step_rows(conn, now, &rows).await?;
         }
+        let completing: Vec<&Fence> = touches
+            .iter()
+            .filter(|t| t.complete && touched.contains(t.fence.order_id.as_str()))
+            .map(|t| t.fence)
+            .collect();
+        if !completing.is_empty() {
+            let done = Self::complete_in(conn, now, &completing).await?;
+            if let Some(f) = completing
+                .iter()
+                .find(|f| !done.contains(f.order_id.as_str()))
+            {
+                // Under the fence and deadline the touch just passed, in this
+                // transaction: refuse the whole call rather than leave it half done.
+                return Err(orderly_core::Error::Unavailable(
+                    format!(
+                        "order {} could not be completed with its last step; retry",
+                        f.order_id
+                    )
+                    .into(),
+                ));
+            }
+        }
         Ok(touched)
     }
 

@@ -12,7 +12,7 @@ use orderly_core::store::{
     StepWrite, Taken, WorkflowCount, bounded_text, check_consuming,
 };
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
-use orderly_core::{Epoch, Error, Fence, InstanceId, OrderId, ProcessState, Result};
+use orderly_core::{Epoch, Fence, InstanceId, OrderId, ProcessState, Result};
 
 use super::steps::{check_update, step_row, touch};
 use super::{Event, SqlStore, checked_claim, timeout_micros};
@@ -107,31 +107,6 @@ impl<D: Driver> SqlStore<D> {
         }
         Ok(outcome)
     }
-
-    /// Completes `fences` with their last step's write, in its transaction; refuses the
-    /// whole batch if one could not be.
-    async fn complete_with_last_step(
-        conn: &mut D::Conn,
-        now: DateTime<Utc>,
-        completing: &[&Fence],
-    ) -> Result<()> {
-        let done = D::complete_in(conn, now, completing).await?;
-        if let Some(f) = completing
-            .iter()
-            .find(|f| !done.contains(f.order_id.as_str()))
-        {
-            // Under the same fence and deadline the step write just passed: refuse the
-            // whole batch rather than leave it half done.
-            return Err(Error::Unavailable(
-                format!(
-                    "order {} could not be completed with its last step; retry",
-                    f.order_id
-                )
-                .into(),
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[async_trait]
@@ -186,7 +161,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
         let touched = D::write_steps(
             &mut tx,
             now,
-            &[touch(fence, None, std::slice::from_ref(step))],
+            &[touch(fence, None, std::slice::from_ref(step), false)],
             vec![step_row(fence, step)],
         )
         .await?;
@@ -509,25 +484,18 @@ impl<D: Driver> SqlStore<D> {
         writes: &[StepWrite],
         messages: Option<&[ReceivedMessage]>,
     ) -> Result<Consumed<Result<()>>> {
+        // The last step's record and the completion are one write.
         let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
         let mut verdicts = Vec::with_capacity(writes.len());
         let mut sends = Vec::new();
-        let mut completing = Vec::new();
         for (w, refused) in writes.iter().zip(refusals) {
             match refused {
                 None => {
                     sends.extend(w.sends.iter().cloned());
-                    if w.complete {
-                        completing.push(&w.fence);
-                    }
                     verdicts.push(Ok(()));
                 }
                 Some(refused) => verdicts.push(Err(refused)),
             }
-        }
-        // The last step's record and the completion commit together.
-        if !completing.is_empty() {
-            Self::complete_with_last_step(&mut tx, now, &completing).await?;
         }
         // A write refused for a reason that may pass keeps its reply, to be tried again.
         let consuming = self.to_consume(messages, &verdicts, |v: &Result<()>| {

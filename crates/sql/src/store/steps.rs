@@ -29,11 +29,13 @@ pub(crate) fn progress(updates: &[StepUpdate]) -> (i32, Option<Option<String>>) 
     (new_step, failed)
 }
 
-/// The touch of `fence`'s order for `updates`, at step `expect` (if given).
+/// The touch of `fence`'s order for `updates`, at step `expect` (if given), completing
+/// the order with them if `complete`.
 pub(crate) fn touch<'a>(
     fence: &'a Fence,
     expect: Option<i32>,
     updates: &[StepUpdate],
+    complete: bool,
 ) -> Touch<'a> {
     let (new_step, failed) = progress(updates);
     Touch {
@@ -42,6 +44,7 @@ pub(crate) fn touch<'a>(
         new_step,
         failed: failed.is_some(),
         error: failed.flatten(),
+        complete,
     }
 }
 
@@ -120,7 +123,10 @@ impl<D: Driver> SqlStore<D> {
         if !bulk.is_empty() {
             let touches: Vec<Touch<'_>> = bulk
                 .iter()
-                .map(|&i| touch(&writes[i].fence, writes[i].expect_step, &writes[i].updates))
+                .map(|&i| {
+                    let w = &writes[i];
+                    touch(&w.fence, w.expect_step, &w.updates, w.complete)
+                })
                 .collect();
             let rows: Vec<StepRow<'_>> = bulk
                 .iter()
@@ -155,8 +161,13 @@ impl<D: Driver> SqlStore<D> {
     ) -> Result<Option<Error>> {
         let fence = &w.fence;
         if w.updates.is_empty() {
-            let touched =
-                D::write_steps(conn, now, &[touch(fence, w.expect_step, &[])], Vec::new()).await?;
+            let touched = D::write_steps(
+                conn,
+                now,
+                &[touch(fence, w.expect_step, &[], w.complete)],
+                Vec::new(),
+            )
+            .await?;
             if touched.is_empty() {
                 return Ok(Some(
                     Self::explain_step(conn, fence, now, w.expect_step).await,
@@ -166,10 +177,12 @@ impl<D: Driver> SqlStore<D> {
         }
         for (i, step) in w.updates.iter().enumerate() {
             let expect = if i == 0 { w.expect_step } else { None };
+            // The order completes with its last update.
+            let complete = w.complete && i + 1 == w.updates.len();
             let touched = D::write_steps(
                 conn,
                 now,
-                &[touch(fence, expect, std::slice::from_ref(step))],
+                &[touch(fence, expect, std::slice::from_ref(step), complete)],
                 vec![step_row(fence, step)],
             )
             .await?;
