@@ -683,7 +683,7 @@ impl<D: Driver> SqlStore<D> {
     /// asked for). A receive that may wait does not begin with a look when nothing was
     /// sent since a look began (one still running, or one that took all it saw): it
     /// waits for a send, the poll or the end of its wait, and looks then (always once
-    /// at least). It skips only while
+    /// at least). Woken for a send that such a look answers, it waits again. It skips only while
     /// other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
     /// not, and every receive begins with a look. Messages that come back without a
     /// send (a lock that ran out, a scheduled time reached) are found by the poll, as by
@@ -701,12 +701,12 @@ impl<D: Driver> SqlStore<D> {
     {
         let deadline = tokio::time::Instant::now() + wait;
         let signal = self.wakeups.of(queue.as_str());
-        let mut skip = !wait.is_zero()
-            && self
-                .wakeups
+        let hearing = || {
+            self.wakeups
                 .hearing
                 .load(std::sync::atomic::Ordering::Acquire)
-            && signal.is_drained();
+        };
+        let mut skip = !wait.is_zero() && hearing() && signal.is_drained();
         loop {
             let woken = signal.notify.notified();
             tokio::pin!(woken);
@@ -739,7 +739,14 @@ impl<D: Driver> SqlStore<D> {
             let nap = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .min(self.wakeups.poll);
-            let _ = tokio::time::timeout(nap, woken).await;
+            let by_send = tokio::time::timeout(nap, woken).await.is_ok();
+            // Woken for a send that a look begun since then answers (another
+            // receiver's, running or done): nothing here, wait for the next. Woken by
+            // the poll or the end of the wait: look.
+            skip = by_send
+                && hearing()
+                && signal.is_drained()
+                && tokio::time::Instant::now() < deadline;
         }
     }
 
@@ -1272,6 +1279,53 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert!(drive(b.as_mut(), POLL).await);
         assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(started.elapsed() < POLL / 10, "{:?}", started.elapsed());
+    }
+
+    /// A waiting receiver woken for a send that another receiver's look, begun after
+    /// it, answers does not look too (it would find that look's messages locked); the
+    /// next send it is woken for, it looks.
+    #[tokio::test]
+    async fn a_receiver_woken_for_a_send_a_later_look_answers_waits_for_the_next() {
+        let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        store
+            .wakeups
+            .hearing
+            .store(true, std::sync::atomic::Ordering::Release);
+        tokio::time::pause();
+        let queue = QueueName::parse("replies").unwrap();
+        let wait = Duration::from_secs(60);
+        let b_looks = std::sync::atomic::AtomicUsize::new(0);
+        let b = store.until_found(&queue, wait, || async {
+            let n = b_looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, &str>((n > 0).then_some(((), true)))
+        });
+        tokio::pin!(b);
+        // B looks, finds nothing, and waits.
+        assert!(!drive(b.as_mut(), Duration::from_millis(1)).await);
+        assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+        // A send wakes B; before B runs, A begins a look, which answers it.
+        store.wakeups.wake(queue.as_str());
+        let release = tokio::sync::Semaphore::new(0);
+        let a = store.until_found(&queue, wait, || async {
+            let _ = release.acquire().await;
+            Ok::<_, &str>(Some(((), true)))
+        });
+        tokio::pin!(a);
+        assert!(!drive(a.as_mut(), Duration::from_millis(1)).await);
+        assert!(!drive(b.as_mut(), POLL / 2).await);
+        assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 1);
+        release.add_permits(1);
+        assert!(drive(a.as_mut(), Duration::from_millis(1)).await);
+
+        // The next send: B looks at once.
+        store.wakeups.wake(queue.as_str());
+        let started = tokio::time::Instant::now();
+        assert!(drive(b.as_mut(), POLL).await);
+        assert_eq!(b_looks.load(std::sync::atomic::Ordering::Relaxed), 2);
         assert!(started.elapsed() < POLL / 10, "{:?}", started.elapsed());
     }
 
