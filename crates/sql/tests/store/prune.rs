@@ -301,12 +301,22 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     orderly_testkit::transport::churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
     let vacuumed = tidy_until_the_queue_is_vacuumed(&store, deadline).await;
     assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
-    assert_eq!(queue_stat(&store, "vacuum_count").await, 1);
-    let dead = queue_stat(&store, "n_dead_tup").await;
-    assert!(
-        dead < TIDY_MIN_DEAD as i64,
-        "{dead} dead rows after the vacuum"
-    );
+    assert!(queue_stat(&store, "vacuum_count").await >= 1);
+    // A vacuum removes only what no transaction may still see: the other tests'
+    // transactions in this database can hold the churn back a while, and the next
+    // tidy vacuums again.
+    loop {
+        let dead = queue_stat(&store, "n_dead_tup").await;
+        if dead < TIDY_MIN_DEAD as i64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{dead} dead rows after the vacuums"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.tidy().await.unwrap();
+    }
     // Nothing left to do right after.
     assert!(
         store
