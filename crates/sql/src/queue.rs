@@ -37,16 +37,16 @@ pub(crate) struct QueueSignal {
     sent: std::sync::atomic::AtomicU64,
     /// `sent` as it was when the latest look began: that look takes everything it can
     /// see or, when it cannot, wakes another receiver.
-    drained: std::sync::atomic::AtomicU64,
+    answered: std::sync::atomic::AtomicU64,
 }
 
 impl Default for QueueSignal {
     fn default() -> Self {
-        // `drained` behind `sent`: the first look is always made.
+        // `answered` behind `sent`: the first look is always made.
         Self {
             notify: Notify::new(),
             sent: 1.into(),
-            drained: 0.into(),
+            answered: 0.into(),
         }
     }
 }
@@ -59,14 +59,14 @@ impl QueueSignal {
 
     /// A look began when `sent` was `before`: it takes all it can see, or wakes another
     /// receiver when it cannot.
-    fn drained_at(&self, before: u64) {
-        self.drained
+    fn look_began(&self, before: u64) {
+        self.answered
             .fetch_max(before, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Nothing was sent since the latest look began.
-    fn is_drained(&self) -> bool {
-        self.drained.load(std::sync::atomic::Ordering::Acquire) == self.sent()
+    fn all_answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Acquire) == self.sent()
     }
 
     /// Something was sent: one waiting receiver is woken (or, with none waiting, the
@@ -683,8 +683,8 @@ impl<D: Driver> SqlStore<D> {
     /// asked for). A receive that may wait does not begin with a look when nothing was
     /// sent since a look began (one still running, or one that took all it saw): it
     /// waits for a send, the poll or the end of its wait, and looks then (always once
-    /// at least). Woken for a send that such a look answers, it waits again. It skips only while
-    /// other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
+    /// at least). Woken for a send that such a look answers, it waits again. It skips
+    /// only while other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
     /// not, and every receive begins with a look. Messages that come back without a
     /// send (a lock that ran out, a scheduled time reached) are found by the poll, as by
     /// a receiver that was waiting. One that took a whole batch wakes another
@@ -701,12 +701,15 @@ impl<D: Driver> SqlStore<D> {
     {
         let deadline = tokio::time::Instant::now() + wait;
         let signal = self.wakeups.of(queue.as_str());
-        let hearing = || {
+        // Every send heard so far is answered by a look begun since (this process's
+        // and, while they are heard, other processes'): no look of one's own.
+        let answered = || {
             self.wakeups
                 .hearing
                 .load(std::sync::atomic::Ordering::Acquire)
+                && signal.all_answered()
         };
-        let mut skip = !wait.is_zero() && hearing() && signal.is_drained();
+        let mut skip = !wait.is_zero() && answered();
         loop {
             let woken = signal.notify.notified();
             tokio::pin!(woken);
@@ -718,7 +721,7 @@ impl<D: Driver> SqlStore<D> {
                 // nothing: a statement, on the take-and-act path a transaction, for
                 // nothing). A look that cannot answer them all, having taken a whole
                 // batch or failed, wakes another receiver.
-                signal.drained_at(signal.sent());
+                signal.look_began(signal.sent());
                 match look().await {
                     Ok(Some((found, true))) => return Ok(Some(found)),
                     Ok(Some((found, false))) => {
@@ -743,10 +746,7 @@ impl<D: Driver> SqlStore<D> {
             // Woken for a send that a look begun since then answers (another
             // receiver's, running or done): nothing here, wait for the next. Woken by
             // the poll or the end of the wait: look.
-            skip = by_send
-                && hearing()
-                && signal.is_drained()
-                && tokio::time::Instant::now() < deadline;
+            skip = by_send && answered() && tokio::time::Instant::now() < deadline;
         }
     }
 
@@ -1203,25 +1203,39 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_counts_as_drained_only_until_the_next_send() {
+    fn sends_count_as_answered_only_until_the_next_send() {
         let s = QueueSignal::default();
-        assert!(!s.is_drained(), "the first look is always made");
+        assert!(!s.all_answered(), "the first look is always made");
         let before = s.sent();
-        s.drained_at(before);
-        assert!(s.is_drained());
+        s.look_began(before);
+        assert!(s.all_answered());
         // A send committed after a look began: the look may not have seen it.
         let before = s.sent();
         s.sent_one();
-        s.drained_at(before);
-        assert!(!s.is_drained());
+        s.look_began(before);
+        assert!(!s.all_answered());
         let before = s.sent();
-        s.drained_at(before);
-        assert!(s.is_drained());
-        // An older look finishing last does not undo a newer one's finding.
-        s.drained_at(before - 1);
-        assert!(s.is_drained());
+        s.look_began(before);
+        assert!(s.all_answered());
+        // A look that read the count earlier, marking last, does not undo a later one.
+        s.look_began(before - 1);
+        assert!(s.all_answered());
         s.anything();
-        assert!(!s.is_drained());
+        assert!(!s.all_answered());
+    }
+
+    /// A store whose receives may skip a look, as on PostgreSQL while its `LISTEN`
+    /// stands (other processes' sends are heard), on the paused clock; and its queue.
+    async fn hearing_store() -> (crate::SqliteStore, QueueName) {
+        let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        store
+            .wakeups
+            .hearing
+            .store(true, std::sync::atomic::Ordering::Release);
+        tokio::time::pause();
+        (store, QueueName::parse("replies").unwrap())
     }
 
     /// Drives `f` for `d` of the (paused) clock; whether it finished.
@@ -1238,16 +1252,7 @@ mod tests {
     /// nothing), but waits; and a look that fails wakes it at once, not at its poll.
     #[tokio::test]
     async fn a_receiver_back_while_a_look_runs_waits_and_a_failed_look_wakes_it() {
-        let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
-            .await
-            .unwrap();
-        // Other processes' sends are heard, as on PostgreSQL while its LISTEN stands.
-        store
-            .wakeups
-            .hearing
-            .store(true, std::sync::atomic::Ordering::Release);
-        tokio::time::pause();
-        let queue = QueueName::parse("replies").unwrap();
+        let (store, queue) = hearing_store().await;
         let wait = Duration::from_secs(60);
         let (a_looks, b_looks) = (
             std::sync::atomic::AtomicUsize::new(0),
@@ -1287,15 +1292,7 @@ mod tests {
     /// next send it is woken for, it looks.
     #[tokio::test]
     async fn a_receiver_woken_for_a_send_a_later_look_answers_waits_for_the_next() {
-        let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
-            .await
-            .unwrap();
-        store
-            .wakeups
-            .hearing
-            .store(true, std::sync::atomic::Ordering::Release);
-        tokio::time::pause();
-        let queue = QueueName::parse("replies").unwrap();
+        let (store, queue) = hearing_store().await;
         let wait = Duration::from_secs(60);
         let b_looks = std::sync::atomic::AtomicUsize::new(0);
         let b = store.until_found(&queue, wait, || async {

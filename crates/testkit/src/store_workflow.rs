@@ -36,6 +36,18 @@ fn start_first(fence: &Fence) -> StepWrite {
     write(fence, Some(0), vec![update(0, StepStatus::Started)])
 }
 
+/// The first step's success and the second's start, as its reply's write.
+fn first_done(fence: &Fence) -> StepWrite {
+    write(
+        fence,
+        Some(0),
+        vec![
+            update(0, StepStatus::Succeeded),
+            update(1, StepStatus::Started),
+        ],
+    )
+}
+
 /// One transaction, many orders: each write is applied or refused on its own, and a
 /// refused one changes nothing. A repeated reply is refused as a stale step.
 pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
@@ -49,14 +61,7 @@ pub async fn record_steps_applies_each_write_or_refuses_it_alone(ctx: &Ctx) {
         owner: a.clone(),
         ..three.fence.clone()
     };
-    let advance = write(
-        &one.fence,
-        Some(0),
-        vec![
-            update(0, StepStatus::Succeeded),
-            update(1, StepStatus::Started),
-        ],
-    );
+    let advance = first_done(&one.fence);
     let verdicts = store
         .record_steps(&[
             advance.clone(),
@@ -626,14 +631,7 @@ async fn apply(store: &dyn orderly_core::store::StateStore, w: StepWrite) {
 /// From step 0 started: steps 0 and 1 done, step 2 failed.
 async fn fail_the_last_step(store: &dyn orderly_core::store::StateStore, f: &Fence) {
     for w in [
-        write(
-            f,
-            Some(0),
-            vec![
-                update(0, StepStatus::Succeeded),
-                update(1, StepStatus::Started),
-            ],
-        ),
+        first_done(f),
         write(
             f,
             Some(1),
@@ -861,14 +859,7 @@ pub async fn recording_the_last_step_completes_the_order_in_the_same_write(ctx: 
         .record_steps(&[start_first(&other.fence)])
         .await
         .unwrap();
-    let going_on = write(
-        &other.fence,
-        Some(0),
-        vec![
-            update(0, StepStatus::Succeeded),
-            update(1, StepStatus::Started),
-        ],
-    );
+    let going_on = first_done(&other.fence);
     last.fence = f.clone();
     let applied = store.record_steps(&[going_on, last]).await.unwrap();
     assert!(matches!(applied[..], [Ok(()), Ok(())]), "{applied:?}");
