@@ -383,6 +383,26 @@ pub(crate) struct SentAndCompleted {
     pub completed: HashMap<i64, String>,
 }
 
+/// A message a step write sends if its order is touched ([`Driver::write_steps_sending`]).
+pub(crate) struct StepSend<'a> {
+    pub order_id: &'a str,
+    pub queue: &'a orderly_core::transport::QueueName,
+    pub row: MessageRow<'a>,
+}
+
+/// A delivery a step write ends if its order is touched ([`Driver::write_steps_sending`]).
+pub(crate) struct StepHold<'a> {
+    pub order_id: &'a str,
+    pub held: &'a ReceivedMessage,
+}
+
+/// What [`Driver::write_steps_sending`] did: the orders it touched and the holds it
+/// completed (seq and lock token).
+pub(crate) struct StepsSent {
+    pub touched: HashSet<String>,
+    pub completed: HashMap<i64, String>,
+}
+
 /// The fenced touch of one step write, decided by the shared code: the step it must be
 /// at (-1: any), the step to move to (-1: none), whether a step failed and its error,
 /// and whether its order completes with it (its last step's record).
@@ -458,6 +478,9 @@ pub(crate) struct Statements {
     /// their own ([`Driver::send_and_complete_alone`]) when nothing else shares their
     /// transaction.
     pub sends_alone: bool,
+    /// Whether a batch of step writes sends what it causes and ends the deliveries
+    /// that asked for it in its own statement ([`Driver::write_steps_sending`]).
+    pub steps_send: bool,
     /// Leases unsent outbox rows: `$1` relay, `$2` lease end, `$3` now, `$4` limit.
     pub o_lease: &'static str,
     /// Outbox rows `$1` (list) of relay `$2` dead at `$3` for reason `$4`.
@@ -602,6 +625,23 @@ pub(crate) trait Driver: Send + Sync + 'static {
         touches: &[Touch<'_>],
         rows: Vec<StepRow<'_>>,
     ) -> Result<HashSet<String>>;
+    /// [`Self::write_steps`] that, for the orders it touched and no others, also
+    /// inserts their messages `sends` (into queues that detect no duplicates) and
+    /// completes their holds `holds`, in the same statement; other processes hear, at
+    /// commit, of each queue that got any (the origin `origin`, as in
+    /// [`crate::queue::Wakeups::notice`]). `None` where the dialect has no such
+    /// statement: the caller writes, then sends.
+    async fn write_steps_sending(
+        _conn: &mut Self::Conn,
+        _now: DateTime<Utc>,
+        _touches: &[Touch<'_>],
+        _rows: Vec<StepRow<'_>>,
+        _sends: &[StepSend<'_>],
+        _holds: &[StepHold<'_>],
+        _origin: &str,
+    ) -> Result<Option<StepsSent>> {
+        Ok(None)
+    }
     /// Inserts the orders whose id is new (details, Pending state row, Submitted
     /// history entry by `actor`), each id once; returns the ids inserted.
     async fn insert_orders(

@@ -22,7 +22,7 @@ use orderly_core::transport::{
     SendOutcome, Transport, TransportError,
 };
 
-use crate::driver::{Driver, LookThenTake, MessageRow, Receive, q};
+use crate::driver::{Driver, LookThenTake, MessageRow, Receive, StepSend, q};
 use crate::rows::{Cols, dead_letter_columns};
 use crate::store::SqlStore;
 use crate::time::Ts;
@@ -204,6 +204,11 @@ impl Wakeups {
         format!("{what} {}", self.origin)
     }
 
+    /// The origin this store's notices carry ([`Self::notice`]).
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// A notification heard by the listener (see [`Self::notice`]). This store's own
     /// are ignored: its receivers were woken when it committed. One without an origin
     /// (an older version's) wakes as well.
@@ -373,6 +378,42 @@ fn message_rows<'m>(
         });
     }
     Ok((rows, repeated))
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// The messages `writes` send, each with its write's order id, as rows a step write
+    /// inserts itself ([`Driver::write_steps_sending`]): `None` unless each is valid and
+    /// goes to a queue that detects no duplicates, which the statement cannot check.
+    /// Each queue's settings are read here if they are not known (`QueueNotFound` for
+    /// one never declared, as a send's).
+    pub(crate) async fn step_sends<'w>(
+        &self,
+        conn: &mut D::Conn,
+        writes: &'w [orderly_core::store::StepWrite],
+    ) -> Result<Option<Vec<StepSend<'w>>>> {
+        let mut sends = Vec::new();
+        for w in writes {
+            for envelope in &w.sends {
+                if envelope.message.validate().is_err() {
+                    return Ok(None);
+                }
+                let settings = self.queue_settings(&mut *conn, &envelope.queue).await?;
+                if settings.dedup_ms > 0 {
+                    return Ok(None);
+                }
+                let (mut rows, _) = message_rows(std::iter::once(&envelope.message), false)?;
+                let Some(row) = rows.pop() else {
+                    return Ok(None);
+                };
+                sends.push(StepSend {
+                    order_id: w.fence.order_id.as_str(),
+                    queue: &envelope.queue,
+                    row,
+                });
+            }
+        }
+        Ok(Some(sends))
+    }
 }
 
 impl<D: Driver> SqlStore<D> {

@@ -21,8 +21,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::driver::{
-    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepRow,
-    Touch, q,
+    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepHold,
+    StepRow, StepSend, StepsSent, Touch, q,
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
@@ -201,6 +201,46 @@ fn complete_query(
         .bind(ids)
         .bind(batch)
         .bind(HistoryKind::Completed.as_str())
+}
+
+/// A batch of step writes as [`sql::WRITE_STEPS`] takes it: the order ids and the
+/// batch object (per order its touch and, in order, its step records).
+fn steps_batch(touches: &[Touch<'_>], rows: &[StepRow<'_>]) -> (Vec<String>, serde_json::Value) {
+    let mut steps: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
+    for r in rows {
+        steps
+            .entry(r.fence.order_id.as_str())
+            .or_default()
+            .push(serde_json::json!({
+                "index": r.index,
+                "name": r.name,
+                "status": r.status,
+                "key": r.idempotency_key,
+                "detail": r.detail,
+                "kind": r.kind,
+            }));
+    }
+    let batch = batch_of(
+        touches,
+        |t| t.fence.order_id.as_str(),
+        |t| {
+            serde_json::json!({
+                "owner": t.fence.owner.as_str(),
+                "epoch": t.fence.epoch.0,
+                "expect": t.expect,
+                "step": t.new_step,
+                "failed": t.failed,
+                "error": t.error,
+                "complete": t.complete,
+                "steps": steps.remove(t.fence.order_id.as_str()).unwrap_or_default(),
+            })
+        },
+    );
+    let ids = touches
+        .iter()
+        .map(|t| t.fence.order_id.as_str().to_owned())
+        .collect();
+    (ids, batch)
 }
 
 /// What [`sql::Q_SEND`] returns: how many it inserted, and per completed hold its seq
@@ -420,50 +460,92 @@ impl Driver for PgDriver {
         touches: &[Touch<'_>],
         rows: Vec<StepRow<'_>>,
     ) -> Result<HashSet<String>> {
-        let mut steps: HashMap<&str, Vec<serde_json::Value>> = HashMap::new();
-        for r in &rows {
-            steps
-                .entry(r.fence.order_id.as_str())
-                .or_default()
-                .push(serde_json::json!({
-                    "index": r.index,
-                    "name": r.name,
-                    "status": r.status,
-                    "key": r.idempotency_key,
-                    "detail": r.detail,
-                    "kind": r.kind,
-                }));
-        }
-        let batch = batch_of(
-            touches,
-            |t| t.fence.order_id.as_str(),
-            |t| {
-                serde_json::json!({
-                    "owner": t.fence.owner.as_str(),
-                    "epoch": t.fence.epoch.0,
-                    "expect": t.expect,
-                    "step": t.new_step,
-                    "failed": t.failed,
-                    "error": t.error,
-                    "complete": t.complete,
-                    "steps": steps.remove(t.fence.order_id.as_str()).unwrap_or_default(),
-                })
-            },
-        );
+        let (ids, batch) = steps_batch(touches, &rows);
         let rows = sqlx::query(sql::WRITE_STEPS)
             .bind(Ts(now))
-            .bind(
-                touches
-                    .iter()
-                    .map(|t| t.fence.order_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(ids)
             .bind(batch)
             .bind(HistoryKind::Completed.as_str())
             .fetch_all(conn)
             .await
             .map_err(db)?;
         order_ids(rows)
+    }
+
+    /// One statement: the touch, the records and history, the sends and the
+    /// completions of what it touched.
+    async fn write_steps_sending(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        touches: &[Touch<'_>],
+        rows: Vec<StepRow<'_>>,
+        sends: &[StepSend<'_>],
+        holds: &[StepHold<'_>],
+        origin: &str,
+    ) -> Result<Option<StepsSent>> {
+        let (ids, batch) = steps_batch(touches, &rows);
+        let rows: Vec<(Option<String>, Option<i64>, Option<String>)> =
+            sqlx::query_as(sql::WRITE_STEPS_SENDING)
+                .bind(Ts(now))
+                .bind(ids)
+                .bind(batch)
+                .bind(HistoryKind::Completed.as_str())
+                .bind(sends.iter().map(|m| m.order_id).collect::<Vec<_>>())
+                .bind(sends.iter().map(|m| m.queue.as_str()).collect::<Vec<_>>())
+                .bind(sends.iter().map(|m| m.row.message_id).collect::<Vec<_>>())
+                .bind(
+                    sends
+                        .iter()
+                        .map(|m| m.row.correlation_id)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    sends
+                        .iter()
+                        .map(|m| m.row.properties.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(sends.iter().map(|m| m.row.body).collect::<Vec<_>>())
+                .bind(
+                    sends
+                        .iter()
+                        .map(|m| m.row.scheduled_at.map(|at| at.0))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(crate::queue::CHANNEL)
+                .bind(origin)
+                .bind(holds.iter().map(|h| h.order_id).collect::<Vec<_>>())
+                .bind(
+                    holds
+                        .iter()
+                        .map(|h| h.held.sequence_number)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    holds
+                        .iter()
+                        .map(|h| h.held.lock_token.0.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(conn)
+                .await
+                .map_err(db)?;
+        let mut sent = StepsSent {
+            touched: HashSet::with_capacity(touches.len()),
+            completed: HashMap::with_capacity(holds.len()),
+        };
+        for (order_id, seq, token) in rows {
+            match (order_id, seq.zip(token)) {
+                (Some(order_id), _) => {
+                    sent.touched.insert(order_id);
+                }
+                (None, Some((seq, token))) => {
+                    sent.completed.insert(seq, token);
+                }
+                (None, None) => {}
+            }
+        }
+        Ok(Some(sent))
     }
 
     // The batch statements are prepared once per connection and their plans kept: an

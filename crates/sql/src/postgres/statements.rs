@@ -19,6 +19,7 @@ pub(crate) const SQL: Statements = Statements {
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement(Q_RECEIVE),
     sends_alone: true,
+    steps_send: true,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
     o_sent: O_SENT,
@@ -289,17 +290,13 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
         SELECT order_id, at, owner, $4, 'Processing', 'Processed', lock_epoch FROM done) \
     SELECT order_id FROM done";
 
-/// The fenced, step-guarded touch of many step writes at once and, for the orders it
-/// touched, their step records and history entries: `$1` now, `$2` order ids, `$3` the
-/// batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the step it
-/// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error`,
-/// `complete` (the order completes with it: Processed, its lock released, a `$4`
-/// history entry after its steps') and `steps`, its updates in order (`index`,
-/// `name`, `status`, `key`, `detail`, `kind` of history). Each order's records come
-/// from its own touched row (no join), its history entries in the order of its
-/// updates. The completion is the touch itself: one new version of the state row,
-/// not two, and no statement of its own. Returns the orders touched.
-pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
+/// The CTEs of [`WRITE_STEPS`] and [`WRITE_STEPS_SENDING`] (`touched`, `written`,
+/// `records`, `history`), then `$more` (further CTEs, each starting with a comma) and
+/// `$select`, the statement's result.
+macro_rules! write_steps {
+    ($more:expr, $select:expr) => {
+        concat!(
+            "WITH b AS (SELECT $3::jsonb AS batch), \
     touched AS ( \
         UPDATE order_state s SET \
             current_step = greatest(s.current_step, (b.batch -> s.order_id ->> 'step')::int), \
@@ -348,8 +345,64 @@ pub(crate) const WRITE_STEPS: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
             UNION ALL \
             SELECT order_id, NULL, owner, $4, 'Processed', epoch, NULL, NULL \
                 FROM touched WHERE completed) AS entries \
-        ORDER BY order_id, n NULLS LAST) \
-    SELECT order_id FROM touched";
+        ORDER BY order_id, n NULLS LAST)",
+            $more,
+            " ",
+            $select
+        )
+    };
+}
+
+/// The fenced, step-guarded touch of many step writes at once and, for the orders it
+/// touched, their step records and history entries: `$1` now, `$2` order ids, `$3` the
+/// batch ([`batch_of`]): per order id `owner`, `epoch`, `expect` (the step it
+/// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error`,
+/// `complete` (the order completes with it: Processed, its lock released, a `$4`
+/// history entry after its steps') and `steps`, its updates in order (`index`,
+/// `name`, `status`, `key`, `detail`, `kind` of history). Each order's records come
+/// from its own touched row (no join), its history entries in the order of its
+/// updates. The completion is the touch itself: one new version of the state row,
+/// not two, and no statement of its own. Returns the orders touched.
+pub(crate) const WRITE_STEPS: &str = write_steps!("", "SELECT order_id FROM touched");
+
+/// [`WRITE_STEPS`] that also sends what the writes of the orders it touched cause and
+/// ends the deliveries that asked for them, all in the one statement: for a scheduler,
+/// the step write, the next requests and the reply's completion are one round trip,
+/// not one per queue and one more for the write. Only an order touched sends or
+/// consumes: a refused write leaves both to its caller. `$5..$11` the messages, in
+/// order: their order ids, queues (none of which detects duplicates: this does not
+/// read a window), ids, correlations, properties, bodies and scheduled times (NULL:
+/// at once; each visible from the later of that and `$1`); each queue that got any
+/// notifies channel `$12` of its name and the origin `$13` (delivered at commit).
+/// `$14..$16` the holds to complete: order ids, seqs and lock tokens (still held
+/// under that token and lock not expired at `$1`). Returns one row per order touched
+/// (`order_id`) and one per hold completed (`seq`, `lock_token`).
+pub(crate) const WRITE_STEPS_SENDING: &str = write_steps!(
+    ", sent AS ( \
+        INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT m.queue, m.id, m.correlation, m.properties, m.body, $1, \
+            greatest(coalesce(m.scheduled, $1), $1) \
+        FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
+                $10::bytea[], $11::timestamptz[]) WITH ORDINALITY \
+            AS m(order_id, queue, id, correlation, properties, body, scheduled, n) \
+        WHERE m.order_id IN (SELECT order_id FROM touched) \
+        ORDER BY m.n \
+        RETURNING queue), \
+    notified AS ( \
+        SELECT pg_notify($12, s.queue || ' ' || $13) FROM (SELECT DISTINCT queue FROM sent) s), \
+    completed AS ( \
+        DELETE FROM queue_messages q \
+        USING unnest($14::text[], $15::bigint[], $16::text[]) AS h(order_id, seq, token) \
+        WHERE h.order_id IN (SELECT order_id FROM touched) \
+            AND q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $1 \
+        RETURNING q.seq, q.lock_token)",
+    "SELECT t.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
+        (SELECT count(*) FROM notified) AS notified \
+    FROM touched t \
+    UNION ALL \
+    SELECT NULL, c.seq, c.lock_token, NULL FROM completed c"
+);
 
 /// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
 /// or NULL, `$2` limit.

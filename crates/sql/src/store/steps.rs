@@ -5,10 +5,11 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use orderly_core::store::{StepUpdate, StepWrite, bounded_text};
+use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, ProcessState, Result, StepStatus};
 
 use super::{SqlStore, step_kind};
-use crate::driver::{Driver, StepRow, Touch};
+use crate::driver::{Driver, StepHold, StepRow, Touch};
 use crate::fence::refusal;
 
 /// What a write's updates do to the order's row: the step it moves to (the step after
@@ -73,6 +74,51 @@ pub(crate) fn check_update(step: &StepUpdate) -> Result<()> {
     Ok(())
 }
 
+/// What [`SqlStore::write_and_send`] did: per write its refusal (`None`: applied) and
+/// whether its delivery was ended, and the queues to wake once it has committed.
+pub(crate) struct WrittenAndSent {
+    pub refusals: Vec<Option<Error>>,
+    pub ended: Vec<bool>,
+    pub woken: Vec<QueueName>,
+}
+
+/// The writes of a batch that go together ([`Driver::write_steps`]: with updates, for
+/// distinct orders and distinct steps), and those applied one after the other.
+fn bulk_and_alone(writes: &[StepWrite]) -> (Vec<usize>, Vec<usize>) {
+    let mut seen = HashSet::new();
+    (0..writes.len()).partition(|&i| {
+        let w = &writes[i];
+        let mut steps = HashSet::new();
+        !w.updates.is_empty()
+            && w.updates.iter().all(|u| steps.insert(u.index))
+            && seen.insert(w.fence.order_id.as_str())
+    })
+}
+
+/// The touches and step rows of the writes `bulk`.
+fn touches_and_rows<'w>(
+    writes: &'w [StepWrite],
+    bulk: &[usize],
+) -> (Vec<Touch<'w>>, Vec<StepRow<'w>>) {
+    let touches = bulk
+        .iter()
+        .map(|&i| {
+            let w = &writes[i];
+            touch(&w.fence, w.expect_step, &w.updates, w.complete)
+        })
+        .collect();
+    let rows = bulk
+        .iter()
+        .flat_map(|&i| {
+            writes[i]
+                .updates
+                .iter()
+                .map(move |u| step_row(&writes[i].fence, u))
+        })
+        .collect();
+    (touches, rows)
+}
+
 impl<D: Driver> SqlStore<D> {
     /// Why a step write matched no row: [`refusal`], or `StaleStep` when only the step
     /// guard failed.
@@ -111,32 +157,10 @@ impl<D: Driver> SqlStore<D> {
         writes: &[StepWrite],
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<Error>>> {
-        let mut seen = HashSet::new();
-        let (bulk, alone): (Vec<usize>, Vec<usize>) = (0..writes.len()).partition(|&i| {
-            let w = &writes[i];
-            let mut steps = HashSet::new();
-            !w.updates.is_empty()
-                && w.updates.iter().all(|u| steps.insert(u.index))
-                && seen.insert(w.fence.order_id.as_str())
-        });
+        let (bulk, alone) = bulk_and_alone(writes);
         let mut refusals: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
         if !bulk.is_empty() {
-            let touches: Vec<Touch<'_>> = bulk
-                .iter()
-                .map(|&i| {
-                    let w = &writes[i];
-                    touch(&w.fence, w.expect_step, &w.updates, w.complete)
-                })
-                .collect();
-            let rows: Vec<StepRow<'_>> = bulk
-                .iter()
-                .flat_map(|&i| {
-                    writes[i]
-                        .updates
-                        .iter()
-                        .map(move |u| step_row(&writes[i].fence, u))
-                })
-                .collect();
+            let (touches, rows) = touches_and_rows(writes, &bulk);
             let touched = D::write_steps(conn, now, &touches, rows).await?;
             for &i in &bulk {
                 let w = &writes[i];
@@ -150,6 +174,80 @@ impl<D: Driver> SqlStore<D> {
             refusals[i] = Self::apply_step_write(conn, &writes[i], now).await?;
         }
         Ok(refusals)
+    }
+
+    /// [`Self::apply_step_writes`] with, in the same statement, the sends of the
+    /// writes applied and the completion of their deliveries (`holds`, one per write):
+    /// where the dialect has such a statement ([`Driver::write_steps_sending`]), the
+    /// store sends through its queue, and every write and send can go in it (writes
+    /// with updates, for distinct orders and distinct steps; sends as
+    /// [`Self::step_sends`]). `None` otherwise, with nothing done: the caller applies,
+    /// then sends.
+    pub(crate) async fn write_and_send(
+        &self,
+        conn: &mut D::Conn,
+        writes: &[StepWrite],
+        now: DateTime<Utc>,
+        holds: Option<&[ReceivedMessage]>,
+    ) -> Result<Option<WrittenAndSent>> {
+        if !D::SQL.steps_send || self.delivery != crate::Delivery::Queue || writes.is_empty() {
+            return Ok(None);
+        }
+        let (bulk, alone) = bulk_and_alone(writes);
+        if !alone.is_empty() {
+            return Ok(None);
+        }
+        let Some(sends) = self
+            .step_sends(&mut *conn, writes)
+            .await
+            .map_err(|e| Error::Send(Box::new(e)))?
+        else {
+            return Ok(None);
+        };
+        let step_holds: Vec<StepHold<'_>> = holds
+            .unwrap_or_default()
+            .iter()
+            .zip(writes)
+            .map(|(held, w)| StepHold {
+                order_id: w.fence.order_id.as_str(),
+                held,
+            })
+            .collect();
+        let (touches, rows) = touches_and_rows(writes, &bulk);
+        let Some(sent) = D::write_steps_sending(
+            conn,
+            now,
+            &touches,
+            rows,
+            &sends,
+            &step_holds,
+            self.wakeups.origin(),
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let mut refusals: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
+        for (i, w) in writes.iter().enumerate() {
+            if !sent.touched.contains(w.fence.order_id.as_str()) {
+                refusals[i] = Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
+            }
+        }
+        let mut ended = vec![false; writes.len()];
+        for (i, h) in step_holds.iter().enumerate() {
+            ended[i] = sent.completed.get(&h.held.sequence_number) == Some(&h.held.lock_token.0);
+        }
+        let mut woken: Vec<QueueName> = Vec::new();
+        for s in sends.iter().filter(|s| sent.touched.contains(s.order_id)) {
+            if !woken.contains(s.queue) {
+                woken.push(s.queue.clone());
+            }
+        }
+        Ok(Some(WrittenAndSent {
+            refusals,
+            ended,
+            woken,
+        }))
     }
 
     /// One write, update by update: `Some(refusal)` if it was refused (nothing of it

@@ -493,6 +493,137 @@ async fn check_take(
     );
 }
 
+/// The messages a batch of step writes causes, sent with it: to several queues at
+/// once, each in the order the writes give them; at the time one was scheduled for;
+/// none for a write refused; a queue that detects duplicates drops a repeated id as
+/// it does for any send. A delivery whose lock was lost is not ended, though its write
+/// applies (the caller's settle then fails, and a later redelivery finds the step
+/// recorded); one still held is.
+async fn check_sends(store: Arc<dyn StoreAndQueue>, clock: ManualClock) {
+    let actor = builders::submitter();
+    for n in 30..34 {
+        store
+            .submit(&builders::order(n), &actor, &[])
+            .await
+            .unwrap();
+    }
+    let (replies, a, b, dedup) = (
+        queue("replies"),
+        queue("agent.a"),
+        queue("agent.b"),
+        queue("agent.dedup"),
+    );
+    // As orderly creates them: replies and step requests detect no duplicates.
+    for q in [&replies, &a, &b] {
+        store
+            .ensure_queue(
+                q,
+                &QueueSettings {
+                    duplicate_detection_window: Duration::ZERO,
+                    ..QueueSettings::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .ensure_queue(&dedup, &QueueSettings::default())
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("scheduler-sends").unwrap(),
+            limit: 10,
+            timeout: 10 * MINUTE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 4);
+    let fences: Vec<Fence> = claimed.iter().map(|c| c.fence.clone()).collect();
+    let to = |q: &QueueName, id: &str| Envelope {
+        queue: q.clone(),
+        message: OutgoingMessage::new(id, id.as_bytes().to_vec()),
+    };
+    let write = |fence: &Fence, expect: i32, sends: Vec<Envelope>| StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: Some(expect),
+        updates: vec![StepUpdate {
+            index: expect,
+            name: format!("step-{expect}"),
+            status: StepStatus::Succeeded,
+            detail: None,
+            idempotency_key: format!("sends-{}-{expect}", fence.order_id),
+        }],
+        sends,
+    };
+    let mut later = to(&a, "a-later");
+    later.message.scheduled_enqueue_time =
+        Some(orderly_core::Clock::now(&clock) + chrono::Duration::seconds(40));
+    let writes = [
+        write(&fences[0], 0, vec![to(&a, "a-1"), later]),
+        write(&fences[1], 0, vec![to(&b, "b-1"), to(&b, "b-2")]),
+        write(&fences[2], 5, vec![to(&a, "a-stale"), to(&b, "b-stale")]),
+        write(&fences[3], 0, vec![to(&a, "a-2")]),
+    ];
+    let m = held(&*store, &replies, &["r0", "r1", "r2", "r3"]).await;
+    let messages = [m[0].clone(), m[1].clone(), m[2].clone(), lock_lost(&m[3])];
+    let Consumed { outcomes, consumed } = store
+        .record_steps_consuming(&writes, &messages)
+        .await
+        .unwrap();
+    assert!(
+        outcomes[0].is_ok() && outcomes[1].is_ok() && outcomes[3].is_ok(),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[2], Err(Error::StaleStep { .. })),
+        "{outcomes:?}"
+    );
+    assert_eq!(consumed, [true, true, true, false]);
+    for f in [&fences[0], &fences[1], &fences[3]] {
+        let steps = store.steps(&f.order_id).await.unwrap();
+        assert_eq!(steps.len(), 1, "{}", f.order_id);
+        assert_eq!(steps[0].status, StepStatus::Succeeded);
+    }
+    assert!(store.steps(&fences[2].order_id).await.unwrap().is_empty());
+    let ids = |got: &[ReceivedMessage]| -> Vec<String> {
+        got.iter().map(|m| m.message_id.clone()).collect()
+    };
+    let got_a = store.receive(&a, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got_a), ["a-1", "a-2"]);
+    let got_b = store.receive(&b, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got_b), ["b-1", "b-2"]);
+    for got in got_a.iter().chain(&got_b) {
+        Transport::complete(&*store, got).await.unwrap();
+    }
+    // The lost hold is still the queue's: its holder settles it.
+    Transport::complete(&*store, &m[3]).await.unwrap();
+    // The scheduled one, at its time; the ended replies are gone for good.
+    clock.advance(Duration::from_secs(41));
+    let got_a = store.receive(&a, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got_a), ["a-later"]);
+    Transport::complete(&*store, &got_a[0]).await.unwrap();
+    assert!(redelivered(&*store, &clock, &replies).await.is_empty());
+
+    // To a queue that detects duplicates: an id sent again within its window is dropped.
+    let m = held(&*store, &replies, &["r4", "r5"]).await;
+    let writes = [
+        write(&fences[0], 1, vec![to(&dedup, "d-1")]),
+        write(&fences[1], 1, vec![to(&dedup, "d-1"), to(&a, "a-3")]),
+    ];
+    let Consumed { outcomes, consumed } = store.record_steps_consuming(&writes, &m).await.unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(consumed, [true, true]);
+    let got = store.receive(&dedup, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got), ["d-1"]);
+    Transport::complete(&*store, &got[0]).await.unwrap();
+    let got = store.receive(&a, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got), ["a-3"]);
+    Transport::complete(&*store, &got[0]).await.unwrap();
+}
+
 /// Runs `check` on a SQLite store on its own queue and one on the outbox, over one file.
 async fn on_sqlite<F, Fut>(check: F)
 where
@@ -554,4 +685,14 @@ async fn sqlite_takes_and_acts_in_one_transaction() {
 #[tokio::test]
 async fn postgres_takes_and_acts_in_one_transaction() {
     on_postgres(|s, o, c| check_take(s, o, c, true)).await;
+}
+
+#[tokio::test]
+async fn sqlite_sends_what_a_batch_of_step_writes_causes_with_it() {
+    on_sqlite(|s, _, c| check_sends(s, c)).await;
+}
+
+#[tokio::test]
+async fn postgres_sends_what_a_batch_of_step_writes_causes_with_it() {
+    on_postgres(|s, _, c| check_sends(s, c)).await;
 }

@@ -171,3 +171,90 @@ async fn postgres_a_receiver_that_found_its_queue_drained_still_receives_another
     }
     f.cleanup().await;
 }
+
+/// A batch of step writes that sends in its own statement tells other processes, at
+/// commit, of each queue it sent to (their receivers wake without polling), and of no
+/// queue only a refused write would have sent to.
+#[tokio::test]
+async fn postgres_a_step_write_that_sends_notifies_other_processes_of_its_queues() {
+    use orderly_core::store::{StepUpdate, StepWrite};
+    use orderly_core::transport::{Envelope, OutgoingMessage, QueueName, Transport};
+    use orderly_core::{Fence, StepStatus};
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let (heard, unheard, marker) = (
+        QueueName::parse("agent.heard").unwrap(),
+        QueueName::parse("agent.unheard").unwrap(),
+        QueueName::parse("agent.marker").unwrap(),
+    );
+    for q in [&heard, &unheard, &marker] {
+        store
+            .declare_queue(q, &orderly_core::messages::queues::settings(q))
+            .await
+            .unwrap();
+    }
+    // Another schema's tests send on the same channel: each payload names its queue.
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen("orderly_queue_sends").await.unwrap();
+    for n in 0..2 {
+        store
+            .submit(&builders::order(n), &builders::submitter(), &[])
+            .await
+            .unwrap();
+    }
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("s").unwrap(),
+            limit: 2,
+            timeout: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let write = |fence: &Fence, expect: i32, q: &QueueName| StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: Some(expect),
+        updates: vec![StepUpdate {
+            index: expect,
+            name: "step".into(),
+            status: StepStatus::Succeeded,
+            detail: None,
+            idempotency_key: format!("k-{}", fence.order_id),
+        }],
+        sends: vec![Envelope {
+            queue: q.clone(),
+            message: OutgoingMessage::new(format!("to-{q}"), b"{}".to_vec()),
+        }],
+    };
+    let outcomes = store
+        .record_steps(&[
+            write(&claimed[0].fence, 0, &heard),
+            write(&claimed[1].fence, 3, &unheard),
+        ])
+        .await
+        .unwrap();
+    assert!(outcomes[0].is_ok() && outcomes[1].is_err(), "{outcomes:?}");
+    store
+        .send(&marker, &[OutgoingMessage::new("m", b"{}".to_vec())])
+        .await
+        .unwrap();
+    // Delivered in commit order: by the marker's, the write's have all come.
+    let mut queues = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+            .await
+            .expect("the marker's notification")
+            .unwrap();
+        let queue = n.payload().split(' ').next().unwrap_or_default().to_owned();
+        if queue == marker.as_str() {
+            break;
+        }
+        queues.push(queue);
+    }
+    assert!(queues.iter().any(|q| q == heard.as_str()), "{queues:?}");
+    assert!(!queues.iter().any(|q| q == unheard.as_str()), "{queues:?}");
+    f.cleanup().await;
+}
