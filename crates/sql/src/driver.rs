@@ -383,23 +383,24 @@ pub(crate) struct SentAndCompleted {
     pub completed: HashMap<i64, String>,
 }
 
-/// A message a step write sends if its order is touched ([`Driver::write_steps_sending`]).
-pub(crate) struct StepSend<'a> {
+/// A message a write sends if it writes the order `order_id`
+/// ([`Driver::write_steps_sending`], [`Driver::insert_orders_sending`]).
+pub(crate) struct SendFor<'a> {
     pub order_id: &'a str,
     pub queue: &'a orderly_core::transport::QueueName,
     pub row: MessageRow<'a>,
 }
 
-/// A delivery a step write ends if its order is touched ([`Driver::write_steps_sending`]).
-pub(crate) struct StepHold<'a> {
+/// A delivery a write ends if it writes the order `order_id`.
+pub(crate) struct HoldFor<'a> {
     pub order_id: &'a str,
     pub held: &'a ReceivedMessage,
 }
 
-/// What [`Driver::write_steps_sending`] did: the orders it touched and the holds it
-/// completed (seq and lock token).
-pub(crate) struct StepsSent {
-    pub touched: HashSet<String>,
+/// What a write that sends did: the orders it wrote and the holds it completed (seq
+/// and lock token).
+pub(crate) struct SentWith {
+    pub applied: HashSet<String>,
     pub completed: HashMap<i64, String>,
 }
 
@@ -478,9 +479,10 @@ pub(crate) struct Statements {
     /// their own ([`Driver::send_and_complete_alone`]) when nothing else shares their
     /// transaction.
     pub sends_alone: bool,
-    /// Whether a batch of step writes sends what it causes and ends the deliveries
-    /// that asked for it in its own statement ([`Driver::write_steps_sending`]).
-    pub steps_send: bool,
+    /// Whether a batch of step writes or new orders sends what it causes and ends the
+    /// deliveries that asked for it in its own statement
+    /// ([`Driver::write_steps_sending`], [`Driver::insert_orders_sending`]).
+    pub writes_send: bool,
     /// Leases unsent outbox rows: `$1` relay, `$2` lease end, `$3` now, `$4` limit.
     pub o_lease: &'static str,
     /// Outbox rows `$1` (list) of relay `$2` dead at `$3` for reason `$4`.
@@ -636,10 +638,26 @@ pub(crate) trait Driver: Send + Sync + 'static {
         _now: DateTime<Utc>,
         _touches: &[Touch<'_>],
         _rows: Vec<StepRow<'_>>,
-        _sends: &[StepSend<'_>],
-        _holds: &[StepHold<'_>],
+        _sends: &[SendFor<'_>],
+        _holds: &[HoldFor<'_>],
         _origin: &str,
-    ) -> Result<Option<StepsSent>> {
+    ) -> Result<Option<SentWith>> {
+        Ok(None)
+    }
+    /// [`Self::insert_orders`] that, for the orders it inserted and no others, also
+    /// inserts their messages `sends` and completes their holds `holds`, as
+    /// [`Self::write_steps_sending`], and, if it inserted any, lets other processes
+    /// hear at commit that orders can be claimed. `None` where the dialect has no such
+    /// statement.
+    async fn insert_orders_sending(
+        _conn: &mut Self::Conn,
+        _now: DateTime<Utc>,
+        _actor: &str,
+        _orders: &[NewOrderRow<'_>],
+        _sends: &[SendFor<'_>],
+        _holds: &[HoldFor<'_>],
+        _origin: &str,
+    ) -> Result<Option<SentWith>> {
         Ok(None)
     }
     /// Inserts the orders whose id is new (details, Pending state row, Submitted

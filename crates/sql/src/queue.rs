@@ -22,7 +22,7 @@ use orderly_core::transport::{
     SendOutcome, Transport, TransportError,
 };
 
-use crate::driver::{Driver, LookThenTake, MessageRow, Receive, StepSend, q};
+use crate::driver::{Driver, LookThenTake, MessageRow, Receive, SendFor, q};
 use crate::rows::{Cols, dead_letter_columns};
 use crate::store::SqlStore;
 use crate::time::Ts;
@@ -381,19 +381,20 @@ fn message_rows<'m>(
 }
 
 impl<D: Driver> SqlStore<D> {
-    /// The messages `writes` send, each with its write's order id, as rows a step write
-    /// inserts itself ([`Driver::write_steps_sending`]): `None` unless each is valid and
-    /// goes to a queue that detects no duplicates, which the statement cannot check.
-    /// Each queue's settings are read here if they are not known (`QueueNotFound` for
-    /// one never declared, as a send's).
-    pub(crate) async fn step_sends<'w>(
+    /// The messages `sends` (each with the order id of the write that sends it) as rows
+    /// a write inserts itself ([`Driver::write_steps_sending`],
+    /// [`Driver::insert_orders_sending`]): `None` unless each is valid and goes to a
+    /// queue that detects no duplicates, which those statements cannot check. Each
+    /// queue's settings are read here if they are not known (`QueueNotFound` for one
+    /// never declared, as a send's).
+    pub(crate) async fn sends_for<'w>(
         &self,
         conn: &mut D::Conn,
-        writes: &'w [orderly_core::store::StepWrite],
-    ) -> Result<Option<Vec<StepSend<'w>>>> {
-        let mut sends = Vec::new();
-        for w in writes {
-            for envelope in &w.sends {
+        sends: impl Iterator<Item = (&'w str, &'w [orderly_core::transport::Envelope])>,
+    ) -> Result<Option<Vec<SendFor<'w>>>> {
+        let mut rows_for = Vec::new();
+        for (order_id, envelopes) in sends {
+            for envelope in envelopes {
                 if envelope.message.validate().is_err() {
                     return Ok(None);
                 }
@@ -405,14 +406,14 @@ impl<D: Driver> SqlStore<D> {
                 let Some(row) = rows.pop() else {
                     return Ok(None);
                 };
-                sends.push(StepSend {
-                    order_id: w.fence.order_id.as_str(),
+                rows_for.push(SendFor {
+                    order_id,
                     queue: &envelope.queue,
                     row,
                 });
             }
         }
-        Ok(Some(sends))
+        Ok(Some(rows_for))
     }
 }
 

@@ -21,8 +21,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::driver::{
-    Driver, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted, StepHold,
-    StepRow, StepSend, StepsSent, Touch, q,
+    Driver, HoldFor, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SendFor,
+    SentAndCompleted, SentWith, StepRow, Touch, q,
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
@@ -241,6 +241,82 @@ fn steps_batch(touches: &[Touch<'_>], rows: &[StepRow<'_>]) -> (Vec<String>, ser
         .map(|t| t.fence.order_id.as_str().to_owned())
         .collect();
     (ids, batch)
+}
+
+/// What a write that sends returns ([`sql::WRITE_STEPS_SENDING`],
+/// [`sql::INSERT_ORDERS_SENDING`]): an order it wrote, or a hold it completed.
+type SentWithRow = (Option<String>, Option<i64>, Option<String>);
+
+type SendingQuery<'q> =
+    sqlx::query::QueryAs<'q, Postgres, SentWithRow, <Postgres as sqlx::Database>::Arguments>;
+
+/// Binds, after a write's own parameters, those of its sends and holds ([`sends_of!`]
+/// in `statements.rs`): the messages' order ids, queues, ids, correlations,
+/// properties, bodies and scheduled times, the channel and `origin`, the holds' order
+/// ids, seqs and lock tokens.
+fn bind_sending<'q>(
+    query: SendingQuery<'q>,
+    sends: &'q [SendFor<'q>],
+    holds: &'q [HoldFor<'q>],
+    origin: &'q str,
+) -> SendingQuery<'q> {
+    query
+        .bind(sends.iter().map(|m| m.order_id).collect::<Vec<_>>())
+        .bind(sends.iter().map(|m| m.queue.as_str()).collect::<Vec<_>>())
+        .bind(sends.iter().map(|m| m.row.message_id).collect::<Vec<_>>())
+        .bind(
+            sends
+                .iter()
+                .map(|m| m.row.correlation_id)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            sends
+                .iter()
+                .map(|m| m.row.properties.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(sends.iter().map(|m| m.row.body).collect::<Vec<_>>())
+        .bind(
+            sends
+                .iter()
+                .map(|m| m.row.scheduled_at.map(|at| at.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(crate::queue::CHANNEL)
+        .bind(origin)
+        .bind(holds.iter().map(|h| h.order_id).collect::<Vec<_>>())
+        .bind(
+            holds
+                .iter()
+                .map(|h| h.held.sequence_number)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            holds
+                .iter()
+                .map(|h| h.held.lock_token.0.as_str())
+                .collect::<Vec<_>>(),
+        )
+}
+
+fn sent_with(rows: Vec<SentWithRow>) -> SentWith {
+    let mut sent = SentWith {
+        applied: HashSet::with_capacity(rows.len()),
+        completed: HashMap::new(),
+    };
+    for (order_id, seq, token) in rows {
+        match (order_id, seq.zip(token)) {
+            (Some(order_id), _) => {
+                sent.applied.insert(order_id);
+            }
+            (None, Some((seq, token))) => {
+                sent.completed.insert(seq, token);
+            }
+            (None, None) => {}
+        }
+    }
+    sent
 }
 
 /// What [`sql::Q_SEND`] returns: how many it inserted, and per completed hold its seq
@@ -479,73 +555,21 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
         rows: Vec<StepRow<'_>>,
-        sends: &[StepSend<'_>],
-        holds: &[StepHold<'_>],
+        sends: &[SendFor<'_>],
+        holds: &[HoldFor<'_>],
         origin: &str,
-    ) -> Result<Option<StepsSent>> {
+    ) -> Result<Option<SentWith>> {
         let (ids, batch) = steps_batch(touches, &rows);
-        let rows: Vec<(Option<String>, Option<i64>, Option<String>)> =
-            sqlx::query_as(sql::WRITE_STEPS_SENDING)
-                .bind(Ts(now))
-                .bind(ids)
-                .bind(batch)
-                .bind(HistoryKind::Completed.as_str())
-                .bind(sends.iter().map(|m| m.order_id).collect::<Vec<_>>())
-                .bind(sends.iter().map(|m| m.queue.as_str()).collect::<Vec<_>>())
-                .bind(sends.iter().map(|m| m.row.message_id).collect::<Vec<_>>())
-                .bind(
-                    sends
-                        .iter()
-                        .map(|m| m.row.correlation_id)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    sends
-                        .iter()
-                        .map(|m| m.row.properties.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(sends.iter().map(|m| m.row.body).collect::<Vec<_>>())
-                .bind(
-                    sends
-                        .iter()
-                        .map(|m| m.row.scheduled_at.map(|at| at.0))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(crate::queue::CHANNEL)
-                .bind(origin)
-                .bind(holds.iter().map(|h| h.order_id).collect::<Vec<_>>())
-                .bind(
-                    holds
-                        .iter()
-                        .map(|h| h.held.sequence_number)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    holds
-                        .iter()
-                        .map(|h| h.held.lock_token.0.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(conn)
-                .await
-                .map_err(db)?;
-        let mut sent = StepsSent {
-            touched: HashSet::with_capacity(touches.len()),
-            completed: HashMap::with_capacity(holds.len()),
-        };
-        for (order_id, seq, token) in rows {
-            match (order_id, seq.zip(token)) {
-                (Some(order_id), _) => {
-                    sent.touched.insert(order_id);
-                }
-                (None, Some((seq, token))) => {
-                    sent.completed.insert(seq, token);
-                }
-                (None, None) => {}
-            }
-        }
-        Ok(Some(sent))
+        let query = sqlx::query_as(sql::WRITE_STEPS_SENDING)
+            .bind(Ts(now))
+            .bind(ids)
+            .bind(batch)
+            .bind(HistoryKind::Completed.as_str());
+        let rows = bind_sending(query, sends, holds, origin)
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        Ok(Some(sent_with(rows)))
     }
 
     // The batch statements are prepared once per connection and their plans kept: an
@@ -578,6 +602,38 @@ impl Driver for PgDriver {
             .iter()
             .map(|r| Cols(r).get::<String>("order_id"))
             .collect()
+    }
+
+    /// One statement: the new orders, their sends, the completions of their holds and
+    /// the notification that orders can be claimed.
+    async fn insert_orders_sending(
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        actor: &str,
+        orders: &[NewOrderRow<'_>],
+        sends: &[SendFor<'_>],
+        holds: &[HoldFor<'_>],
+        origin: &str,
+    ) -> Result<Option<SentWith>> {
+        let query = sqlx::query_as(sql::INSERT_ORDERS_SENDING)
+            .bind(Ts(now))
+            .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
+            .bind(
+                orders
+                    .iter()
+                    .map(|o| o.details.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(orders.iter().map(|o| o.reply_to).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.workflow).collect::<Vec<_>>())
+            .bind(actor)
+            .bind(HistoryKind::Submitted.as_str());
+        let rows = bind_sending(query, sends, holds, origin)
+            .bind(crate::queue::CLAIMABLE)
+            .fetch_all(conn)
+            .await
+            .map_err(db)?;
+        Ok(Some(sent_with(rows)))
     }
 
     async fn rescue(

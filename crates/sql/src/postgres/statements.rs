@@ -19,7 +19,7 @@ pub(crate) const SQL: Statements = Statements {
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement(Q_RECEIVE),
     sends_alone: true,
-    steps_send: true,
+    writes_send: true,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
     o_sent: O_SENT,
@@ -365,38 +365,62 @@ macro_rules! write_steps {
 /// not two, and no statement of its own. Returns the orders touched.
 pub(crate) const WRITE_STEPS: &str = write_steps!("", "SELECT order_id FROM touched");
 
+/// The CTEs that send what the orders of `$applied` (a relation of `order_id`s: those
+/// a statement wrote) cause and end the deliveries that asked for them, for a
+/// statement that writes first: `sent` inserts the messages of those orders (to queues
+/// that detect no duplicates: no window is read) in the order given, each visible from
+/// the later of its scheduled time (NULL: at once) and `$now`; `notified` tells other
+/// processes, at commit, of each queue that got any; `completed` deletes those orders'
+/// holds still held under their lock token and not expired at `$now`, returning `seq`
+/// and `lock_token`. The parameters, in order: the messages' order ids, queues, ids,
+/// correlations, properties, bodies and scheduled times; the channel and the origin
+/// of the notifications ([`crate::queue::Wakeups::notice`]); the holds' order ids,
+/// seqs and lock tokens. A statement reads `notified` in its result, or nothing is
+/// notified.
+macro_rules! sends_of {
+    ($applied:literal, $now:literal, $orders:literal, $queues:literal, $ids:literal,
+     $correlations:literal, $properties:literal, $bodies:literal, $scheduled:literal,
+     $channel:literal, $origin:literal, $hold_orders:literal, $seqs:literal,
+     $tokens:literal) => {
+        concat!(
+            ", sent AS ( \
+                INSERT INTO queue_messages \
+                    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+                SELECT m.queue, m.id, m.correlation, m.properties, m.body, ", $now, ", \
+                    greatest(coalesce(m.scheduled, ", $now, "), ", $now, ") \
+                FROM unnest(", $orders, "::text[], ", $queues, "::text[], ", $ids, "::text[], ",
+                    $correlations, "::text[], ", $properties, "::text[], ", $bodies, "::bytea[], ",
+                    $scheduled, "::timestamptz[]) WITH ORDINALITY \
+                    AS m(order_id, queue, id, correlation, properties, body, scheduled, n) \
+                WHERE m.order_id IN (SELECT order_id FROM ", $applied, ") \
+                ORDER BY m.n \
+                RETURNING queue), \
+            notified AS ( \
+                SELECT pg_notify(", $channel, ", s.queue || ' ' || ", $origin, ") \
+                FROM (SELECT DISTINCT queue FROM sent) s), \
+            completed AS ( \
+                DELETE FROM queue_messages q \
+                USING unnest(", $hold_orders, "::text[], ", $seqs, "::bigint[], ", $tokens,
+                    "::text[]) AS h(order_id, seq, token) \
+                WHERE h.order_id IN (SELECT order_id FROM ", $applied, ") \
+                    AND q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > ", $now, " \
+                RETURNING q.seq, q.lock_token)"
+        )
+    };
+}
+
 /// [`WRITE_STEPS`] that also sends what the writes of the orders it touched cause and
-/// ends the deliveries that asked for them, all in the one statement: for a scheduler,
-/// the step write, the next requests and the reply's completion are one round trip,
-/// not one per queue and one more for the write. Only an order touched sends or
-/// consumes: a refused write leaves both to its caller. `$5..$11` the messages, in
-/// order: their order ids, queues (none of which detects duplicates: this does not
-/// read a window), ids, correlations, properties, bodies and scheduled times (NULL:
-/// at once; each visible from the later of that and `$1`); each queue that got any
-/// notifies channel `$12` of its name and the origin `$13` (delivered at commit).
-/// `$14..$16` the holds to complete: order ids, seqs and lock tokens (still held
-/// under that token and lock not expired at `$1`). Returns one row per order touched
-/// (`order_id`) and one per hold completed (`seq`, `lock_token`).
+/// ends the deliveries that asked for them ([`sends_of!`], `$5..$16`), all in the one
+/// statement: for a scheduler, the step write, the next requests and the reply's
+/// completion are one round trip, not one per queue and one more for the write. Only
+/// an order touched sends or consumes: a refused write leaves both to its caller.
+/// Returns one row per order touched (`order_id`) and one per hold completed (`seq`,
+/// `lock_token`).
 pub(crate) const WRITE_STEPS_SENDING: &str = write_steps!(
-    ", sent AS ( \
-        INSERT INTO queue_messages \
-            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-        SELECT m.queue, m.id, m.correlation, m.properties, m.body, $1, \
-            greatest(coalesce(m.scheduled, $1), $1) \
-        FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
-                $10::bytea[], $11::timestamptz[]) WITH ORDINALITY \
-            AS m(order_id, queue, id, correlation, properties, body, scheduled, n) \
-        WHERE m.order_id IN (SELECT order_id FROM touched) \
-        ORDER BY m.n \
-        RETURNING queue), \
-    notified AS ( \
-        SELECT pg_notify($12, s.queue || ' ' || $13) FROM (SELECT DISTINCT queue FROM sent) s), \
-    completed AS ( \
-        DELETE FROM queue_messages q \
-        USING unnest($14::text[], $15::bigint[], $16::text[]) AS h(order_id, seq, token) \
-        WHERE h.order_id IN (SELECT order_id FROM touched) \
-            AND q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $1 \
-        RETURNING q.seq, q.lock_token)",
+    sends_of!(
+        "touched", "$1", "$5", "$6", "$7", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15",
+        "$16"
+    ),
     "SELECT t.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
         (SELECT count(*) FROM notified) AS notified \
     FROM touched t \
@@ -448,11 +472,12 @@ pub(crate) const RECOVER: &str = "WITH b AS (SELECT $4::jsonb AS batch), \
         SELECT order_id, $1, $2, kind, 'Processing', state, lock_epoch, reason FROM recovered) \
     SELECT order_id FROM recovered";
 
-/// Many new orders at `$1`: `$2` ids, `$3` details, `$4` reply queues, `$5` workflows,
-/// in batch order; each new id gets its details, its Pending state row (from its first
-/// row in the batch) and a Submitted history entry by `$6` (`$7` the kind). Returns
-/// the ids inserted.
-pub(crate) const INSERT_ORDERS: &str = "WITH u AS ( \
+/// The CTEs of [`INSERT_ORDERS`] and [`INSERT_ORDERS_SENDING`] (`u`, `o`, `s`, `h`),
+/// then `$more` (further CTEs, each starting with a comma) and `$select`.
+macro_rules! insert_orders {
+    ($more:expr, $select:expr) => {
+        concat!(
+            "WITH u AS ( \
         SELECT DISTINCT ON (id) id, details, reply_to, workflow, n \
         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
             AS x(id, details, reply_to, workflow, n) \
@@ -465,5 +490,37 @@ pub(crate) const INSERT_ORDERS: &str = "WITH u AS ( \
         SELECT u.id, 'Pending', $1, u.reply_to, u.workflow, $1, $1 \
         FROM u JOIN o ON o.order_id = u.id), \
     h AS (INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
-        SELECT u.id, $1, $6, $7, NULL, 'Pending', 0 FROM u JOIN o ON o.order_id = u.id ORDER BY u.n) \
-    SELECT order_id FROM o";
+        SELECT u.id, $1, $6, $7, NULL, 'Pending', 0 FROM u JOIN o ON o.order_id = u.id ORDER BY u.n)",
+            $more,
+            " ",
+            $select
+        )
+    };
+}
+
+/// Many new orders at `$1`: `$2` ids, `$3` details, `$4` reply queues, `$5` workflows,
+/// in batch order; each new id gets its details, its Pending state row (from its first
+/// row in the batch) and a Submitted history entry by `$6` (`$7` the kind). Returns
+/// the ids inserted.
+pub(crate) const INSERT_ORDERS: &str = insert_orders!("", "SELECT order_id FROM o");
+
+/// [`INSERT_ORDERS`] that also sends what the orders it inserted cause and ends the
+/// deliveries that carried them ([`sends_of!`], `$8..$19`), and, if it inserted any,
+/// tells other processes at commit that orders can be claimed (channel `$15`, `$20`
+/// and the origin `$16`): a submitter's batch is one statement, not three. Returns one
+/// row per order inserted (`order_id`) and one per hold completed (`seq`,
+/// `lock_token`).
+pub(crate) const INSERT_ORDERS_SENDING: &str = insert_orders!(
+    concat!(
+        sends_of!(
+            "o", "$1", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15", "$16", "$17", "$18",
+            "$19"
+        ),
+        ", claimable AS (SELECT pg_notify($15, $20 || ' ' || $16) WHERE EXISTS (SELECT 1 FROM o))"
+    ),
+    "SELECT o.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
+        (SELECT count(*) FROM notified) + (SELECT count(*) FROM claimable) AS notified \
+    FROM o \
+    UNION ALL \
+    SELECT NULL, c.seq, c.lock_token, NULL FROM completed c"
+);

@@ -54,7 +54,7 @@ pub(crate) const SQL: Statements = Statements {
         delete_many: Q_DELETE_MANY,
     }),
     sends_alone: false,
-    steps_send: false,
+    writes_send: false,
     o_lease: O_LEASE,
     o_dead: O_DEAD,
     o_sent: O_SENT,

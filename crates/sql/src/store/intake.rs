@@ -11,7 +11,11 @@ use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Actor, Error, Result};
 
 use super::SqlStore;
-use crate::driver::{Driver, NewOrderRow};
+use crate::driver::{Driver, HoldFor, NewOrderRow};
+
+/// What [`SqlStore::submit_and_send`] did: the outcomes and deliveries ended, the
+/// queues to wake once it has committed, and whether orders became claimable.
+type SubmittedAndSent = (Consumed<Result<SubmitOutcome>>, Vec<QueueName>, bool);
 
 impl<D: Driver> SqlStore<D> {
     /// Records the valid new orders of `orders` (details, Pending state row, first
@@ -25,26 +29,22 @@ impl<D: Driver> SqlStore<D> {
         actor: &Actor,
         orders: &[&NewOrder],
     ) -> Result<Vec<Result<SubmitOutcome>>> {
-        let checked: Vec<Result<()>> = orders
-            .iter()
-            .map(|o| o.validate().map_err(Error::from))
-            .collect();
-        let rows: Vec<NewOrderRow<'_>> = orders
-            .iter()
-            .zip(&checked)
-            .filter(|(_, ok)| ok.is_ok())
-            .map(|(o, _)| NewOrderRow {
-                order_id: o.order_id.as_str(),
-                details: o.details.to_json(),
-                reply_to: o.reply_to.as_deref(),
-                workflow: o.workflow.as_deref(),
-            })
-            .collect();
+        let (checked, rows) = order_rows(orders);
         let inserted = if rows.is_empty() {
             HashSet::new()
         } else {
             D::insert_orders(conn, now, actor.as_str(), &rows).await?
         };
+        Self::outcomes_of(conn, orders, checked, &inserted).await
+    }
+
+    /// Each order's outcome once the ids `inserted` were inserted ([`Self::record_orders`]).
+    async fn outcomes_of(
+        conn: &mut D::Conn,
+        orders: &[&NewOrder],
+        checked: Vec<Result<()>>,
+        inserted: &HashSet<String>,
+    ) -> Result<Vec<Result<SubmitOutcome>>> {
         let mut outcomes = Vec::with_capacity(orders.len());
         let mut taken = HashSet::with_capacity(inserted.len());
         for (o, ok) in orders.iter().zip(checked) {
@@ -66,6 +66,134 @@ impl<D: Driver> SqlStore<D> {
         }
         Ok(outcomes)
     }
+
+    /// [`Self::submit_in`] in one statement where the dialect has it
+    /// ([`Driver::insert_orders_sending`]) and the store sends through its queue: the
+    /// new orders, the sends of those accepted, the end of their deliveries, and the
+    /// notification that orders can be claimed. A duplicate's delivery ends after it,
+    /// in a statement of its own; a conflict's or an invalid order's does not. `None`
+    /// with nothing done where it cannot (or a send goes to a queue
+    /// [`Self::sends_for`] refuses); the caller records, then sends.
+    async fn submit_and_send(
+        &self,
+        tx: &mut D::Tx,
+        now: DateTime<Utc>,
+        batch: &[Submission],
+        actor: &Actor,
+        messages: Option<&[ReceivedMessage]>,
+    ) -> Result<Option<SubmittedAndSent>> {
+        if !D::SQL.writes_send || self.delivery != crate::Delivery::Queue {
+            return Ok(None);
+        }
+        let orders: Vec<&NewOrder> = batch.iter().map(|s| &s.order).collect();
+        let (checked, rows) = order_rows(&orders);
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        // Only an id's first valid row can be accepted: it alone sends and ends its
+        // delivery with the insert.
+        let mut seen = HashSet::with_capacity(orders.len());
+        let first: Vec<bool> = orders
+            .iter()
+            .zip(&checked)
+            .map(|(o, ok)| ok.is_ok() && seen.insert(o.order_id.as_str()))
+            .collect();
+        let firsts = || {
+            batch
+                .iter()
+                .zip(&first)
+                .enumerate()
+                .filter(|(_, (_, first))| **first)
+                .map(|(i, (s, _))| (i, s))
+        };
+        let Some(sends) = self
+            .sends_for(
+                &mut *tx,
+                firsts().map(|(_, s)| (s.order.order_id.as_str(), s.sends.as_slice())),
+            )
+            .await
+            .map_err(|e| Error::Send(Box::new(e)))?
+        else {
+            return Ok(None);
+        };
+        let holds: Vec<HoldFor<'_>> = match messages {
+            Some(messages) => firsts()
+                .map(|(i, s)| HoldFor {
+                    order_id: s.order.order_id.as_str(),
+                    held: &messages[i],
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let Some(sent) = D::insert_orders_sending(
+            &mut *tx,
+            now,
+            actor.as_str(),
+            &rows,
+            &sends,
+            &holds,
+            self.wakeups.origin(),
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let outcomes = Self::outcomes_of(&mut *tx, &orders, checked, &sent.applied).await?;
+        let accepted = |o: &Result<SubmitOutcome>| matches!(o, Ok(SubmitOutcome::Accepted));
+        let mut consumed = vec![false; batch.len()];
+        if let Some(messages) = messages {
+            let mut late = Vec::new();
+            for (i, (m, o)) in messages.iter().zip(&outcomes).enumerate() {
+                if accepted(o) {
+                    consumed[i] = sent.completed.get(&m.sequence_number) == Some(&m.lock_token.0);
+                } else if o.is_ok() {
+                    late.push(i);
+                }
+            }
+            let ending = outcomes.iter().filter(|o| o.is_ok()).count();
+            if ending > 0 {
+                self.driver.stats().batch("consume", ending);
+            }
+            if !late.is_empty() {
+                let held: Vec<&ReceivedMessage> = late.iter().map(|&i| &messages[i]).collect();
+                let (_, ended) = self
+                    .enqueue_all(&mut *tx, now, &[], &held)
+                    .await
+                    .map_err(|e| Error::Send(Box::new(e)))?;
+                for (i, e) in late.into_iter().zip(ended) {
+                    consumed[i] = e;
+                }
+            }
+        }
+        let mut woken: Vec<QueueName> = Vec::new();
+        for s in sends.iter().filter(|s| sent.applied.contains(s.order_id)) {
+            if !woken.contains(s.queue) {
+                woken.push(s.queue.clone());
+            }
+        }
+        let claimable = !sent.applied.is_empty();
+        Ok(Some((Consumed { outcomes, consumed }, woken, claimable)))
+    }
+}
+
+/// The rows of the valid orders of `orders`, and each order's validation.
+fn order_rows<'o>(orders: &[&'o NewOrder]) -> (Vec<Result<()>>, Vec<NewOrderRow<'o>>) {
+    let checked: Vec<Result<()>> = orders
+        .iter()
+        .map(|o| o.validate().map_err(Error::from))
+        .collect();
+    let rows = orders
+        .iter()
+        .zip(&checked)
+        .filter(|(_, ok)| ok.is_ok())
+        .map(|(o, _)| NewOrderRow {
+            order_id: o.order_id.as_str(),
+            details: o.details.to_json(),
+            reply_to: o.reply_to.as_deref(),
+            workflow: o.workflow.as_deref(),
+        })
+        .collect();
+    (checked, rows)
 }
 
 #[async_trait]
@@ -177,6 +305,17 @@ impl<D: Driver> SqlStore<D> {
         actor: &Actor,
         messages: Option<&[ReceivedMessage]>,
     ) -> Result<Consumed<Result<SubmitOutcome>>> {
+        if let Some((consumed, woken, claimable)) = self
+            .submit_and_send(&mut tx, now, batch, actor, messages)
+            .await?
+        {
+            D::commit(tx).await.map_err(crate::error::db)?;
+            self.wake_queues(&woken);
+            if claimable {
+                self.wakeups.wake_claimers();
+            }
+            return Ok(consumed);
+        }
         let orders: Vec<&NewOrder> = batch.iter().map(|s| &s.order).collect();
         let outcomes = Self::record_orders(&mut tx, now, actor, &orders).await?;
         let accepted = |o: &Result<SubmitOutcome>| matches!(o, Ok(SubmitOutcome::Accepted));

@@ -9,7 +9,7 @@ use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, ProcessState, Result, StepStatus};
 
 use super::{SqlStore, step_kind};
-use crate::driver::{Driver, StepHold, StepRow, Touch};
+use crate::driver::{Driver, HoldFor, StepRow, Touch};
 use crate::fence::refusal;
 
 /// What a write's updates do to the order's row: the step it moves to (the step after
@@ -181,7 +181,7 @@ impl<D: Driver> SqlStore<D> {
     /// where the dialect has such a statement ([`Driver::write_steps_sending`]), the
     /// store sends through its queue, and every write and send can go in it (writes
     /// with updates, for distinct orders and distinct steps; sends as
-    /// [`Self::step_sends`]). `None` otherwise, with nothing done: the caller applies,
+    /// [`Self::sends_for`]). `None` otherwise, with nothing done: the caller applies,
     /// then sends.
     pub(crate) async fn write_and_send(
         &self,
@@ -190,7 +190,7 @@ impl<D: Driver> SqlStore<D> {
         now: DateTime<Utc>,
         holds: Option<&[ReceivedMessage]>,
     ) -> Result<Option<WrittenAndSent>> {
-        if !D::SQL.steps_send || self.delivery != crate::Delivery::Queue || writes.is_empty() {
+        if !D::SQL.writes_send || self.delivery != crate::Delivery::Queue || writes.is_empty() {
             return Ok(None);
         }
         let (bulk, alone) = bulk_and_alone(writes);
@@ -198,17 +198,22 @@ impl<D: Driver> SqlStore<D> {
             return Ok(None);
         }
         let Some(sends) = self
-            .step_sends(&mut *conn, writes)
+            .sends_for(
+                &mut *conn,
+                writes
+                    .iter()
+                    .map(|w| (w.fence.order_id.as_str(), w.sends.as_slice())),
+            )
             .await
             .map_err(|e| Error::Send(Box::new(e)))?
         else {
             return Ok(None);
         };
-        let step_holds: Vec<StepHold<'_>> = holds
+        let holds_for: Vec<HoldFor<'_>> = holds
             .unwrap_or_default()
             .iter()
             .zip(writes)
-            .map(|(held, w)| StepHold {
+            .map(|(held, w)| HoldFor {
                 order_id: w.fence.order_id.as_str(),
                 held,
             })
@@ -220,7 +225,7 @@ impl<D: Driver> SqlStore<D> {
             &touches,
             rows,
             &sends,
-            &step_holds,
+            &holds_for,
             self.wakeups.origin(),
         )
         .await?
@@ -229,16 +234,16 @@ impl<D: Driver> SqlStore<D> {
         };
         let mut refusals: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
         for (i, w) in writes.iter().enumerate() {
-            if !sent.touched.contains(w.fence.order_id.as_str()) {
+            if !sent.applied.contains(w.fence.order_id.as_str()) {
                 refusals[i] = Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
             }
         }
         let mut ended = vec![false; writes.len()];
-        for (i, h) in step_holds.iter().enumerate() {
+        for (i, h) in holds_for.iter().enumerate() {
             ended[i] = sent.completed.get(&h.held.sequence_number) == Some(&h.held.lock_token.0);
         }
         let mut woken: Vec<QueueName> = Vec::new();
-        for s in sends.iter().filter(|s| sent.touched.contains(s.order_id)) {
+        for s in sends.iter().filter(|s| sent.applied.contains(s.order_id)) {
             if !woken.contains(s.queue) {
                 woken.push(s.queue.clone());
             }

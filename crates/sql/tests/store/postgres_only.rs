@@ -242,19 +242,114 @@ async fn postgres_a_step_write_that_sends_notifies_other_processes_of_its_queues
         .await
         .unwrap();
     // Delivered in commit order: by the marker's, the write's have all come.
-    let mut queues = Vec::new();
+    let queues = heard_until(&mut listener, marker.as_str()).await;
+    assert!(
+        queues.iter().any(|(q, _)| q == heard.as_str()),
+        "{queues:?}"
+    );
+    assert!(
+        !queues.iter().any(|(q, _)| q == unheard.as_str()),
+        "{queues:?}"
+    );
+    f.cleanup().await;
+}
+
+/// A batch of new orders tells other processes, at commit, that orders can be claimed
+/// and of each queue its accepted orders sent to; a batch that accepts none (all
+/// duplicates) tells them nothing.
+#[tokio::test]
+async fn postgres_a_batch_of_new_orders_notifies_other_processes() {
+    use orderly_core::store::Submission;
+    use orderly_core::transport::{Envelope, OutgoingMessage, QueueName, Transport};
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let (notices, marker) = (
+        QueueName::parse("client.notices").unwrap(),
+        QueueName::parse("agent.marker2").unwrap(),
+    );
+    for q in [&notices, &marker] {
+        store
+            .declare_queue(q, &orderly_core::messages::queues::settings(q))
+            .await
+            .unwrap();
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen("orderly_queue_sends").await.unwrap();
+    let submission = |n: u64| Submission {
+        order: builders::order_with_id(&format!("notified-{n}"), n),
+        sends: vec![Envelope {
+            queue: notices.clone(),
+            message: OutgoingMessage::new(format!("received-{n}"), b"{}".to_vec()),
+        }],
+    };
+    let actor = builders::submitter();
+    let outcomes = store
+        .submit_many(&[submission(900), submission(901)], &actor)
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let mark = || OutgoingMessage::new(uuid::Uuid::new_v4().to_string(), b"{}".to_vec());
+    store.send(&marker, &[mark()]).await.unwrap();
+    // Other tests' stores notify on the same channel: this store's carry its origin.
+    let first = heard_until(&mut listener, marker.as_str()).await;
+    let origin = first
+        .iter()
+        .find(|(w, _)| w == notices.as_str())
+        .map(|(_, origin)| origin.clone())
+        .unwrap_or_else(|| panic!("the notices queue's notification: {first:?}"));
+    assert!(
+        first.iter().any(|(w, o)| w == "#claimable" && *o == origin),
+        "{first:?}"
+    );
+    let got = store.receive(&notices, 10, Duration::ZERO).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["received-900", "received-901"]);
+
+    // Both again: duplicates, nothing sent, nothing to claim.
+    let outcomes = store
+        .submit_many(&[submission(900), submission(901)], &actor)
+        .await
+        .unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Ok(orderly_core::store::SubmitOutcome::Duplicate))),
+        "{outcomes:?}"
+    );
+    store.send(&marker, &[mark()]).await.unwrap();
+    let again = heard_until(&mut listener, marker.as_str()).await;
+    assert!(!again.iter().any(|(_, o)| *o == origin), "{again:?}");
+    assert!(
+        store
+            .receive(&notices, 10, Duration::from_millis(10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for m in &got {
+        Transport::complete(&store, m).await.unwrap();
+    }
+    f.cleanup().await;
+}
+
+/// What notifications `listener` hears until one for the queue `marker`: each as what
+/// it says (a queue, or `#claimable`) and its origin (the store that sent it).
+async fn heard_until(
+    listener: &mut sqlx::postgres::PgListener,
+    marker: &str,
+) -> Vec<(String, String)> {
+    let mut heard = Vec::new();
     loop {
         let n = tokio::time::timeout(Duration::from_secs(30), listener.recv())
             .await
             .expect("the marker's notification")
             .unwrap();
-        let queue = n.payload().split(' ').next().unwrap_or_default().to_owned();
-        if queue == marker.as_str() {
-            break;
+        let (what, origin) = n.payload().split_once(' ').unwrap_or((n.payload(), ""));
+        if what == marker {
+            return heard;
         }
-        queues.push(queue);
+        heard.push((what.to_owned(), origin.to_owned()));
     }
-    assert!(queues.iter().any(|q| q == heard.as_str()), "{queues:?}");
-    assert!(!queues.iter().any(|q| q == unheard.as_str()), "{queues:?}");
-    f.cleanup().await;
 }
