@@ -243,6 +243,30 @@ fn steps_batch(touches: &[Touch<'_>], rows: &[StepRow<'_>]) -> (Vec<String>, ser
     (ids, batch)
 }
 
+/// Binds the parameters of [`sql::INSERT_ORDERS`] (and the first of
+/// [`sql::INSERT_ORDERS_SENDING`]'s): `now`, the orders as parallel arrays, `actor` and
+/// the history kind.
+fn bind_orders<'q, O>(
+    query: sqlx::query::QueryAs<'q, Postgres, O, <Postgres as sqlx::Database>::Arguments>,
+    now: DateTime<Utc>,
+    actor: &'q str,
+    orders: &'q [NewOrderRow<'q>],
+) -> sqlx::query::QueryAs<'q, Postgres, O, <Postgres as sqlx::Database>::Arguments> {
+    query
+        .bind(Ts(now))
+        .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
+        .bind(
+            orders
+                .iter()
+                .map(|o| o.details.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(orders.iter().map(|o| o.reply_to).collect::<Vec<_>>())
+        .bind(orders.iter().map(|o| o.workflow).collect::<Vec<_>>())
+        .bind(actor)
+        .bind(HistoryKind::Submitted.as_str())
+}
+
 /// What a write that sends returns ([`sql::WRITE_STEPS_SENDING`],
 /// [`sql::INSERT_ORDERS_SENDING`]): an order it wrote, or a hold it completed.
 type SentWithRow = (Option<String>, Option<i64>, Option<String>);
@@ -583,25 +607,12 @@ impl Driver for PgDriver {
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
-        sqlx::query(sql::INSERT_ORDERS)
-            .bind(Ts(now))
-            .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
-            .bind(
-                orders
-                    .iter()
-                    .map(|o| o.details.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(orders.iter().map(|o| o.reply_to).collect::<Vec<_>>())
-            .bind(orders.iter().map(|o| o.workflow).collect::<Vec<_>>())
-            .bind(actor)
-            .bind(HistoryKind::Submitted.as_str())
-            .fetch_all(conn)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect()
+        let rows: Vec<(String,)> =
+            bind_orders(sqlx::query_as(sql::INSERT_ORDERS), now, actor, orders)
+                .fetch_all(conn)
+                .await
+                .map_err(db)?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     /// One statement: the new orders, their sends, the completions of their holds and
@@ -615,19 +626,12 @@ impl Driver for PgDriver {
         holds: &[HoldFor<'_>],
         origin: &str,
     ) -> Result<Option<SentWith>> {
-        let query = sqlx::query_as(sql::INSERT_ORDERS_SENDING)
-            .bind(Ts(now))
-            .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
-            .bind(
-                orders
-                    .iter()
-                    .map(|o| o.details.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(orders.iter().map(|o| o.reply_to).collect::<Vec<_>>())
-            .bind(orders.iter().map(|o| o.workflow).collect::<Vec<_>>())
-            .bind(actor)
-            .bind(HistoryKind::Submitted.as_str());
+        let query = bind_orders(
+            sqlx::query_as(sql::INSERT_ORDERS_SENDING),
+            now,
+            actor,
+            orders,
+        );
         let rows = bind_sending(query, sends, holds, origin)
             .bind(crate::queue::CLAIMABLE)
             .fetch_all(conn)

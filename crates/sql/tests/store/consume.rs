@@ -58,6 +58,24 @@ async fn redelivered(t: &dyn Transport, clock: &ManualClock, q: &QueueName) -> V
     got.into_iter().map(|m| m.message_id).collect()
 }
 
+/// The write that records step `expect` of `fence`'s order done (key `{key}-{expect}`)
+/// and sends `sends`.
+fn succeeded(fence: &Fence, expect: i32, key: &str, sends: Vec<Envelope>) -> StepWrite {
+    StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: Some(expect),
+        updates: vec![StepUpdate {
+            index: expect,
+            name: format!("step-{expect}"),
+            status: StepStatus::Succeeded,
+            detail: None,
+            idempotency_key: format!("{key}-{expect}"),
+        }],
+        sends,
+    }
+}
+
 fn submission(order: orderly_core::store::NewOrder) -> Submission {
     Submission {
         order,
@@ -169,19 +187,7 @@ async fn check(store: Arc<dyn StoreAndQueue>, outbox: Arc<dyn StoreAndQueue>, cl
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
-    let write = |fence: &Fence, expect: i32| StepWrite {
-        complete: false,
-        fence: fence.clone(),
-        expect_step: Some(expect),
-        updates: vec![StepUpdate {
-            index: expect,
-            name: format!("step-{expect}"),
-            status: StepStatus::Succeeded,
-            detail: None,
-            idempotency_key: format!("key-{expect}"),
-        }],
-        sends: Vec::new(),
-    };
+    let write = |fence: &Fence, expect: i32| succeeded(fence, expect, "key", Vec::new());
     let m = held(&*store, &replies, &["applied", "stale"]).await;
     let writes = [write(&claimed[0].fence, 0), write(&claimed[1].fence, 5)];
     let Consumed { outcomes, consumed } = store.record_steps_consuming(&writes, &m).await.unwrap();
@@ -246,21 +252,12 @@ async fn check_take(
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
-    let write = |fence: &Fence, expect: i32| StepWrite {
-        complete: false,
-        fence: fence.clone(),
-        expect_step: Some(expect),
-        updates: vec![StepUpdate {
-            index: expect,
-            name: format!("step-{expect}"),
-            status: StepStatus::Succeeded,
-            detail: None,
-            idempotency_key: format!("take-{expect}"),
-        }],
-        sends: vec![Envelope {
+    let write = |fence: &Fence, expect: i32| {
+        let next = Envelope {
             queue: queue("agent.next"),
             message: OutgoingMessage::new(format!("next-{}", fence.order_id), b"n".to_vec()),
-        }],
+        };
+        succeeded(fence, expect, "take", vec![next])
     };
     let (a, b) = (claimed[0].fence.clone(), claimed[1].fence.clone());
     let plan = move |m: &ReceivedMessage| match m.message_id.as_str() {
@@ -545,18 +542,8 @@ async fn check_sends(store: Arc<dyn StoreAndQueue>, clock: ManualClock) {
         queue: q.clone(),
         message: OutgoingMessage::new(id, id.as_bytes().to_vec()),
     };
-    let write = |fence: &Fence, expect: i32, sends: Vec<Envelope>| StepWrite {
-        complete: false,
-        fence: fence.clone(),
-        expect_step: Some(expect),
-        updates: vec![StepUpdate {
-            index: expect,
-            name: format!("step-{expect}"),
-            status: StepStatus::Succeeded,
-            detail: None,
-            idempotency_key: format!("sends-{}-{expect}", fence.order_id),
-        }],
-        sends,
+    let write = |fence: &Fence, expect: i32, sends| {
+        succeeded(fence, expect, &format!("sends-{}", fence.order_id), sends)
     };
     let mut later = to(&a, "a-later");
     later.message.scheduled_enqueue_time =

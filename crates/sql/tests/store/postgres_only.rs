@@ -187,17 +187,7 @@ async fn postgres_a_step_write_that_sends_notifies_other_processes_of_its_queues
         QueueName::parse("agent.unheard").unwrap(),
         QueueName::parse("agent.marker").unwrap(),
     );
-    for q in [&heard, &unheard, &marker] {
-        store
-            .declare_queue(q, &orderly_core::messages::queues::settings(q))
-            .await
-            .unwrap();
-    }
-    // Another schema's tests send on the same channel: each payload names its queue.
-    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
-        .await
-        .unwrap();
-    listener.listen("orderly_queue_sends").await.unwrap();
+    let mut listener = listening(&store, &[&heard, &unheard, &marker]).await;
     for n in 0..2 {
         store
             .submit(&builders::order(n), &builders::submitter(), &[])
@@ -267,16 +257,7 @@ async fn postgres_a_batch_of_new_orders_notifies_other_processes() {
         QueueName::parse("client.notices").unwrap(),
         QueueName::parse("agent.marker2").unwrap(),
     );
-    for q in [&notices, &marker] {
-        store
-            .declare_queue(q, &orderly_core::messages::queues::settings(q))
-            .await
-            .unwrap();
-    }
-    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
-        .await
-        .unwrap();
-    listener.listen("orderly_queue_sends").await.unwrap();
+    let mut listener = listening(&store, &[&notices, &marker]).await;
     let submission = |n: u64| Submission {
         order: builders::order_with_id(&format!("notified-{n}"), n),
         sends: vec![Envelope {
@@ -332,6 +313,27 @@ async fn postgres_a_batch_of_new_orders_notifies_other_processes() {
         Transport::complete(&store, m).await.unwrap();
     }
     f.cleanup().await;
+}
+
+/// Declares `queues` as orderly creates them and listens, from `store`'s database, on
+/// the channel of the queues' notifications (which other tests' schemas share: each
+/// payload names its queue and the store that sent it).
+async fn listening(
+    store: &orderly_sql::PgStore,
+    queues: &[&orderly_core::transport::QueueName],
+) -> sqlx::postgres::PgListener {
+    use orderly_core::transport::Transport;
+    for q in queues {
+        store
+            .declare_queue(q, &orderly_core::messages::queues::settings(q))
+            .await
+            .unwrap();
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen("orderly_queue_sends").await.unwrap();
+    listener
 }
 
 /// What notifications `listener` hears until one for the queue `marker`: each as what
