@@ -404,6 +404,20 @@ pub(crate) struct SentWith {
     pub completed: HashMap<i64, String>,
 }
 
+impl SentWith {
+    /// The queues of `sends` it sent to (those of the orders it wrote), each once: to
+    /// wake once it has committed.
+    pub fn woken(&self, sends: &[SendFor<'_>]) -> Vec<orderly_core::transport::QueueName> {
+        let mut woken: Vec<orderly_core::transport::QueueName> = Vec::new();
+        for s in sends.iter().filter(|s| self.applied.contains(s.order_id)) {
+            if !woken.contains(s.queue) {
+                woken.push(s.queue.clone());
+            }
+        }
+        woken
+    }
+}
+
 /// The fenced touch of one step write, decided by the shared code: the step it must be
 /// at (-1: any), the step to move to (-1: none), whether a step failed and its error,
 /// and whether its order completes with it (its last step's record).

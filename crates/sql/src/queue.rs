@@ -418,6 +418,53 @@ impl<D: Driver> SqlStore<D> {
 }
 
 impl<D: Driver> SqlStore<D> {
+    /// What a write that sent ([`Driver::write_steps_sending`],
+    /// [`Driver::insert_orders_sending`]) leaves to do in its transaction, item by item
+    /// (one per message of `messages`, if given): whether its delivery ended, in the
+    /// write's statement for an item `in_write` says it took, otherwise now, in one
+    /// statement, for those `ends` says end.
+    pub(crate) async fn settle_sent(
+        &self,
+        conn: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        sent: &crate::driver::SentWith,
+        messages: Option<&[ReceivedMessage]>,
+        in_write: impl Fn(usize) -> bool,
+        ends: impl Fn(usize) -> bool,
+    ) -> orderly_core::Result<Vec<bool>> {
+        let Some(messages) = messages else {
+            return Ok(Vec::new());
+        };
+        let all: Vec<&ReceivedMessage> = messages.iter().collect();
+        let mut ended = verdicts(&all, &sent.completed);
+        let mut late = Vec::new();
+        for (i, e) in ended.iter_mut().enumerate() {
+            if !in_write(i) {
+                *e = false;
+                if ends(i) {
+                    late.push(i);
+                }
+            }
+        }
+        let ending = (0..messages.len()).filter(|&i| ends(i)).count();
+        if ending > 0 {
+            self.driver.stats().batch("consume", ending);
+        }
+        if !late.is_empty() {
+            let held: Vec<&ReceivedMessage> = late.iter().map(|&i| &messages[i]).collect();
+            let (_, late_ended) = self
+                .enqueue_all(conn, now, &[], &held)
+                .await
+                .map_err(|e| orderly_core::Error::Send(Box::new(e)))?;
+            for (i, e) in late.into_iter().zip(late_ended) {
+                ended[i] = e;
+            }
+        }
+        Ok(ended)
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
     /// The settings of `queue` (`QueueNotFound` if it was never declared), from the
     /// cache while fresh.
     async fn queue_settings(&self, conn: &mut D::Conn, queue: &QueueName) -> Result<Settings> {

@@ -139,38 +139,23 @@ impl<D: Driver> SqlStore<D> {
             return Ok(None);
         };
         let outcomes = Self::outcomes_of(&mut *tx, &orders, checked, &sent.applied).await?;
-        let accepted = |o: &Result<SubmitOutcome>| matches!(o, Ok(SubmitOutcome::Accepted));
-        let mut consumed = vec![false; batch.len()];
-        if let Some(messages) = messages {
-            let mut late = Vec::new();
-            for (i, (m, o)) in messages.iter().zip(&outcomes).enumerate() {
-                if accepted(o) {
-                    consumed[i] = sent.completed.get(&m.sequence_number) == Some(&m.lock_token.0);
-                } else if o.is_ok() {
-                    late.push(i);
-                }
-            }
-            let ending = outcomes.iter().filter(|o| o.is_ok()).count();
-            if ending > 0 {
-                self.driver.stats().batch("consume", ending);
-            }
-            if !late.is_empty() {
-                let held: Vec<&ReceivedMessage> = late.iter().map(|&i| &messages[i]).collect();
-                let (_, ended) = self
-                    .enqueue_all(&mut *tx, now, &[], &held)
-                    .await
-                    .map_err(|e| Error::Send(Box::new(e)))?;
-                for (i, e) in late.into_iter().zip(ended) {
-                    consumed[i] = e;
-                }
-            }
-        }
-        let mut woken: Vec<QueueName> = Vec::new();
-        for s in sends.iter().filter(|s| sent.applied.contains(s.order_id)) {
-            if !woken.contains(s.queue) {
-                woken.push(s.queue.clone());
-            }
-        }
+        // A duplicate's delivery ends too; a conflict's or an invalid order's does not.
+        let woken = sent.woken(&sends);
+        let ended = self
+            .settle_sent(
+                &mut *tx,
+                now,
+                &sent,
+                messages,
+                |i| matches!(outcomes[i], Ok(SubmitOutcome::Accepted)),
+                |i| outcomes[i].is_ok(),
+            )
+            .await?;
+        let consumed = if messages.is_some() {
+            ended
+        } else {
+            vec![false; batch.len()]
+        };
         let claimable = !sent.applied.is_empty();
         Ok(Some((Consumed { outcomes, consumed }, woken, claimable)))
     }

@@ -12,7 +12,7 @@ use orderly_core::store::{
     StepWrite, Taken, WorkflowCount, bounded_text, check_consuming,
 };
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
-use orderly_core::{Epoch, Error, Fence, InstanceId, OrderId, ProcessState, Result};
+use orderly_core::{Epoch, Fence, InstanceId, OrderId, ProcessState, Result};
 
 use super::steps::{WrittenAndSent, check_update, step_row, touch};
 use super::{Event, SqlStore, checked_claim, timeout_micros};
@@ -495,7 +495,7 @@ impl<D: Driver> SqlStore<D> {
         // The last step's record and the completion are one write; where the dialect
         // can, the sends and the completions of the deliveries are in it too.
         if let Some(done) = self.write_and_send(&mut tx, writes, now, messages).await? {
-            return self.commit_written(tx, now, done, messages).await;
+            return self.commit_written(tx, done, messages).await;
         }
         let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
         let mut verdicts = Vec::with_capacity(writes.len());
@@ -523,53 +523,31 @@ impl<D: Driver> SqlStore<D> {
         })
     }
 
-    /// Commits what [`Self::write_and_send`] did: the deliveries of writes refused for
-    /// good end too (in a statement of their own); those refused for a reason that may
-    /// pass are kept, to be tried again.
+    /// Commits what [`Self::write_and_send`] did and wakes the queues it sent to.
     async fn commit_written(
         &self,
-        mut tx: D::Tx,
-        now: DateTime<Utc>,
+        tx: D::Tx,
         done: WrittenAndSent,
         messages: Option<&[ReceivedMessage]>,
     ) -> Result<Consumed<Result<()>>> {
         let WrittenAndSent {
             refusals,
-            mut ended,
+            ended,
             woken,
         } = done;
-        let verdicts: Vec<Result<()>> = refusals
-            .into_iter()
-            .map(|r| r.map_or(Ok(()), Err))
-            .collect();
-        let mut late = Vec::new();
-        let mut late_held = Vec::new();
-        if let Some(messages) = messages {
-            for (i, (m, v)) in messages.iter().zip(&verdicts).enumerate() {
-                if v.as_ref().err().is_some_and(|e| !e.is_retryable()) {
-                    late.push(i);
-                    late_held.push(m);
-                }
-            }
-            let ending = verdicts.iter().filter(|v| v.is_ok()).count() + late.len();
-            if ending > 0 {
-                self.driver.stats().batch("consume", ending);
-            }
-        }
-        if !late_held.is_empty() {
-            let (_, late_ended) = self
-                .enqueue_all(&mut tx, now, &[], &late_held)
-                .await
-                .map_err(|e| Error::Send(Box::new(e)))?;
-            for (i, e) in late.into_iter().zip(late_ended) {
-                ended[i] = e;
-            }
-        }
         D::commit(tx).await.map_err(db)?;
         self.wake_queues(&woken);
+        let consumed = if messages.is_some() {
+            ended
+        } else {
+            vec![false; refusals.len()]
+        };
         Ok(Consumed {
-            outcomes: verdicts,
-            consumed: ended,
+            outcomes: refusals
+                .into_iter()
+                .map(|r| r.map_or(Ok(()), Err))
+                .collect(),
+            consumed,
         })
     }
 }

@@ -75,7 +75,8 @@ pub(crate) fn check_update(step: &StepUpdate) -> Result<()> {
 }
 
 /// What [`SqlStore::write_and_send`] did: per write its refusal (`None`: applied) and
-/// whether its delivery was ended, and the queues to wake once it has committed.
+/// (deliveries given) whether its delivery was ended, and the queues to wake once it
+/// has committed.
 pub(crate) struct WrittenAndSent {
     pub refusals: Vec<Option<Error>>,
     pub ended: Vec<bool>,
@@ -238,16 +239,19 @@ impl<D: Driver> SqlStore<D> {
                 refusals[i] = Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
             }
         }
-        let mut ended = vec![false; writes.len()];
-        for (i, h) in holds_for.iter().enumerate() {
-            ended[i] = sent.completed.get(&h.held.sequence_number) == Some(&h.held.lock_token.0);
-        }
-        let mut woken: Vec<QueueName> = Vec::new();
-        for s in sends.iter().filter(|s| sent.applied.contains(s.order_id)) {
-            if !woken.contains(s.queue) {
-                woken.push(s.queue.clone());
-            }
-        }
+        // A write refused for good ends its delivery too; one refused for a reason that
+        // may pass keeps it, to be tried again.
+        let woken = sent.woken(&sends);
+        let ended = self
+            .settle_sent(
+                conn,
+                now,
+                &sent,
+                holds,
+                |i| refusals[i].is_none(),
+                |i| refusals[i].as_ref().is_none_or(|e| !e.is_retryable()),
+            )
+            .await?;
         Ok(Some(WrittenAndSent {
             refusals,
             ended,
