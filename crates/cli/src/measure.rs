@@ -1,11 +1,13 @@
 //! What a benchmark phase cost besides time: write transactions and the batch sizes
-//! each stage reached (the store's own counters), transactions the PostgreSQL server
-//! committed (`pg_stat_database`), and CPU seconds of this process and of the local
-//! PostgreSQL server's processes.
+//! each stage reached (the store's own counters); on PostgreSQL the transactions the
+//! server committed (`pg_stat_database`), the write-ahead log it wrote and the rows it
+//! wrote by table (counts that, unlike time, a busy machine does not change); and CPU
+//! seconds of this process and of the local PostgreSQL server's processes.
 
 use crate::outln;
 use std::time::Duration;
 
+use orderly_sql::postgres::{ServerCounters, TableWrites, server_counters};
 use orderly_sql::stats::{Stats, StatsSnapshot};
 
 /// The readings at the start of a phase.
@@ -15,7 +17,7 @@ pub struct Meter {
     store: StatsSnapshot,
     own_cpu: Option<Duration>,
     pg_cpu: Option<Duration>,
-    server_commits: Option<i64>,
+    server: Option<ServerCounters>,
     started: std::time::Instant,
 }
 
@@ -32,8 +34,9 @@ pub struct Cost {
     pub own_cpu: Option<Duration>,
     /// CPU time of the PostgreSQL server's processes on this machine, if it runs here.
     pub pg_cpu: Option<Duration>,
-    /// Transactions the PostgreSQL server committed in the database, reads included.
-    pub server_commits: Option<i64>,
+    /// What the PostgreSQL server did over the phase: transactions committed in the
+    /// database (reads included), its log written, rows written by table.
+    pub server: Option<ServerCounters>,
 }
 
 /// How long the server may take to publish a backend's transaction counts (its idle
@@ -43,8 +46,8 @@ pub const PG_STATS_SETTLE: Duration = Duration::from_secs(11);
 impl Meter {
     /// Starts measuring; `pg_url` when the store is PostgreSQL.
     pub async fn start(stats: std::sync::Arc<Stats>, pg_url: Option<&str>) -> Self {
-        let server_commits = match pg_url {
-            Some(url) => orderly_sql::postgres::server_commits(url).await.ok(),
+        let server = match pg_url {
+            Some(url) => server_counters(url).await.ok(),
             None => None,
         };
         Self {
@@ -53,14 +56,14 @@ impl Meter {
             pg_url: pg_url.map(str::to_owned),
             own_cpu: process_cpu("self"),
             pg_cpu: pg_url.and_then(|_| postgres_cpu()),
-            server_commits,
+            server,
             started: std::time::Instant::now(),
         }
     }
 
     /// The cost since [`Meter::start`] of a phase that finished `orders`. On
-    /// PostgreSQL the server's count is read after [`PG_STATS_SETTLE`] (and counts
-    /// what the idle system committed meanwhile).
+    /// PostgreSQL the log's position is read at once, the server's counts after
+    /// [`PG_STATS_SETTLE`] (and count what the idle system did meanwhile).
     pub async fn finish(self, orders: usize) -> Cost {
         let elapsed = self.started.elapsed();
         let store = self.stats.snapshot().since(&self.store);
@@ -73,13 +76,21 @@ impl Meter {
             .and_then(|_| postgres_cpu())
             .zip(self.pg_cpu)
             .map(|(now, then)| now.saturating_sub(then));
-        let server_commits = match (&self.pg_url, self.server_commits) {
+        let server = match (&self.pg_url, &self.server) {
             (Some(url), Some(before)) => {
+                let at_end = server_counters(url).await.ok();
                 tokio::time::sleep(PG_STATS_SETTLE).await;
-                orderly_sql::postgres::server_commits(url)
+                server_counters(url)
                     .await
                     .ok()
-                    .map(|after| after - before)
+                    .zip(at_end)
+                    .map(|(settled, at_end)| {
+                        ServerCounters {
+                            wal_position: at_end.wal_position,
+                            ..settled
+                        }
+                        .since(before)
+                    })
             }
             _ => None,
         };
@@ -89,7 +100,7 @@ impl Meter {
             store,
             own_cpu,
             pg_cpu,
-            server_commits,
+            server,
         }
     }
 }
@@ -117,10 +128,27 @@ impl Cost {
                 self.store.control_round_trips as f64 / (self.store.writes.max(1) as f64)
             );
         }
-        if let Some(n) = self.server_commits {
+        if let Some(server) = &self.server {
+            let n = server.commits;
             outln!(
                 "server transactions  {:.2} per order ({n}, pg_stat_database.xact_commit, reads included)",
                 per(n as f64)
+            );
+            let records = server.wal_records.map_or(String::new(), |(records, fpi)| {
+                format!(
+                    "; {:.1} records and {:.2} full-page images per order",
+                    per(records as f64),
+                    per(fpi as f64)
+                )
+            });
+            outln!(
+                "server log written   {:.0} bytes per order ({:.1} MB{records}; the whole server's)",
+                per(server.wal_position as f64),
+                server.wal_position as f64 / 1e6
+            );
+            outln!(
+                "rows written         {}",
+                rows_per_order(&server.tables, self.orders)
             );
         }
         let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / self.orders.max(1) as f64;
@@ -147,6 +175,40 @@ impl Cost {
             .collect();
         outln!("batch sizes, mean    {}", stages.join(", "));
     }
+}
+
+/// The rows written per order, in all and table by table as `tables` lists them:
+/// inserted, updated (with the share made in place) and deleted.
+fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
+    let per = |n: i64| n as f64 / orders.max(1) as f64;
+    let all: i64 = tables.iter().map(TableWrites::total).sum();
+    // Tables written less than once in twenty orders (heartbeats, leases) are left out.
+    let each: Vec<String> = tables
+        .iter()
+        .filter(|t| per(t.total()) >= 0.05)
+        .map(|t| {
+            let mut parts = Vec::new();
+            if t.inserted > 0 {
+                parts.push(format!("{:.1} inserted", per(t.inserted)));
+            }
+            if t.updated > 0 {
+                parts.push(format!(
+                    "{:.1} updated ({:.0}% in place)",
+                    per(t.updated),
+                    100.0 * t.in_place as f64 / t.updated as f64
+                ));
+            }
+            if t.deleted > 0 {
+                parts.push(format!("{:.1} deleted", per(t.deleted)));
+            }
+            let name = t.table.strip_prefix("public.").unwrap_or(&t.table);
+            format!("{name} {}", parts.join(", "))
+        })
+        .collect();
+    if each.is_empty() {
+        return "none".into();
+    }
+    format!("{:.1} per order: {}", per(all), each.join("; "))
 }
 
 /// User plus system CPU time of process `pid` ("self" for this one), from
@@ -201,5 +263,47 @@ mod tests {
         assert_eq!(parse_cpu(line), Some(Duration::from_millis(2_870)));
         assert_eq!(parse_cpu("4242 (cut short) S 1"), None);
         assert!(process_cpu("self").is_some(), "Linux has /proc/self/stat");
+    }
+
+    #[test]
+    fn rows_written_are_told_per_order_with_the_share_of_updates_made_in_place() {
+        let tables = [
+            TableWrites {
+                table: "public.queue_messages".into(),
+                inserted: 70,
+                updated: 70,
+                in_place: 0,
+                deleted: 70,
+            },
+            TableWrites {
+                table: "other.order_state".into(),
+                inserted: 10,
+                updated: 50,
+                in_place: 25,
+                deleted: 0,
+            },
+            TableWrites {
+                table: "public.leadership".into(),
+                updated: 0,
+                in_place: 0,
+                inserted: 0,
+                deleted: 0,
+            },
+        ];
+        assert_eq!(
+            rows_per_order(&tables, 10),
+            "27.0 per order: queue_messages 7.0 inserted, 7.0 updated (0% in place), 7.0 deleted; \
+             other.order_state 1.0 inserted, 5.0 updated (50% in place)"
+        );
+        let mut rare = tables.clone();
+        rare[2].updated = 4;
+        rare[2].in_place = 4;
+        assert_eq!(
+            rows_per_order(&rare[..], 100),
+            "2.7 per order: queue_messages 0.7 inserted, 0.7 updated (0% in place), 0.7 deleted; \
+             other.order_state 0.1 inserted, 0.5 updated (50% in place)",
+            "a table written less than once in twenty orders is counted, not listed"
+        );
+        assert_eq!(rows_per_order(&[], 0), "none");
     }
 }

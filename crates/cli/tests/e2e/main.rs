@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod bench;
 mod console;
 mod fixtures;
 mod leader;

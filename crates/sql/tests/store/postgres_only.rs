@@ -355,3 +355,69 @@ async fn heard_until(
         heard.push((what.to_owned(), origin.to_owned()));
     }
 }
+
+/// The bench's server counters: rows written by table (inserted, updated, of which in
+/// place, deleted), transactions committed and the log written, as differences
+/// between two readings; a table with nothing written is left out.
+#[tokio::test]
+async fn postgres_server_counters_tell_the_rows_written_by_table_between_two_readings() {
+    use sqlx::Connection;
+    let f = pg_factory(TimeSource::Database).await;
+    let url = crate::fixtures::postgres_url();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let table = format!("{}.counted", f.schema);
+    for sql in [
+        format!("CREATE TABLE {table} (id int PRIMARY KEY, note text)"),
+        format!("CREATE TABLE {}.untouched (id int)", f.schema),
+        "SELECT pg_stat_force_next_flush()".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let before = orderly_sql::postgres::server_counters(&url).await.unwrap();
+    for sql in [
+        format!("INSERT INTO {table} SELECT g, 'new' FROM generate_series(1, 5) g"),
+        // Two updates change no indexed column (in place), one changes the key.
+        format!("UPDATE {table} SET note = 'seen' WHERE id IN (1, 4)"),
+        format!("UPDATE {table} SET id = 10 WHERE id = 2"),
+        format!("DELETE FROM {table} WHERE id = 3"),
+        // Published when this connection goes idle, before it answers.
+        "SELECT pg_stat_force_next_flush()".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let after = orderly_sql::postgres::server_counters(&url).await.unwrap();
+    let done = after.since(&before);
+    let counted = done
+        .tables
+        .iter()
+        .find(|t| t.table == table)
+        .unwrap_or_else(|| panic!("{table} not among {:?}", done.tables));
+    assert_eq!(
+        (
+            counted.inserted,
+            counted.updated,
+            counted.in_place,
+            counted.deleted
+        ),
+        (5, 3, 2, 1)
+    );
+    assert_eq!(counted.total(), 9);
+    assert!(
+        !done.tables.iter().any(|t| t.table.ends_with(".untouched")),
+        "a table with nothing written is left out: {:?}",
+        done.tables
+    );
+    assert!(done.commits >= 4, "four transactions committed: {done:?}");
+    assert!(done.wal_position > 0, "the writes were logged: {done:?}");
+    if let Some((records, _)) = done.wal_records {
+        assert!(records > 0, "{done:?}");
+    }
+    let _ = conn.close().await;
+    f.cleanup().await;
+}

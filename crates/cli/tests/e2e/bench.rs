@@ -1,0 +1,96 @@
+//! `orderly bench` on PostgreSQL as a user runs it: on a database of its own, it reports
+//! for each phase what the server wrote per order, counts a busy machine does not
+//! change.
+
+use crate::fixtures::postgres_url;
+use crate::newcomer::orderly;
+
+/// A new database on the test server (the server's row counts are per database: the
+/// other tests' schemas share the test database), dropped at the end.
+struct OwnDatabase {
+    name: String,
+    url: String,
+}
+
+impl OwnDatabase {
+    async fn new() -> Self {
+        let base = postgres_url();
+        let name = format!("orderly_bench_{}", uuid::Uuid::new_v4().simple());
+        let pool = sqlx::PgPool::connect(&base).await.expect(
+            "PostgreSQL is required: start it (see README.md) or set ORDERLY_TEST_POSTGRES_URL",
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+        Self {
+            url: format!("{server}/{name}"),
+            name,
+        }
+    }
+
+    async fn drop_it(self) {
+        let pool = sqlx::PgPool::connect(&postgres_url()).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+}
+
+#[tokio::test]
+async fn the_bench_on_postgres_tells_the_rows_and_log_the_server_wrote_per_order() {
+    let db = OwnDatabase::new().await;
+    let (ok, out, err) = orderly(
+        "sqlite::memory:",
+        &[
+            "bench",
+            "--orders",
+            "60",
+            "--paced-rate",
+            "100",
+            "--store",
+            &db.url,
+        ],
+        &[],
+    );
+    db.drop_it().await;
+    assert!(ok, "the bench failed:\n{out}\n{err}");
+    let phases: Vec<&str> = out.split("== PostgreSQL: ").skip(1).collect();
+    assert_eq!(phases.len(), 2, "a burst and a paced phase:\n{out}");
+    for phase in phases {
+        assert!(phase.contains("invariants           all hold"), "{phase}");
+        let line = |start: &str| {
+            phase
+                .lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no `{start}` line in\n{phase}"))
+                .to_owned()
+        };
+        let log = line("server log written");
+        assert!(
+            log.contains(" bytes per order (") && log.contains("records and"),
+            "{log}"
+        );
+        // Every order of a run without faults writes the same rows: its details, its
+        // state row, nine history entries (submitted, claimed, three steps started and
+        // succeeded, completed), three step rows and seven messages (its order, and a
+        // request and a reply per step), each inserted once.
+        let rows = line("rows written");
+        for table in [
+            "orders 1.0 inserted",
+            "order_state 1.0 inserted, 5.0 updated",
+            "order_history 9.0 inserted",
+            "order_steps 3.0 inserted, 3.0 updated",
+            "queue_messages 7.0 inserted, 7.0 updated (0% in place), 7.0 deleted",
+        ] {
+            assert!(rows.contains(table), "`{table}` missing from: {rows}");
+        }
+    }
+}
