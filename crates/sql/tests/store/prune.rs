@@ -329,6 +329,58 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     f.cleanup().await;
 }
 
+/// A store whose role does not own the tables (nor is a superuser) may not vacuum
+/// them: its tidy leaves them to their owner and says it vacuumed nothing, where a
+/// `VACUUM` would only have warned and skipped them. The owner's tidy then does it.
+#[tokio::test]
+async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() {
+    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    let f = pg_factory(TimeSource::Database).await;
+    let owner = f.store().await;
+    let role = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN NOSUPERUSER"),
+        format!("GRANT USAGE, CREATE ON SCHEMA {} TO {role}", f.schema),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA {} TO {role}", f.schema),
+        format!(
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {} TO {role}",
+            f.schema
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(owner.pool())
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let q = QueueName::parse("tidy").unwrap();
+    orderly_testkit::transport::churn(&owner, &q, "many", TIDY_MIN_DEAD as usize).await;
+    while queue_stat(&owner, "n_dead_tup").await < TIDY_MIN_DEAD as i64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the churn was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let guest = PgStore::connect(f.options().username(&role), 2, TimeSource::Database)
+        .await
+        .expect("a role with the tables' privileges opens the store");
+    let tidied = guest.tidy().await.unwrap();
+    assert!(tidied.is_empty(), "vacuumed without owning: {tidied:?}");
+    assert_eq!(queue_stat(&owner, "vacuum_count").await, 0);
+    guest.pool().close().await;
+    // The owner's tidy vacuums the queue's churn.
+    let vacuumed = tidy_until_the_queue_is_vacuumed(&owner, deadline).await;
+    assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
+    f.cleanup().await;
+    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(owner.pool())
+            .await
+            .unwrap();
+    }
+}
+
 /// The queue's table empties out whenever the system is idle. A vacuum then must not
 /// cut its file to nothing: the server would take the table for empty, and a take
 /// planned then (every connection plans again after a vacuum) would read the whole
