@@ -417,38 +417,52 @@ impl<D: Driver> SqlStore<D> {
     }
 }
 
+/// How an item of a write that sent ([`SqlStore::settle_sent`]) ends its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// In the write's own statement: its write was applied.
+    InWrite,
+    /// Now, after the write: its item is settled for good all the same.
+    After,
+    /// Not: kept, to be tried again or settled by the caller.
+    Kept,
+}
+
 impl<D: Driver> SqlStore<D> {
     /// What a write that sent ([`Driver::write_steps_sending`],
     /// [`Driver::insert_orders_sending`]) leaves to do in its transaction, item by item
-    /// (one per message of `messages`, if given): whether its delivery ended, in the
-    /// write's statement for an item `in_write` says it took, otherwise now, in one
-    /// statement, for those `ends` says end.
+    /// (`items` of them, one per message of `messages`, if given): whether its delivery
+    /// ended, as `ending` says it does (those ended after the write, in one
+    /// statement). Without messages none ended.
     pub(crate) async fn settle_sent(
         &self,
         conn: &mut D::Conn,
         now: chrono::DateTime<chrono::Utc>,
         sent: &crate::driver::SentWith,
+        items: usize,
         messages: Option<&[ReceivedMessage]>,
-        in_write: impl Fn(usize) -> bool,
-        ends: impl Fn(usize) -> bool,
+        ending: impl Fn(usize) -> Ending,
     ) -> orderly_core::Result<Vec<bool>> {
         let Some(messages) = messages else {
-            return Ok(Vec::new());
+            return Ok(vec![false; items]);
         };
         let all: Vec<&ReceivedMessage> = messages.iter().collect();
         let mut ended = verdicts(&all, &sent.completed);
         let mut late = Vec::new();
+        let mut consumed = 0;
         for (i, e) in ended.iter_mut().enumerate() {
-            if !in_write(i) {
-                *e = false;
-                if ends(i) {
+            match ending(i) {
+                Ending::InWrite => consumed += 1,
+                Ending::After => {
+                    *e = false;
+                    consumed += 1;
                     late.push(i);
                 }
+                Ending::Kept => *e = false,
             }
         }
-        let ending = (0..messages.len()).filter(|&i| ends(i)).count();
-        if ending > 0 {
-            self.driver.stats().batch("consume", ending);
+        if consumed > 0 {
+            self.driver.stats().batch("consume", consumed);
         }
         if !late.is_empty() {
             let held: Vec<&ReceivedMessage> = late.iter().map(|&i| &messages[i]).collect();

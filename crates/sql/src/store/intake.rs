@@ -12,6 +12,7 @@ use orderly_core::{Actor, Error, Result};
 
 use super::SqlStore;
 use crate::driver::{Driver, HoldFor, NewOrderRow};
+use crate::queue::Ending;
 
 /// What [`SqlStore::submit_and_send`] did: the outcomes and deliveries ended, the
 /// queues to wake once it has committed, and whether orders became claimable.
@@ -141,21 +142,20 @@ impl<D: Driver> SqlStore<D> {
         let outcomes = Self::outcomes_of(&mut *tx, &orders, checked, &sent.applied).await?;
         // A duplicate's delivery ends too; a conflict's or an invalid order's does not.
         let woken = sent.woken(&sends);
-        let ended = self
+        let consumed = self
             .settle_sent(
                 &mut *tx,
                 now,
                 &sent,
+                batch.len(),
                 messages,
-                |i| matches!(outcomes[i], Ok(SubmitOutcome::Accepted)),
-                |i| outcomes[i].is_ok(),
+                |i| match &outcomes[i] {
+                    Ok(SubmitOutcome::Accepted) => Ending::InWrite,
+                    Ok(_) => Ending::After,
+                    Err(_) => Ending::Kept,
+                },
             )
             .await?;
-        let consumed = if messages.is_some() {
-            ended
-        } else {
-            vec![false; batch.len()]
-        };
         let claimable = !sent.applied.is_empty();
         Ok(Some((Consumed { outcomes, consumed }, woken, claimable)))
     }

@@ -495,7 +495,7 @@ impl<D: Driver> SqlStore<D> {
         // The last step's record and the completion are one write; where the dialect
         // can, the sends and the completions of the deliveries are in it too.
         if let Some(done) = self.write_and_send(&mut tx, writes, now, messages).await? {
-            return self.commit_written(tx, done, messages).await;
+            return self.commit_written(tx, done).await;
         }
         let refusals = Self::apply_step_writes(&mut tx, writes, now).await?;
         let mut verdicts = Vec::with_capacity(writes.len());
@@ -528,7 +528,6 @@ impl<D: Driver> SqlStore<D> {
         &self,
         tx: D::Tx,
         done: WrittenAndSent,
-        messages: Option<&[ReceivedMessage]>,
     ) -> Result<Consumed<Result<()>>> {
         let WrittenAndSent {
             refusals,
@@ -537,17 +536,12 @@ impl<D: Driver> SqlStore<D> {
         } = done;
         D::commit(tx).await.map_err(db)?;
         self.wake_queues(&woken);
-        let consumed = if messages.is_some() {
-            ended
-        } else {
-            vec![false; refusals.len()]
-        };
         Ok(Consumed {
             outcomes: refusals
                 .into_iter()
                 .map(|r| r.map_or(Ok(()), Err))
                 .collect(),
-            consumed,
+            consumed: ended,
         })
     }
 }

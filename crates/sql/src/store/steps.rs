@@ -11,6 +11,7 @@ use orderly_core::{Error, Fence, ProcessState, Result, StepStatus};
 use super::{SqlStore, step_kind};
 use crate::driver::{Driver, HoldFor, StepRow, Touch};
 use crate::fence::refusal;
+use crate::queue::Ending;
 
 /// What a write's updates do to the order's row: the step it moves to (the step after
 /// the highest one that succeeded; -1: none), and the error of the last one that
@@ -75,8 +76,8 @@ pub(crate) fn check_update(step: &StepUpdate) -> Result<()> {
 }
 
 /// What [`SqlStore::write_and_send`] did: per write its refusal (`None`: applied) and
-/// (deliveries given) whether its delivery was ended, and the queues to wake once it
-/// has committed.
+/// whether its delivery was ended (none without deliveries), and the queues to wake
+/// once it has committed.
 pub(crate) struct WrittenAndSent {
     pub refusals: Vec<Option<Error>>,
     pub ended: Vec<bool>,
@@ -243,14 +244,13 @@ impl<D: Driver> SqlStore<D> {
         // may pass keeps it, to be tried again.
         let woken = sent.woken(&sends);
         let ended = self
-            .settle_sent(
-                conn,
-                now,
-                &sent,
-                holds,
-                |i| refusals[i].is_none(),
-                |i| refusals[i].as_ref().is_none_or(|e| !e.is_retryable()),
-            )
+            .settle_sent(conn, now, &sent, writes.len(), holds, |i| {
+                match &refusals[i] {
+                    None => Ending::InWrite,
+                    Some(e) if !e.is_retryable() => Ending::After,
+                    Some(_) => Ending::Kept,
+                }
+            })
             .await?;
         Ok(Some(WrittenAndSent {
             refusals,

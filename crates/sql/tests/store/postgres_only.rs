@@ -7,7 +7,7 @@ use orderly_core::{InstanceId, TimeSource};
 use orderly_testkit::builders;
 use orderly_testkit::store::StoreFactory;
 
-use crate::fixtures::pg_factory;
+use crate::fixtures::{execute_all, pg_factory};
 
 /// Deadlines come from the server's clock, not the worker's: the stored deadline is the
 /// server's `now()` at claim time plus the timeout.
@@ -366,31 +366,29 @@ async fn postgres_server_counters_tell_the_rows_written_by_table_between_two_rea
     let url = crate::fixtures::postgres_url();
     let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
     let table = format!("{}.counted", f.schema);
-    for sql in [
-        format!("CREATE TABLE {table} (id int PRIMARY KEY, note text)"),
-        format!("CREATE TABLE {}.untouched (id int)", f.schema),
-        "SELECT pg_stat_force_next_flush()".to_owned(),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    execute_all(
+        &mut conn,
+        &[
+            format!("CREATE TABLE {table} (id int PRIMARY KEY, note text)"),
+            format!("CREATE TABLE {}.untouched (id int)", f.schema),
+            "SELECT pg_stat_force_next_flush()".to_owned(),
+        ],
+    )
+    .await;
     let before = orderly_sql::postgres::server_counters(&url).await.unwrap();
-    for sql in [
-        format!("INSERT INTO {table} SELECT g, 'new' FROM generate_series(1, 5) g"),
-        // Two updates change no indexed column (in place), one changes the key.
-        format!("UPDATE {table} SET note = 'seen' WHERE id IN (1, 4)"),
-        format!("UPDATE {table} SET id = 10 WHERE id = 2"),
-        format!("DELETE FROM {table} WHERE id = 3"),
-        // Published when this connection goes idle, before it answers.
-        "SELECT pg_stat_force_next_flush()".to_owned(),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    execute_all(
+        &mut conn,
+        &[
+            format!("INSERT INTO {table} SELECT g, 'new' FROM generate_series(1, 5) g"),
+            // Two updates change no indexed column (in place), one changes the key.
+            format!("UPDATE {table} SET note = 'seen' WHERE id IN (1, 4)"),
+            format!("UPDATE {table} SET id = 10 WHERE id = 2"),
+            format!("DELETE FROM {table} WHERE id = 3"),
+            // Published when this connection goes idle, before it answers.
+            "SELECT pg_stat_force_next_flush()".to_owned(),
+        ],
+    )
+    .await;
     let after = orderly_sql::postgres::server_counters(&url).await.unwrap();
     let done = after.since(&before);
     let counted = done

@@ -13,7 +13,7 @@ use orderly_sql::{PgStore, SqliteStore};
 use orderly_testkit::builders;
 use orderly_testkit::store::StoreFactory;
 
-use crate::fixtures::{pg_factory, sqlite_factory};
+use crate::fixtures::{execute_all, pg_factory, sqlite_factory};
 
 trait StoreAndQueue: StateStore + Transport {}
 impl<T: StateStore + Transport> StoreAndQueue for T {}
@@ -338,20 +338,20 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     let f = pg_factory(TimeSource::Database).await;
     let owner = f.store().await;
     let role = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN NOSUPERUSER"),
-        format!("GRANT USAGE, CREATE ON SCHEMA {} TO {role}", f.schema),
-        format!("GRANT ALL ON ALL TABLES IN SCHEMA {} TO {role}", f.schema),
-        format!(
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {} TO {role}",
-            f.schema
-        ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(owner.pool())
-            .await
-            .unwrap();
-    }
+    let mut admin = owner.pool().acquire().await.unwrap();
+    execute_all(
+        &mut admin,
+        &[
+            format!("CREATE ROLE {role} LOGIN NOSUPERUSER"),
+            format!("GRANT USAGE, CREATE ON SCHEMA {} TO {role}", f.schema),
+            format!("GRANT ALL ON ALL TABLES IN SCHEMA {} TO {role}", f.schema),
+            format!(
+                "GRANT ALL ON ALL SEQUENCES IN SCHEMA {} TO {role}",
+                f.schema
+            ),
+        ],
+    )
+    .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let q = QueueName::parse("tidy").unwrap();
     orderly_testkit::transport::churn(&owner, &q, "many", TIDY_MIN_DEAD as usize).await;
@@ -373,12 +373,11 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     let vacuumed = tidy_until_the_queue_is_vacuumed(&owner, deadline).await;
     assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
     f.cleanup().await;
-    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(owner.pool())
-            .await
-            .unwrap();
-    }
+    execute_all(
+        &mut admin,
+        &[format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")],
+    )
+    .await;
 }
 
 /// The queue's table empties out whenever the system is idle. A vacuum then must not
