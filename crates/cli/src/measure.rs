@@ -205,10 +205,14 @@ fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
             format!("{name} {}", parts.join(", "))
         })
         .collect();
-    if each.is_empty() {
-        return "none".into();
+    match (all, each.is_empty()) {
+        (0, _) => "none".into(),
+        (_, true) => format!(
+            "{:.1} per order (tables written less than once in twenty orders)",
+            per(all)
+        ),
+        _ => format!("{:.1} per order: {}", per(all), each.join("; ")),
     }
-    format!("{:.1} per order: {}", per(all), each.join("; "))
 }
 
 /// User plus system CPU time of process `pid` ("self" for this one), from
@@ -305,5 +309,10 @@ mod tests {
             "a table written less than once in twenty orders is counted, not listed"
         );
         assert_eq!(rows_per_order(&[], 0), "none");
+        assert_eq!(
+            rows_per_order(&rare[2..], 100),
+            "0.0 per order (tables written less than once in twenty orders)",
+            "rows written only to rarely written tables are still counted"
+        );
     }
 }

@@ -111,8 +111,6 @@ impl StoreFactory for PgFactory {
     }
 }
 
-/// A fresh schema in the test database. PostgreSQL is required: a test that cannot
-/// reach it fails, so a green run always includes the PostgreSQL suite.
 /// Runs `statements` in order on `conn`, each on its own (a test's set-up).
 pub async fn execute_all(conn: &mut sqlx::PgConnection, statements: &[String]) {
     for sql in statements {
@@ -123,6 +121,8 @@ pub async fn execute_all(conn: &mut sqlx::PgConnection, statements: &[String]) {
     }
 }
 
+/// A fresh schema in the test database. PostgreSQL is required: a test that cannot
+/// reach it fails, so a green run always includes the PostgreSQL suite.
 pub async fn pg_factory(time: TimeSource) -> PgFactory {
     let url = postgres_url();
     let pool = match sqlx::PgPool::connect(&url).await {

@@ -249,6 +249,18 @@ async fn queue_stat(store: &PgStore, column: &str) -> i64 {
     .unwrap()
 }
 
+/// Waits until the server counts at least `dead` dead rows in `queue_messages` (it
+/// publishes a connection's counts about once a second), by `deadline`.
+async fn until_dead_rows(store: &PgStore, dead: i64, deadline: std::time::Instant) {
+    while queue_stat(store, "n_dead_tup").await < dead {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the churn was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Tidies until it vacuums `queue_messages` (the server reports what the churn left
 /// about once a second), by `deadline`; what it reported of that vacuum.
 async fn tidy_until_the_queue_is_vacuumed(
@@ -283,13 +295,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     // A little churn: under the threshold, nothing is vacuumed, once the server has
     // counted what it left (each message: its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "few", 50).await;
-    while queue_stat(&store, "n_dead_tup").await < 100 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the churn was never counted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_dead_rows(&store, 100, deadline).await;
     let tidied = store.tidy().await.unwrap();
     assert!(
         tidied.iter().all(|v| v.table != "queue_messages"),
@@ -355,13 +361,7 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let q = QueueName::parse("tidy").unwrap();
     orderly_testkit::transport::churn(&owner, &q, "many", TIDY_MIN_DEAD as usize).await;
-    while queue_stat(&owner, "n_dead_tup").await < TIDY_MIN_DEAD as i64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the churn was never counted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_dead_rows(&owner, TIDY_MIN_DEAD as i64, deadline).await;
     let guest = PgStore::connect(f.options().username(&role), 2, TimeSource::Database)
         .await
         .expect("a role with the tables' privileges opens the store");
