@@ -62,6 +62,26 @@ const PING_IDLE: Duration = Duration::from_secs(1);
 
 const POLL: Duration = Duration::from_secs(1);
 
+/// Runs a `BEGIN` to its answer even if the caller stops waiting. sqlx 0.9 arms the
+/// rollback of a transaction dropped unfinished only once its `BEGIN` is answered: a
+/// begin abandoned before then (a shutdown, a timeout, a `select!` that took another
+/// branch) would hand the pool a connection inside a transaction nothing ends, and its
+/// next users' statements would run in it, holding their locks and committing nothing.
+/// Run on a task of its own, the begin finishes; a transaction nobody takes is then
+/// dropped there, armed, and its rollback goes with the connection's next statement.
+async fn begin_to_the_end<F>(begin: F) -> Result<Transaction<'static, Postgres>>
+where
+    F: std::future::Future<Output = Result<Transaction<'static, Postgres>, sqlx::Error>>
+        + Send
+        + 'static,
+{
+    match tokio::spawn(begin).await {
+        Ok(tx) => tx.map_err(db),
+        // Its task panicked, or the runtime is shutting down.
+        Err(e) => Err(orderly_core::Error::Unavailable(Box::new(e))),
+    }
+}
+
 impl SqlStore<PgDriver> {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
     pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
@@ -537,7 +557,8 @@ impl Driver for PgDriver {
 
     async fn begin_write(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
-        self.pool.begin().await.map_err(db)
+        let pool = self.pool.clone();
+        begin_to_the_end(async move { pool.begin().await }).await
     }
 
     /// The claim reads `order_state_claimable` in order with a plain index scan: it
@@ -549,10 +570,12 @@ impl Driver for PgDriver {
     /// for this transaction only, in the same round trip as its `BEGIN`.
     async fn begin_claim(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
-        self.pool
-            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
-            .await
-            .map_err(db)
+        let pool = self.pool.clone();
+        begin_to_the_end(async move {
+            pool.begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
+                .await
+        })
+        .await
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error> {

@@ -419,3 +419,63 @@ async fn postgres_server_counters_tell_the_rows_written_by_table_between_two_rea
     let _ = conn.close().await;
     f.cleanup().await;
 }
+
+/// A write abandoned while its `BEGIN` is on the wire (a shutdown, a timeout, a
+/// `select!` that took another branch) leaves no transaction open on its connection:
+/// the pool's next user runs on its own. sqlx 0.9 arms its rollback guard only once
+/// `BEGIN` is answered, so a begin dropped before that handed the pool a connection
+/// inside a transaction nothing would end: its next users' statements ran in it,
+/// holding their locks and committing nothing until someone's `COMMIT`, or rolled back
+/// with the connection (seen as a test's clean-up waiting for ever on a connection
+/// "idle in transaction" after the roles stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_write_abandoned_during_its_begin_leaves_no_transaction_open() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let f = pg_factory(TimeSource::Database).await;
+    // One connection: the abandoned write's is the next user's.
+    let store = orderly_sql::PgStore::connect(f.options(), 1, TimeSource::Database)
+        .await
+        .unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let submitter = builders::submitter();
+    let mut abandoned = 0;
+    for i in 0..40 {
+        let order = builders::order_with_id(&format!("abandoned-{i}"), 1);
+        {
+            let mut write = std::pin::pin!(store.submit(&order, &submitter, &[]));
+            // Polled once: it takes the connection and sends BEGIN; then dropped.
+            if write.as_mut().poll(&mut cx).is_pending() {
+                abandoned += 1;
+            }
+        }
+        // Two statements on the connection: in a transaction of their own each, or
+        // both in one left open.
+        let mut conn = store.pool().acquire().await.unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let id: i64 = sqlx::query_scalar("SELECT txid_current()")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        assert_ne!(
+            ids[0], ids[1],
+            "after abandoned write {i}, the pool's connection is inside a transaction"
+        );
+    }
+    assert!(abandoned > 0, "no write was abandoned on the way");
+    // And the store writes and commits as before.
+    let order = builders::order_with_id("kept", 1);
+    store.submit(&order, &submitter, &[]).await.unwrap();
+    let other = sqlx::PgPool::connect_with(f.options()).await.unwrap();
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE order_id = 'kept'")
+        .fetch_one(&other)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "committed: seen from another connection");
+    other.close().await;
+    store.pool().close().await;
+    f.cleanup().await;
+}
