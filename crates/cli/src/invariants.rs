@@ -482,13 +482,18 @@ fn check_order(
         }
     }
     // 8. An Error or Cancelled order whose steps were undone has each step that took
-    // effect undone exactly once, unless it says it needs repair by hand (a
-    // compensation that failed for good, or undoing that never finished).
+    // effect undone exactly once, and none that can never be undone took effect,
+    // unless it says it needs repair by hand (a compensation that failed for good,
+    // undoing that never finished, or refused past the point of no return).
     let undoes = match state {
+        // Cancelled by a scheduler once it had undone the steps, not by an operator at
+        // once (without compensation, or with nothing to undo).
         ProcessState::Cancelled => view
             .history
             .iter()
-            .any(|e| e.kind == HistoryKind::CancelRequested),
+            .rev()
+            .find(|e| e.to_state == ProcessState::Cancelled)
+            .is_some_and(|e| !e.actor.is_operator()),
         ProcessState::Error => workflow.compensate_on_error,
         _ => false,
     };
@@ -502,17 +507,23 @@ fn check_order(
         && let Some(effects) = effects
     {
         for e in effects.iter().filter(|e| e.kind == "do") {
-            let compensable = workflow
-                .steps
-                .iter()
-                .any(|d| d.name == e.action && d.compensation.is_some());
+            let Some(def) = workflow.steps.iter().find(|d| d.name == e.action) else {
+                continue; // reported above
+            };
             let undone = effects
                 .iter()
                 .filter(|u| u.compensates.as_deref() == Some(e.key.as_str()))
                 .count();
-            if compensable && undone != 1 {
+            if def.compensation.is_some() && undone != 1 {
                 violations.push(format!(
                     "order {id} ended {state} but {} ({}) was undone {undone} times",
+                    e.action, e.key
+                ));
+            }
+            if def.cannot_be_undone() {
+                violations.push(format!(
+                    "order {id} ended {state} but {} ({}) took effect, cannot be undone, \
+                     and the order does not say it needs repair by hand",
                     e.action, e.key
                 ));
             }

@@ -206,8 +206,10 @@ pub(crate) async fn cancel(
         };
         match row {
             Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => outln!(
-                "order {} will be Cancelled once its completed steps are undone",
-                row.order_id
+                "order {id} will be Cancelled once its completed steps are undone (if a step \
+                 that cannot be undone may have taken effect, nothing is undone and it ends \
+                 in Error for repair by hand: `orderly show {id}` tells)",
+                id = row.order_id
             ),
             Ok(row) => outln!("order {} is {}", row.order_id, row.process_state),
             Err(e) => {

@@ -119,6 +119,20 @@ pub enum Error {
     #[error("a message this change causes cannot be enqueued, so nothing was committed: {0}")]
     Send(#[source] Box<crate::transport::TransportError>),
 
+    /// A cancel that would undo the order was refused: steps that can never be undone
+    /// may have taken effect, and undoing the others would leave it half undone.
+    #[error(
+        "order {order_id} cannot be undone: {steps} may have taken effect and cannot be \
+         undone; it runs on to its end (or, once dealt with, cancel it without \
+         compensation to end it as it stands)"
+    )]
+    PastReturn {
+        /// The order concerned.
+        order_id: OrderId,
+        /// The steps in the way, comma-separated.
+        steps: String,
+    },
+
     /// The store holds data this version cannot read (corruption or a newer schema).
     #[error("state store holds unreadable data: {0}")]
     Corrupt(String),

@@ -151,6 +151,12 @@ impl Actor {
         Self(format!("operator:{name}"))
     }
 
+    /// Whether it was named by [`Actor::operator`]: an operator acted, not a worker or
+    /// the client.
+    pub fn is_operator(&self) -> bool {
+        self.0.starts_with("operator:")
+    }
+
     /// Wraps a stored actor name.
     pub fn from_stored(raw: String) -> Self {
         Self(raw)

@@ -197,6 +197,11 @@ pub struct StepUpdate {
     /// The key of the step's action in this run ([`crate::step::idempotency_key`]),
     /// recorded with it for operators.
     pub idempotency_key: String,
+    /// The step can never be undone
+    /// ([`crate::workflow::StepDef::cannot_be_undone`]): once it may have taken
+    /// effect, the store refuses a cancel that would undo its order
+    /// ([`crate::Error::PastReturn`]).
+    pub irreversible: bool,
 }
 
 /// Step updates to one order, written as one unit of a [`SchedulerStore::record_steps`]
@@ -897,7 +902,10 @@ pub trait OperatorStore: Send + Sync {
     /// Cancels an order the way a user expects: if any of its steps may have taken
     /// effect, it goes back to Pending marked to be undone (a scheduler compensates
     /// the steps in reverse order, then ends it Cancelled); otherwise it is Cancelled
-    /// at once. A scheduler still working on it is fenced out from this moment.
+    /// at once. A scheduler still working on it is fenced out from this moment. An
+    /// order past the point of no return (a step that can never be undone may have
+    /// taken effect) is not undone: the scheduler that claims it ends it in Error for
+    /// repair by hand, saying why.
     async fn request_cancel(
         &self,
         order_id: &OrderId,

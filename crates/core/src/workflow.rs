@@ -110,6 +110,14 @@ pub struct StepDef {
     /// The remote action that undoes this step, if it can be undone.
     #[serde(default)]
     pub compensation: Option<String>,
+    /// Whether the step's effect must be undone when its order is cancelled or fails
+    /// (the default). A step with no compensation that needs undoing cannot be taken
+    /// back: once it may have taken effect, its order is past the point of no return,
+    /// and undoing it (a cancel, a failure, the supervisor giving up) stops before
+    /// anything is undone and ends the order in Error for repair by hand. `false` says
+    /// its effect may stand (a notification, a lookup); it allows no compensation.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub undo_needed: bool,
     /// How to ask the remote service whether this step already took effect, before it
     /// is sent again without knowing (after a timeout, a lost reply, a recovery or a
     /// restart). Without one, an uncertain step is re-sent under the same key and the
@@ -197,6 +205,12 @@ impl StepDef {
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }
+
+    /// Whether its effect, once it may have taken effect, can never be taken back: it
+    /// needs undoing and has no compensation.
+    pub fn cannot_be_undone(&self) -> bool {
+        self.undo_needed && self.compensation.is_none()
+    }
 }
 
 /// An ordered list of steps.
@@ -218,6 +232,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
 impl Default for Workflow {
     /// The order workflow: reserve-inventory, charge-payment, ship; release-inventory
     /// and refund undo the first two.
@@ -228,6 +246,7 @@ impl Default for Workflow {
             timeout_ms: 10_000,
             retry: RetryPolicy::default(),
             compensation: compensation.map(str::to_owned),
+            undo_needed: true,
             probe: None,
         };
         Self {
@@ -295,6 +314,12 @@ impl Workflow {
                 ));
             }
             s.retry.validate(&format!("{field}.retry"))?;
+            if !s.undo_needed && s.compensation.is_some() {
+                return Err(ValidationError::new(
+                    format!("{field}.undo_needed"),
+                    "is false, yet the step has a compensation: drop one of the two",
+                ));
+            }
             if let Some(probe) = &s.probe {
                 probe.validate(&format!("{field}.probe"))?;
             }
@@ -332,7 +357,8 @@ impl Workflow {
 
     /// The version: the first 12 hex digits of a SHA-256 over a canonical text of
     /// everything that changes how an order runs (name, and per step its name, queue,
-    /// budget, retry policy and compensation; `compensate_on_error`). The same
+    /// budget, retry policy, compensation, status probe and whether it needs undoing;
+    /// `compensate_on_error`). The same
     /// workflow written differently (key order, comments, defaults spelt out) has the
     /// same version; any change of meaning gives a new one.
     pub fn version(&self) -> String {
@@ -354,10 +380,13 @@ impl Workflow {
                 r.multiplier,
                 s.compensation.as_deref().unwrap_or("-")
             ));
-            // Only a step with a probe says so: the versions of workflows without one
-            // stay what they were.
+            // Only a step with a probe, or one that needs no undoing, says so: the
+            // versions of workflows without them stay what they were.
             if let Some(p) = &s.probe {
                 canonical.push_str(&format!("probe={}|not_found={:?}\n", p.url, p.not_found));
+            }
+            if !s.undo_needed {
+                canonical.push_str("undo_needed=false\n");
             }
         }
         let digest = Sha256::digest(canonical.as_bytes());
@@ -604,6 +633,47 @@ mod tests {
         );
         assert_eq!(w.steps[1].compensation.as_deref(), Some("refund"));
         assert_eq!(w.steps[2].compensation, None);
+        // ship cannot be taken back; the other two can.
+        let fixed: Vec<bool> = w.steps.iter().map(StepDef::cannot_be_undone).collect();
+        assert_eq!(fixed, [false, false, true]);
+    }
+
+    /// `undo_needed = false` marks a step whose effect may stand: it is read from a
+    /// file, refused beside a compensation (naming the setting), and part of the
+    /// version; a workflow that leaves it out keeps the version it had.
+    #[test]
+    fn a_step_that_needs_no_undoing_says_so_and_the_version_follows() {
+        let text = r#"
+            name = "order"
+            [[steps]]
+            name = "reserve-inventory"
+            queue = "agent.inventory"
+            timeout_ms = 10000
+            compensation = "release-inventory"
+            [[steps]]
+            name = "charge-payment"
+            queue = "agent.payment"
+            timeout_ms = 10000
+            compensation = "refund"
+            [[steps]]
+            name = "ship"
+            queue = "agent.shipping"
+            timeout_ms = 10000
+        "#;
+        let plain: Workflow = toml::from_str(text).unwrap();
+        assert_eq!(plain.version(), Workflow::default().version());
+        assert!(plain.steps[2].cannot_be_undone());
+        let notify: Workflow = toml::from_str(&format!("{text}undo_needed = false\n")).unwrap();
+        notify.validate().unwrap();
+        assert!(!notify.steps[2].cannot_be_undone());
+        assert_ne!(notify.version(), plain.version());
+        // Written out, only a step that needs no undoing says so.
+        let written = |w: &Workflow| serde_json::to_string(w).unwrap();
+        assert!(!written(&plain).contains("undo_needed"));
+        assert!(written(&notify).contains(r#""undo_needed":false"#));
+        let mut both = Workflow::default();
+        both.steps[0].undo_needed = false;
+        assert_eq!(both.validate().unwrap_err().field, "steps[0].undo_needed");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use orderly_core::messages::{
 use orderly_core::step::idempotency_key;
 use orderly_core::store::{Completion, StepUpdate, StepWrite};
 use orderly_core::transport::Envelope;
-use orderly_core::workflow::Workflow;
+use orderly_core::workflow::{StepDef, Workflow};
 use orderly_core::{Fence, ProcessState, StepRecord, StepStatus};
 
 use crate::{Next, Scheduler};
@@ -106,6 +106,7 @@ impl Scheduler {
                 name,
                 status: StepStatus::Started,
                 detail: None,
+                irreversible: flow.step(index).is_some_and(StepDef::cannot_be_undone),
             }],
             sends: self
                 .request(
@@ -147,6 +148,9 @@ impl Scheduler {
                 status: StepStatus::Succeeded,
                 detail: Some(detail.to_owned()),
                 idempotency_key: reply_key(reply),
+                irreversible: flow
+                    .step(reply.step_index)
+                    .is_some_and(StepDef::cannot_be_undone),
             }],
             sends: notice
                 .envelope(
@@ -208,6 +212,12 @@ impl Scheduler {
     /// The next move of an order whose steps are being undone: compensate the latest
     /// step that may have taken effect and can be undone, or finish. `just_done` is a
     /// step whose compensation was just confirmed (recorded in the same write).
+    ///
+    /// Undoing starts only if no step that can never be taken back may have taken
+    /// effect ([`past_return`]); else nothing is undone and the order ends in Error for
+    /// repair by hand. Once undoing has started no step can newly take effect, so the
+    /// check is made when it starts (`just_done` is `None`: the failure, the cancel's
+    /// claim, or a claim after the undoing was recovered).
     pub(crate) fn plan_compensation(
         &self,
         flow: &Workflow,
@@ -217,6 +227,12 @@ impl Scheduler {
         steps: &[StepRecord],
         just_done: Option<(i32, &str)>,
     ) -> Next {
+        if just_done.is_none() {
+            let fixed = past_return(flow, steps);
+            if !fixed.is_empty() {
+                return Self::refuse_undoing(fence, context.finish_as, steps, &fixed);
+            }
+        }
         let pending = steps
             .iter()
             .filter(|s| Some(s.index) != just_done.map(|(i, _)| i))
@@ -236,6 +252,7 @@ impl Scheduler {
                 name,
                 status: StepStatus::Compensated,
                 detail: Some(detail.to_owned()),
+                irreversible: false,
             });
         }
         match pending {
@@ -250,6 +267,7 @@ impl Scheduler {
                     detail: def
                         .and_then(|d| d.compensation.as_ref())
                         .map(|c| format!("compensating with {c}")),
+                    irreversible: false,
                 });
                 Next::Write(StepWrite {
                     complete: false,
@@ -302,27 +320,8 @@ impl Scheduler {
                 Next::Cancel(fence.clone(), notify_to.map(str::to_owned))
             }
             _ => {
-                let error = steps
-                    .iter()
-                    .filter(|s| s.status == StepStatus::Failed)
-                    .max_by_key(|s| s.index)
-                    .map(|s| {
-                        format!(
-                            "step {} failed: {}",
-                            s.name,
-                            s.detail.as_deref().unwrap_or("no detail")
-                        )
-                    })
-                    // No step failed: the supervisor gave up on it (too many timeouts).
-                    .unwrap_or_else(|| {
-                        "gave up: the order timed out too often (its history has each timeout)"
-                            .to_owned()
-                    });
-                let undone: Vec<&str> = steps
-                    .iter()
-                    .filter(|s| s.status == StepStatus::Compensated)
-                    .map(|s| s.name.as_str())
-                    .collect();
+                let error = failure_text(steps);
+                let undone = undone(steps);
                 let error = if undone.is_empty() {
                     error
                 } else {
@@ -332,6 +331,79 @@ impl Scheduler {
             }
         }
     }
+
+    /// How an order ends when undoing it is refused because `fixed`, steps that can
+    /// never be taken back, may have taken effect: in Error, what it was asked to end
+    /// as and why, for repair by hand. Its steps stay as they are, so a retry carries
+    /// on from where it stopped (sending an uncertain step again under its key) and a
+    /// cancel without compensation ends it as it stands.
+    pub(crate) fn refuse_undoing(
+        fence: &Fence,
+        finish_as: Option<ProcessState>,
+        steps: &[StepRecord],
+        fixed: &[&str],
+    ) -> Next {
+        let asked = match finish_as {
+            Some(ProcessState::Cancelled) => "cancel asked for".to_owned(),
+            _ => failure_text(steps),
+        };
+        let undone = undone(steps);
+        let undone = if undone.is_empty() {
+            "nothing undone".to_owned()
+        } else {
+            format!("undone: {}", undone.join(", "))
+        };
+        Next::Fail(
+            fence.clone(),
+            format!(
+                "{asked}, but {} may have taken effect and cannot be undone: {undone}; \
+                 needs repair by hand (retry to finish the order, or cancel it without \
+                 compensation once it is dealt with)",
+                fixed.join(", ")
+            ),
+        )
+    }
+}
+
+/// The steps that may have taken effect (started or done) and can never be taken
+/// back ([`orderly_core::workflow::StepDef::cannot_be_undone`]): while one stands, an
+/// order cannot be undone, only finished or repaired by hand.
+pub(crate) fn past_return<'a>(flow: &Workflow, steps: &'a [StepRecord]) -> Vec<&'a str> {
+    steps
+        .iter()
+        .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+        .filter(|s| flow.step(s.index).is_some_and(|d| d.cannot_be_undone()))
+        .map(|s| s.name.as_str())
+        .collect()
+}
+
+/// Why an order being undone for Error is: its latest failed step, or the supervisor
+/// giving up on it.
+fn failure_text(steps: &[StepRecord]) -> String {
+    steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Failed)
+        .max_by_key(|s| s.index)
+        .map(|s| {
+            format!(
+                "step {} failed: {}",
+                s.name,
+                s.detail.as_deref().unwrap_or("no detail")
+            )
+        })
+        // No step failed: the supervisor gave up on it (too many timeouts).
+        .unwrap_or_else(|| {
+            "gave up: the order timed out too often (its history has each timeout)".to_owned()
+        })
+}
+
+/// The steps already undone.
+fn undone(steps: &[StepRecord]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Compensated)
+        .map(|s| s.name.as_str())
+        .collect()
 }
 
 /// The key a reply's step was recorded under (its `do` action in the reply's run).

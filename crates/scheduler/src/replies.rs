@@ -394,6 +394,9 @@ impl Scheduler {
                         status: StepStatus::Failed,
                         detail: Some(error.clone()),
                         idempotency_key: plan::reply_key(reply),
+                        irreversible: flow
+                            .step(reply.step_index)
+                            .is_some_and(orderly_core::workflow::StepDef::cannot_be_undone),
                     }],
                     sends: Vec::new(),
                 };
@@ -405,7 +408,13 @@ impl Scheduler {
                         && flow.step(s.index).is_some_and(|d| d.compensation.is_some())
                 });
                 let mut context = reply.context.clone();
-                if flow.compensate_on_error && undoable {
+                let fixed = crate::plan::past_return(flow, &steps);
+                if flow.compensate_on_error && !fixed.is_empty() {
+                    // Undoing would leave the order half undone: nothing is.
+                    let next =
+                        Self::refuse_undoing(fence, Some(ProcessState::Error), &steps, &fixed);
+                    self.execute(vec![next], pass).await
+                } else if flow.compensate_on_error && undoable {
                     self.store
                         .begin_compensation(
                             fence,

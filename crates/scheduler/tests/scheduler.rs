@@ -586,3 +586,211 @@ async fn a_claim_that_took_everything_waits_for_the_next_order_instead_of_claimi
     shutdown.cancel();
     running.await.unwrap();
 }
+
+/// Plays an order of the default workflow up to the request for `upto` (its third
+/// step is ship, which cannot be undone), answering every earlier step.
+async fn run_until(rig: &Rig, s: &Scheduler, id: &str, upto: &str) -> (OrderId, StepRequest) {
+    let id = submit(rig, id).await;
+    s.claim_once().await.unwrap();
+    let mut req = request(rig, "agent.inventory").await;
+    for next in ["agent.payment", "agent.shipping"] {
+        if req.step == upto {
+            break;
+        }
+        answer(rig, &req, ok("done")).await;
+        replies(s).await;
+        req = request(rig, next).await;
+    }
+    assert_eq!(req.step, upto);
+    (id, req)
+}
+
+fn operator() -> orderly_core::Actor {
+    orderly_core::Actor::operator("olga")
+}
+
+/// A cancel asked for while ship, which cannot be undone, may be taking effect is
+/// refused at once, naming ship (releasing stock and refunding a shipped order would
+/// leave it half undone); the order runs on to Processed.
+#[tokio::test]
+async fn a_cancel_once_ship_is_under_way_is_refused_and_the_order_runs_to_its_end() {
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let (id, ship) = run_until(&rig, &s, "o-6", "ship").await;
+    match rig
+        .store
+        .request_cancel(&id, &operator(), "customer changed mind", &[])
+        .await
+    {
+        Err(orderly_core::Error::PastReturn { steps, .. }) => assert_eq!(steps, "ship"),
+        other => panic!("refused, naming ship: {other:?}"),
+    }
+    answer(&rig, &ship, ok("shipped")).await;
+    assert_eq!(replies(&s).await.completed, 1);
+    assert_eq!(
+        rig.store.get(&id).await.unwrap().state.process_state,
+        ProcessState::Processed
+    );
+}
+
+/// When the store could not tell (a cancel that raced ship's start, or a ship row
+/// written by a version that did not mark it), the scheduler that claims the order to
+/// undo it finds ship may have taken effect and undoes nothing: the order ends in Error
+/// saying why, for repair by hand. The operator's retry then carries on from ship under
+/// the same key, and the order ends Processed.
+#[tokio::test]
+async fn an_order_undone_past_the_point_of_no_return_ends_in_error_and_a_retry_finishes_it() {
+    let sqlite = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let rig = rig_on(sqlite.clone()).await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let (id, ship) = run_until(&rig, &s, "o-7", "ship").await;
+    // As a row of a version before the marker.
+    sqlx::query("UPDATE order_steps SET irreversible = 0")
+        .execute(sqlite.pool())
+        .await
+        .unwrap();
+    let asked = rig
+        .store
+        .request_cancel(&id, &operator(), "customer changed mind", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (asked.process_state, asked.finish_as),
+        (ProcessState::Pending, Some(ProcessState::Cancelled))
+    );
+    let pass = s.claim_once().await.unwrap();
+    assert_eq!((pass.failed, pass.requests), (1, 0), "{pass:?}");
+    for q in ["agent.inventory", "agent.payment", "agent.shipping"] {
+        assert!(
+            all_requests(&rig, q).await.is_empty(),
+            "nothing sent to {q}"
+        );
+    }
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Error);
+    let error = view.state.last_error.clone().unwrap();
+    assert!(
+        error.starts_with(
+            "cancel asked for, but ship may have taken effect and cannot be undone: \
+             nothing undone; needs repair by hand"
+        ),
+        "{error}"
+    );
+    let done: Vec<_> = view
+        .steps
+        .iter()
+        .map(|s| (s.name.as_str(), s.status))
+        .collect();
+    assert_eq!(
+        done,
+        [
+            ("reserve-inventory", StepStatus::Succeeded),
+            ("charge-payment", StepStatus::Succeeded),
+            ("ship", StepStatus::Started),
+        ]
+    );
+    // The late reply of the fenced-out ship request changes nothing.
+    answer(&rig, &ship, ok("shipped")).await;
+    assert_eq!(replies(&s).await.applied, 0);
+    // Retried: ship again, under its key, and done.
+    rig.store
+        .resubmit(&id, &operator(), "shipment confirmed", &[])
+        .await
+        .unwrap();
+    s.claim_once().await.unwrap();
+    let again = request(&rig, "agent.shipping").await;
+    assert_eq!(again.idempotency_key, ship.idempotency_key);
+    answer(&rig, &again, ok("shipped")).await;
+    assert_eq!(replies(&s).await.completed, 1);
+    assert_eq!(
+        rig.store.get(&id).await.unwrap().state.process_state,
+        ProcessState::Processed
+    );
+}
+
+/// Before ship is sent, a cancel undoes what was done, latest first, and ends
+/// Cancelled.
+#[tokio::test]
+async fn a_cancel_before_the_point_of_no_return_undoes_the_steps_done_and_ends_cancelled() {
+    let rig = rig().await;
+    let s = scheduler(&rig, "scheduler-a", vec![Workflow::default()]);
+    let (id, _charge) = run_until(&rig, &s, "o-8", "charge-payment").await;
+    rig.store
+        .request_cancel(&id, &operator(), "customer changed mind", &[])
+        .await
+        .unwrap();
+    s.claim_once().await.unwrap();
+    for (queue, action) in [
+        ("agent.payment", "refund"),
+        ("agent.inventory", "release-inventory"),
+    ] {
+        let undo = request(&rig, queue).await;
+        assert_eq!(
+            (undo.kind, undo.action.as_str()),
+            (StepKind::Compensate, action)
+        );
+        answer(&rig, &undo, ok("undone")).await;
+        replies(&s).await;
+    }
+    let view = rig.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Cancelled);
+    assert!(all_requests(&rig, "agent.shipping").await.is_empty());
+}
+
+/// A workflow whose middle step cannot be undone: the last step failing for good
+/// undoes nothing (the first step's release would leave the order half undone) and
+/// says so; a step marked `undo_needed = false` in the same place lets the undoing
+/// go ahead past it.
+#[tokio::test]
+async fn a_failure_after_a_step_that_cannot_be_undone_is_left_for_repair_by_hand() {
+    for undo_needed in [true, false] {
+        let rig = rig().await;
+        let mut flow = Workflow::default();
+        // reserve-inventory, ship (no compensation), charge-payment (refund).
+        flow.steps.swap(1, 2);
+        flow.steps[1].undo_needed = undo_needed;
+        flow.validate().unwrap();
+        let s = scheduler(&rig, "scheduler-a", vec![flow]);
+        let id = submit(&rig, "o-9").await;
+        s.claim_once().await.unwrap();
+        let reserve = request(&rig, "agent.inventory").await;
+        answer(&rig, &reserve, ok("reserved")).await;
+        replies(&s).await;
+        let ship = request(&rig, "agent.shipping").await;
+        answer(&rig, &ship, ok("shipped")).await;
+        replies(&s).await;
+        let charge = request(&rig, "agent.payment").await;
+        let declined = StepOutcome::Failed {
+            error: "card declined".into(),
+        };
+        answer(&rig, &charge, declined).await;
+        let pass = replies(&s).await;
+        let releases = all_requests(&rig, "agent.inventory").await;
+        let view = rig.store.get(&id).await.unwrap();
+        if undo_needed {
+            assert_eq!((pass.failed, releases.len()), (1, 0), "{pass:?}");
+            assert_eq!(view.state.process_state, ProcessState::Error);
+            let error = view.state.last_error.unwrap();
+            assert!(
+                error.contains("step charge-payment failed: card declined")
+                    && error.contains("ship may have taken effect")
+                    && error.contains("by hand"),
+                "{error}"
+            );
+        } else {
+            assert_eq!(
+                releases.len(),
+                1,
+                "ship needs no undoing: the stock is released"
+            );
+            answer(&rig, &releases[0], ok("released")).await;
+            assert_eq!(replies(&s).await.failed, 1);
+            let error = rig.store.get(&id).await.unwrap().state.last_error.unwrap();
+            assert!(error.contains("undone: reserve-inventory"), "{error}");
+        }
+    }
+}

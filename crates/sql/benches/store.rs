@@ -252,6 +252,7 @@ fn step(index: i32, status: StepStatus) -> StepUpdate {
         status,
         detail: None,
         idempotency_key: format!("key-{index}"),
+        irreversible: false,
     }
 }
 

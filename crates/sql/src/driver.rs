@@ -447,6 +447,7 @@ pub(crate) struct StepRow<'a> {
     pub idempotency_key: &'a str,
     pub detail: Option<String>,
     pub kind: &'static str,
+    pub irreversible: bool,
 }
 
 /// One timed-out order's recovery, decided by the shared code.

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 14] = [
+const ALL: [Both; 15] = [
     Both {
         version: 1,
         name: "state_store",
@@ -124,6 +124,12 @@ const ALL: [Both; 14] = [
         name: "step_rows_updated_in_place",
         sqlite: include_str!("../../../migrations/sqlite/0014_step_rows_updated_in_place.sql"),
         postgres: include_str!("../../../migrations/postgres/0014_step_rows_updated_in_place.sql"),
+    },
+    Both {
+        version: 15,
+        name: "irreversible_steps",
+        sqlite: include_str!("../../../migrations/sqlite/0015_irreversible_steps.sql"),
+        postgres: include_str!("../../../migrations/postgres/0015_irreversible_steps.sql"),
     },
 ];
 

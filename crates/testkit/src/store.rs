@@ -80,6 +80,7 @@ macro_rules! store_conformance {
             resume_owned_takes_back_live_orders_under_a_new_epoch,
             a_compensating_order_ends_cancelled_only_through_its_owner,
             request_cancel_undoes_started_work_and_cancels_untouched_orders_at_once,
+            a_cancel_past_a_step_that_cannot_be_undone_is_refused_naming_it,
             every_error_raises_one_alert_which_is_published_once,
             submit_many_records_a_batch_and_judges_each_order_alone,
             a_waiting_claimer_is_woken_by_a_submit_and_a_release,
@@ -492,6 +493,7 @@ async fn every_write_is_fenced(
         status: StepStatus::Succeeded,
         detail: None,
         idempotency_key: "late-key".into(),
+        irreversible: false,
     };
     fenced(
         "record_step",
@@ -590,6 +592,7 @@ pub async fn record_step_advances_the_workflow_with_a_stable_idempotency_key(ctx
         status,
         detail: detail.map(str::to_owned),
         idempotency_key: idempotency_key(&id, 0, index, name),
+        irreversible: false,
     };
     let s0 = store
         .record_step(

@@ -219,6 +219,7 @@ pub async fn a_parked_order_waits_uncounted_until_its_service_is_back(ctx: &Ctx)
                 status: StepStatus::Succeeded,
                 detail: None,
                 idempotency_key: key(0),
+                irreversible: false,
             },
             StepUpdate {
                 index: 1,
@@ -226,6 +227,7 @@ pub async fn a_parked_order_waits_uncounted_until_its_service_is_back(ctx: &Ctx)
                 status: StepStatus::Started,
                 detail: None,
                 idempotency_key: key(1),
+                irreversible: false,
             },
         ],
         sends: Vec::new(),

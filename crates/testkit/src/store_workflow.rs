@@ -18,6 +18,7 @@ fn update(index: i32, status: StepStatus) -> StepUpdate {
         status,
         detail: Some(format!("{status} {index}")),
         idempotency_key: format!("key-{index}"),
+        irreversible: false,
     }
 }
 
@@ -332,6 +333,102 @@ pub async fn request_cancel_undoes_started_work_and_cancels_untouched_orders_at_
                 && e.actor == ops
                 && e.reason.as_deref() == Some("customer"))
     );
+}
+
+/// A cancel that would undo an order is refused while a step that can never be undone
+/// may have taken effect (started or done): the error names it, and the order, its
+/// owner and its history are left as they were. Once that step has failed, the cancel
+/// undoes the others as usual; a cancel without compensation is never refused.
+pub async fn a_cancel_past_a_step_that_cannot_be_undone_is_refused_naming_it(ctx: &Ctx) {
+    let store = ctx.store().await;
+    submit_n(&*store, 2).await;
+    let ops = Actor::operator("ops");
+    let a = owner("a");
+    let irreversible = |index: i32, status: StepStatus| StepUpdate {
+        irreversible: true,
+        ..update(index, status)
+    };
+    let x = claim_one(&*store, &a, MINUTE).await;
+    let y = claim_one(&*store, &a, MINUTE).await;
+    // Step 0 done (it can be undone), step 1 (it cannot) under way.
+    store
+        .record_steps(&[write(
+            &x.fence,
+            Some(0),
+            vec![
+                update(0, StepStatus::Succeeded),
+                irreversible(1, StepStatus::Started),
+            ],
+        )])
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
+    let before = store.get(&x.fence.order_id).await.unwrap();
+    match store
+        .request_cancel(&x.fence.order_id, &ops, "customer", &[])
+        .await
+    {
+        Err(Error::PastReturn { order_id, steps }) => {
+            assert_eq!(
+                (order_id, steps.as_str()),
+                (x.fence.order_id.clone(), "step-1")
+            );
+        }
+        other => panic!("refused, naming step-1: {other:?}"),
+    }
+    let after = store.get(&x.fence.order_id).await.unwrap();
+    assert_eq!(after.state, before.state, "the order is as it was");
+    assert_eq!(
+        after.history.len(),
+        before.history.len(),
+        "and so is its history"
+    );
+    // Step 1 fails: nothing stands in the way any more.
+    store
+        .record_steps(&[write(
+            &x.fence,
+            Some(1),
+            vec![irreversible(1, StepStatus::Failed)],
+        )])
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
+    let r = store
+        .request_cancel(&x.fence.order_id, &ops, "customer", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.process_state, r.finish_as),
+        (ProcessState::Pending, Some(ProcessState::Cancelled)),
+        "step 0 is undone first"
+    );
+    // Its first step cannot be undone and is done: refused; without compensation, done.
+    store
+        .record_steps(&[write(
+            &y.fence,
+            Some(0),
+            vec![irreversible(0, StepStatus::Succeeded)],
+        )])
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        store
+            .request_cancel(&y.fence.order_id, &ops, "customer", &[])
+            .await,
+        Err(Error::PastReturn { .. })
+    ));
+    let r = store
+        .cancel(&y.fence.order_id, &ops, "dealt with by hand", &[])
+        .await
+        .unwrap();
+    assert_eq!(r.process_state, ProcessState::Cancelled);
 }
 
 /// Whatever moves an order to Error raises one alert carrying the step and the last

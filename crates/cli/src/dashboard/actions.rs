@@ -124,7 +124,10 @@ pub(super) async fn act(
     let to = format!("/orders/{}", url(order_id.as_str()));
     match done {
         Ok(_) => back(&form, &to),
-        Err(e @ orderly_core::Error::IllegalTransition { .. }) => (
+        Err(
+            e @ (orderly_core::Error::IllegalTransition { .. }
+            | orderly_core::Error::PastReturn { .. }),
+        ) => (
             StatusCode::CONFLICT,
             page(
                 "Not done",

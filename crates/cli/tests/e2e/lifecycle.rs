@@ -154,6 +154,161 @@ async fn retry_after_compensation(dialect: Dialect) {
 }
 
 both!(
+    an_operators_cancel_while_ship_takes_effect_is_refused_and_the_order_runs_to_its_end,
+    cancel_past_the_point_of_no_return
+);
+/// The journey that went wrong: an operator cancels, with `orderly cancel`, orders
+/// whose ship (which cannot be undone) has taken effect but not yet answered. Undoing
+/// the payment and the stock hold would leave each order half undone, and cancelled
+/// orders that were shipped: the cancel is refused at once, saying why, and the orders
+/// run on to Processed, each step in effect once.
+async fn cancel_past_the_point_of_no_return(dialect: Dialect) {
+    let db = Db::new(dialect).await;
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(SimConfig {
+        // Ship takes effect, then its answer hangs for a while.
+        lose_reply_actions: vec!["ship".into()],
+        hang_for: Duration::from_secs(4),
+        ..SimConfig::default()
+    });
+    let system = System::start(db.backend().await, cfg).await.unwrap();
+    let orders = demo::sample_orders(2);
+    let sent = demo::submit(&system, &orders).await.unwrap();
+    let store = system.backend.store.clone();
+    let sim = system.sim.clone().unwrap();
+    let ids: Vec<&str> = orders.iter().map(|o| o.order_id.as_str()).collect();
+    wait_for(
+        "ship in effect for both orders",
+        Duration::from_secs(30),
+        async || {
+            let effects = sim.effects();
+            ids.iter()
+                .all(|id| !orderly_remote_sim::in_force(&effects, id, "ship").is_empty())
+        },
+    )
+    .await;
+    for id in &ids {
+        let (ok, stdout, stderr) = orderly(
+            &db.url,
+            &["cancel", id, "--reason", "customer changed their mind"],
+            &[],
+        );
+        assert!(!ok, "refused: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "order {id} cannot be undone: ship may have taken effect and cannot be undone"
+            )),
+            "the operator is told why: {stderr}"
+        );
+    }
+    wait_for(
+        "both orders Processed",
+        Duration::from_secs(30),
+        async || count(&system, ProcessState::Processed).await == 2,
+    )
+    .await;
+    let ledger = sim.effects();
+    let workflows = system.workflows.clone();
+    system.stop(Duration::from_secs(5)).await;
+    for id in &ids {
+        assert!(
+            ledger.iter().all(|e| e.order_id != *id || e.kind == "do"),
+            "{id}: nothing undone"
+        );
+        let history = store
+            .get(&orderly_core::OrderId::parse(*id).unwrap())
+            .await
+            .unwrap()
+            .history;
+        assert!(
+            !history
+                .iter()
+                .any(|e| e.kind == HistoryKind::CancelRequested),
+            "a refused cancel leaves no trace in the order's history"
+        );
+    }
+    let report = invariants::report_on(store.as_ref(), Some(ledger), &sent, &workflows, true)
+        .await
+        .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+}
+
+both!(
+    giving_up_while_ship_may_have_taken_effect_undoes_nothing_and_a_retry_finishes_the_order,
+    give_up_past_the_point_of_no_return
+);
+/// Ship hangs until the supervisor gives up on its orders. Ship may have taken effect
+/// and cannot be undone, so nothing is undone: each order ends in Error saying so,
+/// with an alert. The operator gets shipping going again and retries them with
+/// `orderly resubmit`; they carry on from ship and end Processed, each step in effect
+/// once across both runs.
+async fn give_up_past_the_point_of_no_return(dialect: Dialect) {
+    let db = Db::new(dialect).await;
+    let mut cfg = SystemConfig::new().quick();
+    cfg.policy.max_failures = 2;
+    cfg.sim = Some(SimConfig {
+        hang_actions: vec!["ship".into()],
+        hang_for: Duration::from_secs(20),
+        ..SimConfig::default()
+    });
+    let system = System::start(db.backend().await, cfg.clone())
+        .await
+        .unwrap();
+    let orders = demo::sample_orders(2);
+    let sent = demo::submit(&system, &orders).await.unwrap();
+    wait_for("2 orders in Error", Duration::from_secs(90), async || {
+        count(&system, ProcessState::Error).await == 2
+    })
+    .await;
+    let mut ledger: Vec<Effect> = system.sim.as_ref().unwrap().effects();
+    let store = system.backend.store.clone();
+    system.stop(Duration::from_secs(5)).await;
+    assert!(
+        ledger.iter().all(|e| e.kind == "do"),
+        "nothing undone: {ledger:?}"
+    );
+    let alerts = store.alerts(false, 100).await.unwrap();
+    for o in &orders {
+        let error = store
+            .get(&o.order_id)
+            .await
+            .unwrap()
+            .state
+            .last_error
+            .unwrap_or_default();
+        assert!(
+            error.starts_with("gave up: the order timed out too often")
+                && error.contains(
+                    "but ship may have taken effect and cannot be undone: nothing undone; \
+                     needs repair by hand"
+                ),
+            "{error}"
+        );
+        assert!(alerts.iter().any(|a| a.order_id == o.order_id), "alerted");
+    }
+
+    let (ok, stdout, stderr) = orderly(
+        &db.url,
+        &["resubmit", "--all", "--yes", "--reason", "shipping is back"],
+        &[],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    cfg.sim = Some(SimConfig::default());
+    let system = System::start(db.backend().await, cfg).await.unwrap();
+    wait_for("2 orders Processed", Duration::from_secs(60), async || {
+        count(&system, ProcessState::Processed).await == 2
+    })
+    .await;
+    ledger.extend(system.sim.as_ref().unwrap().effects());
+    let workflows = system.workflows.clone();
+    system.stop(Duration::from_secs(5)).await;
+    let report = invariants::report_on(store.as_ref(), Some(ledger), &sent, &workflows, true)
+        .await
+        .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+}
+
+both!(
     giving_up_on_an_order_undoes_its_completed_steps_before_error,
     give_up_compensates
 );

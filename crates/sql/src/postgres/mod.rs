@@ -349,6 +349,7 @@ fn steps_batch(touches: &[Touch<'_>], rows: &[StepRow<'_>]) -> (Vec<String>, ser
                 "key": r.idempotency_key,
                 "detail": r.detail,
                 "kind": r.kind,
+                "irreversible": r.irreversible,
             }));
     }
     let batch = batch_of(

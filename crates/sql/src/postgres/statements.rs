@@ -324,18 +324,21 @@ macro_rules! write_steps {
     written AS ( \
         SELECT t.order_id, t.owner, t.epoch, u.n, (u.step ->> 'index')::int AS idx, \
             u.step ->> 'name' AS name, u.step ->> 'status' AS status, \
-            u.step ->> 'key' AS key, u.step ->> 'detail' AS detail, u.step ->> 'kind' AS kind \
+            u.step ->> 'key' AS key, u.step ->> 'detail' AS detail, u.step ->> 'kind' AS kind, \
+            (u.step ->> 'irreversible')::boolean AS irreversible \
         FROM touched t, jsonb_array_elements(t.steps) WITH ORDINALITY AS u(step, n)), \
     records AS ( \
         INSERT INTO order_steps \
-            (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+            (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at, \
+             irreversible) \
         SELECT order_id, idx, name, status, key, \
-            CASE WHEN status = 'Started' THEN 1 ELSE 0 END, detail, epoch, $1 \
+            CASE WHEN status = 'Started' THEN 1 ELSE 0 END, detail, epoch, $1, irreversible \
         FROM written \
         ON CONFLICT (order_id, step_index) DO UPDATE SET \
             name = excluded.name, status = excluded.status, \
             attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
-            epoch = excluded.epoch, updated_at = excluded.updated_at), \
+            epoch = excluded.epoch, updated_at = excluded.updated_at, \
+            irreversible = excluded.irreversible), \
     history AS ( \
         INSERT INTO order_history \
             (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \

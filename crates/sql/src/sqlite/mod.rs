@@ -428,7 +428,8 @@ impl SqliteDriver {
                 r.status,
                 r.idempotency_key,
                 r.detail.as_deref(),
-                r.fence.epoch.0
+                r.fence.epoch.0,
+                r.irreversible
             ])
         });
         let history = rows_json(rows, |r| {

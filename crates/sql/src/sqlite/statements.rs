@@ -252,18 +252,22 @@ macro_rules! insert_histories {
 }
 
 /// Many step records and their history entries at `$1`, in one round trip: `$2` JSON
-/// array of `[order_id, index, name, status, idempotency_key, detail, epoch]`, applied
+/// array of `[order_id, index, name, status, idempotency_key, detail, epoch,
+/// irreversible]`, applied
 /// in order; `$3` the history entries as `insert_histories!` takes them.
 pub(crate) const STEP_ROWS: &str = concat!(
     "INSERT INTO order_steps \
-    (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at) \
+    (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at, \
+     irreversible) \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-        CASE WHEN value ->> 3 = 'Started' THEN 1 ELSE 0 END, value ->> 5, value ->> 6, $1 \
+        CASE WHEN value ->> 3 = 'Started' THEN 1 ELSE 0 END, value ->> 5, value ->> 6, $1, \
+        value ->> 7 \
     FROM json_each($2) WHERE true ORDER BY key \
     ON CONFLICT (order_id, step_index) DO UPDATE SET \
     name = excluded.name, status = excluded.status, \
     attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
-    epoch = excluded.epoch, updated_at = excluded.updated_at; ",
+    epoch = excluded.epoch, updated_at = excluded.updated_at, \
+    irreversible = excluded.irreversible; ",
     insert_histories!("$3")
 );
 

@@ -101,6 +101,25 @@ impl<D: Driver> SqlStore<D> {
                     to: target,
                 });
             }
+            // Past the point of no return: undoing the order would leave it half
+            // undone. (A step that starts after this check is caught by the scheduler
+            // that claims the order to undo it.)
+            if undo_first {
+                let fixed = q(st::PAST_RETURN)
+                    .bind(order_id.as_str())
+                    .fetch_all::<D>(&mut tx)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| Cols(r).get::<String>("name"))
+                    .collect::<Result<Vec<_>>>()?;
+                if !fixed.is_empty() {
+                    return Err(Error::PastReturn {
+                        order_id: order_id.clone(),
+                        steps: fixed.join(", "),
+                    });
+                }
+            }
             let undo = undo_first && {
                 let row = q(st::HAS_EFFECTS)
                     .bind(order_id.as_str())

@@ -60,6 +60,7 @@ pub(crate) fn step_row<'a>(fence: &'a Fence, step: &'a StepUpdate) -> StepRow<'a
         idempotency_key: &step.idempotency_key,
         detail: step.detail.as_deref().map(|d| bounded_text(d).to_owned()),
         kind: step_kind(step.status).as_str(),
+        irreversible: step.irreversible,
     }
 }
 

@@ -78,6 +78,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         status: StepStatus::Started,
         detail: None,
         idempotency_key: "test-key".into(),
+        irreversible: false,
     };
     s.record_step(
         &claimed.fence,
@@ -97,6 +98,7 @@ async fn check_all(s: Arc<dyn StoreAndQueue>) {
         status: StepStatus::Succeeded,
         detail: None,
         idempotency_key: "test-key".into(),
+        irreversible: false,
     };
     let sends = [
         envelope("agent-inventory", "step-1"),

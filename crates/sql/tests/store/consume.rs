@@ -71,6 +71,7 @@ fn succeeded(fence: &Fence, expect: i32, key: &str, sends: Vec<Envelope>) -> Ste
             status: StepStatus::Succeeded,
             detail: None,
             idempotency_key: format!("{key}-{expect}"),
+            irreversible: false,
         }],
         sends,
     }

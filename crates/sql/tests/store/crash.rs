@@ -49,6 +49,7 @@ async fn child(spec: &str) {
         status: StepStatus::Started,
         detail: None,
         idempotency_key: "test-key".into(),
+        irreversible: false,
     };
     let sends = [
         envelope("agent-inventory", "step-0"),

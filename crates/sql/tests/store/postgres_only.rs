@@ -213,6 +213,7 @@ async fn postgres_a_step_write_that_sends_notifies_other_processes_of_its_queues
             status: StepStatus::Succeeded,
             detail: None,
             idempotency_key: format!("k-{}", fence.order_id),
+            irreversible: false,
         }],
         sends: vec![Envelope {
             queue: q.clone(),
