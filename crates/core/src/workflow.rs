@@ -621,6 +621,27 @@ impl Default for WorkflowFilter {
 mod tests {
     use super::*;
 
+    /// The default workflow as a file would give it: defaults left out, keys
+    /// reordered; ship, which cannot be undone, last.
+    const DEFAULT_AS_TOML: &str = r#"
+            compensate_on_error = true
+            name = "order"
+            [[steps]]
+            queue = "agent.inventory"
+            name = "reserve-inventory"
+            timeout_ms = 10000
+            compensation = "release-inventory"
+            [[steps]]
+            name = "charge-payment"
+            queue = "agent.payment"
+            timeout_ms = 10000
+            compensation = "refund"
+            [[steps]]
+            name = "ship"
+            queue = "agent.shipping"
+            timeout_ms = 10000
+        "#;
+
     #[test]
     fn the_default_workflow_is_valid_and_undoes_its_first_two_steps() {
         let w = Workflow::default();
@@ -643,23 +664,7 @@ mod tests {
     /// version; a workflow that leaves it out keeps the version it had.
     #[test]
     fn a_step_that_needs_no_undoing_says_so_and_the_version_follows() {
-        let text = r#"
-            name = "order"
-            [[steps]]
-            name = "reserve-inventory"
-            queue = "agent.inventory"
-            timeout_ms = 10000
-            compensation = "release-inventory"
-            [[steps]]
-            name = "charge-payment"
-            queue = "agent.payment"
-            timeout_ms = 10000
-            compensation = "refund"
-            [[steps]]
-            name = "ship"
-            queue = "agent.shipping"
-            timeout_ms = 10000
-        "#;
+        let text = DEFAULT_AS_TOML;
         let plain: Workflow = toml::from_str(text).unwrap();
         assert_eq!(plain.version(), Workflow::default().version());
         assert!(plain.steps[2].cannot_be_undone());
@@ -699,25 +704,7 @@ mod tests {
         assert_eq!(v.len(), 12);
         assert_eq!(Workflow::default().version(), v, "stable");
         // The same workflow read from TOML with defaults left out and keys reordered.
-        let toml_text = r#"
-            compensate_on_error = true
-            name = "order"
-            [[steps]]
-            queue = "agent.inventory"
-            name = "reserve-inventory"
-            timeout_ms = 10000
-            compensation = "release-inventory"
-            [[steps]]
-            name = "charge-payment"
-            queue = "agent.payment"
-            timeout_ms = 10000
-            compensation = "refund"
-            [[steps]]
-            name = "ship"
-            queue = "agent.shipping"
-            timeout_ms = 10000
-        "#;
-        let parsed: Workflow = toml::from_str(toml_text).unwrap();
+        let parsed: Workflow = toml::from_str(DEFAULT_AS_TOML).unwrap();
         assert_eq!(parsed.version(), v);
         let mut changed = Workflow::default();
         changed.steps[2].timeout_ms += 1;

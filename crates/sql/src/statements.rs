@@ -58,11 +58,10 @@ pub(crate) const OWNED: &str = "SELECT order_id, lock_epoch FROM order_state \
      WHERE process_state = 'Processing' AND locked_by = $1 ORDER BY order_id";
 
 /// Whether any step of order `$1` may have taken effect.
-pub(crate) const HAS_EFFECTS: &str = "SELECT count(*) AS n FROM order_steps WHERE order_id = $1 AND status IN ('Started', 'Succeeded')";
-
-/// The steps of an order that may have taken effect and can never be undone, in order.
-pub(crate) const PAST_RETURN: &str = "SELECT name FROM order_steps WHERE order_id = $1 \
-    AND status IN ('Started', 'Succeeded') AND irreversible ORDER BY step_index";
+/// The steps of an order that may have taken effect (started or done), in order, and
+/// whether each can never be undone.
+pub(crate) const IN_EFFECT: &str = "SELECT name, irreversible FROM order_steps \
+    WHERE order_id = $1 AND status IN ('Started', 'Succeeded') ORDER BY step_index";
 
 /// The columns an alert is read from (`a` alerts, `s` its step).
 macro_rules! alert_select {

@@ -351,20 +351,18 @@ pub async fn a_cancel_past_a_step_that_cannot_be_undone_is_refused_naming_it(ctx
     let x = claim_one(&*store, &a, MINUTE).await;
     let y = claim_one(&*store, &a, MINUTE).await;
     // Step 0 done (it can be undone), step 1 (it cannot) under way.
-    store
-        .record_steps(&[write(
+    apply(
+        &*store,
+        write(
             &x.fence,
             Some(0),
             vec![
                 update(0, StepStatus::Succeeded),
                 irreversible(1, StepStatus::Started),
             ],
-        )])
-        .await
-        .unwrap()
-        .pop()
-        .unwrap()
-        .unwrap();
+        ),
+    )
+    .await;
     let before = store.get(&x.fence.order_id).await.unwrap();
     match store
         .request_cancel(&x.fence.order_id, &ops, "customer", &[])
@@ -386,17 +384,11 @@ pub async fn a_cancel_past_a_step_that_cannot_be_undone_is_refused_naming_it(ctx
         "and so is its history"
     );
     // Step 1 fails: nothing stands in the way any more.
-    store
-        .record_steps(&[write(
-            &x.fence,
-            Some(1),
-            vec![irreversible(1, StepStatus::Failed)],
-        )])
-        .await
-        .unwrap()
-        .pop()
-        .unwrap()
-        .unwrap();
+    apply(
+        &*store,
+        write(&x.fence, Some(1), vec![irreversible(1, StepStatus::Failed)]),
+    )
+    .await;
     let r = store
         .request_cancel(&x.fence.order_id, &ops, "customer", &[])
         .await
@@ -407,17 +399,15 @@ pub async fn a_cancel_past_a_step_that_cannot_be_undone_is_refused_naming_it(ctx
         "step 0 is undone first"
     );
     // Its first step cannot be undone and is done: refused; without compensation, done.
-    store
-        .record_steps(&[write(
+    apply(
+        &*store,
+        write(
             &y.fence,
             Some(0),
             vec![irreversible(0, StepStatus::Succeeded)],
-        )])
-        .await
-        .unwrap()
-        .pop()
-        .unwrap()
-        .unwrap();
+        ),
+    )
+    .await;
     assert!(matches!(
         store
             .request_cancel(&y.fence.order_id, &ops, "customer", &[])

@@ -101,18 +101,25 @@ impl<D: Driver> SqlStore<D> {
                     to: target,
                 });
             }
-            // Past the point of no return: undoing the order would leave it half
-            // undone. (A step that starts after this check is caught by the scheduler
-            // that claims the order to undo it.)
+            // The steps that may have taken effect: none, and the cancel is at once;
+            // one that can never be undone, and it is refused (undoing the others
+            // would leave the order half undone; a step that starts after this read
+            // is caught by the scheduler that claims the order to undo it).
+            let mut undo = false;
             if undo_first {
-                let fixed = q(st::PAST_RETURN)
+                let mut fixed = Vec::new();
+                for r in q(st::IN_EFFECT)
                     .bind(order_id.as_str())
                     .fetch_all::<D>(&mut tx)
                     .await
                     .map_err(db)?
-                    .iter()
-                    .map(|r| Cols(r).get::<String>("name"))
-                    .collect::<Result<Vec<_>>>()?;
+                {
+                    undo = true;
+                    let c = Cols(&r);
+                    if c.get::<bool>("irreversible")? {
+                        fixed.push(c.get::<String>("name")?);
+                    }
+                }
                 if !fixed.is_empty() {
                     return Err(Error::PastReturn {
                         order_id: order_id.clone(),
@@ -120,15 +127,6 @@ impl<D: Driver> SqlStore<D> {
                     });
                 }
             }
-            let undo = undo_first && {
-                let row = q(st::HAS_EFFECTS)
-                    .bind(order_id.as_str())
-                    .fetch_one::<D>(&mut tx)
-                    .await
-                    .map_err(db)?;
-                let effects: i64 = Cols(&row).get("n")?;
-                effects > 0
-            };
             let (to, kind, finish_as) = if undo {
                 (
                     ProcessState::Pending,
