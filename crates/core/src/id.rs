@@ -141,6 +141,11 @@ impl fmt::Display for InstanceId {
 pub struct Actor(String);
 
 impl Actor {
+    /// What starts an operator's name in an order's history. No instance id may start
+    /// with it (the role binaries refuse such an `--instance-id`), so that the history
+    /// tells an operator's hand from a worker's.
+    pub const OPERATOR_PREFIX: &'static str = "operator:";
+
     /// A worker instance acting.
     pub fn instance(id: &InstanceId) -> Self {
         Self(id.as_str().to_owned())
@@ -148,13 +153,13 @@ impl Actor {
 
     /// A named operator acting by hand (CLI or dashboard).
     pub fn operator(name: &str) -> Self {
-        Self(format!("operator:{name}"))
+        Self(format!("{}{name}", Self::OPERATOR_PREFIX))
     }
 
     /// Whether it was named by [`Actor::operator`]: an operator acted, not a worker or
     /// the client.
     pub fn is_operator(&self) -> bool {
-        self.0.starts_with("operator:")
+        self.0.starts_with(Self::OPERATOR_PREFIX)
     }
 
     /// Wraps a stored actor name.

@@ -142,12 +142,23 @@ impl Common {
     /// The instance id: the configured one, or a fresh one for `role`.
     pub fn instance(&self, role: &str) -> anyhow::Result<InstanceId> {
         match &self.instance_id {
-            Some(id) => {
-                InstanceId::parse(id.clone()).context("invalid --instance-id / ORDERLY_INSTANCE_ID")
-            }
+            Some(id) => configured_instance(id),
             None => Ok(InstanceId::generate(role)),
         }
     }
+}
+
+/// An `--instance-id` as given: a valid id that does not pose as an operator.
+fn configured_instance(raw: &str) -> anyhow::Result<InstanceId> {
+    const SETTING: &str = "--instance-id / ORDERLY_INSTANCE_ID";
+    let prefix = orderly_core::Actor::OPERATOR_PREFIX;
+    if raw.starts_with(prefix) {
+        anyhow::bail!(
+            "invalid {SETTING} {raw:?}: {prefix:?} starts the names of operators in an \
+             order's history, so an instance id may not start with it"
+        );
+    }
+    InstanceId::parse(raw).with_context(|| format!("invalid {SETTING}"))
 }
 
 /// Logs to stderr, filtered by `ORDERLY_LOG` (default `info`), as text or JSON lines.
@@ -264,6 +275,18 @@ pub fn span(raw: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_id_posing_as_an_operator_is_refused_naming_the_setting() {
+        let err = format!("{:#}", configured_instance("operator:alice").unwrap_err());
+        assert!(err.contains("--instance-id / ORDERLY_INSTANCE_ID"), "{err}");
+        assert!(err.contains("operator:"), "{err}");
+        let err = format!("{:#}", configured_instance("").unwrap_err());
+        assert!(err.contains("--instance-id / ORDERLY_INSTANCE_ID"), "{err}");
+        for fine in ["scheduler-a", "operators-pod-1", "supervisor@host:1:ab"] {
+            assert_eq!(configured_instance(fine).unwrap().as_str(), fine);
+        }
+    }
 
     #[test]
     fn spans_read_as_operators_write_them() {

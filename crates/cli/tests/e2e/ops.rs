@@ -296,3 +296,45 @@ async fn scheduler_hands_back(dialect: Dialect) {
     .await;
     assert_invariants(store.as_ref(), sim_port, &sent, Some(60)).await;
 }
+
+/// An instance id that starts like an operator's name would make a worker's hand look
+/// like an operator's in an order's history: every role refuses it at start-up, by flag
+/// or by variable, naming the setting.
+#[test]
+fn a_role_whose_instance_id_poses_as_an_operator_stops_naming_the_setting() {
+    for role in [
+        "orderly-submitter",
+        "orderly-scheduler",
+        "orderly-agent",
+        "orderly-supervisor",
+    ] {
+        for by_flag in [true, false] {
+            let mut command = std::process::Command::new(crate::procs::bin(role));
+            command
+                .arg("--check-config")
+                .env("ORDERLY_DATABASE_URL", "sqlite://unused.db");
+            if by_flag {
+                command.args(["--instance-id", "operator:alice"]);
+            } else {
+                command.env("ORDERLY_INSTANCE_ID", "operator:alice");
+            }
+            let out = command.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{role}: accepted");
+            assert!(
+                err.contains("--instance-id / ORDERLY_INSTANCE_ID") && err.contains("operator:"),
+                "{role}: {err}"
+            );
+        }
+        let fine = std::process::Command::new(crate::procs::bin(role))
+            .args(["--check-config", "--instance-id", "pod-7"])
+            .env("ORDERLY_DATABASE_URL", "sqlite://unused.db")
+            .output()
+            .unwrap();
+        assert!(
+            fine.status.success(),
+            "{role}: {}",
+            String::from_utf8_lossy(&fine.stderr)
+        );
+    }
+}
