@@ -175,7 +175,7 @@ pub(crate) async fn resubmit(
             }
             Err(e) => {
                 failed += 1;
-                eprintln!("order {id}: {e}");
+                eprintln!("{}", e.about(id));
             }
         }
     }
@@ -214,7 +214,7 @@ pub(crate) async fn cancel(
             Ok(row) => outln!("order {} is {}", row.order_id, row.process_state),
             Err(e) => {
                 failed += 1;
-                eprintln!("order {id}: {e}");
+                eprintln!("{}", e.about(id));
             }
         }
     }

@@ -139,6 +139,34 @@ pub enum Error {
 }
 
 impl Error {
+    /// The order the error's own text names, if it names one.
+    pub fn order_id(&self) -> Option<&OrderId> {
+        match self {
+            Error::OrderNotFound(id) | Error::OrderIdConflict(id) => Some(id),
+            Error::Fenced { order_id, .. }
+            | Error::DeadlinePassed { order_id, .. }
+            | Error::StaleStep { order_id, .. }
+            | Error::IllegalTransition { order_id, .. }
+            | Error::PastReturn { order_id, .. } => Some(order_id),
+            Error::Deposed { .. }
+            | Error::Invalid(_)
+            | Error::Unavailable(_)
+            | Error::Queue(_)
+            | Error::Send(_)
+            | Error::Corrupt(_) => None,
+        }
+    }
+
+    /// The error as one line about `order_id`, which it names once: as it is when its
+    /// text names the order already, else after `order <id>: `.
+    pub fn about(&self, order_id: &OrderId) -> String {
+        if self.order_id() == Some(order_id) {
+            self.to_string()
+        } else {
+            format!("order {order_id}: {self}")
+        }
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -146,5 +174,30 @@ impl Error {
             Error::Send(inner) | Error::Queue(inner) => inner.is_retryable(),
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_about_an_order_names_it_once() {
+        let id = OrderId::parse("o-1").unwrap();
+        let past = Error::PastReturn {
+            order_id: id.clone(),
+            steps: "ship".into(),
+        };
+        let line = past.about(&id);
+        assert_eq!(line.matches("o-1").count(), 1, "{line}");
+        assert!(line.starts_with("order o-1 cannot be undone"), "{line}");
+        let corrupt = Error::Corrupt("bad row".into());
+        assert_eq!(
+            corrupt.about(&id),
+            "order o-1: state store holds unreadable data: bad row"
+        );
+        // An error naming another order keeps the one it was about in front.
+        let other = Error::OrderNotFound(OrderId::parse("o-2").unwrap());
+        assert_eq!(other.about(&id), "order o-1: order o-2 not found");
     }
 }

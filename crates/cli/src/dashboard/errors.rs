@@ -354,7 +354,7 @@ pub(super) async fn act(
         };
         match done {
             Ok(()) => moved += 1,
-            Err(e) => refused_n.push(format!("{id}: {e}")),
+            Err(e) => refused_n.push(e.about(id)),
         }
     }
     let verb = if retry { "Retried" } else { "Cancelled" };
