@@ -517,6 +517,12 @@ pub struct Tidy {
     /// Per table of list `$1` in this schema: `table_name`, `dead` (row versions left
     /// behind, as the database counts them) and `live` (rows in use).
     pub dead_rows: &'static str,
+    /// At most one row, `horizon`: the oldest transaction of another session that may
+    /// still see rows others deleted or replaced (running, holding a snapshot,
+    /// prepared, or held by a replication slot), as text; none when nothing holds
+    /// them back. A vacuum removes only what is older; while the text stays the same,
+    /// nothing more became removable.
+    pub horizon: &'static str,
     /// Each hot table and the statement that vacuums it, skipping it if another
     /// vacuum holds it.
     pub vacuum: &'static [(&'static str, &'static str)],

@@ -26,6 +26,7 @@ pub(crate) const SQL: Statements = Statements {
     o_failed: O_FAILED,
     tidy: Some(Tidy {
         dead_rows: DEAD_ROWS,
+        horizon: HORIZON,
         vacuum: &VACUUM,
     }),
 };
@@ -39,6 +40,26 @@ const DEAD_ROWS: &str = "SELECT t.relname AS table_name, t.n_dead_tup AS dead, \
     FROM pg_stat_user_tables t JOIN pg_class c ON c.oid = t.relid \
     WHERE t.schemaname = current_schema() AND t.relname = ANY($1::text[]) \
         AND pg_has_role(c.relowner, 'USAGE')";
+
+/// What holds back the vacuums of this database's tables: the oldest of the other
+/// sessions' transactions and snapshots, the prepared transactions and the replication
+/// slots (`xid` has no order of its own: the oldest is the one of greatest age). No row
+/// when nothing holds them back: then a vacuum removes everything, and the statistics'
+/// count of dead rows, which other sessions report up to a second late (after the
+/// vacuum that removed them, sometimes), is set right by the next one. Sessions of
+/// other roles show theirs only to a role allowed to read all statistics; one that
+/// cannot see the holder sees the horizon move with the others, and vacuums as before.
+const HORIZON: &str = "SELECT x::text AS horizon FROM ( \
+        SELECT backend_xmin AS x FROM pg_stat_activity \
+            WHERE datname = current_database() AND backend_xmin IS NOT NULL \
+                AND pid <> pg_backend_pid() \
+        UNION ALL SELECT backend_xid FROM pg_stat_activity \
+            WHERE datname = current_database() AND backend_xid IS NOT NULL \
+                AND pid <> pg_backend_pid() \
+        UNION ALL SELECT transaction FROM pg_prepared_xacts \
+            WHERE database = current_database() \
+        UNION ALL SELECT xmin FROM pg_replication_slots WHERE xmin IS NOT NULL) h \
+    ORDER BY age(x) DESC LIMIT 1";
 
 /// The hot tables, those whose rows turn over fastest: every message is inserted,
 /// locked and deleted; an order's state row is updated at each of its steps (its

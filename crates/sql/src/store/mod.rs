@@ -48,6 +48,10 @@ pub struct SqlStore<D> {
     pub(crate) driver: D,
     pub(crate) wakeups: std::sync::Arc<crate::queue::Wakeups>,
     pub(crate) delivery: crate::Delivery,
+    /// Per hot table, the horizon its latest vacuum ran under, and whether a skip
+    /// under it was reported ([`SqlStore::tidy_now`]).
+    pub(crate) vacuumed_under:
+        std::sync::Arc<std::sync::Mutex<crate::store::retention::VacuumedUnder>>,
 }
 
 /// A history entry to append.
@@ -92,6 +96,7 @@ impl<D> SqlStore<D> {
             driver,
             wakeups,
             delivery: crate::Delivery::Queue,
+            vacuumed_under: Default::default(),
         }
     }
 

@@ -212,14 +212,32 @@ impl<D: Driver> SqlStore<D> {
     }
 }
 
+/// Per hot table, the horizon its latest vacuum ran under, and whether a skip under it
+/// was reported.
+pub(crate) type VacuumedUnder = std::collections::HashMap<String, (String, bool)>;
+
 impl<D: Driver> SqlStore<D> {
     /// [`orderly_core::store::SupervisorStore::tidy`]: the hot tables with enough
     /// left-behind row versions, vacuumed one by one outside any transaction.
+    ///
+    /// A table is not vacuumed again while the horizon its last vacuum ran under
+    /// stands: a transaction (or snapshot) older than that vacuum still runs, so what
+    /// it left is still not removable, and neither is anything deleted since. Without
+    /// this, a session left open in a transaction (a long report, a backup, a
+    /// forgotten `BEGIN`) had the leader vacuum each hot table at every turn, every
+    /// second by default, for as long as it stayed open. The first such skip per
+    /// table and horizon is logged as a warning.
     pub(crate) async fn tidy_now(&self) -> Result<Vec<Vacuumed>> {
         let Some(tidy) = D::SQL.tidy else {
             return Ok(Vec::new());
         };
         let mut conn = self.driver.acquire().await?;
+        let horizon: Option<String> = q(tidy.horizon)
+            .fetch_optional::<D>(&mut conn)
+            .await
+            .map_err(db)?
+            .map(|r| Cols(&r).get::<String>("horizon"))
+            .transpose()?;
         let tables: Vec<String> = tidy.vacuum.iter().map(|(t, _)| t.to_string()).collect();
         let due = q(tidy.dead_rows)
             .bind(tables)
@@ -241,9 +259,47 @@ impl<D: Driver> SqlStore<D> {
             let Some((_, vacuum)) = tidy.vacuum.iter().find(|(t, _)| *t == table) else {
                 continue;
             };
+            if let Some(horizon) = &horizon
+                && self.held_back(&table, horizon, dead_rows)
+            {
+                continue;
+            }
             D::run_script(&mut conn, vacuum).await.map_err(db)?;
+            if let Some(horizon) = &horizon {
+                self.lock_vacuumed_under()
+                    .insert(table.clone(), (horizon.clone(), false));
+            }
             vacuumed.push(Vacuumed { table, dead_rows });
         }
         Ok(vacuumed)
+    }
+
+    /// Whether `table`'s latest vacuum ran under `horizon` (so vacuuming it again
+    /// would remove nothing); the first time, says so in a warning.
+    fn held_back(&self, table: &str, horizon: &str, dead_rows: u64) -> bool {
+        let mut under = self.lock_vacuumed_under();
+        let Some((last, reported)) = under.get_mut(table) else {
+            return false;
+        };
+        if last != horizon {
+            return false;
+        }
+        if !std::mem::replace(reported, true) {
+            tracing::warn!(
+                table,
+                dead_rows,
+                horizon,
+                "a transaction older than the last vacuum still runs, so the rows left \
+                 behind cannot be removed: not vacuumed again until it ends (see \
+                 pg_stat_activity for sessions idle in transaction)"
+            );
+        }
+        true
+    }
+
+    fn lock_vacuumed_under(&self) -> std::sync::MutexGuard<'_, VacuumedUnder> {
+        self.vacuumed_under
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

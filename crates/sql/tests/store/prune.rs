@@ -335,6 +335,103 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     f.cleanup().await;
 }
 
+/// A session left open in a transaction holds back what any vacuum may remove. The
+/// leader's tidy vacuums the queue's churn once under it, and then not again while it
+/// stands, however much more piles up (each vacuum would remove nothing); once it
+/// ends, the next tidy vacuums and the churn is gone.
+#[tokio::test]
+async fn postgres_tidy_does_not_vacuum_again_what_an_open_transaction_holds_back() {
+    use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
+    use sqlx::Connection;
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let q = QueueName::parse("held").unwrap();
+    let mut holder = sqlx::PgConnection::connect_with(&f.options())
+        .await
+        .unwrap();
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    // Whether no transaction or snapshot in the database is older than the holder's:
+    // if so before and after some tidies, the horizon stood still all along (nothing
+    // can begin older than what already runs).
+    let mut admin = store.pool().acquire().await.unwrap();
+    let mut holder_is_oldest = async || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity o, pg_stat_activity h \
+             WHERE h.pid = $1 AND o.datname = current_database() AND o.pid <> h.pid \
+                 AND greatest(age(o.backend_xid), age(o.backend_xmin)) \
+                     > greatest(age(h.backend_xid), age(h.backend_xmin))",
+        )
+        .bind(holder_pid)
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap()
+            == 0
+    };
+
+    orderly_testkit::transport::churn(&store, &q, "many", TIDY_MIN_DEAD as usize).await;
+    let vacuumed = tidy_until_the_queue_is_vacuumed(&store, deadline).await;
+    assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
+    let vacuums = queue_stat(&store, "vacuum_count").await;
+    // Nothing was removable, and more piles up behind the same transaction.
+    orderly_testkit::transport::churn(&store, &q, "more", TIDY_MIN_DEAD as usize).await;
+    until_dead_rows(&store, 3 * TIDY_MIN_DEAD as i64, deadline).await;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "another session stayed older than the holder"
+        );
+        if !holder_is_oldest().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let mut tidied = Vec::new();
+        for _ in 0..5 {
+            tidied.extend(store.tidy().await.unwrap());
+        }
+        if !holder_is_oldest().await {
+            continue;
+        }
+        assert!(
+            tidied.iter().all(|v| v.table != "queue_messages"),
+            "vacuumed again under the same horizon: {tidied:?}"
+        );
+        break;
+    }
+    assert_eq!(queue_stat(&store, "vacuum_count").await, vacuums);
+    assert!(queue_stat(&store, "n_dead_tup").await >= 3 * TIDY_MIN_DEAD as i64);
+
+    // The transaction ends: the next tidy vacuums, and this time it removes the churn
+    // (other tests' transactions may hold it back a moment longer).
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
+    loop {
+        store.tidy().await.unwrap();
+        if queue_stat(&store, "n_dead_tup").await < TIDY_MIN_DEAD as i64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the churn was not removed after the transaction ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(queue_stat(&store, "vacuum_count").await > vacuums);
+    drop(admin);
+    f.cleanup().await;
+}
+
 /// A store whose role does not own the tables (nor is a superuser) may not vacuum
 /// them: its tidy leaves them to their owner and says it vacuumed nothing, where a
 /// `VACUUM` would only have warned and skipped them. The owner's tidy then does it.
