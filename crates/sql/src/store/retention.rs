@@ -232,12 +232,6 @@ impl<D: Driver> SqlStore<D> {
             return Ok(Vec::new());
         };
         let mut conn = self.driver.acquire().await?;
-        let horizon: Option<String> = q(tidy.horizon)
-            .fetch_optional::<D>(&mut conn)
-            .await
-            .map_err(db)?
-            .map(|r| Cols(&r).get::<String>("horizon"))
-            .transpose()?;
         let tables: Vec<String> = tidy.vacuum.iter().map(|(t, _)| t.to_string()).collect();
         let due = q(tidy.dead_rows)
             .bind(tables)
@@ -253,7 +247,18 @@ impl<D: Driver> SqlStore<D> {
             })
             .collect::<Result<Vec<_>>>()?
             .into_iter()
-            .filter(|(_, dead, live)| *dead >= TIDY_MIN_DEAD.max(live / 10));
+            .filter(|(_, dead, live)| *dead >= TIDY_MIN_DEAD.max(live / 10))
+            .collect::<Vec<_>>();
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Read before the vacuums: the horizon they run under is this one or later.
+        let horizon: Option<String> = q(tidy.horizon)
+            .fetch_optional::<D>(&mut conn)
+            .await
+            .map_err(db)?
+            .map(|r| Cols(&r).get::<String>("horizon"))
+            .transpose()?;
         let mut vacuumed = Vec::new();
         for (table, dead_rows, _) in due {
             let Some((_, vacuum)) = tidy.vacuum.iter().find(|(t, _)| *t == table) else {
