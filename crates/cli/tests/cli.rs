@@ -231,16 +231,18 @@ fn the_readme_demo_processes_its_orders_and_checks_the_invariants() {
 fn invalid_role_settings_stop_start_up_naming_the_setting() {
     let db = Db::new();
     let url = format!("sqlite://{}", db.0.display());
-    let run = |bin: std::path::PathBuf, args: &[&str]| {
+    let run_with = |bin: std::path::PathBuf, args: &[&str], env: &[(&str, &str)]| {
         let out = Command::new(&bin)
             .args(args)
             .env("ORDERLY_DATABASE_URL", &url)
             .env_remove("ORDERLY_WORKFLOW")
+            .envs(env.iter().copied())
             .output()
             .expect("run the binary");
         assert!(!out.status.success(), "{} {args:?} started", bin.display());
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let run = |bin: std::path::PathBuf, args: &[&str]| run_with(bin, args, &[]);
     let err = run(role("orderly-supervisor"), &["--max-failures", "0"]);
     assert!(
         err.contains("max_failures") && err.contains("--max-failures"),
@@ -321,6 +323,43 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         );
     }
     assert!(!std::path::Path::new("never-created.db").exists());
+    // An instance id may not pose as an operator (whose names in an order's history
+    // start `operator:`), by flag or by variable; an ordinary one is taken.
+    for bin in [
+        role("orderly-submitter"),
+        role("orderly-scheduler"),
+        role("orderly-agent"),
+        role("orderly-supervisor"),
+    ] {
+        for err in [
+            run(
+                bin.clone(),
+                &["--instance-id", "operator:alice", "--check-config"],
+            ),
+            run_with(
+                bin.clone(),
+                &["--check-config"],
+                &[("ORDERLY_INSTANCE_ID", "operator:alice")],
+            ),
+        ] {
+            assert!(
+                err.contains("--instance-id / ORDERLY_INSTANCE_ID") && err.contains("operator:"),
+                "{}: {err}",
+                bin.display()
+            );
+        }
+        let fine = Command::new(&bin)
+            .args(["--check-config", "--instance-id", "pod-7"])
+            .env("ORDERLY_DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(
+            fine.status.success(),
+            "{}: {}",
+            bin.display(),
+            String::from_utf8_lossy(&fine.stderr)
+        );
+    }
     // Service Bus: checked before anything is opened, the secret never echoed.
     for bin in [
         role("orderly-submitter"),
