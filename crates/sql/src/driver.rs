@@ -528,7 +528,8 @@ pub struct Tidy {
     pub vacuum: &'static [(&'static str, &'static str)],
 }
 
-/// How a dialect's queue locks messages for a receive.
+/// How a dialect's queue locks messages for a receive. A message is visible when its
+/// `visible_at` has come and no lock holds it (`locked_until` NULL or past).
 #[derive(Debug, Clone, Copy)]
 pub enum Receive {
     /// The whole receive in one statement, alone or first in a transaction, with no
@@ -539,7 +540,15 @@ pub enum Receive {
     /// row carries the clock it read (`now`) and how many it dead-lettered
     /// (`dead_lettered`); a take of nothing returns one row of those alone (`seq`
     /// NULL).
-    OneStatement(&'static str),
+    OneStatement {
+        /// The receive alone, or first in a transaction that only takes: the lock
+        /// moves the messages' `visible_at` to its end, out of the receivers' way.
+        alone: &'static str,
+        /// The take first in the transaction that acts on what it takes and deletes
+        /// what it consumes: the lock leaves `visible_at` alone (the messages'
+        /// `locked_until` hides those left held).
+        in_tx: &'static str,
+    },
     /// A cheap read of the head first, so an idle receiver takes no write lock, then a
     /// take in the writer's turn (SQLite).
     LookThenTake(LookThenTake),
@@ -554,6 +563,9 @@ pub struct LookThenTake {
     /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
     /// times under token `$5` until `$6`, in queue order; returns the messages.
     pub take: &'static str,
+    /// [`Self::take`] in the transaction that acts on what it takes: the lock leaves
+    /// `visible_at` alone, as [`Receive::OneStatement`]'s `in_tx`.
+    pub take_in_tx: &'static str,
     /// Up to `$3` visible messages of queue `$1` at `$2`: `seq`, `delivery_count`.
     pub candidates: &'static str,
     /// Locks the messages `$1` (list) under token `$2` until `$3`.

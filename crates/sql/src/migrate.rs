@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 15] = [
+const ALL: [Both; 16] = [
     Both {
         version: 1,
         name: "state_store",
@@ -130,6 +130,12 @@ const ALL: [Both; 15] = [
         name: "irreversible_steps",
         sqlite: include_str!("../../../migrations/sqlite/0015_irreversible_steps.sql"),
         postgres: include_str!("../../../migrations/postgres/0015_irreversible_steps.sql"),
+    },
+    Both {
+        version: 16,
+        name: "queue_locks_in_place",
+        sqlite: include_str!("../../../migrations/sqlite/0016_queue_locks_in_place.sql"),
+        postgres: include_str!("../../../migrations/postgres/0016_queue_locks_in_place.sql"),
     },
 ];
 

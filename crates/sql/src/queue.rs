@@ -673,14 +673,14 @@ impl<D: Driver> SqlStore<D> {
     /// first in line: [`Self::receive_now`]).
     async fn take(&self, queue: &QueueName, max: u32) -> Result<Vec<ReceivedMessage>> {
         match D::SQL.q_receive {
-            Receive::OneStatement(receive) => {
+            Receive::OneStatement { alone, .. } => {
                 let mut conn = self.driver.acquire().await?;
                 self.driver.stats().write_alone();
-                Ok(self.take_first(&mut conn, receive, queue, max).await?.0)
+                Ok(self.take_first(&mut conn, alone, queue, max).await?.0)
             }
             Receive::LookThenTake(look) => {
                 let (mut tx, now) = self.begin().await?;
-                let messages = self.take_in(&mut tx, look, now, queue, max).await?;
+                let messages = self.take_in(&mut tx, look.take, now, queue, max).await?;
                 D::commit(tx).await.map_err(db)?;
                 Ok(messages)
             }
@@ -732,18 +732,19 @@ impl<D: Driver> SqlStore<D> {
         Ok((self.delivered(queue, &token, &taken)?, now))
     }
 
-    /// [`Self::take`] inside the caller's transaction.
+    /// [`Self::take`] inside the caller's transaction, by `take` (one of
+    /// [`LookThenTake`]'s).
     pub(crate) async fn take_in(
         &self,
         tx: &mut D::Conn,
-        look: LookThenTake,
+        take: &'static str,
         now: chrono::DateTime<chrono::Utc>,
         queue: &QueueName,
         max: u32,
     ) -> Result<Vec<ReceivedMessage>> {
         let settings = self.queue_settings(&mut *tx, queue).await?;
         let token = uuid::Uuid::new_v4().to_string();
-        let rows = q(look.take)
+        let rows = q(take)
             .bind(queue.as_str())
             .bind(Ts(now))
             .bind(i64::from(max))
@@ -878,7 +879,7 @@ impl<D: Driver> SqlStore<D> {
         max: u32,
     ) -> Result<Vec<ReceivedMessage>> {
         let look = match D::SQL.q_receive {
-            Receive::OneStatement(_) => return self.take(queue, max).await,
+            Receive::OneStatement { .. } => return self.take(queue, max).await,
             Receive::LookThenTake(look) => look,
         };
         // A cheap read first: an idle receiver takes no write lock.

@@ -17,7 +17,10 @@ pub(crate) const SQL: Statements = Statements {
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     lock_expired: LOCK_EXPIRED,
-    q_receive: Receive::OneStatement(Q_RECEIVE),
+    q_receive: Receive::OneStatement {
+        alone: Q_RECEIVE,
+        in_tx: Q_RECEIVE_IN_TX,
+    },
     sends_alone: true,
     writes_send: true,
     o_lease: O_LEASE,
@@ -74,6 +77,39 @@ const VACUUM: [(&str, &str); 4] = [
     ("outbox", "VACUUM (SKIP_LOCKED) outbox"),
 ];
 
+/// The text of [`Q_RECEIVE`]: `$visible` what the lock does to `visible_at`.
+macro_rules! q_receive {
+    ($visible:literal) => {
+        concat!(
+            "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
+             candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
+                FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
+                    AND (locked_until IS NULL OR locked_until <= (SELECT now FROM clock)) \
+                ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+             gone AS (DELETE FROM queue_messages \
+                WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE exhausted)) \
+                RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+                    delivery_count), \
+             dead AS (INSERT INTO queue_dead_letters (",
+            dead_letter_columns!(),
+            ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+                    delivery_count, 'MaxDeliveryCountExceeded', \
+                    'delivered ' || delivery_count || ' times without being completed', \
+                    (SELECT now FROM clock) FROM gone), \
+             taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+                locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond'",
+            $visible,
+            " WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE NOT exhausted)) \
+                RETURNING ",
+            message_columns!(),
+            ") \
+             SELECT taken.*, (SELECT now FROM clock) AS now, \
+                (SELECT count(*) FROM gone) AS dead_lettered \
+             FROM (SELECT 1) AS one LEFT JOIN taken ON true"
+        )
+    };
+}
+
 /// [`Receive::OneStatement`]: the messages a receive finds locked, and those
 /// delivered too often dead-lettered, in one statement with no look at the head of the
 /// queue first (that read cost a round trip and a walk of the index for each receive
@@ -89,32 +125,17 @@ const VACUUM: [(&str, &str); 4] = [
 /// message changed by another transaction between this statement's snapshot and its
 /// lock is locked in its new version, which this statement cannot see: it is left,
 /// unchanged, for the next take.
-pub(crate) const Q_RECEIVE: &str = concat!(
-    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
-     candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
-        FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
-        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
-     gone AS (DELETE FROM queue_messages \
-        WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE exhausted)) \
-        RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
-            delivery_count), \
-     dead AS (INSERT INTO queue_dead_letters (",
-    dead_letter_columns!(),
-    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
-            delivery_count, 'MaxDeliveryCountExceeded', \
-            'delivered ' || delivery_count || ' times without being completed', \
-            (SELECT now FROM clock) FROM gone), \
-     taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-        locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond', \
-        visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond' \
-        WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE NOT exhausted)) \
-        RETURNING ",
-    message_columns!(),
-    ") \
-     SELECT taken.*, (SELECT now FROM clock) AS now, \
-        (SELECT count(*) FROM gone) AS dead_lettered \
-     FROM (SELECT 1) AS one LEFT JOIN taken ON true"
-);
+pub(crate) const Q_RECEIVE: &str =
+    q_receive!(", visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond'");
+
+/// [`Q_RECEIVE`] for a take inside the transaction that acts on what it takes: the
+/// lock leaves `visible_at` as it was. Nothing else sees the messages while the
+/// transaction holds their rows; those it consumes it deletes, and a message it leaves
+/// held is hidden by its `locked_until` until the lock ends (every take skips a message
+/// whose lock holds). The lock then changes no indexed column, so the server can write
+/// it in place, with no new entries in the queue's indexes for a message deleted before
+/// the transaction ends.
+pub(crate) const Q_RECEIVE_IN_TX: &str = q_receive!("");
 
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \

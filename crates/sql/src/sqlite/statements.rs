@@ -48,6 +48,7 @@ pub(crate) const SQL: Statements = Statements {
     q_receive: Receive::LookThenTake(LookThenTake {
         any_ready: Q_ANY_READY,
         take: Q_TAKE,
+        take_in_tx: Q_TAKE_IN_TX,
         candidates: Q_CANDIDATES,
         lock: Q_LOCK,
         dead_letter_exhausted: Q_DEAD_LETTER_EXHAUSTED,
@@ -63,23 +64,51 @@ pub(crate) const SQL: Statements = Statements {
     tidy: None,
 };
 
-/// The first visible message of queue `$1` at `$2`.
-pub(crate) const Q_ANY_READY: &str = "SELECT seq, delivery_count FROM queue_messages \
-    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT 1";
+/// No lock holds the message at `$2`.
+macro_rules! unlocked {
+    () => {
+        "(locked_until IS NULL OR locked_until <= $2)"
+    };
+}
 
-/// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
-/// times, under token `$5` until `$6`.
-pub(crate) const Q_TAKE: &str = concat!(
-    "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-     locked_until = $6, visible_at = $6 WHERE seq IN (SELECT seq FROM queue_messages \
-        WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 \
-        ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)) RETURNING ",
-    message_columns!()
+/// The first visible message of queue `$1` at `$2`.
+pub(crate) const Q_ANY_READY: &str = concat!(
+    "SELECT seq, delivery_count FROM queue_messages WHERE queue = $1 AND visible_at <= $2 AND ",
+    unlocked!(),
+    " ORDER BY visible_at, seq LIMIT 1"
 );
 
+/// The text of [`Q_TAKE`]: `$visible` what the lock does to `visible_at`.
+macro_rules! q_take {
+    ($visible:literal) => {
+        concat!(
+            "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+             locked_until = $6",
+            $visible,
+            " WHERE seq IN (SELECT seq FROM queue_messages \
+                WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 AND ",
+            unlocked!(),
+            " ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)) RETURNING ",
+            message_columns!()
+        )
+    };
+}
+
+/// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
+/// times, under token `$5` until `$6`, moving them out of the receivers' way until then.
+pub(crate) const Q_TAKE: &str = q_take!(", visible_at = $6");
+
+/// [`Q_TAKE`] in the transaction that acts on what it takes: `visible_at` stays (the
+/// lock's `locked_until` hides a message left held), so the queue's index of ready
+/// messages is not written for a message deleted before the transaction ends.
+pub(crate) const Q_TAKE_IN_TX: &str = q_take!("");
+
 /// Up to `$3` visible messages of queue `$1` at `$2`.
-pub(crate) const Q_CANDIDATES: &str = "SELECT seq, delivery_count FROM queue_messages \
-    WHERE queue = $1 AND visible_at <= $2 ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)";
+pub(crate) const Q_CANDIDATES: &str = concat!(
+    "SELECT seq, delivery_count FROM queue_messages WHERE queue = $1 AND visible_at <= $2 AND ",
+    unlocked!(),
+    " ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)"
+);
 
 /// `$1` JSON array of seqs, `$2` lock token, `$3` locked until.
 pub(crate) const Q_LOCK: &str = concat!(

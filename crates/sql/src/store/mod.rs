@@ -203,10 +203,10 @@ impl<D: Driver> SqlStore<D> {
             .until_found(queue, wait, || async move {
                 let look = match D::SQL.q_receive {
                     // The take is the transaction's first statement and reads its clock.
-                    Receive::OneStatement(receive) => {
+                    Receive::OneStatement { in_tx, .. } => {
                         let mut tx = self.driver.begin_write().await?;
                         let (messages, now) = self
-                            .take_first(&mut tx, receive, queue, max)
+                            .take_first(&mut tx, in_tx, queue, max)
                             .await
                             .map_err(queue_error)?;
                         if messages.is_empty() {
@@ -229,7 +229,7 @@ impl<D: Driver> SqlStore<D> {
                     Head::Ready => {
                         let (mut tx, now) = self.begin().await?;
                         let messages = self
-                            .take_in(&mut tx, look, now, queue, max)
+                            .take_in(&mut tx, look.take_in_tx, now, queue, max)
                             .await
                             .map_err(queue_error)?;
                         if messages.is_empty() {

@@ -314,15 +314,52 @@ async fn check_take(
         format!("next-{}", claimed[0].fence.order_id)
     );
     Transport::complete(&*store, &requests[0]).await.unwrap();
-    // Consumed messages are gone; the one without a write is still held.
+    // Consumed messages are gone; the one without a write is still held: no receive
+    // and no take delivers it while its lock holds, and it comes back when it ends.
     assert!(matches!(
         Transport::complete(&*store, &taken.messages[0]).await,
         Err(TransportError::LockLost { .. })
     ));
-    Transport::complete(&*store, &taken.messages[2])
+    assert!(
+        store
+            .receive(&replies, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let again = store
+        .take_and_record(&replies, 10, Duration::ZERO, &plan)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.messages.is_empty(), "{:?}", again.messages);
+    clock.advance(QueueSettings::default().lock_duration + Duration::from_secs(1));
+    let back = store
+        .take_and_record(&replies, 10, Duration::ZERO, &plan)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<_> = back
+        .messages
+        .iter()
+        .map(|m| (m.message_id.as_str(), m.delivery_count))
+        .collect();
+    assert_eq!(ids, [("left", 2)]);
+    // The first delivery's lock ended: its settle is refused; the second's holds.
+    assert!(matches!(
+        Transport::complete(&*store, &taken.messages[2]).await,
+        Err(TransportError::LockLost { .. })
+    ));
+    Transport::complete(&*store, &back.messages[0])
         .await
         .unwrap();
-    assert!(redelivered(&*store, &clock, &replies).await.is_empty());
+    assert!(
+        store
+            .receive(&replies, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // Nothing there: empty, after the wait.
     let empty = store
