@@ -320,25 +320,19 @@ async fn check_take(
         Transport::complete(&*store, &taken.messages[0]).await,
         Err(TransportError::LockLost { .. })
     ));
-    assert!(
+    let take_now = async || {
         store
-            .receive(&replies, 10, Duration::ZERO)
+            .take_and_record(&replies, 10, Duration::ZERO, &plan)
             .await
             .unwrap()
-            .is_empty()
-    );
-    let again = store
-        .take_and_record(&replies, 10, Duration::ZERO, &plan)
-        .await
-        .unwrap()
-        .unwrap();
+            .unwrap()
+    };
+    let nothing = store.receive(&replies, 10, Duration::ZERO).await.unwrap();
+    assert!(nothing.is_empty(), "{nothing:?}");
+    let again = take_now().await;
     assert!(again.messages.is_empty(), "{:?}", again.messages);
     clock.advance(QueueSettings::default().lock_duration + Duration::from_secs(1));
-    let back = store
-        .take_and_record(&replies, 10, Duration::ZERO, &plan)
-        .await
-        .unwrap()
-        .unwrap();
+    let back = take_now().await;
     let ids: Vec<_> = back
         .messages
         .iter()
@@ -353,20 +347,9 @@ async fn check_take(
     Transport::complete(&*store, &back.messages[0])
         .await
         .unwrap();
-    assert!(
-        store
-            .receive(&replies, 10, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
 
     // Nothing there: empty, after the wait.
-    let empty = store
-        .take_and_record(&replies, 10, Duration::ZERO, &plan)
-        .await
-        .unwrap()
-        .unwrap();
+    let empty = take_now().await;
     assert!(empty.messages.is_empty() && empty.recorded.is_empty());
 
     // A waiting taker gets a reply sent while it waits.
