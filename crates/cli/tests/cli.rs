@@ -231,14 +231,17 @@ fn the_readme_demo_processes_its_orders_and_checks_the_invariants() {
 fn invalid_role_settings_stop_start_up_naming_the_setting() {
     let db = Db::new();
     let url = format!("sqlite://{}", db.0.display());
-    let run_with = |bin: std::path::PathBuf, args: &[&str], env: &[(&str, &str)]| {
-        let out = Command::new(&bin)
+    let start = |bin: &std::path::Path, args: &[&str], env: &[(&str, &str)]| {
+        Command::new(bin)
             .args(args)
             .env("ORDERLY_DATABASE_URL", &url)
             .env_remove("ORDERLY_WORKFLOW")
             .envs(env.iter().copied())
             .output()
-            .expect("run the binary");
+            .expect("run the binary")
+    };
+    let run_with = |bin: std::path::PathBuf, args: &[&str], env: &[(&str, &str)]| {
+        let out = start(&bin, args, env);
         assert!(!out.status.success(), "{} {args:?} started", bin.display());
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -348,11 +351,7 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
                 bin.display()
             );
         }
-        let fine = Command::new(&bin)
-            .args(["--check-config", "--instance-id", "pod-7"])
-            .env("ORDERLY_DATABASE_URL", &url)
-            .output()
-            .unwrap();
+        let fine = start(&bin, &["--check-config", "--instance-id", "pod-7"], &[]);
         assert!(
             fine.status.success(),
             "{}: {}",
