@@ -283,11 +283,24 @@ pub(crate) fn check_url(url: &str) -> Result<()> {
 
 /// A batch as one JSON array with a row of values per item: bound to one parameter,
 /// the batch costs one statement (see `statements.rs`).
-fn rows_json<T>(
+///
+/// Each row is a tuple of borrowed fields written straight into the text: no JSON
+/// value is built (which copied every string) and nothing is formatted twice.
+fn rows_json<T, R: serde::Serialize>(
     items: impl IntoIterator<Item = T>,
-    row: impl FnMut(T) -> serde_json::Value,
+    mut row: impl FnMut(T) -> R,
 ) -> String {
-    serde_json::Value::Array(items.into_iter().map(row).collect()).to_string()
+    let mut out = Vec::with_capacity(1024);
+    out.push(b'[');
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, &row(item))
+            .expect("a row of strings, numbers and booleans writes as JSON");
+    }
+    out.push(b']');
+    String::from_utf8(out).expect("JSON is written as UTF-8")
 }
 
 /// Runs a batch statement taking `$1` now and `$2` the batch; the rows it returns.
@@ -401,15 +414,15 @@ impl SqliteDriver {
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
         let batch = rows_json(touches, |t| {
-            serde_json::json!([
+            (
                 t.fence.order_id.as_str(),
                 t.fence.owner.as_str(),
                 t.fence.epoch.0,
                 t.expect,
                 t.new_step,
                 t.failed,
-                t.error.as_deref()
-            ])
+                t.error.as_deref(),
+            )
         });
         order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
     }
@@ -421,7 +434,7 @@ impl SqliteDriver {
         rows: &[StepRow<'_>],
     ) -> Result<()> {
         let steps = rows_json(rows, |r| {
-            serde_json::json!([
+            (
                 r.fence.order_id.as_str(),
                 r.index,
                 r.name,
@@ -429,11 +442,11 @@ impl SqliteDriver {
                 r.idempotency_key,
                 r.detail.as_deref(),
                 r.fence.epoch.0,
-                r.irreversible
-            ])
+                r.irreversible,
+            )
         });
         let history = rows_json(rows, |r| {
-            serde_json::json!([
+            (
                 r.fence.order_id.as_str(),
                 r.fence.owner.as_str(),
                 r.kind,
@@ -441,8 +454,8 @@ impl SqliteDriver {
                 "Processing",
                 r.fence.epoch.0,
                 r.index,
-                r.detail.as_deref()
-            ])
+                r.detail.as_deref(),
+            )
         });
         run_with_history(conn, sql::STEP_ROWS, now, steps, history).await
     }
@@ -454,13 +467,13 @@ fn message_batch<'r, 'm: 'r>(
     rows: impl IntoIterator<Item = &'r MessageRow<'m>>,
 ) -> String {
     rows_json(rows, |r| {
-        serde_json::json!([
+        (
             r.message_id,
             r.correlation_id,
             r.properties.as_str(),
-            hex(r.body),
-            r.scheduled_at.map_or(now, |at| at.max(now)).to_text()
-        ])
+            Hex(r.body),
+            r.scheduled_at.map_or(now, |at| at.max(now)).to_text(),
+        )
     })
 }
 
@@ -471,15 +484,30 @@ fn completions(rows: &[SqliteRow]) -> Result<HashMap<i64, String>, sqlx::Error> 
         .collect()
 }
 
-/// Bytes as lowercase hex, for `unhex()` inside a JSON batch.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0xf)] as char);
+/// Bytes written as a JSON string of lowercase hex, for `unhex()` inside a batch.
+struct Hex<'a>(&'a [u8]);
+
+impl serde::Serialize for Hex<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
-    out
+}
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut chunk = [0u8; 128];
+        for bytes in self.0.chunks(chunk.len() / 2) {
+            for (pair, b) in chunk.chunks_exact_mut(2).zip(bytes) {
+                pair[0] = DIGITS[usize::from(b >> 4)];
+                pair[1] = DIGITS[usize::from(b & 0xf)];
+            }
+            let text =
+                std::str::from_utf8(&chunk[..bytes.len() * 2]).expect("hex digits are ASCII");
+            f.write_str(text)?;
+        }
+        Ok(())
+    }
 }
 
 /// Binds a list as a JSON array.
@@ -490,8 +518,8 @@ fn bind_list(query: Query<Sqlite>, list: List) -> Query<Sqlite> {
     }
 }
 
-fn json_list(values: impl Into<serde_json::Value>) -> String {
-    values.into().to_string()
+fn json_list<T: serde::Serialize>(values: Vec<T>) -> String {
+    rows_json(&values, |v| v)
 }
 
 fn prepare(q: Q<'_>) -> Query<Sqlite> {
@@ -596,7 +624,7 @@ impl Driver for SqliteDriver {
     ) -> Result<HashSet<String>> {
         let json = |fences: &mut dyn Iterator<Item = &&Fence>| {
             rows_json(fences, |f| {
-                serde_json::json!([f.order_id.as_str(), f.owner.as_str(), f.epoch.0])
+                (f.order_id.as_str(), f.owner.as_str(), f.epoch.0)
             })
         };
         let done = order_ids(
@@ -676,7 +704,7 @@ impl Driver for SqliteDriver {
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
-        let batch = rows_json(orders, |o| serde_json::json!([o.order_id, o.details]));
+        let batch = rows_json(orders, |o| (o.order_id, o.details.as_str()));
         let inserted = order_ids(&run_batch(conn, sql::INSERT_ORDERS, now, batch).await?)?;
         if inserted.is_empty() {
             return Ok(inserted);
@@ -687,11 +715,9 @@ impl Driver for SqliteDriver {
             .iter()
             .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
             .collect();
-        let states = rows_json(&new, |o| {
-            serde_json::json!([o.order_id, o.reply_to, o.workflow])
-        });
+        let states = rows_json(&new, |o| (o.order_id, o.reply_to, o.workflow));
         let history = rows_json(&new, |o| {
-            serde_json::json!([
+            (
                 o.order_id,
                 actor,
                 HistoryKind::Submitted.as_str(),
@@ -699,8 +725,8 @@ impl Driver for SqliteDriver {
                 "Pending",
                 0,
                 None::<i32>,
-                None::<&str>
-            ])
+                None::<&str>,
+            )
         });
         run_with_history(conn, sql::INSERT_STATES_AND_HISTORIES, now, states, history).await?;
         Ok(inserted)
@@ -849,4 +875,31 @@ impl Driver for SqliteDriver {
     }
 
     fn start_listening(&self, _wakeups: &Arc<Wakeups>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bodies of any bytes and any length, across the chunks `Hex` writes in, come out
+    /// as lowercase hex in one JSON string.
+    #[test]
+    fn hex_writes_every_byte_as_two_lowercase_digits_in_a_json_string() {
+        let bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+        for len in (0..=130).chain([255, 256, 511, 512]) {
+            let body = &bytes[..len];
+            let expected: String = body.iter().map(|b| format!("{b:02x}")).collect();
+            let json = serde_json::to_string(&Hex(body)).unwrap();
+            assert_eq!(json, format!("\"{expected}\""), "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_batch_is_a_json_array_of_its_rows() {
+        assert_eq!(rows_json(Vec::<i32>::new(), |v| v), "[]");
+        let rows = [("a\"b", Some(1), true), ("c", None, false)];
+        let json = rows_json(&rows, |r| (r.0, r.1, r.2));
+        assert_eq!(json, r#"[["a\"b",1,true],["c",null,false]]"#);
+        assert_eq!(json_list(vec!["x".to_owned()]), r#"["x"]"#);
+    }
 }
