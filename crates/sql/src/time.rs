@@ -15,6 +15,8 @@ use sqlx::sqlite::{SqliteArgumentsBuffer, SqliteTypeInfo, SqliteValueRef};
 use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
 
 const TEXT_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+/// The same form at its fixed positions: a `0` where a digit goes.
+const TEXT_TEMPLATE: &[u8; 27] = b"0000-00-00T00:00:00.000000Z";
 
 /// A timestamp column or parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,7 +34,7 @@ impl Ts {
         let nanos = self.0.nanosecond();
         let second = self.0.second() + nanos / 1_000_000_000;
         let micros = nanos % 1_000_000_000 / 1_000;
-        let mut out = *b"0000-00-00T00:00:00.000000Z";
+        let mut out = *TEXT_TEMPLATE;
         put_digits(&mut out[0..4], year.unsigned_abs());
         put_digits(&mut out[5..7], self.0.month());
         put_digits(&mut out[8..10], self.0.day());
@@ -54,28 +56,24 @@ impl Ts {
         Ok(Ts(naive.and_utc()))
     }
 
-    /// The text form read at its fixed positions; `None` for anything else (a leap
-    /// second included), which chrono then reads.
+    /// The text form read at its fixed positions; `None` for anything else (second 60,
+    /// a leap second, included: chrono's constructor refuses it), which chrono then
+    /// reads.
     fn from_fixed_text(s: &[u8]) -> Option<Self> {
-        let form = b"0000-00-00T00:00:00.000000Z";
-        if s.len() != form.len() {
+        if s.len() != TEXT_TEMPLATE.len() {
             return None;
         }
-        for (&c, &f) in s.iter().zip(form) {
+        for (&c, &f) in s.iter().zip(TEXT_TEMPLATE) {
             if (f == b'0' && !c.is_ascii_digit()) || (f != b'0' && c != f) {
                 return None;
             }
         }
         let year = i32::try_from(digits(&s[0..4])).ok()?;
         let date = NaiveDate::from_ymd_opt(year, digits(&s[5..7]), digits(&s[8..10]))?;
-        let second = digits(&s[17..19]);
-        if second > 59 {
-            return None;
-        }
         let time = NaiveTime::from_hms_micro_opt(
             digits(&s[11..13]),
             digits(&s[14..16]),
-            second,
+            digits(&s[17..19]),
             digits(&s[20..26]),
         )?;
         Some(Ts(NaiveDateTime::new(date, time).and_utc()))

@@ -10,6 +10,7 @@
 //! A SQLite file is shared by processes of one host only, so "now" is that host's
 //! clock (or the injected one).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Weak};
@@ -466,13 +467,19 @@ fn message_batch<'r, 'm: 'r>(
     now: Ts,
     rows: impl IntoIterator<Item = &'r MessageRow<'m>>,
 ) -> String {
+    // Most messages are visible at once: their time is the batch's, written once.
+    let now_text = now.to_text();
     rows_json(rows, |r| {
+        let visible_at = match r.scheduled_at {
+            Some(at) if at > now => Cow::Owned(at.to_text()),
+            _ => Cow::Borrowed(now_text.as_str()),
+        };
         (
             r.message_id,
             r.correlation_id,
             r.properties.as_str(),
             Hex(r.body),
-            r.scheduled_at.map_or(now, |at| at.max(now)).to_text(),
+            visible_at,
         )
     })
 }
@@ -519,7 +526,7 @@ fn bind_list(query: Query<Sqlite>, list: List) -> Query<Sqlite> {
 }
 
 fn json_list<T: serde::Serialize>(values: Vec<T>) -> String {
-    rows_json(&values, |v| v)
+    serde_json::to_string(&values).expect("a list of numbers or strings writes as JSON")
 }
 
 fn prepare(q: Q<'_>) -> Query<Sqlite> {
