@@ -36,6 +36,8 @@ pub(crate) enum Param<'a> {
     Ts(Ts),
     OptTs(Option<Ts>),
     Bytes(&'a [u8]),
+    /// Bytes the statement takes over (a batch built for it), bound without a copy.
+    OwnedBytes(Vec<u8>),
     /// A list: bound as the dialect binds lists (see [`prepare`]).
     List(List),
 }
@@ -59,6 +61,7 @@ where
     for<'e> &'e str: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
     for<'e> Option<&'e str>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
     for<'e> &'e [u8]: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'e> Vec<u8>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
     for<'e> i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
     for<'e> Option<i64>: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
     for<'e> i32: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
@@ -84,6 +87,7 @@ where
             Param::Ts(v) => query.bind(v),
             Param::OptTs(v) => query.bind(v),
             Param::Bytes(v) => query.bind(v),
+            Param::OwnedBytes(v) => query.bind(v),
             Param::List(list) => bind_list(query, list),
         })
 }
@@ -156,6 +160,11 @@ impl<'a> From<&'a [u8]> for Param<'a> {
 impl<'a> From<&'a Vec<u8>> for Param<'a> {
     fn from(v: &'a Vec<u8>) -> Self {
         Param::Bytes(v)
+    }
+}
+impl From<Vec<u8>> for Param<'_> {
+    fn from(v: Vec<u8>) -> Self {
+        Param::OwnedBytes(v)
     }
 }
 impl From<Vec<i64>> for Param<'_> {

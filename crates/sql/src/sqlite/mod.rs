@@ -40,10 +40,12 @@ use crate::store::SqlStore;
 use crate::time::Ts;
 
 mod group;
+mod jsonb;
 mod statements;
 
 pub(crate) use group::WriteTx;
 use group::Writers;
+use jsonb::Hex;
 
 use statements as sql;
 
@@ -282,34 +284,12 @@ pub(crate) fn check_url(url: &str) -> Result<()> {
     Ok(())
 }
 
-/// A batch as one JSON array with a row of values per item: bound to one parameter,
-/// the batch costs one statement (see `statements.rs`).
-///
-/// Each row is a tuple of borrowed fields written straight into the text: no JSON
-/// value is built (which copied every string) and nothing is formatted twice.
-fn rows_json<T, R: serde::Serialize>(
-    items: impl IntoIterator<Item = T>,
-    mut row: impl FnMut(T) -> R,
-) -> String {
-    let mut out = Vec::with_capacity(1024);
-    out.push(b'[');
-    for (i, item) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        serde_json::to_writer(&mut out, &row(item))
-            .expect("a row of strings, numbers and booleans writes as JSON");
-    }
-    out.push(b']');
-    String::from_utf8(out).expect("JSON is written as UTF-8")
-}
-
 /// Runs a batch statement taking `$1` now and `$2` the batch; the rows it returns.
 async fn run_batch(
     conn: &mut SqliteConnection,
     statement: &'static str,
     now: DateTime<Utc>,
-    batch: String,
+    batch: Vec<u8>,
 ) -> Result<Vec<SqliteRow>> {
     q(statement)
         .bind(Ts(now))
@@ -325,8 +305,8 @@ async fn run_with_history(
     conn: &mut SqliteConnection,
     statements: &'static str,
     now: DateTime<Utc>,
-    batch: String,
-    history: String,
+    batch: Vec<u8>,
+    history: Vec<u8>,
 ) -> Result<()> {
     q(statements)
         .bind(Ts(now))
@@ -414,7 +394,7 @@ impl SqliteDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
-        let batch = rows_json(touches, |t| {
+        let batch = jsonb::rows(touches, |t| {
             (
                 t.fence.order_id.as_str(),
                 t.fence.owner.as_str(),
@@ -434,7 +414,7 @@ impl SqliteDriver {
         now: DateTime<Utc>,
         rows: &[StepRow<'_>],
     ) -> Result<()> {
-        let steps = rows_json(rows, |r| {
+        let steps = jsonb::rows(rows, |r| {
             (
                 r.fence.order_id.as_str(),
                 r.index,
@@ -446,7 +426,7 @@ impl SqliteDriver {
                 r.irreversible,
             )
         });
-        let history = rows_json(rows, |r| {
+        let history = jsonb::rows(rows, |r| {
             (
                 r.fence.order_id.as_str(),
                 r.fence.owner.as_str(),
@@ -466,10 +446,10 @@ impl SqliteDriver {
 fn message_batch<'r, 'm: 'r>(
     now: Ts,
     rows: impl IntoIterator<Item = &'r MessageRow<'m>>,
-) -> String {
+) -> Vec<u8> {
     // Most messages are visible at once: their time is the batch's, written once.
     let now_text = now.to_text();
-    rows_json(rows, |r| {
+    jsonb::rows(rows, |r| {
         let visible_at = match r.scheduled_at {
             Some(at) if at > now => Cow::Owned(at.to_text()),
             _ => Cow::Borrowed(now_text.as_str()),
@@ -489,32 +469,6 @@ fn completions(rows: &[SqliteRow]) -> Result<HashMap<i64, String>, sqlx::Error> 
     rows.iter()
         .map(|r| Ok((i64::from_col(r, "seq")?, String::from_col(r, "lock_token")?)))
         .collect()
-}
-
-/// Bytes written as a JSON string of lowercase hex, for `unhex()` inside a batch.
-struct Hex<'a>(&'a [u8]);
-
-impl serde::Serialize for Hex<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for Hex<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut chunk = [0u8; 128];
-        for bytes in self.0.chunks(chunk.len() / 2) {
-            for (pair, b) in chunk.chunks_exact_mut(2).zip(bytes) {
-                pair[0] = DIGITS[usize::from(b >> 4)];
-                pair[1] = DIGITS[usize::from(b & 0xf)];
-            }
-            let text =
-                std::str::from_utf8(&chunk[..bytes.len() * 2]).expect("hex digits are ASCII");
-            f.write_str(text)?;
-        }
-        Ok(())
-    }
 }
 
 /// Binds a list as a JSON array.
@@ -630,7 +584,7 @@ impl Driver for SqliteDriver {
         fences: &[&Fence],
     ) -> Result<HashSet<String>> {
         let json = |fences: &mut dyn Iterator<Item = &&Fence>| {
-            rows_json(fences, |f| {
+            jsonb::rows(fences, |f| {
                 (f.order_id.as_str(), f.owner.as_str(), f.epoch.0)
             })
         };
@@ -711,7 +665,7 @@ impl Driver for SqliteDriver {
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
-        let batch = rows_json(orders, |o| (o.order_id, o.details.as_str()));
+        let batch = jsonb::rows(orders, |o| (o.order_id, o.details.as_str()));
         let inserted = order_ids(&run_batch(conn, sql::INSERT_ORDERS, now, batch).await?)?;
         if inserted.is_empty() {
             return Ok(inserted);
@@ -722,8 +676,8 @@ impl Driver for SqliteDriver {
             .iter()
             .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
             .collect();
-        let states = rows_json(&new, |o| (o.order_id, o.reply_to, o.workflow));
-        let history = rows_json(&new, |o| {
+        let states = jsonb::rows(&new, |o| (o.order_id, o.reply_to, o.workflow));
+        let history = jsonb::rows(&new, |o| {
             (
                 o.order_id,
                 actor,
@@ -888,31 +842,15 @@ impl Driver for SqliteDriver {
 mod tests {
     use super::*;
 
-    /// Bodies of any bytes and any length, across the chunks `Hex` writes in, come out
-    /// as lowercase hex in one JSON string.
     #[test]
-    fn hex_writes_every_byte_as_two_lowercase_digits_in_a_json_string() {
-        let bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
-        for len in (0..=130).chain([255, 256, 511, 512]) {
-            let body = &bytes[..len];
-            let expected: String = body.iter().map(|b| format!("{b:02x}")).collect();
-            let json = serde_json::to_string(&Hex(body)).unwrap();
-            assert_eq!(json, format!("\"{expected}\""), "{len} bytes");
-        }
-    }
-
-    #[test]
-    fn a_batch_is_a_json_array_of_its_rows() {
-        assert_eq!(rows_json(Vec::<i32>::new(), |v| v), "[]");
-        let rows = [("a\"b", Some(1), true), ("c", None, false)];
-        let json = rows_json(&rows, |r| (r.0, r.1, r.2));
-        assert_eq!(json, r#"[["a\"b",1,true],["c",null,false]]"#);
+    fn a_list_is_a_json_array() {
         assert_eq!(json_list(vec!["x".to_owned()]), r#"["x"]"#);
+        assert_eq!(json_list(vec![1i64, -2]), "[1,-2]");
     }
 
     /// The statements read a batch's rows with `jsonb_each` and `value ->> n`: every
-    /// field comes back as it was written, as `json_each` gave it (escapes, text beyond
-    /// ASCII, numbers at the edges of 64 bits, nulls, booleans as 1 and 0).
+    /// field comes back as it was written (escapes, text beyond ASCII, numbers at the
+    /// edges of 64 bits, nulls, booleans as 1 and 0).
     #[tokio::test]
     async fn rows_read_through_jsonb_each_come_back_as_written() {
         use sqlx::{Connection, Row};
@@ -934,32 +872,20 @@ mod tests {
             ("é ü 漢字 🦀", Some(-1), Some("🦀\u{2028}\u{2029}"), false),
             ("", None, Some("null"), true),
         ];
-        let batch = rows_json(&rows, |r| *r);
-        let read_with = [
-            (
-                "json_each",
-                "SELECT value ->> 0 AS a, value ->> 1 AS b, value ->> 2 AS c, value ->> 3 AS d \
-                 FROM json_each($1) ORDER BY key",
-            ),
-            (
-                "jsonb_each",
-                "SELECT value ->> 0 AS a, value ->> 1 AS b, value ->> 2 AS c, value ->> 3 AS d \
-                 FROM jsonb_each($1) ORDER BY key",
-            ),
-        ];
-        for (each, statement) in read_with {
-            let read = sqlx::query(statement)
-                .bind(&batch)
-                .fetch_all(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(read.len(), rows.len(), "{each}");
-            for (row, (a, b, c, d)) in read.iter().zip(&rows) {
-                assert_eq!(row.get::<String, _>("a"), *a, "{each}");
-                assert_eq!(row.get::<Option<i64>, _>("b"), *b, "{each}");
-                assert_eq!(row.get::<Option<String>, _>("c").as_deref(), *c, "{each}");
-                assert_eq!(row.get::<i64, _>("d"), i64::from(*d), "{each}");
-            }
+        let read = sqlx::query(
+            "SELECT value ->> 0 AS a, value ->> 1 AS b, value ->> 2 AS c, value ->> 3 AS d \
+             FROM jsonb_each($1) ORDER BY key",
+        )
+        .bind(jsonb::rows(&rows, |r| *r))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(read.len(), rows.len());
+        for (row, (a, b, c, d)) in read.iter().zip(&rows) {
+            assert_eq!(row.get::<String, _>("a"), *a);
+            assert_eq!(row.get::<Option<i64>, _>("b"), *b);
+            assert_eq!(row.get::<Option<String>, _>("c").as_deref(), *c);
+            assert_eq!(row.get::<i64, _>("d"), i64::from(*d));
         }
     }
 }

@@ -3,13 +3,15 @@
 //! arrays run here once per row (in-process calls; the commit is what costs).
 //!
 //! A batch of rows (an array of arrays, each row's fields read with `value ->> n`) is
-//! read with `jsonb_each`, whose `value` for an inner array is that array in SQLite's
-//! binary JSON, which `->>` reads as it is. `json_each` hands it over as text, and each
-//! `->>` then parsed that text again: the row was written back to text once and parsed
-//! once per field. Under a burst SQLite's JSON functions went from about 9% of the
-//! machine's samples (`perf`, idle time included) to about 4%. A list of single values
-//! (`SELECT value FROM json_each(..)`) has no inner text to parse and stays on
-//! `json_each`. (`jsonb_each` is in the SQLite that sqlx bundles, 3.51.)
+//! bound in SQLite's binary JSON (`jsonb.rs`) and read with `jsonb_each`, whose `value`
+//! for an inner array is that array in binary form, which `->>` reads as it is. Bound
+//! as text and read with `json_each`, the batch was parsed into binary form, each row
+//! written back to text, and that text parsed again for every field. Under a burst
+//! SQLite's JSON functions went from about 9% of the machine's samples (`perf`, idle
+//! time included) to about 4% with `jsonb_each`, and to about 3% with the batch bound
+//! in binary form too. A list of single values (`SELECT value FROM json_each(..)`) has
+//! no inner text to parse; it stays text. (`jsonb_each` is in the SQLite that sqlx
+//! bundles, 3.51.)
 //!
 //! A hot statement's `LIMIT` is written `LIMIT CAST($n AS INTEGER)`, not `LIMIT $n`.
 //! SQLite reads a bare parameter in `LIMIT` as a constant for its plan and marks the
