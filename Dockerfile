@@ -7,6 +7,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # Dependencies first, so that editing the sources does not rebuild them.
 COPY Cargo.toml Cargo.lock ./
+# The workspace's build settings (how the bundled SQLite is compiled).
+COPY .cargo .cargo
 COPY crates crates
 COPY migrations migrations
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).

@@ -709,6 +709,9 @@ fn the_dockerfile_and_compose_file_name_only_real_binaries_and_settings() {
     }
     // The image can export traces (the variable is in the compose file, on for no one).
     assert!(dockerfile.contains("--bins --features orderly-runtime/otel"));
+    // Its SQLite is built as the workspace's is (`.cargo/config.toml`).
+    assert!(dockerfile.contains("COPY .cargo .cargo"));
+    assert!(root.join(".cargo/config.toml").is_file());
     for package in [
         "orderly-cli",
         "orderly-submitter",

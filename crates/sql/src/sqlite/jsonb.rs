@@ -146,9 +146,11 @@ impl Field for Hex<'_> {
     fn put(&self, out: &mut Vec<u8>) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         header(out, TEXT, self.0.len() * 2);
-        out.reserve(self.0.len() * 2);
-        for b in self.0 {
-            out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+        let at = out.len();
+        out.resize(at + self.0.len() * 2, 0);
+        for (pair, b) in out[at..].chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
         }
     }
 }

@@ -842,6 +842,24 @@ impl Driver for SqliteDriver {
 mod tests {
     use super::*;
 
+    /// The bundled SQLite is built with the workspace's flags (`.cargo/config.toml`):
+    /// memory statistics off, so SQLite's allocations take no process-wide mutex.
+    #[tokio::test]
+    async fn sqlite_is_built_without_memory_statistics() {
+        use sqlx::{Connection, Row};
+        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        let used: i64 =
+            sqlx::query("SELECT sqlite_compileoption_used('SQLITE_DEFAULT_MEMSTATUS=0') AS used")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+                .get("used");
+        assert_eq!(
+            used, 1,
+            "built without LIBSQLITE3_FLAGS from .cargo/config.toml"
+        );
+    }
+
     #[test]
     fn a_list_is_a_json_array() {
         assert_eq!(json_list(vec!["x".to_owned()]), r#"["x"]"#);
