@@ -865,45 +865,4 @@ mod tests {
         assert_eq!(json_list(vec!["x".to_owned()]), r#"["x"]"#);
         assert_eq!(json_list(vec![1i64, -2]), "[1,-2]");
     }
-
-    /// The statements read a batch's rows with `jsonb_each` and `value ->> n`: every
-    /// field comes back as it was written (escapes, text beyond ASCII, numbers at the
-    /// edges of 64 bits, nulls, booleans as 1 and 0).
-    #[tokio::test]
-    async fn rows_read_through_jsonb_each_come_back_as_written() {
-        use sqlx::{Connection, Row};
-        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-        let rows: Vec<(&str, Option<i64>, Option<&str>, bool)> = vec![
-            ("plain", Some(0), None, true),
-            (
-                "quote \" backslash \\ slash /",
-                Some(i64::MAX),
-                Some("{\"a\":[1,2]}"),
-                false,
-            ),
-            (
-                "tab\t newline\n nul\u{0} bell\u{7}",
-                Some(i64::MIN),
-                Some(""),
-                true,
-            ),
-            ("é ü 漢字 🦀", Some(-1), Some("🦀\u{2028}\u{2029}"), false),
-            ("", None, Some("null"), true),
-        ];
-        let read = sqlx::query(
-            "SELECT value ->> 0 AS a, value ->> 1 AS b, value ->> 2 AS c, value ->> 3 AS d \
-             FROM jsonb_each($1) ORDER BY key",
-        )
-        .bind(jsonb::rows(&rows, |r| *r))
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        assert_eq!(read.len(), rows.len());
-        for (row, (a, b, c, d)) in read.iter().zip(&rows) {
-            assert_eq!(row.get::<String, _>("a"), *a);
-            assert_eq!(row.get::<Option<i64>, _>("b"), *b);
-            assert_eq!(row.get::<Option<String>, _>("c").as_deref(), *c);
-            assert_eq!(row.get::<i64, _>("d"), i64::from(*d));
-        }
-    }
 }
