@@ -412,6 +412,22 @@ impl<D: Driver> SqlStore<D> {
         row.as_ref().map(|r| Cols(r).state_row()).transpose()
     }
 
+    /// [`Self::fetch_state`], holding the row for the rest of the transaction (PostgreSQL;
+    /// on SQLite the write transaction already holds the whole file). A writer that
+    /// changed the row and has not committed is waited for, so what the transaction
+    /// reads after this (the order's steps) includes what that writer did with it.
+    pub(crate) async fn lock_state(
+        conn: &mut D::Conn,
+        order_id: &OrderId,
+    ) -> Result<Option<StateRow>> {
+        let row = crate::driver::Q::dynamic(format!("{}{}", st::SELECT_STATE, D::SQL.for_update))
+            .bind(order_id.as_str())
+            .fetch_optional::<D>(conn)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(|r| Cols(r).state_row()).transpose()
+    }
+
     pub(crate) async fn fetch_steps(
         conn: &mut D::Conn,
         order_id: &OrderId,

@@ -67,9 +67,9 @@ fn tally<R: SqlRow>(
 }
 
 impl<D: Driver> SqlStore<D> {
-    /// An operator's move of `order_id` to `target`, allowed only from `from`:
-    /// read, check, then a conditional update on (state, epoch), retried if the
-    /// order changed in between.
+    /// An operator's move of `order_id` to `target`, allowed only from `from`: lock
+    /// and read the order's row, check, then a conditional update on (state, epoch),
+    /// retried if the order changed in between.
     async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
         let OperatorMove {
             from,
@@ -85,7 +85,10 @@ impl<D: Driver> SqlStore<D> {
         let mut notify = true;
         for _ in 0..OPERATOR_ATTEMPTS {
             let (mut tx, now) = self.begin().await?;
-            let Some(row) = Self::fetch_state(&mut tx, order_id).await? else {
+            // The row is held from here: a scheduler's write to it in flight (a step it
+            // starts) is waited for and seen by the reads below, and a later one waits
+            // for this move and then finds the order no longer its own.
+            let Some(row) = Self::lock_state(&mut tx, order_id).await? else {
                 return Err(Error::OrderNotFound(order_id.clone()));
             };
             if undo_first
@@ -103,8 +106,9 @@ impl<D: Driver> SqlStore<D> {
             }
             // The steps that may have taken effect: none, and the cancel is at once;
             // one that can never be undone, and it is refused (undoing the others
-            // would leave the order half undone; a step that starts after this read
-            // is caught by the scheduler that claims the order to undo it).
+            // would leave the order half undone). Rows of an older version, which do
+            // not say whether a step can be undone, are caught by the scheduler that
+            // claims the order to undo it.
             let mut undo = false;
             if undo_first {
                 let mut fixed = Vec::new();

@@ -480,3 +480,145 @@ async fn postgres_a_write_abandoned_during_its_begin_leaves_no_transaction_open(
     store.pool().close().await;
     f.cleanup().await;
 }
+
+/// A cancel that races the start of a step that can never be undone is refused at
+/// once, naming the step. Here the start (a scheduler's step write: the state row
+/// touched, the step row written `irreversible`) is in flight, not yet committed, when
+/// the operator's cancel begins. The cancel locks the order's row before it reads the
+/// order's steps, so it waits for the start and then sees it. Had it read first, it
+/// would have found nothing in the way, and its update, waiting behind the start for
+/// the row, would have gone through afterwards on an order whose step was under way.
+#[tokio::test]
+async fn postgres_a_cancel_racing_the_start_of_a_step_that_cannot_be_undone_is_refused() {
+    use orderly_core::step::StepStatus;
+    use orderly_core::store::{OperatorStore, StepUpdate, StepWrite};
+    use orderly_core::{Actor, Error, ProcessState};
+    use sqlx::Connection;
+
+    let f = pg_factory(TimeSource::Database).await;
+    let store = f.store().await;
+    store
+        .submit(
+            &builders::order_with_id("race-1", 1),
+            &builders::submitter(),
+            &[],
+        )
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("s").unwrap(),
+            limit: 1,
+            timeout: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let fence = claimed[0].fence.clone();
+    // Step 0 done (it can be undone): a cancel now would undo it, then end Cancelled.
+    let verdicts = store
+        .record_steps(&[StepWrite {
+            complete: false,
+            fence: fence.clone(),
+            expect_step: Some(0),
+            updates: vec![StepUpdate {
+                index: 0,
+                name: "reserve".into(),
+                status: StepStatus::Succeeded,
+                detail: None,
+                idempotency_key: "race-1/0".into(),
+                irreversible: false,
+            }],
+            sends: Vec::new(),
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(verdicts[..], [Ok(())]), "{verdicts:?}");
+    let before = store.get(&fence.order_id).await.unwrap();
+
+    // The scheduler starts step 1, which cannot be undone; not committed yet.
+    let mut start = sqlx::PgConnection::connect_with(&f.options())
+        .await
+        .unwrap();
+    let xid: String = {
+        execute_all(
+            &mut start,
+            &[
+                "BEGIN".to_owned(),
+                "UPDATE order_state SET current_step = 1, updated_at = now() \
+                 WHERE order_id = 'race-1'"
+                    .to_owned(),
+                format!(
+                    "INSERT INTO order_steps (order_id, step_index, name, status, \
+                     idempotency_key, attempts, detail, epoch, updated_at, irreversible) \
+                     VALUES ('race-1', 1, 'ship', 'Started', 'race-1/1', 1, NULL, {}, now(), true)",
+                    fence.epoch.0
+                ),
+            ],
+        )
+        .await;
+        sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+            .fetch_one(&mut start)
+            .await
+            .unwrap()
+    };
+    let ops = Actor::operator("ops");
+    let cancel = {
+        let store = store.clone();
+        let (order_id, ops) = (fence.order_id.clone(), ops.clone());
+        tokio::spawn(async move {
+            store
+                .request_cancel(&order_id, &ops, "customer called", &[])
+                .await
+        })
+    };
+    // The cancel waits for the start's transaction (for the order's row).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted \
+             AND locktype = 'transactionid' AND transactionid::text = $1",
+        )
+        .bind(&xid)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            !cancel.is_finished(),
+            "the cancel ended without waiting for the step's start: {:?}",
+            cancel.await
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancel never waited for the step's start"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    execute_all(&mut start, &["COMMIT".to_owned()]).await;
+
+    match cancel.await.unwrap() {
+        Err(Error::PastReturn { order_id, steps }) => {
+            assert_eq!((order_id, steps.as_str()), (fence.order_id.clone(), "ship"));
+        }
+        other => panic!("refused, naming ship: {other:?}"),
+    }
+    let after = store.get(&fence.order_id).await.unwrap();
+    assert_eq!(
+        (
+            after.state.process_state,
+            after.state.locked_by.as_ref(),
+            after.state.lock_epoch
+        ),
+        (ProcessState::Processing, Some(&fence.owner), fence.epoch),
+        "the order runs on under its scheduler"
+    );
+    assert_eq!(
+        after.history.len(),
+        before.history.len(),
+        "and its history says nothing of the cancel"
+    );
+    f.cleanup().await;
+}
