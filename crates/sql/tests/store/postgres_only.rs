@@ -15,33 +15,44 @@ use crate::fixtures::{execute_all, pg_factory};
 async fn postgres_deadlines_are_computed_on_the_database_clock() {
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
-    store
-        .submit(&builders::order(1), &builders::submitter(), &[])
-        .await
-        .unwrap();
     let server_before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(store.pool())
         .await
         .unwrap();
-    let claimed = store
-        .claim(&ClaimRequest {
-            workflows: Default::default(),
-            owner: InstanceId::parse("s").unwrap(),
-            limit: 1,
-            timeout: Duration::from_secs(30),
-        })
-        .await
-        .unwrap();
+    let claimed = submit_and_claim(&store, builders::order(1), Duration::from_secs(30)).await;
     let server_after: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(store.pool())
         .await
         .unwrap();
-    let started = claimed[0].complete_by - chrono::Duration::seconds(30);
+    let started = claimed.complete_by - chrono::Duration::seconds(30);
     assert!(
         server_before <= started && started <= server_after,
         "{server_before} <= {started} <= {server_after}"
     );
     f.cleanup().await;
+}
+
+/// Submits `order` and claims it for scheduler `s`, due within `timeout`.
+async fn submit_and_claim(
+    store: &orderly_sql::PgStore,
+    order: orderly_core::store::NewOrder,
+    timeout: Duration,
+) -> orderly_core::store::ClaimedOrder {
+    store
+        .submit(&order, &builders::submitter(), &[])
+        .await
+        .unwrap();
+    let mut claimed = store
+        .claim(&ClaimRequest {
+            workflows: Default::default(),
+            owner: InstanceId::parse("s").unwrap(),
+            limit: 1,
+            timeout,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "claimed {claimed:?}");
+    claimed.remove(0)
 }
 
 /// The claim and sweep use partial indexes, so finished rows do not slow them down.
@@ -497,24 +508,13 @@ async fn postgres_a_cancel_racing_the_start_of_a_step_that_cannot_be_undone_is_r
 
     let f = pg_factory(TimeSource::Database).await;
     let store = f.store().await;
-    store
-        .submit(
-            &builders::order_with_id("race-1", 1),
-            &builders::submitter(),
-            &[],
-        )
-        .await
-        .unwrap();
-    let claimed = store
-        .claim(&ClaimRequest {
-            workflows: Default::default(),
-            owner: InstanceId::parse("s").unwrap(),
-            limit: 1,
-            timeout: Duration::from_secs(60),
-        })
-        .await
-        .unwrap();
-    let fence = claimed[0].fence.clone();
+    let fence = submit_and_claim(
+        &store,
+        builders::order_with_id("race-1", 1),
+        Duration::from_secs(60),
+    )
+    .await
+    .fence;
     // Step 0 done (it can be undone): a cancel now would undo it, then end Cancelled.
     let verdicts = store
         .record_steps(&[StepWrite {
