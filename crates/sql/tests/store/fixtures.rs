@@ -111,6 +111,51 @@ impl StoreFactory for PgFactory {
     }
 }
 
+/// A login role made for one test, dropped when the test ends, whether it passed or
+/// failed (a role belongs to the whole server, not to the test's schema).
+pub struct TestRole(pub String);
+
+impl TestRole {
+    /// Creates a role without superuser rights, named for this test run.
+    pub async fn create(conn: &mut sqlx::PgConnection) -> Self {
+        let role = TestRole(format!("orderly_t_{}", uuid::Uuid::new_v4().simple()));
+        execute_all(conn, &[format!("CREATE ROLE {} LOGIN NOSUPERUSER", role.0)]).await;
+        role
+    }
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let role = self.0.clone();
+        // Its own thread and runtime: a test's runtime may be gone or unwinding.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test role");
+            runtime.block_on(async {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&postgres_url()).await?;
+                for sql in [
+                    format!("DROP OWNED BY {role}"),
+                    format!("DROP ROLE IF EXISTS {role}"),
+                ] {
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await?;
+                }
+                Ok::<_, sqlx::Error>(())
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("could not drop test role {}: {e}", self.0),
+            Err(_) => eprintln!("could not drop test role {}: its clean-up panicked", self.0),
+        }
+    }
+}
+
 /// Runs `statements` in order on `conn`, each on its own (a test's set-up).
 pub async fn execute_all(conn: &mut sqlx::PgConnection, statements: &[String]) {
     for sql in statements {

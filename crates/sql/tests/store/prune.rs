@@ -13,7 +13,7 @@ use orderly_sql::{PgStore, SqliteStore};
 use orderly_testkit::builders;
 use orderly_testkit::store::StoreFactory;
 
-use crate::fixtures::{execute_all, pg_factory, sqlite_factory};
+use crate::fixtures::{TestRole, execute_all, pg_factory, sqlite_factory};
 
 trait StoreAndQueue: StateStore + Transport {}
 impl<T: StateStore + Transport> StoreAndQueue for T {}
@@ -433,12 +433,12 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     use orderly_core::store::{SupervisorStore, TIDY_MIN_DEAD};
     let f = pg_factory(TimeSource::Database).await;
     let owner = f.store().await;
-    let role = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
     let mut admin = owner.pool().acquire().await.unwrap();
+    let test_role = TestRole::create(&mut admin).await;
+    let role = test_role.0.as_str();
     execute_all(
         &mut admin,
         &[
-            format!("CREATE ROLE {role} LOGIN NOSUPERUSER"),
             format!("GRANT USAGE, CREATE ON SCHEMA {} TO {role}", f.schema),
             format!("GRANT ALL ON ALL TABLES IN SCHEMA {} TO {role}", f.schema),
             format!(
@@ -452,7 +452,7 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     let q = QueueName::parse("tidy").unwrap();
     orderly_testkit::transport::churn(&owner, &q, "many", TIDY_MIN_DEAD as usize).await;
     until_dead_rows(&owner, TIDY_MIN_DEAD as i64, deadline).await;
-    let guest = PgStore::connect(f.options().username(&role), 2, TimeSource::Database)
+    let guest = PgStore::connect(f.options().username(role), 2, TimeSource::Database)
         .await
         .expect("a role with the tables' privileges opens the store");
     let tidied = guest.tidy().await.unwrap();
@@ -462,12 +462,8 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     // The owner's tidy vacuums the queue's churn.
     let vacuumed = tidy_until_the_queue_is_vacuumed(&owner, deadline).await;
     assert!(vacuumed.dead_rows >= TIDY_MIN_DEAD, "{vacuumed:?}");
+    drop(admin);
     f.cleanup().await;
-    execute_all(
-        &mut admin,
-        &[format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")],
-    )
-    .await;
 }
 
 /// The queue's table empties out whenever the system is idle. A vacuum then must not
