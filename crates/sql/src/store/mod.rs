@@ -32,7 +32,7 @@ use orderly_core::store::{ClaimRequest, MAX_BATCH, Taken, bounded_text};
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, OrderId, ProcessState, Result, StateRow, ValidationError};
 
-use crate::driver::{Driver, Receive, q};
+use crate::driver::{Driver, Q, Receive, q};
 use crate::error::db;
 use crate::fence::refusal;
 use crate::queue::Head;
@@ -404,12 +404,7 @@ impl<D: Driver> SqlStore<D> {
         conn: &mut D::Conn,
         order_id: &OrderId,
     ) -> Result<Option<StateRow>> {
-        let row = q(st::SELECT_STATE)
-            .bind(order_id.as_str())
-            .fetch_optional::<D>(conn)
-            .await
-            .map_err(db)?;
-        row.as_ref().map(|r| Cols(r).state_row()).transpose()
+        Self::state_by(conn, q(st::SELECT_STATE), order_id).await
     }
 
     /// [`Self::fetch_state`], holding the row for the rest of the transaction (PostgreSQL;
@@ -420,7 +415,17 @@ impl<D: Driver> SqlStore<D> {
         conn: &mut D::Conn,
         order_id: &OrderId,
     ) -> Result<Option<StateRow>> {
-        let row = crate::driver::Q::dynamic(format!("{}{}", st::SELECT_STATE, D::SQL.for_update))
+        let select = format!("{}{}", st::SELECT_STATE, D::SQL.for_update);
+        Self::state_by(conn, Q::dynamic(select), order_id).await
+    }
+
+    /// The state row of `order_id` read by `select` (a form of [`st::SELECT_STATE`]).
+    async fn state_by(
+        conn: &mut D::Conn,
+        select: Q<'_>,
+        order_id: &OrderId,
+    ) -> Result<Option<StateRow>> {
+        let row = select
             .bind(order_id.as_str())
             .fetch_optional::<D>(conn)
             .await

@@ -68,8 +68,9 @@ fn tally<R: SqlRow>(
 
 impl<D: Driver> SqlStore<D> {
     /// An operator's move of `order_id` to `target`, allowed only from `from`: lock
-    /// and read the order's row, check, then a conditional update on (state, epoch),
-    /// retried if the order changed in between.
+    /// and read the order's row, check, then a conditional update on (state, epoch).
+    /// Tried again without the client's notice if the client's queue does not exist
+    /// (and, should the update ever find the row changed, from the start).
     async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
         let OperatorMove {
             from,
