@@ -172,3 +172,145 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         Ok(marked)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The recovery statement's own guard. A sweep locks the rows it decides on in the
+    //! transaction that applies the decisions, so no scheduler can claim an order
+    //! again in between: the guard is reached only by calling the dialect directly,
+    //! as here. It is what keeps a decision from applying to a later run of the order.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use orderly_core::history::HistoryKind;
+    use orderly_core::store::{ClaimRequest, IntakeStore, OperatorStore, SchedulerStore};
+    use orderly_core::{InstanceId, ManualClock, OrderId, ProcessState, TimeSource};
+    use orderly_testkit::builders::{order_with_id, submitter};
+
+    use super::*;
+
+    /// Decided for `epoch`: the order back to Pending after a timeout.
+    fn back_to_pending(order_id: &OrderId, epoch: i64) -> Rescue {
+        Rescue {
+            order_id: order_id.as_str().to_owned(),
+            epoch,
+            failure_count: 1,
+            state: ProcessState::Pending.as_str(),
+            finish_as: None,
+            next_attempt_at: None,
+            reason: "timed out".into(),
+            kind: HistoryKind::Recovered.as_str(),
+        }
+    }
+
+    async fn rescue<D: Driver>(store: &SqlStore<D>, rescues: &[Rescue]) -> Vec<String> {
+        let (mut tx, now) = store.begin().await.unwrap();
+        let applied = D::rescue(&mut tx, now, "supervisor@test", rescues)
+            .await
+            .unwrap();
+        D::commit(tx).await.unwrap();
+        applied.into_iter().collect()
+    }
+
+    /// An order claimed, timed out, then claimed by another scheduler under the next
+    /// epoch: the first run's recovery, applied late, changes nothing; the run it was
+    /// decided for takes it.
+    async fn a_recovery_applies_only_to_the_run_it_was_decided_for<D: Driver>(
+        store: SqlStore<D>,
+        clock: ManualClock,
+    ) {
+        let id = OrderId::parse("o-late-rescue").unwrap();
+        store
+            .submit(&order_with_id(id.as_str(), 1), &submitter(), &[])
+            .await
+            .unwrap();
+        let claim = |owner: &str| ClaimRequest {
+            owner: InstanceId::parse(owner).unwrap(),
+            limit: 1,
+            timeout: Duration::from_secs(30),
+            workflows: Arc::default(),
+        };
+        let first = store.claim(&claim("scheduler-a")).await.unwrap();
+        assert_eq!(first.len(), 1);
+        clock.advance(Duration::from_secs(60));
+        // The first run's decision, and the order recovered under it.
+        let stale = back_to_pending(&id, first[0].fence.epoch.0);
+        assert_eq!(
+            rescue(&store, std::slice::from_ref(&stale)).await,
+            vec![id.to_string()]
+        );
+        let second = store.claim(&claim("scheduler-b")).await.unwrap();
+        assert_eq!(second.len(), 1);
+        clock.advance(Duration::from_secs(60));
+        let before = store.get(&id).await.unwrap();
+
+        // The first run's decision again, now that the order runs under the next epoch
+        // and is past that run's deadline too.
+        assert_eq!(rescue(&store, &[stale]).await, Vec::<String>::new());
+        let after = store.get(&id).await.unwrap();
+        assert_eq!(after.state, before.state, "the later run's row was changed");
+        assert_eq!(after.history.len(), before.history.len());
+
+        // Decided for the run it is in, it applies.
+        let current = back_to_pending(&id, second[0].fence.epoch.0);
+        assert_eq!(rescue(&store, &[current]).await, vec![id.to_string()]);
+        let view = store.get(&id).await.unwrap();
+        assert_eq!(view.state.process_state, ProcessState::Pending);
+        assert_eq!(view.state.locked_by, None);
+        assert_eq!(view.history_count(HistoryKind::Recovered), 2);
+        assert_eq!(
+            view.history.last().map(|e| e.epoch),
+            Some(second[0].fence.epoch),
+            "the entry names the run it recovered"
+        );
+    }
+
+    #[tokio::test]
+    async fn sqlite_a_recovery_applies_only_to_the_run_it_was_decided_for() {
+        let clock = ManualClock::starting_now();
+        let store = crate::SqliteStore::open(
+            "sqlite::memory:",
+            TimeSource::Clock(Arc::new(clock.clone())),
+        )
+        .await
+        .unwrap();
+        a_recovery_applies_only_to_the_run_it_was_decided_for(store, clock).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_a_recovery_applies_only_to_the_run_it_was_decided_for() {
+        use std::str::FromStr;
+        let url = std::env::var("ORDERLY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let admin = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL at {url} is needed for this test: {e}. \
+                 Start it (see README.md, or run .ci/run) or point ORDERLY_TEST_POSTGRES_URL at one."
+            )
+        });
+        let schema = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
+        let create = format!("CREATE SCHEMA {schema}");
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let clock = ManualClock::starting_now();
+        let options = sqlx::postgres::PgConnectOptions::from_str(&url)
+            .unwrap()
+            .options([("search_path", schema.as_str())]);
+        let store = crate::PgStore::connect(options, 2, TimeSource::Clock(Arc::new(clock.clone())))
+            .await
+            .unwrap();
+        // The schema goes whether the test passes or not.
+        let run = tokio::spawn(a_recovery_applies_only_to_the_run_it_was_decided_for(
+            store, clock,
+        ))
+        .await;
+        let drop = format!("DROP SCHEMA {schema} CASCADE");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&admin).await;
+        if let Err(e) = run {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
