@@ -295,17 +295,16 @@ mod tests {
             .execute(&admin)
             .await
             .unwrap();
-        let clock = ManualClock::starting_now();
         let options = sqlx::postgres::PgConnectOptions::from_str(&url)
             .unwrap()
             .options([("search_path", schema.as_str())]);
-        let store = crate::PgStore::connect(options, 2, TimeSource::Clock(Arc::new(clock.clone())))
-            .await
-            .unwrap();
-        // The schema goes whether the test passes or not.
-        let run = tokio::spawn(a_recovery_applies_only_to_the_run_it_was_decided_for(
-            store, clock,
-        ))
+        // The schema goes whether the test passes or not, from its first migration on.
+        let run = tokio::spawn(async move {
+            let clock = ManualClock::starting_now();
+            let time = TimeSource::Clock(Arc::new(clock.clone()));
+            let store = crate::PgStore::connect(options, 2, time).await.unwrap();
+            a_recovery_applies_only_to_the_run_it_was_decided_for(store, clock).await;
+        })
         .await;
         let drop = format!("DROP SCHEMA {schema} CASCADE");
         let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&admin).await;
