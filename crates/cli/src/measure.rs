@@ -39,15 +39,22 @@ pub struct Cost {
     pub server: Option<ServerCounters>,
 }
 
-/// How long the server may take to publish a backend's transaction counts (its idle
-/// flush interval is ten seconds).
+/// How long the server may take to publish a backend's transaction counts: a backend
+/// publishes them at most once a second while busy and, once idle, within its idle
+/// flush interval (ten seconds).
 pub const PG_STATS_SETTLE: Duration = Duration::from_secs(11);
 
 impl Meter {
-    /// Starts measuring; `pg_url` when the store is PostgreSQL.
+    /// Starts measuring; `pg_url` when the store is PostgreSQL. There it first waits
+    /// [`PG_STATS_SETTLE`], so that what the connections did before (start-up, the last
+    /// phase's checks of every order) is published before the server's counts are
+    /// read, and not counted in this phase.
     pub async fn start(stats: std::sync::Arc<Stats>, pg_url: Option<&str>) -> Self {
         let server = match pg_url {
-            Some(url) => server_counters(url).await.ok(),
+            Some(url) => {
+                tokio::time::sleep(PG_STATS_SETTLE).await;
+                server_counters(url).await.ok()
+            }
             None => None,
         };
         Self {
