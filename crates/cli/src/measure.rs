@@ -17,6 +17,7 @@ pub struct Meter {
     store: StatsSnapshot,
     own_cpu: Option<Duration>,
     pg_cpu: Option<Duration>,
+    machine: Option<MachineCpu>,
     server: Option<ServerCounters>,
     started: std::time::Instant,
 }
@@ -34,6 +35,9 @@ pub struct Cost {
     pub own_cpu: Option<Duration>,
     /// CPU time of the PostgreSQL server's processes on this machine, if it runs here.
     pub pg_cpu: Option<Duration>,
+    /// The share of the machine's CPU time that was busy (every process's), and the
+    /// cores it has: near 100%, the phase waited for the cores.
+    pub machine_busy: Option<(f64, usize)>,
     /// What the PostgreSQL server did over the phase: transactions committed in the
     /// database (reads included), its log written, rows written by table.
     pub server: Option<ServerCounters>,
@@ -63,6 +67,7 @@ impl Meter {
             pg_url: pg_url.map(str::to_owned),
             own_cpu: process_cpu("self"),
             pg_cpu: pg_url.and_then(|_| postgres_cpu()),
+            machine: machine_cpu(),
             server,
             started: std::time::Instant::now(),
         }
@@ -83,6 +88,13 @@ impl Meter {
             .and_then(|_| postgres_cpu())
             .zip(self.pg_cpu)
             .map(|(now, then)| now.saturating_sub(then));
+        let machine_busy = machine_cpu()
+            .zip(self.machine)
+            .and_then(|(now, then)| now.busy_since(then))
+            .map(|busy| {
+                let cores = std::thread::available_parallelism().map_or(1, usize::from);
+                (busy, cores)
+            });
         let server = match (&self.pg_url, &self.server) {
             (Some(url), Some(before)) => {
                 let at_end = server_counters(url).await.ok();
@@ -107,6 +119,7 @@ impl Meter {
             store,
             own_cpu,
             pg_cpu,
+            machine_busy,
             server,
         }
     }
@@ -174,6 +187,12 @@ impl Cost {
                 cpu.as_secs_f64()
             );
         }
+        if let Some((busy, cores)) = self.machine_busy {
+            outln!(
+                "cpu, machine         {:.0}% of {cores} cores busy (every process on this machine)",
+                100.0 * busy
+            );
+        }
         let stages: Vec<String> = self
             .store
             .batches
@@ -220,6 +239,47 @@ fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
         ),
         _ => format!("{:.1} per order: {}", per(all), each.join("; ")),
     }
+}
+
+/// The machine's CPU time so far, from the first line of `/proc/stat`, in ticks: busy
+/// (user, nice, system, interrupts, and time the hypervisor gave to other machines) and
+/// idle (idle and waiting for the disk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MachineCpu {
+    busy: u64,
+    idle: u64,
+}
+
+impl MachineCpu {
+    /// The busy share of the time since `then` (None when no time passed).
+    fn busy_since(self, then: Self) -> Option<f64> {
+        let busy = self.busy.saturating_sub(then.busy);
+        let all = busy + self.idle.saturating_sub(then.idle);
+        (all > 0).then(|| busy as f64 / all as f64)
+    }
+}
+
+fn machine_cpu() -> Option<MachineCpu> {
+    parse_machine_cpu(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_machine_cpu(stat: &str) -> Option<MachineCpu> {
+    let mut fields = stat.lines().next()?.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is counted in user).
+    let t: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = t[..] else {
+        return None;
+    };
+    Some(MachineCpu {
+        busy: user + nice + system + irq + softirq + steal,
+        idle: idle + iowait,
+    })
 }
 
 /// User plus system CPU time of process `pid` ("self" for this one), from
@@ -274,6 +334,23 @@ mod tests {
         assert_eq!(parse_cpu(line), Some(Duration::from_millis(2_870)));
         assert_eq!(parse_cpu("4242 (cut short) S 1"), None);
         assert!(process_cpu("self").is_some(), "Linux has /proc/self/stat");
+    }
+
+    #[test]
+    fn the_machine_busy_share_counts_every_busy_kind_against_idle_and_disk_waits() {
+        let before = parse_machine_cpu("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+            .expect("a cpu line");
+        let after = parse_machine_cpu("cpu  400 10 100 900 150 5 15 20 0 0\n").expect("a cpu line");
+        // busy 150 -> 550 (+400), idle 850 -> 1050 (+200)
+        assert_eq!(after.busy_since(before), Some(400.0 / 600.0));
+        assert_eq!(before.busy_since(before), None, "no time passed");
+        assert_eq!(
+            parse_machine_cpu("cpu0 1 2 3 4 5 6 7 8\n"),
+            None,
+            "not the machine's line"
+        );
+        assert_eq!(parse_machine_cpu("cpu  1 2 3\n"), None, "cut short");
+        assert!(machine_cpu().is_some(), "Linux has /proc/stat");
     }
 
     #[test]

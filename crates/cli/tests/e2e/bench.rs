@@ -73,6 +73,18 @@ async fn the_bench_on_postgres_tells_the_rows_and_log_the_server_wrote_per_order
                 .unwrap_or_else(|| panic!("no `{start}` line in\n{phase}"))
                 .to_owned()
         };
+        // How busy the machine's cores were over the phase (every process's CPU).
+        let machine = line("cpu, machine");
+        let busy: f64 = machine
+            .split_whitespace()
+            .nth(2)
+            .and_then(|b| b.strip_suffix('%'))
+            .and_then(|b| b.parse().ok())
+            .unwrap_or_else(|| panic!("no share in {machine}"));
+        assert!(
+            (0.0..=100.0).contains(&busy) && machine.contains(" cores busy"),
+            "{machine}"
+        );
         let log = line("server log written");
         assert!(
             log.contains(" bytes per order (") && log.contains("records and"),
