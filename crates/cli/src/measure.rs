@@ -1,8 +1,9 @@
 //! What a benchmark phase cost besides time: write transactions and the batch sizes
 //! each stage reached (the store's own counters); on PostgreSQL the transactions the
 //! server committed (`pg_stat_database`), the write-ahead log it wrote and the rows it
-//! wrote by table (counts that, unlike time, a busy machine does not change); and CPU
-//! seconds of this process and of the local PostgreSQL server's processes.
+//! wrote by table (counts that, unlike time, a busy machine does not change); CPU
+//! seconds of this process and of the local PostgreSQL server's processes; and how busy
+//! the machine's cores were.
 
 use crate::outln;
 use std::time::Duration;
@@ -90,11 +91,7 @@ impl Meter {
             .map(|(now, then)| now.saturating_sub(then));
         let machine_busy = machine_cpu()
             .zip(self.machine)
-            .and_then(|(now, then)| now.busy_since(then))
-            .map(|busy| {
-                let cores = std::thread::available_parallelism().map_or(1, usize::from);
-                (busy, cores)
-            });
+            .and_then(|(now, then)| now.busy_since(then).map(|busy| (busy, now.cores)));
         let server = match (&self.pg_url, &self.server) {
             (Some(url), Some(before)) => {
                 let at_end = server_counters(url).await.ok();
@@ -243,11 +240,12 @@ fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
 
 /// The machine's CPU time so far, from the first line of `/proc/stat`, in ticks: busy
 /// (user, nice, system, interrupts, and time the hypervisor gave to other machines) and
-/// idle (idle and waiting for the disk).
+/// idle (idle and waiting for the disk), summed over its `cores` (the `cpuN` lines).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MachineCpu {
     busy: u64,
     idle: u64,
+    cores: usize,
 }
 
 impl MachineCpu {
@@ -276,9 +274,17 @@ fn parse_machine_cpu(stat: &str) -> Option<MachineCpu> {
     let [user, nice, system, idle, iowait, irq, softirq, steal] = t[..] else {
         return None;
     };
+    let cores = stat
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("cpu")
+                .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .count();
     Some(MachineCpu {
         busy: user + nice + system + irq + softirq + steal,
         idle: idle + iowait,
+        cores: cores.max(1),
     })
 }
 
@@ -338,8 +344,11 @@ mod tests {
 
     #[test]
     fn the_machine_busy_share_counts_every_busy_kind_against_idle_and_disk_waits() {
-        let before = parse_machine_cpu("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
-            .expect("a cpu line");
+        let before = parse_machine_cpu(
+            "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\ncpu1 1 2 3 4 5 6 7 8\nintr 9\n",
+        )
+        .expect("a cpu line");
+        assert_eq!(before.cores, 2, "one cpuN line per core");
         let after = parse_machine_cpu("cpu  400 10 100 900 150 5 15 20 0 0\n").expect("a cpu line");
         // busy 150 -> 550 (+400), idle 850 -> 1050 (+200)
         assert_eq!(after.busy_since(before), Some(400.0 / 600.0));
