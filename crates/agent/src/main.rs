@@ -107,10 +107,14 @@ async fn main() -> anyhow::Result<()> {
             "invalid --remote-url / ORDERLY_REMOTE_URL: must start with http:// or https://"
         );
     }
-    let remote = HttpRemote::new(Endpoints {
-        base_url: args.remote_url,
-        overrides,
-    })
+    let trust = orderly_tls::Trust::from_env()?;
+    let remote = HttpRemote::new(
+        Endpoints {
+            base_url: args.remote_url,
+            overrides,
+        },
+        &trust,
+    )
     .context("cannot build the HTTP client")?;
     let mut cfg = AgentConfig::new(instance.clone(), queues);
     cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);

@@ -128,11 +128,18 @@ impl HttpRemote {
     /// in flight at once (the agent's concurrency bounds that). A smaller cap on idle
     /// connections closes the rest after each burst of calls and opens them again for
     /// the next: a TCP (or TLS) handshake per call, on both ends.
-    pub fn new(endpoints: Endpoints) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// https services are verified against `trust` (the platform's roots plus
+    /// `ORDERLY_CA_FILE`).
+    pub fn new(
+        endpoints: Endpoints,
+        trust: &orderly_tls::Trust,
+    ) -> Result<Self, orderly_tls::Error> {
+        let client = trust
+            .http_client()?
             .connect_timeout(Duration::from_secs(2))
             .pool_idle_timeout(Duration::from_secs(90))
-            .build()?;
+            .build()
+            .map_err(|e| orderly_tls::Error::Setup(e.to_string()))?;
         Ok(Self { client, endpoints })
     }
 }

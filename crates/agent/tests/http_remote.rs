@@ -40,10 +40,13 @@ async fn bursts_of_calls_reuse_the_connections_of_the_first() {
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
-    let remote = HttpRemote::new(Endpoints {
-        base_url: format!("http://{addr}/actions"),
-        overrides: Default::default(),
-    })
+    let remote = HttpRemote::new(
+        Endpoints {
+            base_url: format!("http://{addr}/actions"),
+            overrides: Default::default(),
+        },
+        &orderly_tls::Trust::platform(),
+    )
     .unwrap();
     for round in 0..3 {
         let mut burst = tokio::task::JoinSet::new();

@@ -386,8 +386,8 @@ fn properties(p: Option<&ApplicationProperties>) -> BTreeMap<String, String> {
 async fn open_client(
     settings: &ServiceBusSettings,
 ) -> Result<ServiceBusClient<azservicebus::core::BasicRetryPolicy>, TransportError> {
-    // Both ring and aws-lc-rs end up in the dependency graph: pick one for the process.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // The process's one crypto provider (ring), whichever client asks first.
+    orderly_tls::install_provider();
     // A short try-timeout, and no retries inside the client: its retry loop can poll a
     // send's delivery future again after it completed (fe2o3-amqp 0.14), which panics
     // ("called after complete"); seen on a loaded machine. Sends are retried here

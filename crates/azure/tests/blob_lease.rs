@@ -217,3 +217,47 @@ async fn a_leader_cut_off_from_azurite_stops_at_its_renew_deadline_and_no_one_ov
     assert!(rec.intervals().len() >= 2);
     ctx.factory.cleanup().await;
 }
+
+/// The blob lease as it meets Azure: over HTTPS only, the endpoint verified. Against
+/// Azurite serving HTTPS with a certificate of the test's own CA, a lease told to
+/// trust that CA is acquired, renewed, refused to a second holder, released and taken
+/// over, and the deposed holder's renewal is refused; a lease trusting only the
+/// platform's roots gets no answer at all, and says it is the certificate.
+#[tokio::test]
+async fn the_lease_works_over_https_against_an_endpoint_it_trusts_and_only_then() {
+    let ca = orderly_testkit::tls::TestCa::new("blob-lease");
+    let cert = ca.server_cert("azurite", &["127.0.0.1", "localhost"]);
+    let azurite = Azurite::start_https(&cert);
+    let cs = azurite.connection_string();
+    assert!(cs.contains("https://127.0.0.1:"), "{cs}");
+    let container = format!(
+        "leases-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let at = |trust: orderly_tls::Trust| {
+        let location = BlobLocation::from_connection_string(&cs, &container, "leader")
+            .unwrap()
+            .with_trust(trust);
+        BlobLease::new(&location, Duration::from_secs(15), Duration::from_secs(3)).unwrap()
+    };
+
+    let untrusting = at(orderly_tls::Trust::platform());
+    let err = untrusting.try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::Unavailable(why) if why.contains("invalid peer certificate: UnknownIssuer")),
+        "{err:?}"
+    );
+
+    let trust = orderly_tls::Trust::with_ca_file(&ca.ca_file()).unwrap();
+    let a = at(trust.clone());
+    let b = at(trust);
+    assert_eq!(a.try_acquire().await.unwrap(), Acquired::Yes(None));
+    assert_eq!(b.try_acquire().await.unwrap(), Acquired::HeldByOther);
+    a.renew().await.unwrap();
+    a.release().await.unwrap();
+    assert_eq!(b.try_acquire().await.unwrap(), Acquired::Yes(None));
+    let deposed = a.renew().await.unwrap_err();
+    assert!(matches!(deposed, LeaseError::Lost(_)), "{deposed:?}");
+    // Still nothing for the lease that does not trust the endpoint.
+    assert!(untrusting.try_acquire().await.is_err());
+}

@@ -241,10 +241,13 @@ impl System {
         for _ in 0..cfg.agents {
             let id = InstanceId::generate("agent");
             instances.push(id.clone());
-            let remote = HttpRemote::new(Endpoints {
-                base_url: remote_url.clone(),
-                overrides: Default::default(),
-            })?;
+            let remote = HttpRemote::new(
+                Endpoints {
+                    base_url: remote_url.clone(),
+                    overrides: Default::default(),
+                },
+                &orderly_tls::Trust::from_env()?,
+            )?;
             let mut ac = AgentConfig::new(id, agent_queues.clone());
             ac.lock_renewal = cfg.request_lock / 3;
             ac.breaker = BreakerConfig {

@@ -1139,7 +1139,7 @@ fn the_dashboard_lists_errors_shows_an_order_and_retries_it_in_a_real_browser() 
     let (mut dash, port) = start_dashboard(&url, "0.0.0.0", Some("t0ken-for-test"));
     rt.block_on(async {
         let base = format!("http://127.0.0.1:{port}");
-        let c = reqwest::Client::builder()
+        let c = procs::http_builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();

@@ -168,6 +168,9 @@ impl ElectionArgs {
                  ORDERLY_LEASE_SAS_URL, ORDERLY_LEASE_ACCOUNT_URL"
             );
         }
+        // The lease endpoint's certificate is checked against the platform's roots and
+        // ORDERLY_CA_FILE, as every other client's.
+        let trust = orderly_tls::Trust::from_env()?;
         let location = if let Some(cs) = self.lease_storage_connection_string.clone().or(from_file)
         {
             BlobLocation::from_connection_string(&cs, &self.lease_container, &self.lease_blob)?
@@ -175,14 +178,17 @@ impl ElectionArgs {
             BlobLocation::from_sas_url(sas, &self.lease_blob)?
         } else {
             let url = self.lease_account_url.as_deref().unwrap_or_default();
-            let credential = orderly_azure::entra_credential(match self.lease_credential {
-                CredentialKind::ManagedIdentity => EntraSource::ManagedIdentity,
-                CredentialKind::WorkloadIdentity => EntraSource::WorkloadIdentity,
-                CredentialKind::Developer => EntraSource::Developer,
-            })?;
+            let credential = orderly_azure::entra_credential(
+                match self.lease_credential {
+                    CredentialKind::ManagedIdentity => EntraSource::ManagedIdentity,
+                    CredentialKind::WorkloadIdentity => EntraSource::WorkloadIdentity,
+                    CredentialKind::Developer => EntraSource::Developer,
+                },
+                &trust,
+            )?;
             BlobLocation::with_credential(url, &self.lease_container, &self.lease_blob, credential)?
         };
-        Ok(location)
+        Ok(location.with_trust(trust))
     }
 
     /// Checks every election setting (and builds the blob lease's client), before

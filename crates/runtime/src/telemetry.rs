@@ -136,7 +136,7 @@ mod otel {
     use opentelemetry::KeyValue;
     use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
     use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
     use opentelemetry_sdk::Resource;
     use opentelemetry_sdk::propagation::TraceContextPropagator;
     use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -149,7 +149,7 @@ mod otel {
     /// standard `OTEL_EXPORTER_OTLP_ENDPOINT` is read. Errors name the setting.
     pub(super) fn traces_url(base: &str) -> anyhow::Result<String> {
         let setting = "--otel-endpoint / ORDERLY_OTEL_ENDPOINT";
-        let url = reqwest_otlp::Url::parse(base)
+        let url = reqwest::Url::parse(base)
             .with_context(|| format!("invalid {setting} {base:?}: not a URL"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             anyhow::bail!(
@@ -162,6 +162,32 @@ mod otel {
         Ok(format!("{}/v1/traces", base.trim_end_matches('/')))
     }
 
+    /// The exporter's HTTP client: blocking (the batch exporter runs on a thread of
+    /// its own), on orderly's one TLS stack and trust, with the standard
+    /// `OTEL_EXPORTER_OTLP_TIMEOUT` (ms, default 10 s). Built on a thread of its own, as
+    /// a blocking client may not be built inside the async runtime.
+    fn blocking_client() -> anyhow::Result<reqwest::blocking::Client> {
+        let trust = orderly_tls::Trust::from_env()?;
+        let config = trust.client_config()?;
+        let timeout = std::env::var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT"))
+            .ok()
+            .and_then(|ms| ms.trim().parse::<u64>().ok())
+            .map_or(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_millis,
+            );
+        std::thread::spawn(move || {
+            reqwest::blocking::Client::builder()
+                .tls_backend_preconfigured(config)
+                .timeout(timeout)
+                .build()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("building the OpenTelemetry exporter's HTTP client panicked"))?
+        .context("cannot build the OpenTelemetry exporter's HTTP client")
+    }
+
     pub(super) fn provider(
         service: &str,
         endpoint: Option<&str>,
@@ -169,6 +195,7 @@ mod otel {
     ) -> anyhow::Result<SdkTracerProvider> {
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(blocking_client()?)
             .with_protocol(Protocol::HttpBinary);
         if let Some(base) = endpoint {
             exporter = exporter.with_endpoint(traces_url(base)?);

@@ -98,9 +98,7 @@ pub fn check_url(url: &str) -> Result<()> {
     if url.starts_with("sqlite:") {
         sqlite::check_url(url)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
-            .map(drop)
-            .map_err(|e| ValidationError::new("database_url", e.to_string()).into())
+        postgres::options(url).map(drop)
     } else {
         Err(bad_url())
     }

@@ -84,6 +84,7 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
     Ok(Some(WebhookConfig {
         timeout: args.alert_webhook_timeout_ms,
         max_attempts: args.alert_webhook_max_attempts,
+        trust: orderly_tls::Trust::from_env()?,
         ..WebhookConfig::new(url)
     }))
 }

@@ -31,6 +31,8 @@ pub struct WebhookConfig {
     pub queue: usize,
     /// Deliveries in flight, at most.
     pub concurrency: usize,
+    /// Whose certificates an https webhook may present.
+    pub trust: orderly_tls::Trust,
 }
 
 impl WebhookConfig {
@@ -45,6 +47,7 @@ impl WebhookConfig {
             backoff_max: Duration::from_secs(60),
             queue: 10_000,
             concurrency: 4,
+            trust: orderly_tls::Trust::platform(),
         }
     }
 
@@ -121,11 +124,14 @@ impl AlertWebhook {
     pub fn start(
         cfg: WebhookConfig,
         shutdown: CancellationToken,
-    ) -> Result<(Self, tokio::task::JoinHandle<()>), reqwest::Error> {
-        let client = reqwest::Client::builder()
+    ) -> Result<(Self, tokio::task::JoinHandle<()>), orderly_tls::Error> {
+        let client = cfg
+            .trust
+            .http_client()?
             .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
             .timeout(cfg.timeout)
-            .build()?;
+            .build()
+            .map_err(|e| orderly_tls::Error::Setup(e.to_string()))?;
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let task = tokio::spawn(deliver_all(client, Arc::new(cfg), rx, shutdown));
         Ok((Self { tx }, task))

@@ -12,6 +12,7 @@ pub struct Azurite {
     child: Child,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    scheme: &'static str,
 }
 
 fn repo_root() -> PathBuf {
@@ -22,6 +23,21 @@ impl Azurite {
     /// Starts one and waits until it accepts connections. Panics, saying how to fix
     /// it, when the npm package is not installed: the blob lease tests never skip.
     pub fn start() -> Self {
+        Self::start_with("http", &[])
+    }
+
+    /// Starts one serving HTTPS only, with `cert` (a certificate for 127.0.0.1 from a
+    /// [`crate::tls::TestCa`]): a client reaches it only over TLS, and only if it
+    /// trusts that CA.
+    pub fn start_https(cert: &crate::tls::ServerCert) -> Self {
+        let (c, k) = (
+            cert.cert.display().to_string(),
+            cert.key.display().to_string(),
+        );
+        Self::start_with("https", &["--cert", &c, "--key", &k])
+    }
+
+    fn start_with(scheme: &'static str, extra: &[&str]) -> Self {
         let dir = repo_root().join("tests/azurite");
         let bin = dir.join("node_modules/.bin/azurite-blob");
         assert!(
@@ -45,6 +61,7 @@ impl Azurite {
                 "--loose",
                 "--silent",
             ])
+            .args(extra)
             // Its debug log and extent files, if any, go to a scratch directory.
             .current_dir(std::env::temp_dir())
             .stdin(Stdio::null())
@@ -52,7 +69,11 @@ impl Azurite {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start Azurite ({}): {e}", bin.display()));
-        let mut azurite = Self { child, port };
+        let mut azurite = Self {
+            child,
+            port,
+            scheme,
+        };
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(status)) = azurite.child.try_wait() {
@@ -70,8 +91,8 @@ impl Azurite {
     /// The connection string of its development account.
     pub fn connection_string(&self) -> String {
         format!(
-            "UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://127.0.0.1:{}",
-            self.port
+            "UseDevelopmentStorage=true;DevelopmentStorageProxyUri={}://127.0.0.1:{}",
+            self.scheme, self.port
         )
     }
 

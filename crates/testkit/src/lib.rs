@@ -12,10 +12,12 @@ pub mod builders;
 pub mod elector;
 #[cfg(feature = "otel")]
 pub mod otlp;
+pub mod private_postgres;
 pub mod servicebus_standin;
 pub mod store;
 mod store_leadership;
 mod store_operations;
 mod store_services;
 mod store_workflow;
+pub mod tls;
 pub mod transport;

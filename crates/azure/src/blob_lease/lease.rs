@@ -60,6 +60,7 @@ impl BlobLease {
                 max_retries: 1,
                 max_total_elapsed: call_timeout.try_into().unwrap_or_default(),
             }),
+            transport: Some(transport(&location.trust)?),
             ..Default::default()
         };
         let credential = match &location.auth {
@@ -150,17 +151,74 @@ fn code(e: &azure_core::Error) -> Option<String> {
     }
 }
 
+/// `e` and its causes, `: `-separated, each said once.
+fn with_causes(e: &azure_core::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    without_queries(&text)
+}
+
+/// `text` with the query of every URL in it cut (a SAS token is a secret, and the
+/// HTTP client's errors name the URL they failed on).
+fn without_queries(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, url) = rest.split_at(at);
+        out.push_str(before);
+        let end = url
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\''))
+            .unwrap_or(url.len());
+        let (url, after) = url.split_at(end);
+        match url.find('?') {
+            Some(q) => {
+                out.push_str(&url[..q]);
+                out.push_str("?(query hidden)");
+            }
+            None => out.push_str(url),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The service's answer as a lease error: auth and bad requests will not get better by
 /// retrying; the rest may.
 fn classify(e: &azure_core::Error) -> LeaseError {
     let what = match (status(e), code(e)) {
         (Some(s), Some(c)) => format!("HTTP {s} {c}"),
         (Some(s), None) => format!("HTTP {s}"),
-        _ => e.to_string(),
+        // No answer: the cause chain says why (refused, timed out, a certificate the
+        // trust does not cover), which an operator needs more than "retry expired".
+        _ => with_causes(e),
     };
     match status(e) {
         Some(400 | 401 | 403) => LeaseError::Misconfigured(what),
         _ => LeaseError::Unavailable(what),
+    }
+}
+
+#[cfg(test)]
+mod redaction {
+    #[test]
+    fn a_sas_in_an_error_is_cut_from_every_url() {
+        let text = "error sending request for url (https://a.blob.core.windows.net/c/leader?sv=1&sig=SECRET): refused; http://x/y ok";
+        let cut = super::without_queries(text);
+        assert!(!cut.contains("SECRET") && !cut.contains("sv=1"), "{cut}");
+        assert!(
+            cut.contains("https://a.blob.core.windows.net/c/leader?(query hidden)): refused"),
+            "{cut}"
+        );
+        assert!(cut.ends_with("http://x/y ok"), "{cut}");
     }
 }
 

@@ -49,6 +49,9 @@ pub struct BlobLocation {
     pub blob: String,
     /// How requests authenticate.
     pub auth: BlobAuth,
+    /// Whose certificates the https endpoint may present (the platform's roots by
+    /// default; [`BlobLocation::with_trust`] adds a CA).
+    pub trust: orderly_tls::Trust,
 }
 
 impl fmt::Debug for BlobLocation {
@@ -57,6 +60,7 @@ impl fmt::Debug for BlobLocation {
             .field("container", &redacted(&self.container_url))
             .field("blob", &self.blob)
             .field("auth", &self.auth)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -189,6 +193,7 @@ impl BlobLocation {
             container_url,
             blob: blob.to_string(),
             auth,
+            trust: orderly_tls::Trust::platform(),
         })
     }
 
@@ -213,6 +218,7 @@ impl BlobLocation {
             container_url: url,
             blob: blob.to_string(),
             auth: BlobAuth::Sas,
+            trust: orderly_tls::Trust::platform(),
         })
     }
 
@@ -238,7 +244,14 @@ impl BlobLocation {
             container_url: url,
             blob: blob.to_string(),
             auth: BlobAuth::Entra(credential),
+            trust: orderly_tls::Trust::platform(),
         })
+    }
+
+    /// The same location, verifying its https endpoint against `trust`.
+    pub fn with_trust(mut self, trust: orderly_tls::Trust) -> Self {
+        self.trust = trust;
+        self
     }
 
     pub(super) fn blob_url(&self) -> Url {
@@ -276,20 +289,52 @@ pub enum EntraSource {
     Developer,
 }
 
-/// The token credential of `source`.
-pub fn entra_credential(source: EntraSource) -> Result<Arc<dyn TokenCredential>, BlobConfigError> {
+/// The HTTP transport of Azure calls: the one client of [`orderly_tls`], over rustls
+/// with `trust`.
+pub(super) fn transport(
+    trust: &orderly_tls::Trust,
+) -> Result<azure_core::http::Transport, BlobConfigError> {
+    let client = trust
+        .http_client()
+        .and_then(|b| {
+            b.build()
+                .map_err(|e| orderly_tls::Error::Setup(e.to_string()))
+        })
+        .map_err(|e| config_err("lease TLS", e.to_string()))?;
+    Ok(azure_core::http::Transport::new(Arc::new(client)))
+}
+
+/// The token credential of `source`; its token requests (to Entra ID or the host's
+/// identity endpoint) go over `trust`.
+pub fn entra_credential(
+    source: EntraSource,
+    trust: &orderly_tls::Trust,
+) -> Result<Arc<dyn TokenCredential>, BlobConfigError> {
     let failed = |e: azure_core::Error| config_err("lease credential", e.to_string());
+    let client_options = azure_core::http::ClientOptions {
+        transport: Some(transport(trust)?),
+        ..Default::default()
+    };
     Ok(match source {
         EntraSource::ManagedIdentity => {
-            let options = std::env::var("AZURE_CLIENT_ID").ok().map(|id| {
-                azure_identity::ManagedIdentityCredentialOptions {
-                    user_assigned_id: Some(azure_identity::UserAssignedId::ClientId(id)),
-                    ..Default::default()
-                }
-            });
-            azure_identity::ManagedIdentityCredential::new(options).map_err(failed)?
+            let options = azure_identity::ManagedIdentityCredentialOptions {
+                user_assigned_id: std::env::var("AZURE_CLIENT_ID")
+                    .ok()
+                    .map(azure_identity::UserAssignedId::ClientId),
+                client_options,
+                ..Default::default()
+            };
+            azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(failed)?
         }
-        EntraSource::WorkloadIdentity => azure_identity::WorkloadIdentityCredential::new(None)
+        EntraSource::WorkloadIdentity => azure_identity::WorkloadIdentityCredential::new(Some(
+            azure_identity::WorkloadIdentityCredentialOptions {
+                credential_options: azure_identity::ClientAssertionCredentialOptions {
+                    client_options,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ))
             .map_err(|e| {
                 config_err(
                     "lease credential",

@@ -74,7 +74,7 @@ async fn after_the_demo_an_operator_finds_every_cause_retries_one_in_two_clicks_
     let _dashboard = Proc::start("orderly", &db.url, &["dashboard", "--listen", &listen]);
     let base = format!("http://{listen}");
     wait_for("the dashboard", Duration::from_secs(20), async || {
-        reqwest::get(&base).await.is_ok()
+        crate::procs::get(&base).await.is_ok()
     })
     .await;
     let shots = root.join("target/screenshots/console");
@@ -147,7 +147,7 @@ async fn the_console_tells_who_leads_and_requeues_or_discards_dead_letters() {
     let listen = format!("127.0.0.1:{port}");
     let _dashboard = Proc::start("orderly", &db.url, &["dashboard", "--listen", &listen]);
     let base = format!("http://{listen}");
-    let http = reqwest::Client::builder()
+    let http = crate::procs::http_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();

@@ -202,4 +202,46 @@ mod blob_lease {
     async fn a_leader_frozen_past_its_lease_is_fenced_and_steps_down_on_resuming() {
         frozen(Election::blob(Azurite::start()), Dialect::Sqlite).await
     }
+
+    /// The supervisor as built by default, against Azurite serving HTTPS only with a
+    /// certificate of the test's own CA: told to trust that CA (`ORDERLY_CA_FILE`), it
+    /// becomes leader and hands over on SIGTERM like over HTTP; not told, it never
+    /// leads, and says why (the certificate), for as long as it runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_supervisor_leads_over_https_only_when_it_trusts_the_lease_endpoint() {
+        let ca = orderly_testkit::tls::TestCa::new("blob-e2e");
+        let cert = ca.server_cert("azurite", &["127.0.0.1", "localhost"]);
+        let azurite = Azurite::start_https(&cert);
+        let cs = azurite.connection_string();
+        assert!(cs.contains("https://"), "{cs}");
+        let (db, _store) = setup(Dialect::Sqlite).await;
+
+        let election = Election::blob(azurite);
+        let untrusting = election.start(&db.url, "supervisor-untrusting");
+        crate::procs::wait_for(
+            "the untrusting supervisor to report the certificate",
+            Duration::from_secs(20),
+            async || untrusting.output().to_lowercase().contains("certificate"),
+        )
+        .await;
+        assert!(
+            changes(&untrusting).is_empty(),
+            "it led without trusting the endpoint"
+        );
+
+        // The same supervisor, told to trust the CA, leads: TLS is what stood between.
+        let trusting = election.with_env("ORDERLY_CA_FILE", ca.ca_file().display().to_string());
+        let a = trusting.start(&db.url, "supervisor-a");
+        let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
+        assert!(first.acquired, "{}", a.output());
+        assert!(changes(&untrusting).is_empty());
+        let b = trusting.start(&db.url, "supervisor-b");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(changes(&b).is_empty(), "b follows while a leads");
+        a.signal("TERM");
+        let (_, took_over) = wait_change(&b, 1, Duration::from_secs(10)).await;
+        assert!(took_over.acquired && took_over.epoch > first.epoch);
+        drop(untrusting);
+        b.signal("TERM");
+    }
 }

@@ -21,4 +21,5 @@ mod procs;
 mod retention;
 mod roles;
 mod servicebus;
+mod tls;
 mod workflows;

@@ -62,7 +62,7 @@ pub(crate) async fn wait_listening(port: u16) {
         "the submitter's HTTP endpoint",
         Duration::from_secs(30),
         async || {
-            reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            crate::procs::get(format!("http://127.0.0.1:{port}/healthz"))
                 .await
                 .is_ok()
         },
@@ -120,7 +120,7 @@ async fn one_by_one(dialect: Dialect) {
 
     // And one over HTTP.
     wait_listening(intake_port).await;
-    let http = reqwest::Client::new();
+    let http = crate::procs::http();
     let answer = http
         .post(format!("http://{intake}/orders"))
         .json(&order_json(Some("http-order-1"), "customer-http"))
@@ -198,7 +198,7 @@ async fn http_burst(dialect: Dialect) {
         &["--http-listen", &listen, "--http-intake"],
     );
     wait_listening(port).await;
-    let http = reqwest::Client::builder()
+    let http = crate::procs::http_builder()
         .pool_max_idle_per_host(16)
         .build()
         .unwrap();
@@ -384,7 +384,7 @@ async fn the_http_intake_needs_its_token() {
         &[("ORDERLY_INTAKE_TOKEN", "s3cret-intake")],
     );
     wait_listening(port).await;
-    let http = reqwest::Client::new();
+    let http = crate::procs::http();
     let url = format!("http://{listen}/orders");
     let none = http
         .post(&url)

@@ -13,7 +13,7 @@ use crate::processes::{assert_invariants, count, start_sim};
 use crate::procs::{Proc, free_port, wait_for};
 
 async fn get(port: u16, path: &str) -> (u16, String) {
-    match reqwest::get(format!("http://127.0.0.1:{port}{path}")).await {
+    match crate::procs::get(format!("http://127.0.0.1:{port}{path}")).await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
         Err(_) => (0, String::new()),
     }

@@ -279,7 +279,7 @@ async fn operator_journey(dialect: Dialect) {
     let port = free_port();
     let remote = format!("http://127.0.0.1:{port}/actions");
     let _sim = start_sim(&db.url, port, &[]);
-    let http = reqwest::Client::new();
+    let http = crate::procs::http();
     let fault = format!("http://127.0.0.1:{port}/faults/down/{PAYMENT}");
     assert!(http.put(&fault).send().await.unwrap().status().is_success());
     let _submitter = Proc::start("orderly-submitter", &db.url, &[]);

@@ -16,7 +16,7 @@ use crate::fixtures::{Db, Dialect};
 use crate::procs::{Proc, free_port, wait_for};
 
 pub(crate) async fn ledger(port: u16) -> Vec<Effect> {
-    reqwest::get(format!("http://127.0.0.1:{port}/ledger"))
+    crate::procs::get(format!("http://127.0.0.1:{port}/ledger"))
         .await
         .expect("the simulator answers")
         .json()

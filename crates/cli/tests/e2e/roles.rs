@@ -497,10 +497,13 @@ async fn agent_deadlines(dialect: Dialect) {
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
-    let remote = HttpRemote::new(Endpoints {
-        base_url: format!("http://{addr}/actions"),
-        overrides: HashMap::new(),
-    })
+    let remote = HttpRemote::new(
+        Endpoints {
+            base_url: format!("http://{addr}/actions"),
+            overrides: HashMap::new(),
+        },
+        &orderly_tls::Trust::platform(),
+    )
     .unwrap();
     let agent = Agent::new(
         backend.transport.clone(),
@@ -646,10 +649,13 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
     let agent = Agent::new(
         backend.transport.clone(),
         Arc::new(
-            HttpRemote::new(Endpoints {
-                base_url: format!("http://{addr}/actions"),
-                overrides: HashMap::new(),
-            })
+            HttpRemote::new(
+                Endpoints {
+                    base_url: format!("http://{addr}/actions"),
+                    overrides: HashMap::new(),
+                },
+                &orderly_tls::Trust::platform(),
+            )
             .unwrap(),
         ),
         Arc::new(SystemClock),

@@ -147,7 +147,7 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
     }
     wait_listening(intake_port).await;
     for id in ["sb-http-1", "sb-http-2"] {
-        let r = reqwest::Client::new()
+        let r = crate::procs::http()
             .post(format!("http://{intake}/orders"))
             .json(&serde_json::json!({
                 "order_id": id,
@@ -190,11 +190,11 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
         );
     }
     // The scheduler's readiness covers Service Bus; its metrics the relay.
-    let ready = reqwest::get(format!("http://{listen}/readyz"))
+    let ready = crate::procs::get(format!("http://{listen}/readyz"))
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
-    let metrics = reqwest::get(format!("http://{listen}/metrics"))
+    let metrics = crate::procs::get(format!("http://{listen}/metrics"))
         .await
         .unwrap()
         .text()
@@ -314,7 +314,7 @@ async fn the_roles_ride_out_a_broker_restart_and_keep_processing() {
             "{name} did not log its reconnect:\n{log}"
         );
     }
-    let metrics = reqwest::get(format!("http://{listen}/metrics"))
+    let metrics = crate::procs::get(format!("http://{listen}/metrics"))
         .await
         .unwrap()
         .text()

@@ -202,6 +202,7 @@ pub(crate) struct Election {
     /// The blob lease's Azurite; `None` for the SQL lease.
     pub(crate) azurite: Option<Azurite>,
     timing: Vec<(&'static str, u64)>,
+    env: Vec<(&'static str, String)>,
 }
 
 impl Election {
@@ -219,6 +220,7 @@ impl Election {
                 ("--leader-heartbeat-timeout-ms", 1500),
                 ("--acquire-retry-ms", 500),
             ],
+            env: Vec::new(),
         }
     }
 
@@ -237,6 +239,7 @@ impl Election {
                 ("--leader-heartbeat-timeout-ms", 5000),
                 ("--acquire-retry-ms", 500),
             ],
+            env: Vec::new(),
         }
     }
 
@@ -247,7 +250,14 @@ impl Election {
         Self {
             azurite,
             timing: vec![("--lease-ms", 15000), ("--renew-deadline-ms", 10000)],
+            env: Vec::new(),
         }
+    }
+
+    /// Sets an environment variable of every supervisor it starts.
+    pub(crate) fn with_env(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.env.push((name, value.into()));
+        self
     }
 
     /// Replaces (or adds) one timing flag.
@@ -309,7 +319,8 @@ impl Election {
     pub(crate) fn start(&self, db: &str, id: &str) -> Proc {
         let args = self.args(id);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Proc::start("orderly-supervisor", db, &args)
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Proc::start_with("orderly-supervisor", db, &args, &env)
     }
 }
 
@@ -358,4 +369,21 @@ pub(crate) async fn wait_change(p: &Proc, n: usize, limit: Duration) -> (Instant
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// An HTTP client builder for the tests: reqwest on orderly's one TLS stack, whose
+/// crypto provider (ring) must be installed before any client is built.
+pub(crate) fn http_builder() -> reqwest::ClientBuilder {
+    orderly_tls::install_provider();
+    reqwest::Client::builder()
+}
+
+/// An HTTP client for the tests (see [`http_builder`]).
+pub(crate) fn http() -> reqwest::Client {
+    http_builder().build().expect("an HTTP client")
+}
+
+/// `GET url` with a fresh client, as `reqwest::get` does.
+pub(crate) async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http().get(url).send().await
 }

@@ -82,12 +82,29 @@ where
     }
 }
 
+/// The connection options of `url`. TLS follows the URL's `sslmode` (`prefer` by
+/// default; `require`, `verify-ca`, `verify-full` as libpq), verifying the server
+/// against the platform's roots plus `sslrootcert`, or else the CA bundle
+/// `ORDERLY_CA_FILE` names. Errors name the setting, never echo the URL.
+pub fn options(url: &str) -> Result<PgConnectOptions> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    let names_root = url.contains("sslrootcert=") || std::env::var_os("PGSSLROOTCERT").is_some();
+    if names_root {
+        return Ok(options);
+    }
+    let trust = orderly_tls::Trust::from_env()
+        .map_err(|e| orderly_core::ValidationError::new("ORDERLY_CA_FILE", e.to_string()))?;
+    Ok(match trust.ca_file() {
+        Some(file) => options.ssl_root_cert(file),
+        None => options,
+    })
+}
+
 impl SqlStore<PgDriver> {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
     pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
-        Self::connect(options, DEFAULT_MAX_CONNECTIONS, time).await
+        Self::connect(options(url)?, DEFAULT_MAX_CONNECTIONS, time).await
     }
 
     /// Connects with explicit options (e.g. a `search_path` for an isolated schema) and
@@ -217,8 +234,7 @@ impl ServerCounters {
 /// Reads [`ServerCounters`] of the database at `url`, on a connection of its own.
 pub async fn server_counters(url: &str) -> Result<ServerCounters> {
     use sqlx::{Connection, Row};
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    let options = options(url)?;
     let mut conn = PgConnection::connect_with(&options).await.map_err(db)?;
     let row = sqlx::query(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) \
