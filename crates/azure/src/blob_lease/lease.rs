@@ -207,21 +207,6 @@ fn classify(e: &azure_core::Error) -> LeaseError {
     }
 }
 
-#[cfg(test)]
-mod redaction {
-    #[test]
-    fn a_sas_in_an_error_is_cut_from_every_url() {
-        let text = "error sending request for url (https://a.blob.core.windows.net/c/leader?sv=1&sig=SECRET): refused; http://x/y ok";
-        let cut = super::without_queries(text);
-        assert!(!cut.contains("SECRET") && !cut.contains("sv=1"), "{cut}");
-        assert!(
-            cut.contains("https://a.blob.core.windows.net/c/leader?(query hidden)): refused"),
-            "{cut}"
-        );
-        assert!(cut.ends_with("http://x/y ok"), "{cut}");
-    }
-}
-
 #[async_trait]
 impl Lease for BlobLease {
     fn describe(&self) -> String {
@@ -266,5 +251,20 @@ impl Lease for BlobLease {
             }
             Err(e) => Err(classify(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod redaction {
+    #[test]
+    fn a_sas_in_an_error_is_cut_from_every_url() {
+        let text = "error sending request for url (https://a.blob.core.windows.net/c/leader?sv=1&sig=SECRET): refused; http://x/y ok";
+        let cut = super::without_queries(text);
+        assert!(!cut.contains("SECRET") && !cut.contains("sv=1"), "{cut}");
+        assert!(
+            cut.contains("https://a.blob.core.windows.net/c/leader?(query hidden)): refused"),
+            "{cut}"
+        );
+        assert!(cut.ends_with("http://x/y ok"), "{cut}");
     }
 }

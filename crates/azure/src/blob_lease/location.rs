@@ -322,7 +322,6 @@ pub fn entra_credential(
                     .ok()
                     .map(azure_identity::UserAssignedId::ClientId),
                 client_options,
-                ..Default::default()
             };
             azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(failed)?
         }
@@ -330,7 +329,6 @@ pub fn entra_credential(
             azure_identity::WorkloadIdentityCredentialOptions {
                 credential_options: azure_identity::ClientAssertionCredentialOptions {
                     client_options,
-                    ..Default::default()
                 },
                 ..Default::default()
             },
