@@ -1,5 +1,5 @@
 //! orderly's Azure adapters: the Azure Service Bus implementation of the transport
-//! port, on the `azservicebus` AMQP client (see DESIGN.md §9 for why this crate and the
+//! port, on the `azservicebus` AMQP client (see docs/architecture.md, "The Service Bus client", for why this crate and the
 //! client defects designed around here), and the Azure Blob lease behind the
 //! supervisors' leader election, on `azure_storage_blob` 1.x.
 //!

@@ -1,6 +1,6 @@
 //! Azure Service Bus as an orderly transport.
 //!
-//! Designed around the known behaviour of `azservicebus` 0.25 (DESIGN.md §9):
+//! Designed around the known behaviour of `azservicebus` 0.25 (docs/architecture.md, "The Service Bus client"):
 //! every call has a short try-timeout and few retries (a failing call otherwise takes
 //! minutes); receivers prefetch at least one message (with none, a receive that times
 //! out can leave the link stuck); a receiver or sender whose call fails is dropped and
@@ -40,7 +40,7 @@ use tokio::sync::Mutex;
 
 /// Messages a receiver may hold unsettled at once (fe2o3 grants new credit only as
 /// deliveries are settled). At least 1: with none, a receive that times out can leave
-/// the link stuck (DESIGN.md §9).
+/// the link stuck (docs/architecture.md, "The Service Bus client").
 pub const PREFETCH: u32 = 32;
 
 mod operate;

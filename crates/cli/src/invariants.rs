@@ -1,5 +1,5 @@
 //! The invariant checker: reads every order of a run back (state, steps, history) and
-//! checks the invariants of DESIGN.md section 4 against the store's history and the
+//! checks the invariants of docs/architecture.md ("Invariants") against the store's history and the
 //! remote simulator's ledger; used by `orderly demo`, `orderly bench` and the
 //! end-to-end tests. [`Report`] is what it found.
 

@@ -1,7 +1,7 @@
 //! The conformance suite of leader election: the [`Elector`] over a real lease (a blob
 //! on Azurite, or the SQL lease row in SQLite and PostgreSQL) and a real state store,
 //! in real time. Every case records the interval in which each leader task acted and
-//! checks that no two ever overlap (DESIGN.md invariant 6).
+//! checks that no two ever overlap (invariant 6 in docs/architecture.md).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,6 @@
 //! The order lifecycle under operator actions and give-ups, checked against the
 //! simulator's ledger of remote effects: whatever happens, the final state agrees with
-//! what is in effect at the remote services (DESIGN.md §4, invariant 8).
+//! what is in effect at the remote services (invariant 8 in docs/architecture.md).
 
 use std::collections::HashMap;
 use std::time::Duration;

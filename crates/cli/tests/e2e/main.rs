@@ -1,6 +1,6 @@
 //! End-to-end tests of the four roles: in one process over a real store (SQLite and
 //! PostgreSQL), and as separate processes of the real binaries killed with SIGKILL.
-//! Every test asserts the invariants of DESIGN.md section 4, not just that it ended.
+//! Every test asserts the invariants of docs/architecture.md ("Invariants"), not just that it ended.
 
 #![allow(clippy::unwrap_used)]
 
