@@ -225,9 +225,7 @@ async fn a_leader_cut_off_from_azurite_stops_at_its_renew_deadline_and_no_one_ov
 /// platform's roots gets no answer at all, and says it is the certificate.
 #[tokio::test]
 async fn the_lease_works_over_https_against_an_endpoint_it_trusts_and_only_then() {
-    let ca = orderly_testkit::tls::TestCa::new("blob-lease");
-    let cert = ca.server_cert("azurite", &["127.0.0.1", "localhost"]);
-    let azurite = Azurite::start_https(&cert);
+    let (ca, azurite) = Azurite::start_https_with_new_ca("blob-lease");
     let cs = azurite.connection_string();
     assert!(cs.contains("https://127.0.0.1:"), "{cs}");
     let container = format!(

@@ -37,6 +37,15 @@ impl Azurite {
         Self::start_with("https", &["--cert", &c, "--key", &k])
     }
 
+    /// A new test CA named `ca_name` and an Azurite serving HTTPS with a certificate
+    /// for 127.0.0.1 / localhost that it signed (see [`Azurite::start_https`]).
+    pub fn start_https_with_new_ca(ca_name: &str) -> (crate::tls::TestCa, Self) {
+        let ca = crate::tls::TestCa::new(ca_name);
+        let cert = ca.server_cert("azurite", &["127.0.0.1", "localhost"]);
+        let azurite = Self::start_https(&cert);
+        (ca, azurite)
+    }
+
     fn start_with(scheme: &'static str, extra: &[&str]) -> Self {
         let dir = repo_root().join("tests/azurite");
         let bin = dir.join("node_modules/.bin/azurite-blob");

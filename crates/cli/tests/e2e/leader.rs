@@ -209,9 +209,7 @@ mod blob_lease {
     /// leads, and says why (the certificate), for as long as it runs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_supervisor_leads_over_https_only_when_it_trusts_the_lease_endpoint() {
-        let ca = orderly_testkit::tls::TestCa::new("blob-e2e");
-        let cert = ca.server_cert("azurite", &["127.0.0.1", "localhost"]);
-        let azurite = Azurite::start_https(&cert);
+        let (ca, azurite) = Azurite::start_https_with_new_ca("blob-e2e");
         let cs = azurite.connection_string();
         assert!(cs.contains("https://"), "{cs}");
         let (db, _store) = setup(Dialect::Sqlite).await;
