@@ -876,6 +876,9 @@ pub trait OperatorStore: Send + Sync {
     /// One order with its details, steps and history.
     async fn get(&self, order_id: &OrderId) -> Result<OrderView>;
 
+    /// Whether the store answers: one statement that reads no table (readiness probes).
+    async fn ping(&self) -> Result<()>;
+
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 

@@ -1,10 +1,18 @@
 //! What every role serves for its operators and its orchestrator, on `--http-listen` /
 //! `ORDERLY_HTTP_LISTEN`: `/healthz` (the process runs), `/readyz` (ready only when the
-//! state store and the queues answer), and `/metrics` (Prometheus text: the role's
-//! counters and histograms, plus orders by state, queue depths and dead letters, and
-//! the supervisors' leadership, read at scrape time).
+//! state store and the queues answer: one statement that reads no table, and the
+//! broker's own ping), and `/metrics` (Prometheus text: the process's counters,
+//! histograms and leadership).
+//!
+//! The store-wide gauges (orders by state, queue depths and dead letters, the
+//! leadership's epoch) come from one place: the process whose elector leads (the leading
+//! supervisor, or `orderly up`), read at most every [`STORE_GAUGES_EVERY`]. Every other
+//! replica leaves them out, so a `sum()` over the fleet counts each order once and a
+//! scrape never costs the store more than a ping.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -21,12 +29,23 @@ use tokio_util::sync::CancellationToken;
 /// How long a readiness check or a scrape may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The store-wide gauges are read again after this long (by the leader only).
+pub const STORE_GAUGES_EVERY: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 struct Ops {
     role: &'static str,
     backend: Backend,
     metrics: PrometheusHandle,
     leaders: Vec<watch::Receiver<LeaderStatus>>,
+    store_gauges: Arc<tokio::sync::Mutex<StoreGauges>>,
+}
+
+/// The last reading of the store-wide gauges, as Prometheus text.
+#[derive(Default)]
+struct StoreGauges {
+    read_at: Option<tokio::time::Instant>,
+    text: String,
 }
 
 /// The operations endpoints as routers, for a server of their own ([`serve`]) or to
@@ -51,6 +70,7 @@ pub fn endpoints(
         backend,
         metrics,
         leaders,
+        store_gauges: Arc::default(),
     };
     Endpoints {
         probes: axum::Router::new()
@@ -72,6 +92,143 @@ pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
         .context("metrics buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")
+        .inspect(|_| describe())
+}
+
+/// Help text for every metric a role records (Prometheus shows it as `# HELP`).
+fn describe() {
+    use metrics::{describe_counter as c, describe_gauge as g, describe_histogram as h};
+    c!(
+        "orderly_alerts_published_total",
+        "Alerts published to the alerts queue."
+    );
+    c!(
+        "orderly_completions_refused_total",
+        "Step replies the store refused (stale owner, or the order already moved on)."
+    );
+    c!(
+        "orderly_dead_lettered_total",
+        "Messages this process dead-lettered, by queue and reason."
+    );
+    c!(
+        "orderly_leadership_changes_total",
+        "Times this process gained or lost a leadership."
+    );
+    c!(
+        "orderly_lease_renewal_failures_total",
+        "Failed lease renewals of this process's elector."
+    );
+    c!(
+        "orderly_orders_claimed_total",
+        "Orders this scheduler claimed."
+    );
+    c!(
+        "orderly_orders_parked_total",
+        "Orders parked to wait for a remote service that is down."
+    );
+    c!(
+        "orderly_orders_processed_total",
+        "Orders this scheduler brought to Processed."
+    );
+    c!(
+        "orderly_orders_submitted_total",
+        "Orders the submitter took in, by outcome (accepted, duplicate)."
+    );
+    c!(
+        "orderly_outbox_dead_lettered_total",
+        "Outbox messages set aside as undeliverable."
+    );
+    c!(
+        "orderly_outbox_relay_failures_total",
+        "Failed outbox relay passes (retried with back-off)."
+    );
+    c!(
+        "orderly_outbox_relayed_total",
+        "Outbox messages published to the broker."
+    );
+    c!(
+        "orderly_pruned_total",
+        "Rows removed by retention, by what."
+    );
+    c!(
+        "orderly_recoveries_total",
+        "Timed-out orders the leader recovered, by outcome."
+    );
+    c!(
+        "orderly_remote_calls_total",
+        "Calls this agent made to remote services (every attempt), by action."
+    );
+    c!(
+        "orderly_requests_deferred_total",
+        "Step requests deferred while their service is down."
+    );
+    c!(
+        "orderly_service_alerts_total",
+        "Alerts about remote services, by kind."
+    );
+    c!(
+        "orderly_service_outages_total",
+        "Outages of remote services this agent saw begin."
+    );
+    c!(
+        "orderly_servicebus_reconnects_total",
+        "Times this process reconnected to Service Bus."
+    );
+    c!(
+        "orderly_status_probes_total",
+        "Status probes this agent made after a call ended without an answer, by action and verdict."
+    );
+    c!(
+        "orderly_steps_succeeded_total",
+        "Steps recorded as succeeded."
+    );
+    c!(
+        "orderly_system_alerts_total",
+        "System alerts raised by the leader, by kind."
+    );
+    c!("orderly_vacuums_total", "Vacuums the leader ran, by table.");
+    g!(
+        "orderly_is_leader",
+        "1 while this process's elector leads (by instance_id)."
+    );
+    g!(
+        "orderly_leader",
+        "1 while this process holds the leadership (by leadership)."
+    );
+    g!(
+        "orderly_leader_epoch",
+        "The epoch of this process's leadership term."
+    );
+    g!(
+        "orderly_outbox_backlog",
+        "Outbox messages not yet published."
+    );
+    g!(
+        "orderly_outbox_dead_letters",
+        "Outbox messages set aside as undeliverable, not yet dealt with."
+    );
+    g!(
+        "orderly_servicebus_connected",
+        "1 while this process's Service Bus connection is up."
+    );
+    g!(
+        "orderly_store_up",
+        "1 if the state store answered this scrape."
+    );
+    h!(
+        "orderly_recovered_failures",
+        "The failure count of each order the leader sent back to Pending."
+    );
+    h!(
+        "orderly_step_duration_seconds",
+        metrics::Unit::Seconds,
+        "How long a step's remote call took, by action and outcome."
+    );
+    h!(
+        "orderly_step_writes_seconds",
+        metrics::Unit::Seconds,
+        "How long recording a batch of step replies took."
+    );
 }
 
 /// Serves the operations endpoints of `role` on `listen` until `shutdown`, and the
@@ -112,7 +269,7 @@ async fn readiness(ops: &Ops) -> Result<(), String> {
     tokio::time::timeout(PROBE_TIMEOUT, async {
         ops.backend
             .store
-            .count_by_state()
+            .ping()
             .await
             .map_err(|e| format!("state store: {e}"))?;
         ops.backend
@@ -139,23 +296,73 @@ async fn readyz(State(ops): State<Ops>) -> impl IntoResponse {
     }
 }
 
-/// Refreshes the gauges read from the store, then renders everything.
+/// The process's metrics, and the store-wide gauges where this process leads.
 async fn render(State(ops): State<Ops>) -> impl IntoResponse {
-    let refreshed = tokio::time::timeout(PROBE_TIMEOUT, refresh(&ops)).await;
-    let up = matches!(refreshed, Ok(Ok(())));
-    if let Ok(Err(e)) = &refreshed {
-        tracing::warn!(error = %e, "metrics: the store did not answer");
-    }
+    let up = matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, ops.backend.store.ping()).await,
+        Ok(Ok(()))
+    );
     metrics::gauge!("orderly_store_up", "role" => ops.role).set(if up { 1.0 } else { 0.0 });
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        ops.metrics.render(),
-    )
+    let mut leads = false;
+    for status in &ops.leaders {
+        let s = status.borrow().clone();
+        leads |= s.is_leader;
+        metrics::gauge!("orderly_is_leader", "instance_id" => s.instance.as_str().to_owned())
+            .set(if s.is_leader { 1.0 } else { 0.0 });
+    }
+    let mut body = ops.metrics.render();
+    if leads {
+        body.push_str(&store_gauges(&ops).await);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 
-async fn refresh(ops: &Ops) -> anyhow::Result<()> {
+/// The store-wide gauges, read again if the last reading is older than
+/// [`STORE_GAUGES_EVERY`]; empty if the store did not answer (no stale figures).
+async fn store_gauges(ops: &Ops) -> String {
+    let mut cached = ops.store_gauges.lock().await;
+    let fresh = cached
+        .read_at
+        .is_some_and(|at| at.elapsed() < STORE_GAUGES_EVERY);
+    if !fresh {
+        match tokio::time::timeout(PROBE_TIMEOUT, read_store_gauges(ops)).await {
+            Ok(Ok(text)) => {
+                cached.text = text;
+                cached.read_at = Some(tokio::time::Instant::now());
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: the store-wide gauges could not be read");
+                cached.text.clear();
+                cached.read_at = None;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "metrics: the store-wide gauges took over {} ms",
+                    PROBE_TIMEOUT.as_millis()
+                );
+                cached.text.clear();
+                cached.read_at = None;
+            }
+        }
+    }
+    cached.text.clone()
+}
+
+/// A Prometheus label value, escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+async fn read_store_gauges(ops: &Ops) -> anyhow::Result<String> {
+    let mut out = String::new();
+    out.push_str(
+        "# HELP orderly_orders Orders in the state store by state (from the leader only).\n",
+    );
+    out.push_str("# TYPE orderly_orders gauge\n");
     for (state, n) in ops.backend.store.count_by_state().await? {
-        metrics::gauge!("orderly_orders", "state" => state.as_str()).set(n as f64);
+        let _ = writeln!(out, "orderly_orders{{state=\"{}\"}} {n}", state.as_str());
     }
     let depths = match ops.backend.inspector.depths().await {
         Ok(depths) => depths,
@@ -163,17 +370,32 @@ async fn refresh(ops: &Ops) -> anyhow::Result<()> {
         Err(orderly_core::transport::TransportError::Unsupported(_)) => Vec::new(),
         Err(e) => return Err(e.into()),
     };
-    for d in depths {
-        let queue = d.queue.as_str().to_owned();
-        for (condition, n) in [
-            ("ready", d.ready),
-            ("locked", d.locked),
-            ("scheduled", d.scheduled),
-        ] {
-            metrics::gauge!("orderly_queue_messages", "queue" => queue.clone(), "condition" => condition)
-                .set(n as f64);
+    if !depths.is_empty() {
+        out.push_str("# HELP orderly_queue_messages Messages in each queue by condition (from the leader only).\n");
+        out.push_str("# TYPE orderly_queue_messages gauge\n");
+        for d in &depths {
+            let queue = label(d.queue.as_str());
+            for (condition, n) in [
+                ("ready", d.ready),
+                ("locked", d.locked),
+                ("scheduled", d.scheduled),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "orderly_queue_messages{{queue=\"{queue}\",condition=\"{condition}\"}} {n}"
+                );
+            }
         }
-        metrics::gauge!("orderly_dead_letters", "queue" => queue).set(d.dead_lettered as f64);
+        out.push_str("# HELP orderly_dead_letters Dead-lettered messages of each queue (from the leader only).\n");
+        out.push_str("# TYPE orderly_dead_letters gauge\n");
+        for d in &depths {
+            let _ = writeln!(
+                out,
+                "orderly_dead_letters{{queue=\"{}\"}} {}",
+                label(d.queue.as_str()),
+                d.dead_lettered
+            );
+        }
     }
     if let Some(term) = ops
         .backend
@@ -181,15 +403,16 @@ async fn refresh(ops: &Ops) -> anyhow::Result<()> {
         .term(orderly_core::leader::SUPERVISORS)
         .await?
     {
-        metrics::gauge!("orderly_leadership_epoch", "leadership" => term.fence.name)
-            .set(term.fence.epoch.0 as f64);
+        out.push_str("# HELP orderly_leadership_epoch The epoch of the current leadership term, as the store records it.\n");
+        out.push_str("# TYPE orderly_leadership_epoch gauge\n");
+        let _ = writeln!(
+            out,
+            "orderly_leadership_epoch{{leadership=\"{}\"}} {}",
+            label(&term.fence.name),
+            term.fence.epoch.0
+        );
     }
-    for status in &ops.leaders {
-        let s = status.borrow().clone();
-        metrics::gauge!("orderly_is_leader", "instance" => s.instance.as_str().to_owned())
-            .set(if s.is_leader { 1.0 } else { 0.0 });
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// Starts the endpoints if `listen` is set; the role's own task otherwise runs alone.

@@ -1182,6 +1182,15 @@ impl<D: Driver> Transport for SqlStore<D> {
 
 #[async_trait]
 impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
+    /// The queue lives in the store's database: answering a statement is enough.
+    async fn ping(&self) -> Result<()> {
+        q("SELECT 1")
+            .execute::<D>(&mut *self.driver.acquire().await?)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
     async fn depths(&self) -> Result<Vec<orderly_core::transport::QueueDepth>> {
         let mut conn = self.driver.acquire().await?;
         let now = self.driver.now(&mut conn).await?;

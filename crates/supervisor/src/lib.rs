@@ -193,7 +193,7 @@ impl Supervisor {
                         sweep.retried += 1;
                         metrics::counter!("orderly_recoveries_total", "outcome" => "retried")
                             .increment(1);
-                        metrics::histogram!("orderly_recovered_failure_count")
+                        metrics::histogram!("orderly_recovered_failures")
                             .record(f64::from(*failure_count));
                         info!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
                     }
@@ -204,7 +204,7 @@ impl Supervisor {
                         sweep.gave_up += 1;
                         metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up")
                             .increment(1);
-                        metrics::histogram!("orderly_recovered_failure_count")
+                        metrics::histogram!("orderly_recovered_failures")
                             .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
                     }
@@ -221,7 +221,7 @@ impl Supervisor {
                         sweep.gave_up += 1;
                         metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up_undoing")
                             .increment(1);
-                        metrics::histogram!("orderly_recovered_failure_count")
+                        metrics::histogram!("orderly_recovered_failures")
                             .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: undoing its completed steps, then Error");
                     }

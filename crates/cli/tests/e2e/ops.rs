@@ -30,6 +30,30 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 /// Asserts each `(series, value)` in `metrics`.
+/// `metrics` parses with the Prometheus client's text-format parser and follows the
+/// naming conventions promtool checks (scripts/lint-metrics).
+fn lint_metrics(metrics: &str) {
+    use std::io::Write as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut lint = std::process::Command::new("python3")
+        .arg(root.join("scripts/lint-metrics"))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "/metrics fails the lint:\n{}\n{metrics}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn assert_samples(metrics: &str, expected: &[(&str, f64)]) {
     for (series, value) in expected {
         assert_eq!(
@@ -93,22 +117,21 @@ async fn ops_endpoints(dialect: Dialect) {
         sample(&m, "orderly_orders_claimed_total").unwrap() >= 100.0,
         "{m}"
     );
-    assert_samples(
-        &m,
-        &[
-            ("orderly_orders_processed_total", 100.0),
-            ("orderly_orders{state=\"Processed\"}", 100.0),
-        ],
-    );
-    assert!(
-        m.contains("orderly_queue_messages{queue=\"orders\",condition=\"ready\"}"),
-        "{m}"
-    );
-    assert!(
-        m.contains("orderly_dead_letters{queue=\"orders\"} 0"),
-        "{m}"
-    );
+    assert_samples(&m, &[("orderly_orders_processed_total", 100.0)]);
     assert!(m.contains("orderly_step_writes_seconds_bucket"), "{m}");
+    lint_metrics(&m);
+    // The store-wide gauges come from the leader only: a sum() over the fleet counts
+    // each order once.
+    for store_wide in [
+        "orderly_orders{",
+        "orderly_queue_messages{",
+        "orderly_dead_letters{",
+    ] {
+        assert!(
+            !m.contains(store_wide),
+            "a scheduler exports {store_wide}: {m}"
+        );
+    }
     let (_, m) = get(ports[2], "/metrics").await;
     assert!(
         m.contains(
@@ -129,10 +152,22 @@ async fn ops_endpoints(dialect: Dialect) {
         ],
     );
     assert!(
-        m.contains("orderly_is_leader{instance=\"supervisor@"),
+        m.contains("orderly_is_leader{instance_id=\"supervisor@"),
         "{m}"
     );
-    assert_samples(&m, &[("orderly_store_up{role=\"supervisor\"}", 1.0)]);
+    assert_samples(
+        &m,
+        &[
+            ("orderly_store_up{role=\"supervisor\"}", 1.0),
+            ("orderly_orders{state=\"Processed\"}", 100.0),
+            ("orderly_dead_letters{queue=\"orders\"}", 0.0),
+        ],
+    );
+    assert!(
+        m.contains("orderly_queue_messages{queue=\"orders\",condition=\"ready\"}"),
+        "{m}"
+    );
+    lint_metrics(&m);
 
     // SIGTERM while 200 more orders are in flight: both stop cleanly, and a new pair
     // finishes the work; nothing lost, nothing twice.
@@ -210,13 +245,14 @@ async fn orderly_up_serves_metrics_beside_its_dashboard() {
         ],
     );
     assert!(
-        m.contains("orderly_is_leader{instance=\"supervisor@"),
+        m.contains("orderly_is_leader{instance_id=\"supervisor@"),
         "{m}"
     );
     assert!(
         m.contains("orderly_step_duration_seconds_bucket{action=\"reserve-inventory\""),
         "{m}"
     );
+    lint_metrics(&m);
     // The dashboard's overview shows the throughput from the store.
     let (status, page) = get(port, "/").await;
     assert_eq!(status, 200);
@@ -295,4 +331,76 @@ async fn scheduler_hands_back(dialect: Dialect) {
     )
     .await;
     assert_invariants(store.as_ref(), sim_port, &sent, Some(60)).await;
+}
+
+/// `/readyz` reads no table: on a store of 100,000 finished orders it answers at once,
+/// and it still answers while another session holds every table of the store locked
+/// (a count, or any read of a table, would wait for the lock and fail the probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reads_no_table_even_on_a_large_store() {
+    let (db, _backend) = Db::with_queues(Dialect::Postgres, Duration::from_secs(5)).await;
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let pool = sqlx::PgPool::connect_with(options).await.unwrap();
+    for seed in [
+        "INSERT INTO orders (order_id, details, created_at) \
+         SELECT 'seed-' || i, '{}', now() - interval '1 hour' FROM generate_series(1, 100000) i",
+        "INSERT INTO order_state (order_id, process_state, next_attempt_at, created_at, updated_at) \
+         SELECT 'seed-' || i, 'Processed', now(), now() - interval '1 hour', now() FROM generate_series(1, 100000) i",
+        "ANALYZE",
+    ] {
+        sqlx::query(seed).execute(&pool).await.unwrap();
+    }
+    let port = free_port();
+    let _scheduler = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &["--http-listen", &format!("127.0.0.1:{port}")],
+    );
+    let client = crate::procs::http();
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    wait_for("/readyz", Duration::from_secs(30), async || {
+        client
+            .get(&url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    let mut took = Vec::new();
+    for _ in 0..21 {
+        let started = std::time::Instant::now();
+        let r = client.get(&url).send().await.unwrap();
+        took.push(started.elapsed());
+        assert_eq!(r.status(), 200);
+    }
+    took.sort();
+    let median = took[took.len() / 2];
+    eprintln!(
+        "/readyz on 100,000 finished orders: median {median:?}, max {:?}",
+        took[took.len() - 1]
+    );
+    assert!(median < Duration::from_millis(50), "median {median:?}");
+
+    // Every table of the store locked by another session: the probe still answers.
+    let mut tx = pool.begin().await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = current_schema()",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert!(tables.len() > 10, "{tables:?}");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        tables.join(", ")
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let r = client.get(&url).send().await.unwrap();
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    assert_eq!((status.as_u16(), body.as_str()), (200, "ready\n"));
+    tx.rollback().await.unwrap();
+    pool.close().await;
 }

@@ -296,6 +296,14 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         self.activity_since(since).await
     }
 
+    async fn ping(&self) -> Result<()> {
+        q("SELECT 1")
+            .execute::<D>(&mut *self.driver.acquire().await?)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
         let rows = q(st::COUNT_BY_STATE)
             .fetch_all::<D>(&mut *self.driver.acquire().await?)
