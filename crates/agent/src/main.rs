@@ -85,7 +85,11 @@ fn on_off(raw: &str) -> Result<bool, String> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orderly_runtime::exit("orderly-agent", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("agent")?;
     let instance = args.common.instance("agent")?;
     let _telemetry = orderly_runtime::telemetry::init("orderly-agent", &args.common, &instance)?;

@@ -199,12 +199,21 @@ pub(crate) async fn run_up(
                 return Err(e);
             }
         };
-    eprintln!(
-        "orderly is up: post orders with `orderly post --sample 10 --wait` (through the \"orders\" queue); simulator on {}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops",
-        system.sim_addr.map(|a| a.to_string()).unwrap_or_default()
-    );
+    let sim = system.sim_addr.map(|a| a.to_string()).unwrap_or_default();
+    // With JSON logs (a container) the news is a log event like every other line.
+    if orderly_runtime::log_json_from_env() {
+        tracing::info!(simulator = %sim, dashboard = %format!("http://{dash_addr}/"), "orderly is up: post orders with `orderly post`; SIGTERM stops");
+    } else {
+        eprintln!(
+            "orderly is up: post orders with `orderly post --sample 10 --wait` (through the \"orders\" queue); simulator on {sim}; dashboard on http://{dash_addr}/; Ctrl-C or SIGTERM stops"
+        );
+    }
     shutdown.cancelled().await;
-    eprintln!("stopping...");
+    if orderly_runtime::log_json_from_env() {
+        tracing::info!("stopping");
+    } else {
+        eprintln!("stopping...");
+    }
     system.stop(std::time::Duration::from_secs(10)).await;
     let _ = dash.await;
     Ok(())

@@ -12,6 +12,7 @@ mod local;
 mod outbox;
 mod post;
 mod print;
+mod provision;
 mod triage;
 
 use config::ConfigCommand;
@@ -31,6 +32,11 @@ struct Cli {
         global = true
     )]
     database_url: String,
+
+    /// Log as JSON lines instead of text (`up` and `dashboard` log what they do; every
+    /// command's error comes as one JSON line).
+    #[arg(long, env = "ORDERLY_LOG_JSON", global = true)]
+    log_json: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -85,6 +91,20 @@ enum Command {
         /// commas; default: the built-in order workflow).
         #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
         workflow: Vec<std::path::PathBuf>,
+    },
+    /// Print what a deployment on Azure needs for these workflows (Service Bus queues
+    /// with their lock, deliveries and duplicate detection; the lease's storage; the
+    /// PostgreSQL server; the identity and the Kubernetes Secret), as commands to review
+    /// and run. Changes nothing.
+    Provision {
+        /// The format: `az` (Azure CLI commands, a bash script).
+        #[arg(long, value_enum)]
+        print: provision::Format,
+        /// The workflow files the schedulers will run (default: the built-in order workflow).
+        #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
+        workflow: Vec<std::path::PathBuf>,
+        #[command(flatten)]
+        names: provision::Names,
     },
     /// Remove finished orders (Processed or Cancelled) older than --older-than, with
     /// their steps, history and alerts, and old dead letters, relayed outbox rows and
@@ -399,17 +419,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    orderly_runtime::exit("orderly", runtime.block_on(run()))
 }
 
 async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
     let filter = |default: &str| {
         tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
             .unwrap_or_else(|_| default.into())
@@ -427,24 +441,40 @@ async fn run() -> anyhow::Result<()> {
                 .with_writer(std::sync::Mutex::new(file))
                 .init();
         }
-        _ => tracing_subscriber::fmt()
-            .with_env_filter(filter(if matches!(cli.command, Command::Up { .. }) {
-                "info"
+        _ => {
+            // `up` and `dashboard` run as services: their logs say what they do, and
+            // come as JSON lines with ORDERLY_LOG_JSON (as every role's do).
+            let service = matches!(cli.command, Command::Up { .. } | Command::Dashboard { .. });
+            let builder = tracing_subscriber::fmt()
+                .with_env_filter(filter(if service { "info" } else { "warn" }))
+                .with_writer(std::io::stderr);
+            if cli.log_json {
+                builder.json().init();
             } else {
-                "warn"
-            }))
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .init(),
+                builder
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .init();
+            }
+        }
     }
     let cli = match cli.command {
         Command::Post(args) => return post::run(args, &cli.database_url).await,
+        Command::Provision {
+            print: provision::Format::Az,
+            workflow,
+            names,
+        } => {
+            let workflows = orderly_runtime::load_workflows(&workflow)?;
+            print!("{}", provision::az(&workflows, &names));
+            return Ok(());
+        }
         Command::Outbox { requeue, json } => {
             return outbox::run(&cli.database_url, requeue, json).await;
         }
         command => Cli {
             command,
             database_url: cli.database_url,
+            log_json: cli.log_json,
         },
     };
     match &cli.command {
@@ -576,7 +606,7 @@ async fn run() -> anyhow::Result<()> {
 
     match cli.command {
         // Dispatched before the store is opened (it may not need it).
-        Command::Post(_) | Command::Outbox { .. } => {
+        Command::Post(_) | Command::Outbox { .. } | Command::Provision { .. } => {
             unreachable!("dispatched above")
         }
         Command::Migrate { workflow } => {

@@ -45,6 +45,17 @@ pub mod queues {
             },
         }
     }
+
+    /// The settings `queue` is provisioned with on Service Bus (`orderly provision`, the
+    /// emulator's Config.json): the lock and deliveries of [`settings`], and duplicate
+    /// detection on every queue over the default window, since the outbox relay may
+    /// publish a message twice.
+    pub fn provisioned(queue: &QueueName) -> QueueSettings {
+        QueueSettings {
+            duplicate_detection_window: QueueSettings::default().duplicate_detection_window,
+            ..settings(queue)
+        }
+    }
 }
 
 /// The message a client posts to the orders queue: the order and, optionally, a

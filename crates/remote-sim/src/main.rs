@@ -51,12 +51,19 @@ struct Args {
     /// Seed of the fault dice.
     #[arg(long, env = "ORDERLY_SIM_SEED", default_value_t = 1)]
     seed: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "ORDERLY_LOG_JSON")]
+    log_json: bool,
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orderly_runtime::exit("orderly-remote-sim", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("remote-sim")?;
-    orderly_runtime::init_tracing(false);
+    orderly_runtime::init_tracing(args.log_json);
     let cfg = SimConfig {
         latency: args.latency_ms,
         transient_rate: args.transient_rate,

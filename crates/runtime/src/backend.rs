@@ -48,6 +48,7 @@ const PRUNE_BATCH: u32 = 1000;
 pub struct Plan {
     url: String,
     servicebus: Option<ServiceBusSettings>,
+    startup_wait: Duration,
 }
 
 /// What a role runs on.
@@ -168,6 +169,7 @@ impl Plan {
         Ok(Self {
             url: common.database_url.clone(),
             servicebus,
+            startup_wait: common.startup_wait_ms,
         })
     }
 
@@ -175,22 +177,35 @@ impl Plan {
     /// the outbox relay as `relay_as`, which runs until [`Opened::finish`].
     pub async fn open(self, relay_as: &InstanceId) -> anyhow::Result<Opened> {
         const STORE: &str = "cannot open the state store (--database-url / ORDERLY_DATABASE_URL)";
+        const SERVICEBUS: &str = "cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)";
+        let wait = self.startup_wait;
         let Some(settings) = self.servicebus else {
-            let backend = orderly_sql::connect(&self.url, TimeSource::Database)
-                .await
-                .context(STORE)?;
+            let backend = patiently("the state store", wait, async || {
+                orderly_sql::connect(&self.url, TimeSource::Database).await
+            })
+            .await
+            .context(STORE)?;
             return Ok(Opened {
                 backend,
                 relay: None,
             });
         };
-        let sql = orderly_sql::connect_outbox(&self.url, TimeSource::Database)
-            .await
-            .context(STORE)?;
+        let sql = patiently("the state store", wait, async || {
+            orderly_sql::connect_outbox(&self.url, TimeSource::Database).await
+        })
+        .await
+        .context(STORE)?;
         let servicebus = Arc::new(
-            ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
+            patiently("Service Bus", wait, async || {
+                ServiceBusTransport::connect(
+                    &settings,
+                    Arc::new(Provisioned),
+                    Arc::new(SystemClock),
+                )
                 .await
-                .context("cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)")?,
+            })
+            .await
+            .context(SERVICEBUS)?,
         );
         let transport: Arc<dyn Transport> = servicebus.clone();
         let stop = CancellationToken::new();
@@ -216,6 +231,44 @@ impl Plan {
             },
             relay: Some((stop, task)),
         })
+    }
+}
+
+/// First wait between start-up attempts; doubles up to [`STARTUP_RETRY_MAX`].
+const STARTUP_RETRY_MIN: Duration = Duration::from_millis(500);
+const STARTUP_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Runs `attempt` until it succeeds or `limit` has passed since the first try, waiting
+/// with back-off between tries and logging each failure (what, the error, the next
+/// try); the last error is returned. A role started before its database or broker is
+/// up waits for them.
+pub async fn patiently<T, E>(
+    what: &str,
+    limit: Duration,
+    mut attempt: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+{
+    let started = tokio::time::Instant::now();
+    let mut wait = STARTUP_RETRY_MIN;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Ok(v) => {
+                if tries > 1 {
+                    tracing::info!(tries, "{what} reached");
+                }
+                return Ok(v);
+            }
+            Err(e) if started.elapsed() + wait <= limit => {
+                tracing::warn!(error = %e, tries, retry_in_ms = wait.as_millis() as u64, "{what} not reachable yet; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(STARTUP_RETRY_MAX);
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -383,6 +436,41 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A role started before its database or broker waits for it, with back-off, and
+    /// gives up with the last error once the start-up wait has passed.
+    #[tokio::test(start_paused = true)]
+    async fn start_up_waits_for_what_is_not_up_yet_and_then_gives_up_with_its_error() {
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let up_after = Duration::from_secs(7);
+        let got: Result<&str, String> =
+            patiently("the broker", Duration::from_secs(60), async || {
+                tries += 1;
+                if started.elapsed() >= up_after {
+                    Ok("connected")
+                } else {
+                    Err(format!("refused (try {tries})"))
+                }
+            })
+            .await;
+        assert_eq!(got.unwrap(), "connected");
+        // 0.5 + 1 + 2 + 4 s of back-off: up at 7 s, reached at 7.5 s.
+        assert_eq!(tries, 5);
+        assert_eq!(started.elapsed(), Duration::from_millis(7_500));
+
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let got: Result<(), String> =
+            patiently("the broker", Duration::from_secs(30), async || {
+                tries += 1;
+                Err(format!("refused (try {tries})"))
+            })
+            .await;
+        // 0.5 + 1 + 2 + 4 + 8 + 10 = 25.5 s; a further 10 s would pass the 30 s limit.
+        assert_eq!(got.unwrap_err(), "refused (try 7)");
+        assert_eq!(started.elapsed(), Duration::from_millis(25_500));
+    }
 
     #[tokio::test]
     async fn the_queues_a_role_creates_detect_duplicates_only_where_clients_and_alerts_post() {

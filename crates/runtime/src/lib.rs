@@ -67,6 +67,12 @@ pub struct Common {
     #[arg(long, env = "ORDERLY_OTEL_FILTER", default_value = "info")]
     pub otel_filter: String,
 
+    /// At start-up, how long to keep trying to reach the state store and Service Bus
+    /// (with back-off, each failure logged) before giving up, in ms: a role started
+    /// beside its broker or database waits for them instead of exiting.
+    #[arg(long, env = "ORDERLY_STARTUP_WAIT_MS", default_value = "60000", value_parser = millis)]
+    pub startup_wait_ms: std::time::Duration,
+
     /// Check the settings (flags, environment, config file) and exit without starting.
     #[arg(long)]
     pub check_config: bool,
@@ -174,6 +180,34 @@ pub fn init_tracing(json: bool) {
     } else {
         builder.init();
     }
+}
+
+/// Whether `ORDERLY_LOG_JSON` asks for JSON lines (`true`, as the setting takes it), read
+/// from the environment alone so that it applies before any setting is parsed.
+pub fn log_json_from_env() -> bool {
+    std::env::var("ORDERLY_LOG_JSON").is_ok_and(|v| v == "true")
+}
+
+/// A binary's last word: the error that ended it, on stderr, as one JSON line (the
+/// shape of the JSON logs: timestamp, level, fields.message, target) when
+/// `ORDERLY_LOG_JSON` is on, else as `error: ...` with its causes; exit code 1.
+pub fn exit(binary: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    let Err(e) = result else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let message = format!("{e:#}");
+    if log_json_from_env() {
+        let line = serde_json::json!({
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            "level": "ERROR",
+            "fields": { "message": message },
+            "target": binary,
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("error: {message}");
+    }
+    std::process::ExitCode::FAILURE
 }
 
 /// A token cancelled on SIGTERM or SIGINT (Ctrl-C).

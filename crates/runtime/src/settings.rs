@@ -102,6 +102,28 @@ pub fn file_settings(
     Ok(out)
 }
 
+/// Ends the process on a command line clap refused (or on `--help` / `--version`): a
+/// refused setting comes as a JSON line like every other start-up error when
+/// `ORDERLY_LOG_JSON` is on, else as clap shows it.
+pub fn refused(binary: &str, e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    let shown = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+    if shown || !crate::log_json_from_env() {
+        e.exit()
+    }
+    let _ = crate::exit(
+        binary,
+        Err(anyhow::anyhow!(
+            "{}",
+            e.render()
+                .to_string()
+                .trim_start_matches("error: ")
+                .trim_end()
+        )),
+    );
+    std::process::exit(2)
+}
+
 /// Parses `T` (a binary's flags, with `#[arg(long, env = ...)]`) for `role` from the
 /// layers. Exits with clap's message on bad flags, as `Parser::parse` does.
 pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
@@ -135,7 +157,9 @@ pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
             });
         }
     }
-    let matches = cmd.try_get_matches_from(args).unwrap_or_else(|e| e.exit());
+    let matches = cmd
+        .try_get_matches_from(args)
+        .unwrap_or_else(|e| refused(&format!("orderly-{role}"), e));
     T::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))
 }
 

@@ -51,7 +51,11 @@ struct Args {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orderly_runtime::exit("orderly-scheduler", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("scheduler")?;
     let instance = args.common.instance("scheduler")?;
     let _telemetry =

@@ -26,7 +26,11 @@ struct Args {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orderly_runtime::exit("orderly-submitter", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("submitter")?;
     let instance = args.common.instance("submitter")?;
     let _telemetry =

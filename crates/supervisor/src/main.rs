@@ -93,7 +93,11 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orderly_runtime::exit("orderly-supervisor", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("supervisor")?;
     let instance = args.common.instance("supervisor")?;
     let _telemetry =
