@@ -1,11 +1,21 @@
-# Every orderly binary in one small image: orderly (operators' CLI, `up`),
+# syntax=docker/dockerfile:1
+# Every orderly binary in one small image: orderly (operators' CLI, `up`, `dashboard`),
 # orderly-submitter, -scheduler, -agent, -supervisor, -remote-sim.
-# Build: docker build -t orderly .   Run one role: docker run orderly orderly-scheduler
-# (Not built on the project's CI machines: there is no Docker engine there; see README.)
+#   docker build -t orderly --build-arg VERSION=$(git describe --always) \
+#     --build-arg REVISION=$(git rev-parse HEAD) .
+#   docker run orderly orderly-scheduler          # one role (configured by ORDERLY_*)
+#   docker run -v orderly-data:/data -p 8088:8088 \
+#     -e ORDERLY_DASHBOARD_LISTEN=0.0.0.0:8088 -e ORDERLY_DASHBOARD_TOKEN=... \
+#     orderly orderly up                           # everything on SQLite, in /data
+# TLS (rustls, the platform's roots plus ORDERLY_CA_FILE) is in every build; nothing
+# to turn on. (Not built on the project's CI machines: there is no Docker engine there;
+# crates/cli/tests/deploy.rs checks what this file names and walks what the image runs.)
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-# Dependencies first, so that editing the sources does not rebuild them.
+# The registry and the target directory are cache mounts: an edit to the sources
+# rebuilds only the crates of this workspace, not the dependencies (BuildKit keeps the
+# caches between builds; `--locked` pins every version to Cargo.lock).
 COPY Cargo.toml Cargo.lock ./
 # The workspace's build settings (how the bundled SQLite is compiled).
 COPY .cargo .cargo
@@ -13,7 +23,10 @@ COPY crates crates
 COPY migrations migrations
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
 # Each role's binary is built by its own crate; the operators' CLI by orderly-cli.
-RUN cargo build --release --locked --bins --features orderly-runtime/otel \
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bins --features orderly-runtime/otel \
       -p orderly-cli -p orderly-submitter -p orderly-scheduler -p orderly-agent \
       -p orderly-supervisor -p orderly-remote-sim \
  && mkdir /out \
@@ -21,11 +34,27 @@ RUN cargo build --release --locked --bins --features orderly-runtime/otel \
        target/release/orderly-agent target/release/orderly-supervisor target/release/orderly-remote-sim /out/
 
 FROM debian:bookworm-slim
+ARG VERSION=unknown
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="orderly" \
+      org.opencontainers.image.description="Scheduler-Agent-Supervisor order processing: the roles, the operators' CLI and dashboard" \
+      org.opencontainers.image.source="https://github.com/orderly-rs/orderly" \
+      org.opencontainers.image.licenses="MIT OR Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+# ca-certificates: the platform roots every TLS client trusts. libssl3: the Service Bus
+# client (azservicebus 0.25) still links OpenSSL through its azure_core 0.25; orderly's
+# own TLS is rustls (docs/containers.md). curl: the healthchecks.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 curl \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin orderly
+ && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin orderly \
+ && mkdir /data && chown 10001:10001 /data
 COPY --from=build /out/ /usr/local/bin/
+# The embedded default (sqlite://orderly.db) lives in the working directory: /data, a
+# volume the non-root user owns.
+WORKDIR /data
+VOLUME /data
 USER 10001:10001
 # JSON logs and the operations endpoints (/healthz, /readyz, /metrics) by default.
 ENV ORDERLY_LOG_JSON=true \

@@ -6,6 +6,7 @@
 
 mod bench;
 mod console;
+mod deploy;
 mod fixtures;
 mod leader;
 mod lifecycle;
