@@ -22,11 +22,15 @@
 // cuts every AMQP connection (no close frame); POST /hang-attach/<entity> leaves every
 // later attach to that entity unanswered; POST /hang-renew with {"on": true|false}
 // leaves renew-lock requests unanswered.
+// TLS: with STANDIN_TLS_CERT and STANDIN_TLS_KEY (PEM files) it also listens for AMQPS
+// on port 5671, as Service Bus does; POST /tls-stats answers how many TLS handshakes
+// were attempted there and how the last failed (the client's alert, as Node reports it).
 
 const rhea = require('rhea');
 const Session = require('rhea/lib/session.js');
 const terminus = require('rhea/lib/terminus.js');
 const http = require('http');
+const fs = require('fs');
 const crypto = require('crypto');
 const types = rhea.types;
 
@@ -445,6 +449,9 @@ const control = http.createServer((req, res) => {
         hungAttach.add(decodeURIComponent(req.url.slice('/hang-attach/'.length)));
       } else if (req.method === 'POST' && req.url === '/hang-renew') {
         hangRenew = body.on !== false;
+      } else if (req.method === 'POST' && req.url === '/tls-stats') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify(tlsStats));
       } else if (req.method === 'POST' && req.url === '/clock') {
         frozenAt = Number(body.now_ms);
         pumpAll();
@@ -458,6 +465,20 @@ const control = http.createServer((req, res) => {
     }
   });
 });
+
+const tlsStats = { handshakes: 0, secured: 0, last_error: null };
+if (process.env.STANDIN_TLS_CERT) {
+  const server = container.listen({
+    host: HOST,
+    port: 5671,
+    transport: 'tls',
+    cert: fs.readFileSync(process.env.STANDIN_TLS_CERT),
+    key: fs.readFileSync(process.env.STANDIN_TLS_KEY),
+  });
+  server.on('connection', () => { tlsStats.handshakes += 1; });
+  server.on('secureConnection', () => { tlsStats.secured += 1; });
+  server.on('tlsClientError', (e) => { tlsStats.last_error = String(e && e.message || e); });
+}
 
 container.listen({ host: HOST, port: 5672 }).on('listening', () => {
   control.listen(Number(process.env.STANDIN_CONTROL_PORT || 0), '127.0.0.1', () => {

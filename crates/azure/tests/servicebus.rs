@@ -640,3 +640,69 @@ mod misbehaving_broker {
         assert!(started.elapsed() < Duration::from_secs(10));
     }
 }
+
+/// The default build speaks AMQPS: without `unsecured` the transport dials the
+/// namespace on port 5671 and opens TLS there (the stand-in, listening for AMQPS with a
+/// certificate from the test's CA, sees the handshake), verifying the server's
+/// certificate. azservicebus 0.25 verifies against the public (webpki) roots only and
+/// takes no other CA, so the stand-in's test CA is refused, and the error says why:
+/// the same connection to `<namespace>.servicebus.windows.net`, whose certificate
+/// chains to a public root, is the production path (docs/containers.md). Over plain
+/// AMQP (`unsecured`, the emulator's mode) the same stand-in is reached.
+#[test]
+fn the_transport_speaks_amqps_on_5671_and_verifies_the_brokers_certificate() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use std::time::Duration;
+        let (_ca, standin) = Standin::start_tls();
+        let mut settings = ServiceBusSettings::new(standin.connection_string());
+        settings.try_timeout = Duration::from_secs(5);
+        assert!(!settings.unsecured, "TLS is the default");
+        let refused = ServiceBusTransport::connect(
+            &settings,
+            Arc::new(StandinAdmin(standin.control)),
+            Arc::new(orderly_core::SystemClock),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("a broker whose certificate no trusted root signed is refused");
+        let text = refused.to_string();
+        eprintln!("AMQPS to the stand-in: {text}");
+        assert!(
+            text.contains("UnknownIssuer") || text.contains("certificate"),
+            "the error names the certificate: {text}"
+        );
+        assert!(!text.contains("c3RhbmQtaW4tb25seQ=="), "no key in {text}");
+        let stats: serde_json::Value = serde_json::from_str(&standin.tls_stats().unwrap()).unwrap();
+        assert!(
+            stats["handshakes"].as_u64().unwrap() >= 1,
+            "the client opened TLS on 5671: {stats}"
+        );
+        assert_eq!(stats["secured"], 0, "{stats}");
+
+        settings.unsecured = true;
+        let sb = ServiceBusTransport::connect(
+            &settings,
+            Arc::new(StandinAdmin(standin.control)),
+            Arc::new(orderly_core::SystemClock),
+        )
+        .await
+        .expect("plain AMQP on 5672 is reached");
+        let orders = QueueName::parse("orders").unwrap();
+        sb.declare_queue(&orders, &QueueSettings::default())
+            .await
+            .unwrap();
+        sb.send(
+            &orders,
+            &[orderly_core::transport::OutgoingMessage::new(
+                "m-1",
+                b"x".to_vec(),
+            )],
+        )
+        .await
+        .unwrap();
+    });
+}

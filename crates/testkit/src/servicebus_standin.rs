@@ -52,13 +52,39 @@ impl Standin {
         post(self.control, "/hang-renew", &format!("{{\"on\":{on}}}"))
     }
 
+    /// [`Standin::start`], also listening for AMQPS on port 5671 with a certificate
+    /// for its own address signed by a new test CA (returned with it).
+    pub fn start_tls() -> (crate::tls::TestCa, Standin) {
+        let r = uuid::Uuid::new_v4().into_bytes();
+        let host = format!("127.{}.{}.{}", 20 + r[0] % 200, r[1], 1 + r[2] % 250);
+        let ca = crate::tls::TestCa::new("servicebus-standin");
+        let cert = ca.server_cert("standin", &[&host]);
+        let standin = Self::spawn(host, 0, Some(&cert));
+        (ca, standin)
+    }
+
+    /// The TLS handshakes attempted on its AMQPS port, those that succeeded, and the
+    /// last failure as Node reports it, as JSON: `{"handshakes", "secured", "last_error"}`.
+    pub fn tls_stats(&self) -> Result<String, String> {
+        post_for_body(self.control, "/tls-stats", "{}")
+    }
+
     fn start_on(host: String, control_port: u16) -> Standin {
+        Self::spawn(host, control_port, None)
+    }
+
+    fn spawn(host: String, control_port: u16, tls: Option<&crate::tls::ServerCert>) -> Standin {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/servicebus-standin");
         assert!(
             dir.join("node_modules/rhea").exists(),
             "the Service Bus stand-in's dependencies are missing: run `npm ci --prefix tests/servicebus-standin` (scripts/test does)"
         );
-        let mut child = Command::new("node")
+        let mut node = Command::new("node");
+        if let Some(cert) = tls {
+            node.env("STANDIN_TLS_CERT", &cert.cert)
+                .env("STANDIN_TLS_KEY", &cert.key);
+        }
+        let mut child = node
             .arg(dir.join("standin.js"))
             .env("STANDIN_HOST", &host)
             .env("STANDIN_CONTROL_PORT", control_port.to_string())
