@@ -325,6 +325,15 @@ fn compose_runs_our_binaries_with_settings_they_read_and_declares_every_queue_wi
         services["submitter"]["environment"]["ORDERLY_HTTP_INTAKE"],
         "true"
     );
+    // The intake example of docs/containers.md is an order the intake accepts.
+    let docs = read("docs/containers.md");
+    let body = docs
+        .split("-d '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("the intake example");
+    let order: orderly_core::store::NewOrder = serde_json::from_str(body).unwrap();
+    order.validate().unwrap();
     let connection = services["scheduler-1"]["environment"]["ORDERLY_SERVICEBUS_CONNECTION"]
         .as_str()
         .unwrap();
