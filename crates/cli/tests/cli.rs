@@ -1121,3 +1121,89 @@ async fn error_order(
 fn role(name: &str) -> std::path::PathBuf {
     procs::bin(name)
 }
+
+/// With `ORDERLY_LOG_JSON=true` every line a role writes is JSON, its last words
+/// included: a refused setting, and a database it could not reach within
+/// `ORDERLY_STARTUP_WAIT_MS` after retrying (each retry logged).
+#[test]
+fn start_up_errors_are_json_lines_when_logs_are_json() {
+    let json_lines = |out: &Output| -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    };
+    let out = Command::new(role("orderly-scheduler"))
+        .args(["--claim-batch", "0"])
+        .env("ORDERLY_LOG_JSON", "true")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert!(
+        lines[0]["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--claim-batch"),
+        "{lines:?}"
+    );
+
+    // A broker nothing listens for (an address of its own, port 5672 closed): retried
+    // with back-off, each try logged, then given up naming the setting.
+    let db = Db::new();
+    let started = std::time::Instant::now();
+    let out = Command::new(role("orderly-submitter"))
+        .env("ORDERLY_LOG_JSON", "true")
+        .env(
+            "ORDERLY_DATABASE_URL",
+            format!("sqlite://{}", db.0.display()),
+        )
+        .env("ORDERLY_TRANSPORT", "servicebus")
+        .env("ORDERLY_SERVICEBUS_UNSECURED", "true")
+        .env(
+            "ORDERLY_SERVICEBUS_CONNECTION",
+            "Endpoint=sb://127.0.0.9;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0LWtleQ==",
+        )
+        .env("ORDERLY_STARTUP_WAIT_MS", "3000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let lines = json_lines(&out);
+    let retries = lines
+        .iter()
+        .filter(|l| {
+            l["level"] == "WARN"
+                && l["fields"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Service Bus not reachable yet")
+        })
+        .count();
+    assert!(retries >= 2, "{lines:?}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "ERROR");
+    let message = last["fields"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("ORDERLY_SERVICEBUS_CONNECTION"),
+        "{message}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("c2VjcmV0LWtleQ=="),
+        "the key was logged"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+
+    // A setting retrying cannot mend is not waited on: an unsupported database URL.
+    let started = std::time::Instant::now();
+    let out = Command::new(role("orderly-submitter"))
+        .env("ORDERLY_LOG_JSON", "true")
+        .env("ORDERLY_DATABASE_URL", "mysql://nope")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_lines(&out).last().unwrap()["level"], "ERROR");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}

@@ -180,9 +180,12 @@ impl Plan {
         const SERVICEBUS: &str = "cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)";
         let wait = self.startup_wait;
         let Some(settings) = self.servicebus else {
-            let backend = patiently("the state store", wait, async || {
-                orderly_sql::connect(&self.url, TimeSource::Database).await
-            })
+            let backend = patiently(
+                "the state store",
+                wait,
+                orderly_core::Error::is_retryable,
+                async || orderly_sql::connect(&self.url, TimeSource::Database).await,
+            )
             .await
             .context(STORE)?;
             return Ok(Opened {
@@ -190,20 +193,28 @@ impl Plan {
                 relay: None,
             });
         };
-        let sql = patiently("the state store", wait, async || {
-            orderly_sql::connect_outbox(&self.url, TimeSource::Database).await
-        })
+        let sql = patiently(
+            "the state store",
+            wait,
+            orderly_core::Error::is_retryable,
+            async || orderly_sql::connect_outbox(&self.url, TimeSource::Database).await,
+        )
         .await
         .context(STORE)?;
         let servicebus = Arc::new(
-            patiently("Service Bus", wait, async || {
-                ServiceBusTransport::connect(
-                    &settings,
-                    Arc::new(Provisioned),
-                    Arc::new(SystemClock),
-                )
-                .await
-            })
+            patiently(
+                "Service Bus",
+                wait,
+                TransportError::is_retryable,
+                async || {
+                    ServiceBusTransport::connect(
+                        &settings,
+                        Arc::new(Provisioned),
+                        Arc::new(SystemClock),
+                    )
+                    .await
+                },
+            )
             .await
             .context(SERVICEBUS)?,
         );
@@ -238,13 +249,15 @@ impl Plan {
 const STARTUP_RETRY_MIN: Duration = Duration::from_millis(500);
 const STARTUP_RETRY_MAX: Duration = Duration::from_secs(10);
 
-/// Runs `attempt` until it succeeds or `limit` has passed since the first try, waiting
-/// with back-off between tries and logging each failure (what, the error, the next
-/// try); the last error is returned. A role started before its database or broker is
-/// up waits for them.
+/// Runs `attempt` until it succeeds, fails in a way `retryable` says retrying cannot
+/// mend (a bad setting: returned at once), or `limit` has passed since the first try,
+/// waiting with back-off between tries and logging each failure (what, the error, the
+/// next try); the last error is returned. A role started before its database or
+/// broker is up waits for them.
 pub async fn patiently<T, E>(
     what: &str,
     limit: Duration,
+    retryable: impl Fn(&E) -> bool,
     mut attempt: impl AsyncFnMut() -> Result<T, E>,
 ) -> Result<T, E>
 where
@@ -262,7 +275,7 @@ where
                 }
                 return Ok(v);
             }
-            Err(e) if started.elapsed() + wait <= limit => {
+            Err(e) if retryable(&e) && started.elapsed() + wait <= limit => {
                 tracing::warn!(error = %e, tries, retry_in_ms = wait.as_millis() as u64, "{what} not reachable yet; retrying");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(STARTUP_RETRY_MAX);
@@ -444,16 +457,20 @@ mod tests {
         let started = tokio::time::Instant::now();
         let mut tries = 0;
         let up_after = Duration::from_secs(7);
-        let got: Result<&str, String> =
-            patiently("the broker", Duration::from_secs(60), async || {
+        let got: Result<&str, String> = patiently(
+            "the broker",
+            Duration::from_secs(60),
+            |_| true,
+            async || {
                 tries += 1;
                 if started.elapsed() >= up_after {
                     Ok("connected")
                 } else {
                     Err(format!("refused (try {tries})"))
                 }
-            })
-            .await;
+            },
+        )
+        .await;
         assert_eq!(got.unwrap(), "connected");
         // 0.5 + 1 + 2 + 4 s of back-off: up at 7 s, reached at 7.5 s.
         assert_eq!(tries, 5);
@@ -461,15 +478,31 @@ mod tests {
 
         let started = tokio::time::Instant::now();
         let mut tries = 0;
-        let got: Result<(), String> =
-            patiently("the broker", Duration::from_secs(30), async || {
+        let got: Result<(), String> = patiently(
+            "the broker",
+            Duration::from_secs(30),
+            |_| true,
+            async || {
                 tries += 1;
                 Err(format!("refused (try {tries})"))
-            })
-            .await;
+            },
+        )
+        .await;
         // 0.5 + 1 + 2 + 4 + 8 + 10 = 25.5 s; a further 10 s would pass the 30 s limit.
         assert_eq!(got.unwrap_err(), "refused (try 7)");
         assert_eq!(started.elapsed(), Duration::from_millis(25_500));
+
+        // A bad setting is not waited on.
+        let started = tokio::time::Instant::now();
+        let got: Result<(), String> = patiently(
+            "the broker",
+            Duration::from_secs(30),
+            |e: &String| !e.starts_with("bad"),
+            async || Err("bad connection string".to_owned()),
+        )
+        .await;
+        assert_eq!(got.unwrap_err(), "bad connection string");
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test]
