@@ -83,9 +83,10 @@ impl QueueTransport {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending migrations and declare the queues of the SQL transport (both also
+    /// Apply pending migrations, declare the queues of the SQL transport (both also
     /// happen when a role starts): orders, replies, alerts and each workflow step's queue,
-    /// created with the defaults if missing, left as they are if present.
+    /// created with the defaults if missing, left as they are if present; and store the
+    /// workflows' versions, which every scheduler then runs.
     Migrate {
         /// The workflow files whose step queues to declare (repeat or separate with
         /// commas; default: the built-in order workflow).
@@ -172,9 +173,9 @@ enum Command {
     },
     /// Count orders by state.
     Counts,
-    /// The orders in flight (Pending, Processing) by workflow version: which versions
-    /// still have orders, so their schedulers (or their files) can be retired once
-    /// none are left, and which orders wait for a scheduler that runs their workflow.
+    /// The workflow versions: every stored one (which any scheduler runs) with its
+    /// orders in flight (Pending, Processing), and orders pinned to a version that is
+    /// not stored (which no scheduler can run until it is).
     Workflows {
         /// Print JSON.
         #[arg(long)]
@@ -617,9 +618,17 @@ async fn run() -> anyhow::Result<()> {
                 .collect();
             orderly_runtime::backend::ensure_queues(backend.transport.as_ref(), wanted.clone())
                 .await?;
+            let added = store
+                .record_workflows(&workflows.definitions(), "operator:orderly-migrate")
+                .await?;
             outln!("migrations applied; the store is up to date");
             let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
             outln!("queues declared: {}", names.join(", "));
+            let versions: Vec<String> = workflows.references().map(ToString::to_string).collect();
+            outln!(
+                "workflow versions stored: {} ({added} new); every scheduler runs orders pinned to them",
+                versions.join(", ")
+            );
         }
         Command::Submit {
             file,
@@ -687,7 +696,11 @@ async fn run() -> anyhow::Result<()> {
             }
         }
         Command::Workflows { json } => {
-            print::workflows(&store.workflows_in_flight().await?, json)?;
+            print::workflows(
+                &store.workflows_in_flight().await?,
+                &store.stored_workflows().await?,
+                json,
+            )?;
         }
         Command::Alerts {
             all,

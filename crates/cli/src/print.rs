@@ -102,23 +102,112 @@ pub fn services(services: &[ServiceHealth], json: bool) -> anyhow::Result<()> {
 /// Live orders by workflow version: which versions still have orders in flight.
 pub fn workflows(
     counts: &[orderly_core::store::WorkflowCount],
+    stored: &[orderly_core::store::StoredWorkflow],
     as_json: bool,
 ) -> anyhow::Result<()> {
-    if as_json {
-        outln!("{}", serde_json::to_string_pretty(counts)?);
-        return Ok(());
+    use orderly_core::ProcessState;
+    // One row per stored version, then per version in flight that is not stored, then
+    // per workflow asked for by orders not started yet.
+    struct Row {
+        label: String,
+        stored: String,
+        by: String,
+        pending: i64,
+        processing: i64,
+        json: serde_json::Value,
     }
-    if counts.is_empty() {
-        outln!("no orders in flight");
-        return Ok(());
+    let live = |name: Option<&str>, version: Option<&str>, state: ProcessState| -> i64 {
+        counts
+            .iter()
+            .filter(|c| {
+                c.workflow.as_deref() == name && c.version.as_deref() == version && c.state == state
+            })
+            .map(|c| c.orders)
+            .sum()
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    for s in stored {
+        let (name, version) = (s.reference.name.as_str(), s.reference.version.as_str());
+        let (p, r) = (
+            live(Some(name), Some(version), ProcessState::Pending),
+            live(Some(name), Some(version), ProcessState::Processing),
+        );
+        let check = s.workflow().err().map(|e| e.to_string());
+        rows.push(Row {
+            label: s.reference.to_string(),
+            stored: match &check {
+                None => s.first_seen_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                Some(_) => "INVALID".to_owned(),
+            },
+            by: s.first_seen_by.clone(),
+            pending: p,
+            processing: r,
+            json: json!({
+                "workflow": name, "version": version, "stored": true,
+                "first_seen_at": s.first_seen_at, "first_seen_by": s.first_seen_by,
+                "invalid": check, "pending": p, "processing": r,
+            }),
+        });
     }
-    outln!("{:<40} {:<11} {:>8}", "WORKFLOW", "STATE", "ORDERS");
+    let mut seen = std::collections::BTreeSet::new();
     for c in counts {
-        let label = match &c.version {
-            Some(_) => c.label(),
-            None => format!("{} (not started)", c.label()),
+        if !seen.insert((c.workflow.clone(), c.version.clone())) {
+            continue;
+        }
+        let is_stored = stored.iter().any(|s| {
+            Some(s.reference.name.as_str()) == c.workflow.as_deref()
+                && Some(s.reference.version.as_str()) == c.version.as_deref()
+        });
+        if is_stored {
+            continue;
+        }
+        let (name, version) = (c.workflow.as_deref(), c.version.as_deref());
+        let (p, r) = (
+            live(name, version, ProcessState::Pending),
+            live(name, version, ProcessState::Processing),
+        );
+        let (label, state) = match version {
+            Some(_) => (c.label(), "NOT STORED"),
+            None => (format!("{} (not started)", c.label()), "-"),
         };
-        outln!("{label:<40} {:<11} {:>8}", c.state.as_str(), c.orders);
+        rows.push(Row {
+            label,
+            stored: state.to_owned(),
+            by: "-".to_owned(),
+            pending: p,
+            processing: r,
+            json: json!({
+                "workflow": name, "version": version, "stored": false,
+                "pending": p, "processing": r,
+            }),
+        });
+    }
+    if as_json {
+        let all: Vec<&serde_json::Value> = rows.iter().map(|r| &r.json).collect();
+        outln!("{}", serde_json::to_string(&all)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        outln!("no workflow versions stored and no orders in flight");
+        return Ok(());
+    }
+    outln!(
+        "{:<40} {:<19} {:<28} {:>8} {:>10}",
+        "WORKFLOW",
+        "STORED",
+        "BY",
+        "PENDING",
+        "PROCESSING"
+    );
+    for r in &rows {
+        outln!(
+            "{:<40} {:<19} {:<28} {:>8} {:>10}",
+            r.label,
+            r.stored,
+            r.by,
+            r.pending,
+            r.processing
+        );
     }
     Ok(())
 }

@@ -99,6 +99,7 @@ impl SystemConfig {
             max_failures: 5,
             backoff_base: Duration::from_millis(250),
             backoff_max: Duration::from_secs(2),
+            ..RecoveryPolicy::default()
         };
         self.request_lock = Duration::from_secs(5);
         // What two schedulers hold must drain well within the 3 s deadline.

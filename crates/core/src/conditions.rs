@@ -30,6 +30,10 @@ pub enum ConditionKind {
     NoLeader,
     /// A remote service is down (see `crate::service`).
     ServiceDown,
+    /// Pending orders are pinned to a workflow version no scheduler can run: it is not
+    /// stored, or its stored definition does not check (subject: `name@version`, or
+    /// the workflow's name for orders not started yet).
+    WorkflowMissing,
 }
 
 impl ConditionKind {
@@ -40,6 +44,7 @@ impl ConditionKind {
             ConditionKind::DeadLetters => "dead_letters",
             ConditionKind::NoLeader => "no_leader",
             ConditionKind::ServiceDown => "service_down",
+            ConditionKind::WorkflowMissing => "workflow_missing",
         }
     }
 }
@@ -52,6 +57,7 @@ impl std::str::FromStr for ConditionKind {
             ConditionKind::DeadLetters,
             ConditionKind::NoLeader,
             ConditionKind::ServiceDown,
+            ConditionKind::WorkflowMissing,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -139,6 +145,15 @@ pub trait ConditionStore: Send + Sync {
     /// Dead letters per queue of the SQL queues (empty on a store that holds none).
     async fn dead_letter_counts(&self) -> Result<Vec<(String, i64)>>;
 
+    /// The live orders by workflow version, and every stored workflow version (see
+    /// [`workflows_missing`]).
+    async fn workflow_catalogue(
+        &self,
+    ) -> Result<(
+        Vec<crate::store::WorkflowCount>,
+        Vec<crate::store::StoredWorkflow>,
+    )>;
+
     /// Records that `instance` of `role` runs (leading or not) at the store's now.
     async fn heartbeat(&self, role: &str, instance: &str, leading: bool) -> Result<()>;
 
@@ -182,6 +197,54 @@ pub fn pending_too_old(
             threshold.as_secs()
         ),
     })
+}
+
+/// Pending orders no scheduler can run, one condition per workflow version: pinned to a
+/// version that is not stored, or whose stored definition does not check; or, not
+/// started yet, asking for a workflow of which no version was ever stored (no
+/// scheduler ever ran it). Orders of the schedulers' default (no workflow named) are
+/// never in doubt.
+pub fn workflows_missing(
+    live: &[crate::store::WorkflowCount],
+    stored: &[crate::store::StoredWorkflow],
+) -> Vec<Condition> {
+    let mut out: Vec<Condition> = Vec::new();
+    for c in live
+        .iter()
+        .filter(|c| c.state == crate::ProcessState::Pending)
+    {
+        let Some(name) = c.workflow.as_deref() else {
+            continue;
+        };
+        let why = match c.version.as_deref() {
+            Some(version) => match stored
+                .iter()
+                .find(|s| s.reference.name == name && s.reference.version == version)
+            {
+                None => Some("is not stored".to_owned()),
+                Some(s) => s
+                    .workflow()
+                    .err()
+                    .map(|e| format!("has a stored definition that does not check ({e})")),
+            },
+            None if stored.iter().any(|s| s.reference.name == name) => None,
+            None => Some("has no stored version: no scheduler ever ran it".to_owned()),
+        };
+        if let Some(why) = why {
+            let subject = c.label();
+            out.push(Condition {
+                kind: ConditionKind::WorkflowMissing,
+                detail: format!(
+                    "{} Pending orders wait for workflow {subject}, which {why}: no scheduler can run them. \
+                     `orderly migrate --workflow FILE` with its file stores it (any scheduler then runs them), \
+                     or cancel them (`orderly cancel --all --state Pending`)",
+                    c.orders
+                ),
+                subject,
+            });
+        }
+    }
+    out
 }
 
 /// Queues whose dead letters grew since `before` (the counts of the previous look).
@@ -250,5 +313,73 @@ mod tests {
         ] {
             assert_eq!(k.as_str().parse::<ConditionKind>(), Ok(k));
         }
+    }
+
+    /// Pending orders pinned to a version nobody stored, or stored but not checking,
+    /// or asking for a workflow never stored, each give one alert; the default's and
+    /// stored versions' orders none.
+    #[test]
+    fn orders_no_scheduler_can_run_are_named_per_workflow_version() {
+        use crate::ProcessState;
+        use crate::store::{StoredWorkflow, WorkflowCount};
+        use crate::workflow::{Workflow, WorkflowRef};
+        let w = Workflow::default();
+        let stored = |r: WorkflowRef, definition: String| StoredWorkflow {
+            reference: r,
+            definition,
+            first_seen_at: Utc::now(),
+            first_seen_by: "scheduler-a".into(),
+        };
+        let bad = WorkflowRef {
+            name: "order".into(),
+            version: "0123456789ab".into(),
+        };
+        let catalogue = vec![
+            stored(w.reference(), w.to_stored()),
+            stored(bad.clone(), w.to_stored()),
+        ];
+        let live = |workflow: Option<&str>, version: Option<&str>, state, orders| WorkflowCount {
+            workflow: workflow.map(str::to_owned),
+            version: version.map(str::to_owned),
+            state,
+            orders,
+        };
+        let counts = vec![
+            live(None, None, ProcessState::Pending, 5),
+            live(Some("order"), Some(&w.version()), ProcessState::Pending, 3),
+            live(
+                Some("order"),
+                Some("ffffffffffff"),
+                ProcessState::Pending,
+                2,
+            ),
+            live(
+                Some("order"),
+                Some("ffffffffffff"),
+                ProcessState::Processing,
+                9,
+            ),
+            live(Some("order"), Some(&bad.version), ProcessState::Pending, 1),
+            live(Some("gift"), None, ProcessState::Pending, 4),
+        ];
+        let missing = workflows_missing(&counts, &catalogue);
+        let subjects: Vec<&str> = missing.iter().map(|c| c.subject.as_str()).collect();
+        assert_eq!(
+            subjects,
+            ["order@ffffffffffff", "order@0123456789ab", "gift"]
+        );
+        assert!(
+            missing[0].detail.starts_with("2 Pending orders"),
+            "{}",
+            missing[0].detail
+        );
+        assert!(missing[0].detail.contains("is not stored"));
+        assert!(missing[1].detail.contains("does not check"));
+        assert!(missing[2].detail.contains("no scheduler ever ran it"));
+        assert!(
+            missing
+                .iter()
+                .all(|c| c.detail.contains("orderly migrate --workflow"))
+        );
     }
 }

@@ -289,6 +289,11 @@ pub struct RecoveryPolicy {
     pub backoff_base: Duration,
     /// Back-off never exceeds this.
     pub backoff_max: Duration,
+    /// An order whose undoing (after a give-up, a permanent failure or a cancel) times
+    /// out is sent round again to undo, with back-off, up to this many more failures
+    /// past `max_failures`: a transient hang during compensation must not leave an
+    /// effect in force. Only then does it end in Error as needing manual repair.
+    pub max_undo_failures: i32,
 }
 
 impl Default for RecoveryPolicy {
@@ -297,6 +302,7 @@ impl Default for RecoveryPolicy {
             max_failures: 5,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
+            max_undo_failures: 30,
         }
     }
 }
@@ -306,7 +312,9 @@ impl RecoveryPolicy {
     /// the back-off; at it, Error, unless steps may have taken effect and are not being
     /// undone yet: then Pending at once with `finish_as = Error`, so they are undone
     /// (as after a permanent failure) before it ends in Error. An order whose undoing
-    /// itself expires past the threshold ends in Error, marked as needing manual repair.
+    /// itself expires goes round again to undo, with back-off, until
+    /// `max_failures + max_undo_failures`; past that it ends in Error, marked as
+    /// needing manual repair.
     pub fn decide(&self, e: &Expired, now: DateTime<Utc>) -> RecoveryDecision {
         use crate::history::HistoryKind;
         if let Some(service) = &e.waiting_for {
@@ -329,12 +337,21 @@ impl RecoveryPolicy {
             };
         }
         let failures = e.failure_count.saturating_add(1);
+        // Undoing has a budget of its own on top of the forward one.
+        let undoing = e.finish_as.is_some();
+        let limit = if undoing {
+            self.max_failures.saturating_add(self.max_undo_failures)
+        } else {
+            self.max_failures
+        };
         let what = format!(
-            "deadline passed in step {} while held by {} (failure {failures} of {})",
-            e.current_step, e.locked_by, self.max_failures
+            "deadline passed in step {}{} while held by {} (failure {failures} of {limit})",
+            e.current_step,
+            if undoing { ", undoing" } else { "" },
+            e.locked_by,
         );
         let order_id = e.order_id.clone();
-        if failures < self.max_failures {
+        if failures < limit {
             let next = now
                 + chrono::Duration::from_std(self.backoff(failures))
                     .unwrap_or(chrono::Duration::MAX);
@@ -402,6 +419,12 @@ impl RecoveryPolicy {
     pub fn validate(&self) -> Result<(), ValidationError> {
         if self.max_failures < 1 {
             return Err(ValidationError::new("max_failures", "must be at least 1"));
+        }
+        if !(0..=1000).contains(&self.max_undo_failures) {
+            return Err(ValidationError::new(
+                "max_undo_failures",
+                "must be 0 to 1000",
+            ));
         }
         if self.backoff_base > Duration::from_secs(3600) {
             return Err(ValidationError::new(
@@ -792,6 +815,17 @@ pub trait SchedulerStore: Send + Sync {
     /// runs their workflow.
     async fn workflows_in_flight(&self) -> Result<Vec<WorkflowCount>>;
 
+    /// Stores the definition of each of `workflows` not stored yet, as first seen now by
+    /// `by`; how many it added. A stored version is never changed.
+    async fn record_workflows(
+        &self,
+        workflows: &[std::sync::Arc<crate::workflow::Workflow>],
+        by: &str,
+    ) -> Result<usize>;
+
+    /// Every stored workflow version (see [`Self::record_workflows`]), oldest first.
+    async fn stored_workflows(&self) -> Result<Vec<StoredWorkflow>>;
+
     /// How many orders `owner` holds (Processing, locked by it): a scheduler claims no
     /// more while it holds its maximum, so orders do not wait out their deadline in
     /// the agents' queues.
@@ -970,6 +1004,27 @@ impl Pruned {
     }
 }
 
+/// A workflow version as the store keeps it: its definition (JSON), written the first
+/// time the version was used, never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredWorkflow {
+    /// Which version.
+    pub reference: crate::workflow::WorkflowRef,
+    /// The definition, as [`crate::workflow::Workflow::to_stored`] writes it.
+    pub definition: String,
+    /// When it was first stored.
+    pub first_seen_at: DateTime<Utc>,
+    /// Who stored it (a scheduler's instance id, or `operator:...` for `orderly migrate`).
+    pub first_seen_by: String,
+}
+
+impl StoredWorkflow {
+    /// The workflow it defines, checked: valid, and of the version it is stored as.
+    pub fn workflow(&self) -> Result<crate::workflow::Workflow, ValidationError> {
+        crate::workflow::Workflow::from_stored(&self.definition, &self.reference)
+    }
+}
+
 /// Live orders of one workflow version in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkflowCount {
@@ -1035,6 +1090,7 @@ mod tests {
             max_failures: 10,
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(60),
+            max_undo_failures: 0,
         };
         assert_eq!(p.backoff(1), Duration::from_secs(2));
         assert_eq!(p.backoff(2), Duration::from_secs(4));

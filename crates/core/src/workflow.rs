@@ -393,6 +393,28 @@ impl Workflow {
         digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
     }
 
+    /// Its definition as the store keeps it (JSON of every field, defaults spelt out).
+    pub fn to_stored(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| unreachable!("a workflow serializes"))
+    }
+
+    /// A workflow from its stored definition, checked: it parses, is valid, and is of
+    /// version `expected` (a definition that does not hash to its version is refused,
+    /// whatever wrote it).
+    pub fn from_stored(definition: &str, expected: &WorkflowRef) -> Result<Self, ValidationError> {
+        let w: Workflow = serde_json::from_str(definition).map_err(|e| {
+            ValidationError::new(format!("stored workflow {expected}"), e.to_string())
+        })?;
+        w.validate()?;
+        if w.reference() != *expected {
+            return Err(ValidationError::new(
+                format!("stored workflow {expected}"),
+                format!("its definition is of {}", w.reference()),
+            ));
+        }
+        Ok(w)
+    }
+
     /// The reference an order running this workflow is pinned to.
     pub fn reference(&self) -> WorkflowRef {
         WorkflowRef {
@@ -517,6 +539,30 @@ impl Workflows {
             current,
             known,
         })
+    }
+
+    /// This catalogue, also carrying on `stored` versions it does not have (read from
+    /// the store): orders pinned to them run here, and new orders of a workflow it was
+    /// given start on the version it was given.
+    ///
+    /// A workflow it was given no file for at all starts new orders that ask for it on
+    /// its most recent stored version (`stored` comes oldest first): an operator who
+    /// declared it with `orderly migrate --workflow` needs no scheduler restarted.
+    pub fn with_stored(&self, stored: impl IntoIterator<Item = Workflow>) -> Self {
+        let mut out = self.clone();
+        for w in stored {
+            let w = Arc::new(w);
+            if !self.current.contains_key(&w.name) {
+                out.current.insert(w.name.clone(), w.clone());
+            }
+            out.known.entry(w.reference()).or_insert(w);
+        }
+        out
+    }
+
+    /// The versions it was given or added, as definitions to store.
+    pub fn definitions(&self) -> Vec<Arc<Workflow>> {
+        self.known.values().cloned().collect()
     }
 
     /// A catalogue of one workflow.
@@ -817,5 +863,51 @@ mod tests {
         assert_eq!(p.backoff_cap(1), Duration::from_millis(100));
         assert_eq!(p.backoff_cap(3), Duration::from_millis(400));
         assert_eq!(p.backoff_cap(9), Duration::from_millis(1_000));
+    }
+
+    /// A stored definition comes back as the same workflow, of the same version; one
+    /// altered after it was stored is refused, naming the version it claims.
+    #[test]
+    fn a_stored_definition_round_trips_and_an_altered_one_is_refused() {
+        let w = Workflow::default();
+        let stored = w.to_stored();
+        assert_eq!(Workflow::from_stored(&stored, &w.reference()).unwrap(), w);
+        let altered = stored.replace("10000", "20000");
+        assert_ne!(altered, stored);
+        let err = Workflow::from_stored(&altered, &w.reference()).unwrap_err();
+        assert!(
+            err.to_string().contains(&w.reference().to_string()),
+            "{err}"
+        );
+        assert!(Workflow::from_stored("{}", &w.reference()).is_err());
+    }
+
+    /// Stored versions are carried on; a workflow the scheduler was given keeps
+    /// starting new orders on its own version, and one it has no file for starts them
+    /// on its latest stored version.
+    #[test]
+    fn stored_versions_are_carried_on_and_start_only_what_no_file_gives() {
+        let given = Workflows::single(Workflow::default()).unwrap();
+        let mut older = Workflow::default();
+        older.steps[0].timeout_ms = 5_000;
+        let gift_v1 = Workflow {
+            name: "gift".into(),
+            ..Workflow::default()
+        };
+        let mut gift_v2 = gift_v1.clone();
+        gift_v2.steps.pop();
+        let all = given.with_stored([older.clone(), gift_v1.clone(), gift_v2.clone()]);
+        for w in [&older, &gift_v1, &gift_v2, &Workflow::default()] {
+            assert!(all.get(Some(&w.reference())).is_some(), "{}", w.reference());
+        }
+        let f = all.filter();
+        assert_eq!(f.start["order"], Workflow::default().version());
+        assert_eq!(f.start["gift"], gift_v2.version(), "the latest stored");
+        assert_eq!(
+            all.default_workflow().reference(),
+            Workflow::default().reference()
+        );
+        assert!(all.serves(Some("gift"), None));
+        assert!(all.serves(Some("order"), Some(&older.version())));
     }
 }

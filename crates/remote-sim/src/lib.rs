@@ -454,8 +454,11 @@ async fn act(
         return answer(StatusCode::SERVICE_UNAVAILABLE, "hung");
     }
     let roll = sim.roll();
-    let hang_after_effect =
-        roll < sim.cfg.hang_rate / 2.0 || sim.cfg.lose_reply_actions.contains(&action);
+    // A key it declines stays declined whatever fault fires: a fault may hang or fail
+    // the call, but never applies what it declines.
+    let declined = call.kind == "do" && sim.declines(&action, &key);
+    let hang_after_effect = !declined
+        && (roll < sim.cfg.hang_rate / 2.0 || sim.cfg.lose_reply_actions.contains(&action));
     if roll < sim.cfg.hang_rate && !hang_after_effect {
         sim.ledger().stats.hangs += 1;
         tokio::time::sleep(sim.cfg.hang_for).await;
@@ -474,7 +477,7 @@ async fn act(
                 .into_response()
         };
     }
-    if !hang_after_effect && call.kind == "do" && sim.declines(&action, &key) {
+    if declined {
         sim.ledger().stats.permanent += 1;
         return answer(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -624,4 +627,62 @@ pub fn double_effects(effects: &[Effect]) -> Vec<(String, String, usize)> {
         .collect();
     doubles.sort();
     doubles
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One call over HTTP/1.0; the status code.
+    async fn call(addr: std::net::SocketAddr, action: &str, key: &str) -> u16 {
+        let body = format!(r#"{{"order_id":"o-1","action":"{action}","kind":"do"}}"#);
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "POST /actions/{action} HTTP/1.0\r\nIdempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap()
+    }
+
+    /// The oracle of every invariant test: a key it declines stays declined, whatever
+    /// fault fires on a later call of it (a hang after the effect never applies it).
+    #[tokio::test]
+    async fn a_declined_key_stays_declined_whatever_fault_fires() {
+        let sim = Sim::new(SimConfig {
+            permanent_rate: 1.0,
+            hang_rate: 0.6,
+            hang_for: Duration::from_millis(1),
+            transient_rate: 0.2,
+            ..SimConfig::default()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(sim.clone().serve(listener, stop.clone()));
+        let mut declined = 0;
+        for _ in 0..60 {
+            match call(addr, "reserve-inventory", "k-1").await {
+                422 => declined += 1,
+                503 | 429 => {}
+                other => panic!("a declined key answered {other}"),
+            }
+        }
+        assert!(declined > 0, "some calls got to the decline");
+        assert!(
+            sim.effects().is_empty(),
+            "nothing applied: {:?}",
+            sim.effects()
+        );
+        stop.cancel();
+    }
 }

@@ -55,7 +55,7 @@ impl Scheduler {
                     owner: self.cfg.instance.clone(),
                     limit,
                     timeout: self.cfg.processing_timeout,
-                    workflows: self.filter.clone(),
+                    workflows: self.filter(),
                 },
                 &plan,
             )
@@ -140,7 +140,7 @@ impl Scheduler {
             finish_as: None,
             generation: order.generation,
         };
-        Some(self.start_write(flow, order, &context, false))
+        Some(self.start_write(&flow, order, &context, false))
     }
 
     pub(crate) async fn advance_claimed(
@@ -208,7 +208,7 @@ impl Scheduler {
                     )
                 }
                 Some(steps) => self.plan_compensation(
-                    flow,
+                    &flow,
                     &order.fence,
                     order.complete_by,
                     &context,
@@ -231,7 +231,7 @@ impl Scheduler {
                 }
                 // Only resumed orders start here (a claim starts its forward-running
                 // orders in its own transaction).
-                None => Next::Write(self.start_write(flow, order, &context, true)),
+                None => Next::Write(self.start_write(&flow, order, &context, true)),
             };
             nexts.push(next);
         }
@@ -259,6 +259,7 @@ impl Scheduler {
     /// logged as a warning that says why. Another scheduler may run them; if none
     /// does, they wait until one that loads that workflow's file is started.
     pub async fn report_unserved(&self) -> orderly_core::Result<Vec<(String, i64)>> {
+        let workflows = self.workflows();
         let waiting: Vec<(String, i64)> = self
             .store
             .workflows_in_flight()
@@ -266,15 +267,12 @@ impl Scheduler {
             .into_iter()
             .filter(|c| {
                 c.state == ProcessState::Pending
-                    && !self
-                        .cfg
-                        .workflows
-                        .serves(c.workflow.as_deref(), c.version.as_deref())
+                    && !workflows.serves(c.workflow.as_deref(), c.version.as_deref())
             })
             .map(|c| (c.label(), c.orders))
             .collect();
         for (workflow, orders) in &waiting {
-            warn!(%workflow, orders, instance_id = %self.cfg.instance, "Pending orders of a workflow this scheduler does not run are left to a scheduler that runs it (start one with that workflow's file)");
+            warn!(%workflow, orders, instance_id = %self.cfg.instance, "Pending orders of a workflow version that is neither stored nor loaded here wait (`orderly migrate --workflow FILE` with its file stores it; the leading supervisor raises an alert)");
         }
         Ok(waiting)
     }

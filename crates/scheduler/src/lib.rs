@@ -149,12 +149,28 @@ pub struct Scheduler {
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
     cfg: SchedulerConfig,
-    /// The claim filter of `cfg.workflows`, computed once.
-    filter: Arc<WorkflowFilter>,
+    /// The versions it runs: `cfg.workflows`, plus every version stored in the store
+    /// (read at start and every `unserved_check`), with their claim filter.
+    catalogue: Arc<std::sync::RwLock<Catalogue>>,
     /// The fleet's view of the remote services (`None`: every service taken as up).
     services: Option<Arc<ServiceView>>,
     /// An upper bound on the orders it holds, so a claim pass seldom counts them.
     holding: Arc<holding::Holding>,
+}
+
+/// The workflow versions a scheduler runs and the claim filter they give.
+struct Catalogue {
+    workflows: Arc<Workflows>,
+    filter: Arc<WorkflowFilter>,
+}
+
+impl Catalogue {
+    fn of(workflows: Workflows) -> Self {
+        Self {
+            filter: Arc::new(workflows.filter()),
+            workflows: Arc::new(workflows),
+        }
+    }
 }
 
 /// What to do next with an order the scheduler holds.
@@ -183,13 +199,15 @@ impl Scheduler {
         clock: Arc<dyn Clock>,
         cfg: SchedulerConfig,
     ) -> Self {
-        let filter = Arc::new(cfg.workflows.filter());
+        let catalogue = Arc::new(std::sync::RwLock::new(Catalogue::of(
+            (*cfg.workflows).clone(),
+        )));
         Self {
             store,
             transport,
             clock,
             cfg,
-            filter,
+            catalogue,
             services: None,
             holding: Arc::default(),
         }
@@ -203,22 +221,79 @@ impl Scheduler {
         self
     }
 
+    /// The versions it runs now.
+    pub fn workflows(&self) -> Arc<Workflows> {
+        self.catalogue
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .workflows
+            .clone()
+    }
+
+    /// The claim filter of [`Self::workflows`].
+    pub(crate) fn filter(&self) -> Arc<WorkflowFilter> {
+        self.catalogue
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .filter
+            .clone()
+    }
+
     /// The workflow an order pinned to `reference` runs here, if this scheduler has it.
-    pub(crate) fn flow(&self, reference: Option<&WorkflowRef>) -> Option<&Arc<Workflow>> {
-        self.cfg.workflows.get(reference)
+    pub(crate) fn flow(&self, reference: Option<&WorkflowRef>) -> Option<Arc<Workflow>> {
+        self.workflows().get(reference).cloned()
+    }
+
+    /// Stores the definitions of the versions it was given (those already stored are
+    /// left as they are), then takes on every stored version it does not have: any
+    /// scheduler runs an order pinned to any stored version. Returns the versions it
+    /// took on. A stored definition that does not check (invalid, or not of its
+    /// version) is left out and logged; orders pinned to it wait, and the leading
+    /// supervisor raises an alert for them.
+    pub async fn adopt_stored_workflows(&self) -> orderly_core::Result<Vec<WorkflowRef>> {
+        self.store
+            .record_workflows(
+                &self.cfg.workflows.definitions(),
+                self.cfg.instance.as_str(),
+            )
+            .await?;
+        let mut parsed = Vec::new();
+        for stored in self.store.stored_workflows().await? {
+            match stored.workflow() {
+                Ok(w) => parsed.push(w),
+                Err(e) => {
+                    warn!(workflow = %stored.reference, error = %e, "a stored workflow version does not check; its orders cannot run");
+                }
+            }
+        }
+        let before = self.workflows();
+        let next = self.cfg.workflows.with_stored(parsed);
+        let added: Vec<WorkflowRef> = next
+            .references()
+            .filter(|r| before.get(Some(r)).is_none())
+            .cloned()
+            .collect();
+        if !added.is_empty() {
+            let names: Vec<String> = added.iter().map(ToString::to_string).collect();
+            info!(workflows = %names.join(", "), instance_id = %self.cfg.instance, "runs stored workflow versions it has no file for");
+            *self
+                .catalogue
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::of(next);
+        }
+        Ok(added)
     }
 
     /// Why it leaves an order of `reference` alone.
     pub(crate) fn not_here(&self, reference: Option<&WorkflowRef>) -> String {
         let loaded: Vec<String> = self
-            .cfg
-            .workflows
+            .workflows()
             .references()
             .map(ToString::to_string)
             .collect();
         format!(
-            "workflow {} is not loaded by scheduler {} (it runs {}); a scheduler with that \
-             version's file must apply it",
+            "workflow {} is neither stored nor loaded by scheduler {} (it runs {}); \
+             `orderly migrate --workflow FILE` with that version's file stores it",
             reference.map_or_else(|| "(default)".to_owned(), ToString::to_string),
             self.cfg.instance,
             loaded.join(", ")
@@ -251,6 +326,18 @@ impl Scheduler {
             info!(workflows = %loaded.join(", "), default = %self.cfg.workflows.default_workflow().name, "scheduler started");
             let mut backoff = Backoff::new();
             loop {
+                match self.adopt_stored_workflows().await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(error = %e, "could not store or read workflow versions; retrying");
+                        if backoff.sleep(&shutdown).await {
+                            return;
+                        }
+                    }
+                }
+            }
+            let mut backoff = Backoff::new();
+            loop {
                 match self.resume().await {
                     Ok(_) => break,
                     Err(e) => {
@@ -271,6 +358,10 @@ impl Scheduler {
                     while !shutdown.is_cancelled() {
                         if tokio::time::Instant::now() >= next_check {
                             next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
+                            // Versions other schedulers stored since: run them too.
+                            if let Err(e) = me.adopt_stored_workflows().await {
+                                debug!(error = %e, "cannot read the stored workflow versions");
+                            }
                             if let Err(e) = me.report_unserved().await {
                                 debug!(error = %e, "cannot count orders by workflow");
                             }

@@ -127,7 +127,7 @@ impl Scheduler {
         let mut give_back: Vec<ReceivedMessage> = Vec::new();
         let mut forward: Vec<(Arc<Workflow>, StepReply, ReceivedMessage)> = Vec::new();
         for (reply, message) in replies {
-            let Some(flow) = self.flow(reply.context.workflow.as_ref()).cloned() else {
+            let Some(flow) = self.flow(reply.context.workflow.as_ref()) else {
                 // Pinned to a version not loaded here: given back for a scheduler that
                 // has it; after a few rounds (none may be running), the order itself
                 // is handed back (Pending, no failure counted, the step re-sent under
@@ -311,7 +311,7 @@ impl Scheduler {
             return None;
         }
         let flow = self.flow(reply.context.workflow.as_ref())?;
-        self.check_reply(flow, &reply).ok()?;
+        self.check_reply(&flow, &reply).ok()?;
         // The next request continues the agent's span, as on the full path.
         let span = self.reply_span(&reply, message);
         let _entered = span.enter();
@@ -319,7 +319,7 @@ impl Scheduler {
             order_id: reply.fence.order_id.clone(),
             last: reply.step_index + 1 >= flow.len(),
         };
-        match self.step_succeeded(flow, &reply, &detail) {
+        match self.step_succeeded(&flow, &reply, &detail) {
             (write, None) => Some((write, written)),
             (_, Some(_)) => None,
         }

@@ -299,7 +299,11 @@ async fn a_reply_of_a_version_it_has_not_loaded_is_given_back_then_its_order_han
         .rfind(|e| e.kind == HistoryKind::Released)
         .unwrap();
     assert!(
-        released.reason.as_deref().unwrap().contains("not loaded"),
+        released
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("neither stored nor loaded"),
         "{released:?}"
     );
     // B will not claim it; A does, and re-sends the step under the same key.
@@ -793,4 +797,54 @@ async fn a_failure_after_a_step_that_cannot_be_undone_is_left_for_repair_by_hand
             assert!(error.contains("undone: reserve-inventory"), "{error}");
         }
     }
+}
+
+/// A scheduler runs an order pinned to a version it has no file for once that version
+/// is stored: the scheduler that loaded it stored it when it started.
+#[tokio::test]
+async fn a_scheduler_runs_a_stored_version_it_has_no_file_for() {
+    let rig = rig().await;
+    let v1 = Workflow::default();
+    let mut v2 = Workflow::default();
+    v2.steps[0].timeout_ms += 1;
+    let a = scheduler(&rig, "scheduler-a", vec![v1.clone()]);
+    let b = scheduler(&rig, "scheduler-b", vec![v2.clone()]);
+    let id = submit(&rig, "o-5").await;
+    a.claim_once().await.unwrap();
+    let req = request(&rig, "agent.inventory").await;
+    answer(&rig, &req, ok("reserved")).await;
+    // A stores v1 (it has nothing else to take on); B stores v2 and takes v1 on.
+    assert_eq!(a.adopt_stored_workflows().await.unwrap(), Vec::new());
+    assert_eq!(
+        b.adopt_stored_workflows().await.unwrap(),
+        vec![v1.reference()]
+    );
+    assert_eq!(
+        b.adopt_stored_workflows().await.unwrap(),
+        Vec::new(),
+        "once"
+    );
+    let pass = replies(&b).await;
+    assert_eq!((pass.foreign, pass.applied), (0, 1), "{pass:?}");
+    let next = request(&rig, "agent.payment").await;
+    assert_eq!(next.step, "charge-payment");
+    let row = rig.store.get(&id).await.unwrap().state;
+    assert_eq!(row.workflow_version.as_deref(), Some(v1.version().as_str()));
+    let stored: Vec<String> = rig
+        .store
+        .stored_workflows()
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {}", s.reference, s.first_seen_by))
+        .collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert!(
+        stored.contains(&format!("{} scheduler-a", v1.reference())),
+        "{stored:?}"
+    );
+    assert!(
+        stored.contains(&format!("{} scheduler-b", v2.reference())),
+        "{stored:?}"
+    );
 }

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 16] = [
+const ALL: [Both; 17] = [
     Both {
         version: 1,
         name: "state_store",
@@ -136,6 +136,12 @@ const ALL: [Both; 16] = [
         name: "queue_locks_in_place",
         sqlite: include_str!("../../../migrations/sqlite/0016_queue_locks_in_place.sql"),
         postgres: include_str!("../../../migrations/postgres/0016_queue_locks_in_place.sql"),
+    },
+    Both {
+        version: 17,
+        name: "workflow_definitions",
+        sqlite: include_str!("../../../migrations/sqlite/0017_workflow_definitions.sql"),
+        postgres: include_str!("../../../migrations/postgres/0017_workflow_definitions.sql"),
     },
 ];
 

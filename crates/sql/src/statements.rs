@@ -119,9 +119,6 @@ pub(crate) const RELEASE: &str = concat!(
     fenced!()
 );
 
-/// An operator moves an order whose state (`$2`) and epoch (`$4`) were just read:
-/// to `$5`, at `$3`, marked to end as `$6` once its steps are undone (NULL: not).
-/// Zero rows means it changed meanwhile.
 /// An operator's retry as a fresh run: the next generation, from the first step.
 pub(crate) const FRESH_RUN: &str = concat!(
     "UPDATE order_state SET generation = generation + 1, current_step = 0 \
@@ -132,11 +129,16 @@ pub(crate) const FRESH_RUN: &str = concat!(
 /// The step records of the previous run, gone with a fresh run (its history keeps them).
 pub(crate) const CLEAR_STEPS: &str = "DELETE FROM order_steps WHERE order_id = $1";
 
+/// An operator moves an order whose state (`$2`) and epoch (`$4`) were just read:
+/// to `$5`, at `$3`, marked to end as `$6` once its steps are undone (NULL: not). Sent
+/// back to Pending, it starts a new run: no failures counted and no last error (the
+/// earlier run's error stays in its history). Zero rows means it changed meanwhile.
 pub(crate) const OPERATOR_MOVE: &str = concat!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
      finish_as = $6, \
      failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
      next_attempt_at = CASE WHEN $5 = 'Pending' THEN $3 ELSE next_attempt_at END, \
+     last_error = CASE WHEN $5 = 'Pending' THEN NULL ELSE last_error END, \
      updated_at = $3 \
      WHERE order_id = $1 AND process_state = $2 AND lock_epoch = $4 RETURNING ",
     state_columns!()
@@ -161,6 +163,16 @@ pub(crate) const COUNT_BY_STATE: &str =
     "SELECT process_state, count(*) AS n FROM order_state GROUP BY process_state";
 
 /// Live orders by workflow, version and state.
+/// Stores a workflow version's definition unless it is stored: `$1` name, `$2` version,
+/// `$3` definition, `$4` now, `$5` who.
+pub(crate) const RECORD_WORKFLOW: &str = "INSERT INTO workflow_definitions \
+    (name, version, definition, first_seen_at, first_seen_by) VALUES ($1, $2, $3, $4, $5) \
+    ON CONFLICT (name, version) DO NOTHING";
+
+/// Every stored workflow version, oldest first per name.
+pub(crate) const STORED_WORKFLOWS: &str = "SELECT name, version, definition, first_seen_at, \
+    first_seen_by FROM workflow_definitions ORDER BY name, first_seen_at, version";
+
 pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "SELECT workflow, workflow_version, process_state, \
     count(*) AS n FROM order_state WHERE process_state IN ('Pending', 'Processing') \
     GROUP BY workflow, workflow_version, process_state \

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use orderly_core::conditions::{
     Condition, ConditionKind, ConditionNotice, ConditionStore, SystemAlert, dead_letters_grew,
-    pending_too_old,
+    pending_too_old, workflows_missing,
 };
 use orderly_core::leader::LeaderStatus;
 use orderly_core::messages::json_message;
@@ -132,6 +132,21 @@ impl Supervisor {
             }
         }
         watch.dead = Some(counts);
+        // Orders no scheduler can run: an alert per workflow version, resolved once it is
+        // stored (or its orders are gone).
+        let (live, stored) = store.workflow_catalogue().await?;
+        let missing = workflows_missing(&live, &stored);
+        for c in &missing {
+            self.raise(store, c).await?;
+        }
+        for open in store.system_alerts(true, 500).await? {
+            if open.kind == ConditionKind::WorkflowMissing
+                && !missing.iter().any(|c| c.subject == open.subject)
+            {
+                self.resolve(store, ConditionKind::WorkflowMissing, &open.subject)
+                    .await?;
+            }
+        }
         Ok(())
     }
 

@@ -24,6 +24,11 @@ struct Args {
     /// At this failure count an order goes to Error.
     #[arg(long, env = "ORDERLY_MAX_FAILURES", default_value_t = 5)]
     max_failures: i32,
+    /// An order whose undoing times out is sent round to undo again, with back-off, up
+    /// to this many more failures past --max-failures, before it ends in Error as
+    /// needing manual repair (with the back-off cap, 30 is about two hours).
+    #[arg(long, env = "ORDERLY_MAX_UNDO_FAILURES", default_value_t = 30)]
+    max_undo_failures: i32,
     /// Back-off after the first failure, in ms; doubles with each further one.
     #[arg(long, env = "ORDERLY_BACKOFF_BASE_MS", default_value = "1000", value_parser = orderly_runtime::millis)]
     backoff_base_ms: Duration,
@@ -118,11 +123,12 @@ async fn run() -> anyhow::Result<()> {
     cfg.tidy_every = args.vacuum_every.0;
     cfg.pending_alert_after = args.alert_pending_after.0;
     cfg.policy.max_failures = args.max_failures;
+    cfg.policy.max_undo_failures = args.max_undo_failures;
     cfg.policy.backoff_base = args.backoff_base_ms;
     cfg.policy.backoff_max = args.backoff_max_ms;
     cfg.policy
         .validate()
-        .context("invalid recovery settings (--max-failures, --backoff-*)")?;
+        .context("invalid recovery settings (--max-failures, --max-undo-failures, --backoff-*)")?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-supervisor")? {
         return Ok(());

@@ -172,6 +172,7 @@ pub(crate) fn policy(max_failures: i32, base_secs: u64) -> RecoveryPolicy {
         max_failures,
         backoff_base: Duration::from_secs(base_secs),
         backoff_max: Duration::from_secs(base_secs * 100),
+        max_undo_failures: 0,
     }
 }
 

@@ -834,8 +834,9 @@ pub async fn a_retry_after_compensation_is_a_fresh_run_under_the_next_generation
 
 /// At the failure threshold an order with steps that may have taken effect is not left
 /// in Error with them in effect: it goes back to Pending at once to have them undone
-/// (then ends in Error); one with none ends in Error at once; and one whose undoing
-/// itself times out past the threshold ends in Error marked as needing manual repair.
+/// (then ends in Error); one with none ends in Error at once; one whose undoing itself
+/// times out goes round again to undo within the undo budget, and past it ends in Error
+/// marked as needing manual repair.
 pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
     let store = ctx.store().await;
     submit_n(&*store, 2).await;
@@ -886,9 +887,54 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
     let undo = claim_one(&*store, &a, Duration::from_secs(1)).await;
     assert_eq!(undo.fence.order_id, touched.fence.order_id);
     assert_eq!(undo.finish_as, Some(ProcessState::Error));
-    // The undoing expires too: Error, needing repair by hand, with one alert.
+    // The undoing expires too: within the undo budget it goes round again to be undone
+    // (a transient hang must not leave an effect in force), after the back-off.
+    let undo_budget = orderly_core::store::RecoveryPolicy {
+        max_undo_failures: 2,
+        ..once.clone()
+    };
     ctx.clock.advance(Duration::from_secs(2));
-    let again = store.recover_expired(&leader, &once, 10).await.unwrap();
+    let again = store
+        .recover_expired(&leader, &undo_budget, 10)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            again[..],
+            [orderly_core::store::Recovered::Retried {
+                failure_count: 2,
+                ..
+            }]
+        ),
+        "{again:?}"
+    );
+    let r = row(&*store, &touched.fence.order_id).await;
+    assert_eq!(
+        (r.process_state, r.finish_as, r.failure_count),
+        (ProcessState::Pending, Some(ProcessState::Error), 2)
+    );
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("undoing")
+            && r.last_error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("failure 2 of 3"),
+        "{:?}",
+        r.last_error
+    );
+    ctx.clock.advance(Duration::from_secs(3));
+    let undo = claim_one(&*store, &a, Duration::from_secs(1)).await;
+    assert_eq!(undo.fence.order_id, touched.fence.order_id);
+    assert_eq!(undo.finish_as, Some(ProcessState::Error));
+    // Past the undo budget: Error, needing repair by hand, with one alert.
+    ctx.clock.advance(Duration::from_secs(2));
+    let again = store
+        .recover_expired(&leader, &undo_budget, 10)
+        .await
+        .unwrap();
     assert!(
         matches!(again[..], [orderly_core::store::Recovered::GaveUp { .. }]),
         "{again:?}"

@@ -60,6 +60,20 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
         Ok(minutes) => super::charts::render(&minutes),
         Err(e) => return failed(e),
     };
+    // Orders no scheduler can run never wait silently: a banner above everything.
+    if let Ok(open) = store.system_alerts(true, 20).await {
+        for a in open
+            .iter()
+            .filter(|a| a.kind == orderly_core::conditions::ConditionKind::WorkflowMissing)
+        {
+            let _ = write!(
+                body,
+                "<div class=card id=workflow-missing><p class=bad><b>Orders wait for workflow {}</b>: {}</p></div>",
+                esc(&a.subject),
+                esc(&a.detail)
+            );
+        }
+    }
     let _ = write!(body, "<div id=charts>{charts}</div>");
     body.push_str("<div class=grid>");
     let leader = match leader_panel(&dash).await {

@@ -1,8 +1,9 @@
-//! Workflows are versioned and pinned: a rolling deployment changes the workflow while
-//! orders are in flight, with the real binaries as separate processes, and every
-//! order finishes on the version it started with. A scheduler leaves alone the orders
-//! of versions it has not loaded (and says so); several workflows run side by side,
-//! chosen by the order message.
+//! Workflows are versioned, pinned and stored: a rolling deployment changes the
+//! workflow while orders are in flight, with the real binaries as separate processes,
+//! and every order finishes on the version it started with, run by whichever
+//! scheduler claims it (the version's definition comes from the store). An order of a
+//! workflow nobody stored waits, with an alert that says how to store it; several
+//! workflows run side by side, chosen by the order message.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -191,8 +192,9 @@ async fn rolling_workflow_change(dialect: Dialect) {
     )
     .await;
 
-    // The roll, done carelessly first: B runs v2 only, and A stops (handing its orders
-    // back at once). A's orders are pinned to v1: B must leave them alone.
+    // The roll, as a deployer does it: B runs v2 only, and A stops (handing its orders
+    // back at once). A's orders are pinned to v1, which A stored when it started: B has
+    // no file for v1 and runs them on v1 from the store; new orders start on v2.
     let b = scheduler(&db.url, "scheduler-b", &v2_path);
     a.signal("TERM");
     assert!(a.wait(Duration::from_secs(30)).success());
@@ -203,50 +205,80 @@ async fn rolling_workflow_change(dialect: Dialect) {
             .unwrap(),
     );
     wait_for(
-        "B to finish the v2 orders",
-        Duration::from_secs(90),
+        "B to finish every order, v1 and v2",
+        Duration::from_secs(120),
+        async || count(store.as_ref(), ProcessState::Processed).await == first.len() + second.len(),
+    )
+    .await;
+    let mut v1_by_b = 0;
+    for o in &first {
+        v1_by_b += usize::from(claimed_by(store.as_ref(), &o.order_id, "scheduler-b").await);
+    }
+    assert!(
+        v1_by_b > 0,
+        "the roll happened with v1 orders in flight, and B ran them"
+    );
+
+    // The gift order: no scheduler has a file for gift and no version of it is stored,
+    // so it waits; the leading supervisor raises an alert naming it and saying how to
+    // resolve it, and B's log says why.
+    assert_eq!(
+        store.get(&gift_id).await.unwrap().state.process_state,
+        ProcessState::Pending,
+        "nobody runs gift yet"
+    );
+    wait_for(
+        "the alert about gift",
+        Duration::from_secs(30),
         async || {
-            let mut done = 0;
-            for o in &second {
-                done += usize::from(
-                    store
-                        .get(&o.order_id)
-                        .await
-                        .is_ok_and(|v| v.state.process_state == ProcessState::Processed),
-                );
-            }
-            done == second.len()
+            store
+                .system_alerts(true, 50)
+                .await
+                .unwrap()
+                .iter()
+                .any(|al| {
+                    al.kind == orderly_core::conditions::ConditionKind::WorkflowMissing
+                        && al.subject == "gift"
+                        && al.detail.contains("orderly migrate --workflow")
+                })
         },
     )
     .await;
-    let mut stranded = Vec::new();
-    for o in &first {
-        let s = store.get(&o.order_id).await.unwrap().state;
-        if s.process_state != ProcessState::Processed {
-            stranded.push(o.order_id.clone());
-        }
-    }
-    assert!(
-        !stranded.is_empty(),
-        "the roll happened with v1 orders in flight"
-    );
-    // B says why, in its log, after claim passes that left them alone: its report
-    // counts exactly these orders waiting for v1.
-    let said = format!("workflow={} orders={}", v1.reference(), stranded.len());
     wait_for("B to say why", Duration::from_secs(20), async || {
-        plain(&b.output()).contains(&said)
+        plain(&b.output()).contains("workflow=gift orders=1")
     })
     .await;
-    for id in &stranded {
-        let s = store.get(id).await.unwrap().state;
-        assert_eq!(s.process_state, ProcessState::Pending, "order {id}");
-        assert_eq!(s.workflow_version.as_deref(), Some(v1.version().as_str()));
-        assert!(
-            !claimed_by(store.as_ref(), id, "scheduler-b").await,
-            "B runs v2 only and took v1 order {id}"
-        );
-    }
-    // And to an operator asking.
+
+    // The operator stores gift; B takes it on at its next look and runs the order on
+    // it; the alert resolves.
+    let out = std::process::Command::new(bin("orderly"))
+        .args(["migrate", "--workflow", &gift_path])
+        .env("ORDERLY_DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&gift.reference().to_string()), "{text}");
+    wait_for(
+        "B to finish the gift order",
+        Duration::from_secs(60),
+        async || store.get(&gift_id).await.unwrap().state.process_state == ProcessState::Processed,
+    )
+    .await;
+    wait_for(
+        "the alert to resolve",
+        Duration::from_secs(30),
+        async || {
+            !store
+                .system_alerts(true, 50)
+                .await
+                .unwrap()
+                .iter()
+                .any(|al| al.kind == orderly_core::conditions::ConditionKind::WorkflowMissing)
+        },
+    )
+    .await;
+    // And the operator sees every version stored, with who stored it first.
     let out = std::process::Command::new(bin("orderly"))
         .args(["workflows"])
         .env("ORDERLY_DATABASE_URL", &db.url)
@@ -254,41 +286,18 @@ async fn rolling_workflow_change(dialect: Dialect) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(
-        text.lines().any(|l| l.contains(&v1.reference().to_string())
-            && l.contains("Pending")
-            && l.contains(&stranded.len().to_string())),
-        "{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.contains("gift (not started)") && l.contains("Pending")),
-        "{text}"
-    );
-
-    // The roll done right: C runs v2 and still carries v1 on.
-    let _c = scheduler(&db.url, "scheduler-c", &format!("{v2_path},{v1_path}"));
-    wait_for(
-        "C to finish the v1 orders on v1",
-        Duration::from_secs(90),
-        async || count(store.as_ref(), ProcessState::Processed).await == first.len() + second.len(),
-    )
-    .await;
-    let gift_row = store.get(&gift_id).await.unwrap().state;
-    assert_eq!(
-        gift_row.process_state,
-        ProcessState::Pending,
-        "nobody runs gift yet"
-    );
-
-    // Another workflow side by side, chosen by the order message.
-    let _d = scheduler(&db.url, "scheduler-d", &gift_path);
-    wait_for(
-        "D to finish the gift order",
-        Duration::from_secs(60),
-        async || store.get(&gift_id).await.unwrap().state.process_state == ProcessState::Processed,
-    )
-    .await;
+    for (w, by) in [
+        (&v1, "scheduler-a"),
+        (&v2, "scheduler-b"),
+        (&gift, "operator:orderly-migrate"),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&w.reference().to_string()) && l.contains(by)),
+            "{} stored by {by}:\n{text}",
+            w.reference()
+        );
+    }
 
     // Every order ran the version it was pinned to, each step in effect once: the
     // invariants checked against each order's own version.
@@ -321,9 +330,127 @@ async fn rolling_workflow_change(dialect: Dialect) {
     }
     let g = store.get(&gift_id).await.unwrap().state;
     assert_eq!(g.workflow_label(), gift.reference().to_string());
-    assert!(claimed_by(store.as_ref(), &gift_id, "scheduler-d").await);
+    assert!(claimed_by(store.as_ref(), &gift_id, "scheduler-b").await);
     let mut got = actions.remove(gift_id.as_str()).unwrap_or_default();
     got.sort_unstable();
     assert_eq!(got, expect(&gift));
     drop(b);
+}
+
+both!(
+    the_demo_its_retried_errors_and_orderly_up_on_the_same_store_strand_no_order,
+    demo_retry_up
+);
+/// The operator's journey that once stranded orders: `orderly demo` (faults on) leaves
+/// orders in Error; the operator retries them all and starts `orderly up` on the same
+/// store. The retried orders are pinned to the demo's workflow (shortened timeouts),
+/// which `up` has no file for: it runs them from the store, on the version they are
+/// pinned to, and every one ends Processed; none is left Pending.
+async fn demo_retry_up(dialect: Dialect) {
+    let db = Db::new(dialect).await;
+    let orderly = |args: &[&str]| {
+        let out = std::process::Command::new(bin("orderly"))
+            .args(args)
+            .env("ORDERLY_DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = orderly(&["demo", "--orders", "150", "--store", &db.url]);
+    assert!(ok, "the demo's invariants hold:\n{out}\n{err}");
+    let backend = db.backend().await;
+    let store = backend.store.clone();
+    let failed: Vec<OrderId> = store
+        .list(&orderly_core::store::OrderFilter {
+            state: Some(ProcessState::Error),
+            limit: orderly_core::store::MAX_BATCH,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .orders
+        .into_iter()
+        .map(|s| s.order_id)
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "faults on leave some orders in Error:\n{out}"
+    );
+    let pinned = store.get(&failed[0]).await.unwrap().state.workflow_label();
+    assert_ne!(
+        pinned,
+        Workflow::default().reference().to_string(),
+        "the demo runs a workflow of its own"
+    );
+    let (ok, out, err) = orderly(&[
+        "resubmit",
+        "--all",
+        "--state",
+        "Error",
+        "--yes",
+        "--reason",
+        "retry after the demo",
+    ]);
+    assert!(ok, "{out}{err}");
+
+    let port = free_port();
+    let mut up = Proc::start(
+        "orderly",
+        &db.url,
+        &["up", "--dashboard", &format!("127.0.0.1:{port}")],
+    );
+    wait_for(
+        "every retried order to finish",
+        Duration::from_secs(120),
+        async || {
+            let mut done = true;
+            for id in &failed {
+                let s = store.get(id).await.unwrap().state.process_state;
+                done &= matches!(s, ProcessState::Processed | ProcessState::Error);
+            }
+            done
+        },
+    )
+    .await;
+    for id in &failed {
+        let view = store.get(id).await.unwrap();
+        assert_eq!(
+            view.state.process_state,
+            ProcessState::Processed,
+            "order {id} (faults are off in up): {:?}",
+            view.state.last_error
+        );
+        assert_eq!(
+            view.state.workflow_label(),
+            pinned,
+            "order {id} kept its version"
+        );
+        assert_eq!(
+            view.state.last_error, None,
+            "order {id}: the error of the run before is history"
+        );
+    }
+    let (ok, out, _) = orderly(&["counts"]);
+    assert!(ok);
+    for state in ["Pending", "Processing"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == [state, "0"]),
+            "{out}"
+        );
+    }
+    // The operator sees the demo's version as stored, by the demo's scheduler.
+    let (ok, out, _) = orderly(&["workflows"]);
+    assert!(ok);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&pinned) && l.contains("scheduler")),
+        "{out}"
+    );
+    up.signal("TERM");
+    assert!(up.wait(Duration::from_secs(30)).success());
 }

@@ -131,6 +131,19 @@ impl<D: Driver> ConditionStore for SqlStore<D> {
         Ok((oldest, now))
     }
 
+    async fn workflow_catalogue(
+        &self,
+    ) -> Result<(
+        Vec<orderly_core::store::WorkflowCount>,
+        Vec<orderly_core::store::StoredWorkflow>,
+    )> {
+        use orderly_core::store::SchedulerStore;
+        Ok((
+            self.workflows_in_flight().await?,
+            self.stored_workflows().await?,
+        ))
+    }
+
     async fn dead_letter_counts(&self) -> Result<Vec<(String, i64)>> {
         let mut conn = self.driver.acquire().await?;
         q("SELECT queue, count(*) AS n FROM queue_dead_letters GROUP BY queue ORDER BY queue")

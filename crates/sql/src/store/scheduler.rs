@@ -391,6 +391,50 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
             .collect()
     }
 
+    async fn record_workflows(
+        &self,
+        workflows: &[std::sync::Arc<orderly_core::workflow::Workflow>],
+        by: &str,
+    ) -> Result<usize> {
+        let mut conn = self.driver.acquire().await?;
+        let now = self.driver.now(&mut conn).await?;
+        let mut added = 0;
+        for w in workflows {
+            added += q(st::RECORD_WORKFLOW)
+                .bind(w.name.clone())
+                .bind(w.version())
+                .bind(w.to_stored())
+                .bind(Ts(now))
+                .bind(by.to_owned())
+                .execute::<D>(&mut conn)
+                .await
+                .map_err(db)?;
+        }
+        Ok(usize::try_from(added).unwrap_or(usize::MAX))
+    }
+
+    async fn stored_workflows(&self) -> Result<Vec<orderly_core::store::StoredWorkflow>> {
+        let mut conn = self.driver.acquire().await?;
+        let rows = q(st::STORED_WORKFLOWS)
+            .fetch_all::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok(orderly_core::store::StoredWorkflow {
+                    reference: orderly_core::workflow::WorkflowRef {
+                        name: c.get("name")?,
+                        version: c.get("version")?,
+                    },
+                    definition: c.get("definition")?,
+                    first_seen_at: c.ts("first_seen_at")?,
+                    first_seen_by: c.get("first_seen_by")?,
+                })
+            })
+            .collect()
+    }
+
     async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
         let mut conn = self.driver.acquire().await?;
         let row = q(st::COUNT_OWNED)
