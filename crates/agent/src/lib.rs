@@ -82,6 +82,9 @@ pub enum Handled {
     Replied(StepOutcome),
     /// The deadline passed (or the tries ran out) first: nothing was sent.
     Silent(String),
+    /// The request is not one a scheduler sends (see `StepRequest::check`): it was
+    /// dead-lettered with why, and the remote service was not called.
+    Refused(String),
     /// The service is down (this agent's circuit is open, or the fleet sees it down):
     /// not called. With the fleet's view, a `Deferred` reply parks the order until the
     /// service is back; without it, the request is given back to its queue untried
@@ -385,6 +388,14 @@ impl Agent {
         // One trace per order: this step continues the scheduler's span that sent it.
         orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
+            if let Err(e) = req.check() {
+                let why = format!("invalid step request: {e}");
+                warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered");
+                if let Err(e) = self.transport.dead_letter(&msg, "InvalidRequest", &why).await {
+                    warn!(error = %e, "could not dead-letter the invalid request; it comes back");
+                }
+                return Handled::Refused(why);
+            }
             let started = std::time::Instant::now();
             // A request delivered before may have been called by an agent that died.
             let work = self.work(&req, &msg.queue, msg.delivery_count > 1);
@@ -431,6 +442,7 @@ impl Agent {
                     "deferred"
                 }
                 Handled::Silent(_) => "silent",
+                Handled::Refused(_) => "refused",
             };
             metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => result)
                 .record(started.elapsed().as_secs_f64());
@@ -526,10 +538,20 @@ impl Agent {
         redelivered: bool,
     ) -> (Handled, u32) {
         let started = self.clock.now();
-        let budget =
-            chrono::Duration::milliseconds(i64::try_from(req.timeout_ms).unwrap_or(i64::MAX));
+        // Checked (`StepRequest::check`) to be at most 24 h; bounded here all the same.
+        let budget = chrono::Duration::milliseconds(
+            i64::try_from(
+                req.timeout_ms
+                    .min(orderly_core::workflow::MAX_STEP_TIMEOUT_MS),
+            )
+            .unwrap_or(i64::MAX),
+        );
         let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
-        let stop_at = (req.complete_by - margin).min(started + budget);
+        let stop_at = (req.complete_by - margin).min(
+            started
+                .checked_add_signed(budget)
+                .unwrap_or(DateTime::<Utc>::MAX_UTC),
+        );
         // The queue is the remote service (inventory, payment, ...): one breaker each.
         let service = queue.as_str();
         let breaker = self.breaker(service);

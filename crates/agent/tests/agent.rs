@@ -839,3 +839,44 @@ async fn a_service_left_out_of_backpressure_keeps_its_breaker_to_itself() {
     assert!(health(&rig).await.is_none(), "nothing reported");
     assert!(replies(&rig).await.is_empty(), "given back, not answered");
 }
+
+/// A request no scheduler sends is dead-lettered with why, and the remote service is
+/// never called: an action that would change the remote URL, a budget that would
+/// overflow the clock (it panicked the agent before), a key with control characters.
+#[tokio::test]
+async fn a_forged_request_is_dead_lettered_and_the_service_never_called() {
+    let rig = rig().await;
+    let remote = Scripted::new(vec![Ok("should not be called".into()); 3]);
+    let a = agent(&rig, remote.clone(), BreakerConfig::default());
+    let mut bad_action = request(&rig, "o-f1", Duration::from_secs(10), 3);
+    bad_action.action = "../admin?drop=all".into();
+    let mut huge_budget = request(&rig, "o-f2", Duration::from_secs(10), 3);
+    huge_budget.timeout_ms = u64::MAX;
+    let mut bad_key = request(&rig, "o-f3", Duration::from_secs(10), 3);
+    bad_key.idempotency_key = "k\r\nX-Injected: 1".into();
+    for (req, field) in [
+        (bad_action, "action"),
+        (huge_budget, "timeout_ms"),
+        (bad_key, "idempotency_key"),
+    ] {
+        match handle(&rig, &a, req).await {
+            Handled::Refused(why) => assert!(why.contains(field), "{why}"),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        remote.calls(),
+        Vec::<String>::new(),
+        "the service was called"
+    );
+    assert!(
+        replies(&rig).await.is_empty(),
+        "no reply to a forged request"
+    );
+    let dead = rig.transport.dead_letters(&rig.work, 10).await.unwrap();
+    assert_eq!(dead.len(), 3);
+    assert!(
+        dead.iter().all(|d| d.reason == "InvalidRequest"),
+        "{dead:?}"
+    );
+}

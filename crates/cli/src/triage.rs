@@ -36,9 +36,13 @@ impl Filter {
             state: self.state,
             error_contains: self.error.clone(),
             current_step: self.step,
+            // Further back than the calendar goes: no order is that old.
             created_before: self.older_than.map(|s| {
-                chrono::Utc::now()
-                    - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 2))
+                i64::try_from(s)
+                    .ok()
+                    .and_then(chrono::Duration::try_seconds)
+                    .and_then(|span| chrono::Utc::now().checked_sub_signed(span))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC)
             }),
             waiting_for: self.waiting_for.clone(),
             limit,

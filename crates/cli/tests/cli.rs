@@ -1207,3 +1207,56 @@ fn start_up_errors_are_json_lines_when_logs_are_json() {
     assert_eq!(json_lines(&out).last().unwrap()["level"], "ERROR");
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
+
+/// Filters far beyond the calendar are refused or read as "everything", never a
+/// panic: the dashboard's `older` (minutes) shows the form again naming the field and
+/// keeps serving; `orderly list --older-than` with the largest number lists nothing
+/// (no order is that old), without failing.
+#[test]
+fn huge_age_filters_are_refused_or_mean_everything_never_a_panic() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let out = db.orderly(&["submit", "--sample", "2", "--operator", "test"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut dash, port) = start_dashboard(&url, "127.0.0.1", None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let base = format!("http://127.0.0.1:{port}");
+        for older in ["1000000000000", "99999999999999999999", "-5"] {
+            let r = procs::get(format!("{base}/orders?older={older}"))
+                .await
+                .unwrap();
+            // The form again, with what is wrong (the connection is not dropped).
+            assert_eq!(r.status(), 200, "older={older}");
+            let page = r.text().await.unwrap();
+            assert!(
+                page.contains("older than: a number of minutes"),
+                "older={older}: {page}"
+            );
+        }
+        let r = procs::get(format!("{base}/orders?older=0")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let r = procs::get(format!("{base}/healthz")).await.unwrap();
+        assert_eq!(r.status(), 200, "still serving");
+    });
+    let _ = dash.kill();
+    let _ = dash.wait();
+    let out = db.orderly(&["list", "--older-than", &u64::MAX.to_string(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout(&out).lines().count(),
+        0,
+        "nothing is that old: {}",
+        stdout(&out)
+    );
+    let out = db.orderly(&["list", "--older-than", "0", "--json"]);
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+}

@@ -170,6 +170,36 @@ fn is_first_run(generation: &i32) -> bool {
 }
 
 impl StepRequest {
+    /// Refuses a request no scheduler sends, before anything of it is used: step and
+    /// action names outside the workflow names' characters (the action goes into the
+    /// remote service's URL), a budget outside 10 ms to 24 h (a huge one would
+    /// overflow the agent's clock), a retry policy or status probe a workflow would not
+    /// pass, an idempotency key that is empty, over 400 bytes or has control characters.
+    pub fn check(&self) -> Result<(), crate::error::ValidationError> {
+        use crate::error::ValidationError;
+        use crate::workflow::{MAX_STEP_TIMEOUT_MS, MIN_STEP_TIMEOUT_MS, check_step_name};
+        check_step_name("step", &self.step)?;
+        check_step_name("action", &self.action)?;
+        if !(MIN_STEP_TIMEOUT_MS..=MAX_STEP_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(ValidationError::new("timeout_ms", "must be 10 ms to 24 h"));
+        }
+        self.retry.validate("retry")?;
+        if let Some(probe) = &self.probe {
+            probe.validate("probe")?;
+        }
+        for (field, key) in std::iter::once(("idempotency_key", &self.idempotency_key))
+            .chain(self.compensates.iter().map(|k| ("compensates", k)))
+        {
+            if key.is_empty() || key.len() > 400 || key.chars().any(char::is_control) {
+                return Err(ValidationError::new(
+                    field,
+                    "must be 1 to 400 bytes without control characters",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The message id: one per action, order and ownership term.
     pub fn message_id(&self) -> String {
         format!(

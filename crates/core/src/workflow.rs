@@ -164,7 +164,8 @@ impl StatusProbe {
             .replace("{action}", &encode(action))
     }
 
-    fn validate(&self, field: &str) -> Result<(), ValidationError> {
+    /// Refuses a probe that cannot work; the error names the field.
+    pub fn validate(&self, field: &str) -> Result<(), ValidationError> {
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return Err(ValidationError::new(
                 format!("{field}.url"),
@@ -287,19 +288,7 @@ impl Workflow {
             for (what, name) in std::iter::once(("name", &s.name))
                 .chain(s.compensation.iter().map(|c| ("compensation", c)))
             {
-                if name.is_empty()
-                    || name.len() > MAX_STEP_NAME_LEN
-                    || !name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                {
-                    return Err(ValidationError::new(
-                        format!("{field}.{what}"),
-                        format!(
-                            "must be 1 to {MAX_STEP_NAME_LEN} letters, digits, - or _ (got {name:?})"
-                        ),
-                    ));
-                }
+                check_step_name(&format!("{field}.{what}"), name)?;
                 if !names.insert(name.clone()) {
                     return Err(ValidationError::new(
                         format!("{field}.{what}"),
@@ -307,7 +296,7 @@ impl Workflow {
                     ));
                 }
             }
-            if s.timeout_ms < 10 || s.timeout_ms > 24 * 3600 * 1000 {
+            if !(MIN_STEP_TIMEOUT_MS..=MAX_STEP_TIMEOUT_MS).contains(&s.timeout_ms) {
                 return Err(ValidationError::new(
                     format!("{field}.timeout_ms"),
                     "must be 10 ms to 24 h",
@@ -422,6 +411,29 @@ impl Workflow {
             version: self.version(),
         }
     }
+}
+
+/// A step's budget: at least this, in ms.
+pub const MIN_STEP_TIMEOUT_MS: u64 = 10;
+/// A step's budget: at most this (24 h), in ms.
+pub const MAX_STEP_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+/// Checks a step or action name (in a workflow file or a step request): 1 to 40
+/// letters, digits, `-` or `_`. Action names go into the remote service's URL, so
+/// nothing else may pass.
+pub fn check_step_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    if name.is_empty()
+        || name.len() > MAX_STEP_NAME_LEN
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(ValidationError::new(
+            field,
+            format!("must be 1 to {MAX_STEP_NAME_LEN} letters, digits, - or _ (got {name:?})"),
+        ));
+    }
+    Ok(())
 }
 
 /// Longest workflow name accepted.

@@ -44,10 +44,14 @@ impl OrdersQuery {
             .transpose()
             .map_err(|_| "step: a number (0 is the first step)".to_owned())?;
         let created_before = filled(&self.older)
-            .map(|s| s.parse::<i64>())
-            .transpose()
-            .map_err(|_| "older than: a number of minutes".to_owned())?
-            .map(|m| chrono::Utc::now() - chrono::Duration::minutes(m));
+            .map(|s| {
+                s.parse::<u32>()
+                    .ok()
+                    .and_then(|m| chrono::Duration::try_minutes(i64::from(m)))
+                    .and_then(|span| chrono::Utc::now().checked_sub_signed(span))
+                    .ok_or_else(|| "older than: a number of minutes".to_owned())
+            })
+            .transpose()?;
         let after = filled(&self.after)
             .map(|a| {
                 let (t, id) = a.split_once('|').ok_or("bad page cursor")?;
