@@ -535,6 +535,11 @@ pub struct Tidy {
     /// Each hot table and the statement that vacuums it, skipping it if another
     /// vacuum holds it.
     pub vacuum: &'static [(&'static str, &'static str)],
+    /// Run on the connection before the vacuums (lifts the session's statement
+    /// timeout: a vacuum of a large table may rightly take longer) and after them.
+    pub unbounded: &'static str,
+    /// Run after the vacuums, whatever they did: the session's limits again.
+    pub bounded: &'static str,
 }
 
 /// How a dialect's queue locks messages for a receive. A message is visible when its

@@ -404,3 +404,80 @@ async fn readiness_reads_no_table_even_on_a_large_store() {
     tx.rollback().await.unwrap();
     pool.close().await;
 }
+
+/// Every PostgreSQL session orderly opens is bounded (lock wait 30 s, idle in a
+/// transaction 60 s, a statement 5 min) unless the URL says otherwise; and bounded, a
+/// row held by a wedged session fails the operator's call after the lock timeout
+/// instead of hanging it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_are_bounded_so_a_wedged_lock_holder_hangs_nothing() {
+    use sqlx::Connection as _;
+    let (db, _backend) = Db::with_queues(Dialect::Postgres, Duration::from_secs(5)).await;
+    let show = async |url: &str| -> Vec<String> {
+        let options = orderly_sql::postgres::options(url).unwrap();
+        let mut conn = sqlx::PgConnection::connect_with(&options).await.unwrap();
+        let mut out = Vec::new();
+        for setting in [
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+            "statement_timeout",
+        ] {
+            let v: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            out.push(v);
+        }
+        out
+    };
+    assert_eq!(show(&db.url).await, ["30s", "1min", "5min"]);
+    // The URL wins (it already carries options: the test's search_path).
+    assert!(db.url.contains("options="), "{}", db.url);
+    let short = format!("{}%20-c%20lock_timeout%3D1s", db.url);
+    assert_eq!(show(&short).await, ["1s", "1min", "5min"]);
+
+    let store = orderly_sql::connect(&short, orderly_core::TimeSource::Database)
+        .await
+        .unwrap()
+        .store;
+    let order = orderly_testkit::builders::order(1);
+    store
+        .submit(&order, &orderly_testkit::builders::submitter(), &[])
+        .await
+        .unwrap();
+    // A session that took the order's row and went quiet.
+    let options = orderly_sql::postgres::options(&db.url).unwrap();
+    let mut wedged = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    let mut tx = wedged.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM order_state WHERE order_id = $1 FOR UPDATE")
+        .bind(order.order_id.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let cancel = store
+        .request_cancel(
+            &order.order_id,
+            &orderly_core::Actor::operator("test"),
+            "cancel while another session holds the row",
+            &[],
+        )
+        .await;
+    assert!(cancel.is_err(), "{cancel:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "it waited {:?}",
+        started.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    // Released, the same call goes through.
+    store
+        .request_cancel(
+            &order.order_id,
+            &orderly_core::Actor::operator("test"),
+            "cancel once the row is free",
+            &[],
+        )
+        .await
+        .unwrap();
+}

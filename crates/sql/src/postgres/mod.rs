@@ -87,8 +87,19 @@ where
 /// against the platform's roots plus `sslrootcert`, or else the CA bundle
 /// `ORDERLY_CA_FILE` names. Errors name the setting, never echo the URL.
 pub fn options(url: &str) -> Result<PgConnectOptions> {
-    let options = PgConnectOptions::from_str(url)
+    let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    // Every session is bounded, so that a wedged one never hangs a role: unless the URL
+    // (`?options=-c%20lock_timeout%3D...`) or PGOPTIONS sets them.
+    let given = format!("{url} {}", std::env::var("PGOPTIONS").unwrap_or_default());
+    let limits: Vec<(&str, &str)> = SESSION_LIMITS
+        .iter()
+        .filter(|(name, _)| !given.contains(name))
+        .copied()
+        .collect();
+    if !limits.is_empty() {
+        options = options.options(limits);
+    }
     let names_root = url.contains("sslrootcert=") || std::env::var_os("PGSSLROOTCERT").is_some();
     if names_root {
         return Ok(options);
@@ -100,6 +111,17 @@ pub fn options(url: &str) -> Result<PgConnectOptions> {
         None => options,
     })
 }
+
+/// The limits of every session orderly opens, unless the URL or PGOPTIONS sets them: a
+/// lock is waited for at most 30 s (a row held by a wedged session fails the statement,
+/// which is retried, instead of hanging it), a session idle inside a transaction is
+/// ended after 60 s (its locks go with it), and a statement runs at most 5 min (the
+/// leader's vacuums lift this for themselves).
+pub const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("lock_timeout", "30s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+    ("statement_timeout", "5min"),
+];
 
 impl SqlStore<PgDriver> {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.

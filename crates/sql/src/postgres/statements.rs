@@ -31,6 +31,8 @@ pub(crate) const SQL: Statements = Statements {
         dead_rows: DEAD_ROWS,
         horizon: HORIZON,
         vacuum: &VACUUM,
+        unbounded: "SET statement_timeout = 0",
+        bounded: "RESET statement_timeout",
     }),
 };
 

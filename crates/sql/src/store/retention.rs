@@ -259,6 +259,21 @@ impl<D: Driver> SqlStore<D> {
             .map_err(db)?
             .map(|r| Cols(&r).get::<String>("horizon"))
             .transpose()?;
+        D::run_script(&mut conn, tidy.unbounded).await.map_err(db)?;
+        let vacuumed = self.vacuum_due(&mut conn, &tidy, due, horizon).await;
+        // The session's statement timeout again, whatever the vacuums did (a
+        // connection that cannot take it is broken, and its statements fail).
+        D::run_script(&mut conn, tidy.bounded).await.map_err(db)?;
+        vacuumed
+    }
+
+    async fn vacuum_due(
+        &self,
+        conn: &mut D::Conn,
+        tidy: &crate::driver::Tidy,
+        due: Vec<(String, u64, u64)>,
+        horizon: Option<String>,
+    ) -> Result<Vec<Vacuumed>> {
         let mut vacuumed = Vec::new();
         for (table, dead_rows, _) in due {
             let Some((_, vacuum)) = tidy.vacuum.iter().find(|(t, _)| *t == table) else {
@@ -269,7 +284,7 @@ impl<D: Driver> SqlStore<D> {
             {
                 continue;
             }
-            D::run_script(&mut conn, vacuum).await.map_err(db)?;
+            D::run_script(conn, vacuum).await.map_err(db)?;
             if let Some(horizon) = &horizon {
                 self.lock_vacuumed_under()
                     .insert(table.clone(), (horizon.clone(), false));
