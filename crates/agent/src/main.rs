@@ -25,18 +25,21 @@ struct Args {
         default_value = "agent.inventory,agent.payment,agent.shipping"
     )]
     queues: Vec<String>,
-    /// Base URL of the remote services; an action is POSTed to BASE/ACTION.
+    /// Base URL of the remote services; an action is POSTed to BASE/ACTION. It may carry
+    /// a key (`?code=...`): its value is never shown in --help or logs.
     #[arg(
         long,
         env = "ORDERLY_REMOTE_URL",
-        default_value = "http://127.0.0.1:8080/actions"
+        default_value = "http://127.0.0.1:8080/actions",
+        hide_env_values = true
     )]
     remote_url: String,
     /// Per-action URL, ACTION=URL (repeatable, or comma-separated in the variable).
     #[arg(
         long = "endpoint",
         env = "ORDERLY_AGENT_ENDPOINTS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     endpoints: Vec<String>,
     /// Requests worked on at once, per queue (each queue, one remote service, has its own).
@@ -100,9 +103,13 @@ async fn run() -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .context("invalid --queues / ORDERLY_AGENT_QUEUES")?;
     let mut overrides = std::collections::HashMap::new();
-    for e in &args.endpoints {
+    for (n, e) in args.endpoints.iter().enumerate() {
+        // The entry is not echoed: its URL may carry a key.
         let (action, url) = e.split_once('=').with_context(|| {
-            format!("invalid --endpoint / ORDERLY_AGENT_ENDPOINTS {e:?}: expected ACTION=URL")
+            format!(
+                "invalid --endpoint / ORDERLY_AGENT_ENDPOINTS entry {}: expected ACTION=URL",
+                n + 1
+            )
         })?;
         overrides.insert(action.to_owned(), url.to_owned());
     }

@@ -114,7 +114,31 @@ fn check_code(field: &str, value: &str) -> Result<(), ValidationError> {
     if value.chars().any(char::is_control) {
         return Err(ValidationError::new(field, "contains control characters"));
     }
+    // Invisible characters that make a code read as another on every screen an
+    // operator uses (bidi overrides reorder text; zero-width ones hide in it).
+    if let Some(c) = value.chars().find(|c| invisible(*c)) {
+        return Err(ValidationError::new(
+            field,
+            format!(
+                "contains the invisible character U+{:04X} (bidi control or zero-width)",
+                u32::from(c)
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// Bidirectional controls and zero-width characters.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 impl OrderDetails {
@@ -229,6 +253,27 @@ mod tests {
     fn a_plain_order_is_valid_and_totals_its_lines() {
         let d = OrderDetails::new("c-1", eur(), vec![line(2, 1_250), line(1, 99)]).unwrap();
         assert_eq!(d.total_minor(), 2_599);
+    }
+
+    /// A customer id or SKU with a bidi override or a zero-width character reads as
+    /// another on every screen: refused, naming the character.
+    #[test]
+    fn invisible_characters_in_codes_are_refused() {
+        for bad in [
+            "c-1\u{202E}evil",
+            "c\u{200B}-1",
+            "\u{FEFF}c-1",
+            "c-1\u{2066}",
+        ] {
+            let e = OrderDetails::new(bad, eur(), vec![line(1, 100)]).unwrap_err();
+            assert_eq!(e.field, "customer_id", "{bad:?}");
+            assert!(e.to_string().contains("invisible character U+"), "{e}");
+        }
+        let mut l = line(1, 100);
+        l.sku = "SKU\u{200D}1".into();
+        assert!(OrderDetails::new("c-1", eur(), vec![l]).is_err());
+        // Letters of any script are fine.
+        OrderDetails::new("client-é-東京", eur(), vec![line(1, 100)]).unwrap();
     }
 
     #[test]

@@ -29,8 +29,10 @@ pub const MAX_TEXT_LEN: usize = 4_000;
 /// Most orders one claim, sweep or page may return.
 pub const MAX_BATCH: u32 = 10_000;
 
-/// An order accepted from the orders queue.
+/// An order accepted from the orders queue. A field it does not know (a misspelt
+/// `workflow`, say) makes the message invalid rather than silently ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewOrder {
     /// The client's id for it.
     pub order_id: OrderId,
@@ -50,16 +52,34 @@ impl NewOrder {
         if let Some(w) = &self.workflow {
             crate::workflow::check_workflow_name("workflow", w)?;
         }
-        if let Some(q) = &self.reply_to
-            && (q.is_empty() || q.len() > MAX_REPLY_TO_LEN || q.chars().any(char::is_control))
-        {
-            return Err(ValidationError::new(
-                "reply_to",
-                format!("must be 1 to {MAX_REPLY_TO_LEN} printable characters"),
-            ));
+        if let Some(q) = &self.reply_to {
+            if q.is_empty() || q.len() > MAX_REPLY_TO_LEN || q.chars().any(char::is_control) {
+                return Err(ValidationError::new(
+                    "reply_to",
+                    format!("must be 1 to {MAX_REPLY_TO_LEN} printable characters"),
+                ));
+            }
+            // Notices sent there would land among orderly's own messages.
+            if is_internal_queue(q) {
+                return Err(ValidationError::new(
+                    "reply_to",
+                    format!(
+                        "{q:?} is one of orderly's own queues (orders, replies, alerts, agent.*): \
+                         name the client's own queue"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
+}
+
+/// Whether `queue` is one of orderly's own: the fixed queues and the agents' step
+/// queues (`agent.*`, the convention every workflow here follows), compared without case.
+pub fn is_internal_queue(queue: &str) -> bool {
+    use crate::messages::queues::{ALERTS, ORDERS, REPLIES};
+    let q = queue.to_ascii_lowercase();
+    [ORDERS, REPLIES, ALERTS].contains(&q.as_str()) || q.starts_with("agent.")
 }
 
 /// What `submit` did.
@@ -1097,6 +1117,41 @@ mod tests {
         assert_eq!(p.backoff(5), Duration::from_secs(32));
         assert_eq!(p.backoff(6), Duration::from_secs(60));
         assert_eq!(p.backoff(i32::MAX), Duration::from_secs(60));
+    }
+
+    /// An order names the client's own queue for notices, never one of orderly's, and
+    /// a field it does not know makes it invalid (a misspelt `workflow` is not ignored).
+    #[test]
+    fn an_order_names_its_own_reply_queue_and_only_known_fields() {
+        let mut order: NewOrder = serde_json::from_value(serde_json::json!({
+            "order_id": "o-1",
+            "details": {"customer_id": "c-1", "currency": "EUR",
+                        "lines": [{"sku": "A", "quantity": 1, "unit_price_minor": 100}]},
+            "reply_to": "client-7",
+        }))
+        .unwrap();
+        order.validate().unwrap();
+        for internal in [
+            "orders",
+            "replies",
+            "alerts",
+            "agent.payment",
+            "Agent.Inventory",
+            "REPLIES",
+        ] {
+            order.reply_to = Some(internal.into());
+            let e = order.validate().unwrap_err();
+            assert!(e.to_string().contains("reply_to"), "{internal}: {e}");
+        }
+        let misspelt = serde_json::from_value::<NewOrder>(serde_json::json!({
+            "order_id": "o-1",
+            "details": {"customer_id": "c-1", "currency": "EUR",
+                        "lines": [{"sku": "A", "quantity": 1, "unit_price_minor": 100}]},
+            "reply_to": null,
+            "worklfow": "gift",
+        }))
+        .unwrap_err();
+        assert!(misspelt.to_string().contains("worklfow"), "{misspelt}");
     }
 
     #[test]
