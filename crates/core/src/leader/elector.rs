@@ -207,6 +207,13 @@ impl Elector {
             if reason == StepDown::Shutdown {
                 return;
             }
+            // A leader that gave the lease up itself (its task stalled or ended, its
+            // renewals ran past the deadline) sits out one full round: a healthy
+            // follower, trying every `retry`, takes over first rather than the same
+            // instance taking the lease straight back.
+            if reason != StepDown::LeaseLost {
+                wait = self.timing.retry + self.timing.retry_delay();
+            }
         }
     }
 
