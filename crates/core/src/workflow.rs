@@ -422,15 +422,20 @@ pub const MAX_STEP_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// letters, digits, `-` or `_`. Action names go into the remote service's URL, so
 /// nothing else may pass.
 pub fn check_step_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    check_name(field, name, MAX_STEP_NAME_LEN)
+}
+
+/// 1 to `max` letters, digits, `-` or `_`: every name a workflow holds.
+fn check_name(field: &str, name: &str, max: usize) -> Result<(), ValidationError> {
     if name.is_empty()
-        || name.len() > MAX_STEP_NAME_LEN
+        || name.len() > max
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
         return Err(ValidationError::new(
             field,
-            format!("must be 1 to {MAX_STEP_NAME_LEN} letters, digits, - or _ (got {name:?})"),
+            format!("must be 1 to {max} letters, digits, - or _ (got {name:?})"),
         ));
     }
     Ok(())
@@ -442,18 +447,7 @@ pub const MAX_WORKFLOW_NAME_LEN: usize = 40;
 /// Checks a workflow name (in a workflow file or an order message): 1 to 40 letters,
 /// digits, `-` or `_`.
 pub fn check_workflow_name(field: &str, name: &str) -> Result<(), ValidationError> {
-    if name.is_empty()
-        || name.len() > MAX_WORKFLOW_NAME_LEN
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(ValidationError::new(
-            field,
-            format!("must be 1 to {MAX_WORKFLOW_NAME_LEN} letters, digits, - or _ (got {name:?})"),
-        ));
-    }
-    Ok(())
+    check_name(field, name, MAX_WORKFLOW_NAME_LEN)
 }
 
 /// How operators see an order's workflow: `name@version` once pinned, the name alone

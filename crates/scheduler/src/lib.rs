@@ -244,19 +244,23 @@ impl Scheduler {
         self.workflows().get(reference).cloned()
     }
 
-    /// Stores the definitions of the versions it was given (those already stored are
-    /// left as they are), then takes on every stored version it does not have: any
-    /// scheduler runs an order pinned to any stored version. Returns the versions it
-    /// took on. A stored definition that does not check (invalid, or not of its
-    /// version) is left out and logged; orders pinned to it wait, and the leading
-    /// supervisor raises an alert for them.
-    pub async fn adopt_stored_workflows(&self) -> orderly_core::Result<Vec<WorkflowRef>> {
+    /// Stores the definitions of the versions it was given, then takes on the stored
+    /// ones ([`Self::adopt_stored_workflows`]): what it does once, when it starts.
+    pub async fn store_and_adopt_workflows(&self) -> orderly_core::Result<Vec<WorkflowRef>> {
         self.store
             .record_workflows(
                 &self.cfg.workflows.definitions(),
                 self.cfg.instance.as_str(),
             )
             .await?;
+        self.adopt_stored_workflows().await
+    }
+
+    /// Takes on every stored version it does not have: any scheduler runs an order
+    /// pinned to any stored version. Returns the versions it took on. A stored
+    /// definition that does not check (invalid, or not of its version) is left out and
+    /// logged; orders pinned to it wait, and the leading supervisor raises an alert.
+    pub async fn adopt_stored_workflows(&self) -> orderly_core::Result<Vec<WorkflowRef>> {
         let mut parsed = Vec::new();
         for stored in self.store.stored_workflows().await? {
             match stored.workflow() {
@@ -326,7 +330,7 @@ impl Scheduler {
             info!(workflows = %loaded.join(", "), default = %self.cfg.workflows.default_workflow().name, "scheduler started");
             let mut backoff = Backoff::new();
             loop {
-                match self.adopt_stored_workflows().await {
+                match self.store_and_adopt_workflows().await {
                     Ok(_) => break,
                     Err(e) => {
                         warn!(error = %e, "could not store or read workflow versions; retrying");

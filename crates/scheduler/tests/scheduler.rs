@@ -814,9 +814,9 @@ async fn a_scheduler_runs_a_stored_version_it_has_no_file_for() {
     let req = request(&rig, "agent.inventory").await;
     answer(&rig, &req, ok("reserved")).await;
     // A stores v1 (it has nothing else to take on); B stores v2 and takes v1 on.
-    assert_eq!(a.adopt_stored_workflows().await.unwrap(), Vec::new());
+    assert_eq!(a.store_and_adopt_workflows().await.unwrap(), Vec::new());
     assert_eq!(
-        b.adopt_stored_workflows().await.unwrap(),
+        b.store_and_adopt_workflows().await.unwrap(),
         vec![v1.reference()]
     );
     assert_eq!(

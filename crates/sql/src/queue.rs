@@ -1184,11 +1184,9 @@ impl<D: Driver> Transport for SqlStore<D> {
 impl<D: Driver> orderly_core::transport::QueueInspector for SqlStore<D> {
     /// The queue lives in the store's database: answering a statement is enough.
     async fn ping(&self) -> Result<()> {
-        q("SELECT 1")
-            .execute::<D>(&mut *self.driver.acquire().await?)
+        orderly_core::store::OperatorStore::ping(self)
             .await
-            .map_err(db)?;
-        Ok(())
+            .map_err(|e| orderly_core::transport::TransportError::Unavailable(e.into()))
     }
 
     async fn depths(&self) -> Result<Vec<orderly_core::transport::QueueDepth>> {

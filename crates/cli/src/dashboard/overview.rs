@@ -60,19 +60,21 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
         Ok(minutes) => super::charts::render(&minutes),
         Err(e) => return failed(e),
     };
+    let open = match store.system_alerts(true, 20).await {
+        Ok(open) => open,
+        Err(e) => return failed(e),
+    };
     // Orders no scheduler can run never wait silently: a banner above everything.
-    if let Ok(open) = store.system_alerts(true, 20).await {
-        for a in open
-            .iter()
-            .filter(|a| a.kind == orderly_core::conditions::ConditionKind::WorkflowMissing)
-        {
-            let _ = write!(
-                body,
-                "<div class=card id=workflow-missing><p class=bad><b>Orders wait for workflow {}</b>: {}</p></div>",
-                esc(&a.subject),
-                esc(&a.detail)
-            );
-        }
+    for a in open
+        .iter()
+        .filter(|a| a.kind == orderly_core::conditions::ConditionKind::WorkflowMissing)
+    {
+        let _ = write!(
+            body,
+            "<div class=card id=workflow-missing><p class=bad><b>Orders wait for workflow {}</b>: {}</p></div>",
+            esc(&a.subject),
+            esc(&a.detail)
+        );
     }
     let _ = write!(body, "<div id=charts>{charts}</div>");
     body.push_str("<div class=grid>");
@@ -84,29 +86,24 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
         body,
         "<div class=card><h2>Supervisors</h2><p id=leader>{leader}</p></div>"
     );
-    match store.system_alerts(true, 20).await {
-        Ok(open) => {
-            body.push_str("<div class=card><h2>Open alerts</h2>");
-            if open.is_empty() {
-                body.push_str("<p class=ok id=alerts-open>None.</p>");
-            } else {
-                body.push_str("<ul id=alerts-open>");
-                for a in &open {
-                    let _ = write!(
-                        body,
-                        "<li><b class=bad>{}</b> {} <span class=muted>since {}</span>: {}</li>",
-                        a.kind.as_str(),
-                        esc(&a.subject),
-                        ago(a.raised_at),
-                        esc(&a.detail)
-                    );
-                }
-                body.push_str("</ul>");
-            }
-            body.push_str("<p><a href=\"/alerts\">All alerts</a></p></div>");
+    body.push_str("<div class=card><h2>Open alerts</h2>");
+    if open.is_empty() {
+        body.push_str("<p class=ok id=alerts-open>None.</p>");
+    } else {
+        body.push_str("<ul id=alerts-open>");
+        for a in &open {
+            let _ = write!(
+                body,
+                "<li><b class=bad>{}</b> {} <span class=muted>since {}</span>: {}</li>",
+                a.kind.as_str(),
+                esc(&a.subject),
+                ago(a.raised_at),
+                esc(&a.detail)
+            );
         }
-        Err(e) => return failed(e),
+        body.push_str("</ul>");
     }
+    body.push_str("<p><a href=\"/alerts\">All alerts</a></p></div>");
     body.push_str("</div>");
     match store.services().await {
         Ok(services) => body.push_str(&services_table(
