@@ -143,14 +143,16 @@ pub(crate) async fn resubmit(
         plans.push((view.state.generation, plan));
     }
     if !one && !yes {
-        let fresh = plans
+        let fresh = plans.iter().filter(|(_, p)| p.runs_afresh()).count();
+        let undo_first = plans
             .iter()
-            .filter(|(_, p)| matches!(p, orderly_core::RetryPlan::FreshRun { .. }))
+            .filter(|(_, p)| matches!(p, orderly_core::RetryPlan::UndoFirst { .. }))
             .count();
         let question = format!(
             "resubmit {} orders? {} continue from their failed step; {fresh} run afresh \
                  from the first step (steps of theirs were undone, so the redo gets new \
-                 idempotency keys)",
+                 idempotency keys), {undo_first} of them once their undoing is finished \
+                 (they stopped half undone)",
             ids.len(),
             ids.len() - fresh
         );
@@ -163,7 +165,7 @@ pub(crate) async fn resubmit(
     for (id, (generation, plan)) in ids.iter().zip(plans) {
         match store.resubmit(id, &actor, reason, &[]).await {
             Ok(row) => {
-                let what = if row.generation > generation {
+                let what = if row.generation > generation || row.finish_as.is_some() {
                     plan.describe()
                 } else {
                     orderly_core::RetryPlan::Continue {

@@ -74,6 +74,15 @@ pub fn idempotency_key(order_id: &OrderId, generation: i32, index: i32, action: 
     }
 }
 
+/// The detail a step's record carries while its compensation is in flight (status
+/// [`StepStatus::Started`]): `compensating with <action>`. The step's effect may be in
+/// force or undone: its undo is in doubt until the compensation answers.
+pub fn compensating_detail(compensation: &str) -> String {
+    format!("{COMPENSATING} {compensation}")
+}
+
+const COMPENSATING: &str = "compensating with";
+
 /// What an operator's retry of an order in Error does, decided from its steps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryPlan {
@@ -90,16 +99,42 @@ pub enum RetryPlan {
         /// The steps that had been undone, by name.
         undone: Vec<String>,
     },
+    /// It stopped half undone: some step's undo is in doubt (its compensation was sent
+    /// and never answered), or some steps were undone and others not. Continuing would
+    /// leave an undone step counted as done; a fresh run straight away would apply
+    /// again a step whose first effect may still be in force. So the undoing is
+    /// finished first (an undo in doubt is sent again under its own key, which the
+    /// remote service applies once), then the workflow runs afresh under the next
+    /// generation.
+    UndoFirst {
+        /// The generation the fresh run will have.
+        generation: i32,
+        /// The steps whose undo is in doubt, by name.
+        in_doubt: Vec<String>,
+        /// The steps already undone, by name.
+        undone: Vec<String>,
+    },
 }
 
 impl RetryPlan {
     /// The plan for an order at `current_step` of run `generation` with these steps.
     pub fn for_order(generation: i32, current_step: i32, steps: &[StepRecord]) -> Self {
-        let undone: Vec<String> = steps
-            .iter()
-            .filter(|s| s.status == StepStatus::Compensated)
-            .map(|s| s.name.clone())
-            .collect();
+        let names = |keep: &dyn Fn(&StepRecord) -> bool| -> Vec<String> {
+            steps
+                .iter()
+                .filter(|s| keep(s))
+                .map(|s| s.name.clone())
+                .collect()
+        };
+        let undone = names(&|s| s.status == StepStatus::Compensated);
+        let in_doubt = names(&StepRecord::undo_in_doubt);
+        if !in_doubt.is_empty() {
+            return RetryPlan::UndoFirst {
+                generation: generation + 1,
+                in_doubt,
+                undone,
+            };
+        }
         if undone.is_empty() {
             RetryPlan::Continue {
                 from_step: current_step,
@@ -122,7 +157,26 @@ impl RetryPlan {
                 "fresh run from the first step (generation {generation}): {} had been undone",
                 undone.join(", ")
             ),
+            RetryPlan::UndoFirst {
+                generation,
+                in_doubt,
+                undone,
+            } => format!(
+                "finishes undoing first (undo of {} in doubt{}), then a fresh run from the first step (generation {generation})",
+                in_doubt.join(", "),
+                if undone.is_empty() {
+                    String::new()
+                } else {
+                    format!("; undone: {}", undone.join(", "))
+                }
+            ),
         }
+    }
+
+    /// Whether the retry starts the workflow again from its first step (now, or once
+    /// the undoing is finished).
+    pub fn runs_afresh(&self) -> bool {
+        !matches!(self, RetryPlan::Continue { .. })
     }
 }
 
@@ -147,4 +201,91 @@ pub struct StepRecord {
     pub epoch: Epoch,
     /// When it was last written.
     pub updated_at: DateTime<Utc>,
+}
+
+impl StepRecord {
+    /// Its compensation was sent and has not answered: its effect may be in force or
+    /// undone ([`compensating_detail`]).
+    pub fn undo_in_doubt(&self) -> bool {
+        self.status == StepStatus::Started
+            && self
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.starts_with(COMPENSATING))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(index: i32, name: &str, status: StepStatus, detail: Option<&str>) -> StepRecord {
+        StepRecord {
+            order_id: OrderId::parse("o-1").unwrap(),
+            index,
+            name: name.to_owned(),
+            status,
+            idempotency_key: format!("o-1/{index}/{name}"),
+            attempts: 1,
+            detail: detail.map(str::to_owned),
+            epoch: Epoch(1),
+            updated_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_retry_continues_runs_afresh_or_finishes_undoing_first_from_the_steps() {
+        let done = step(0, "reserve", StepStatus::Succeeded, Some("ok"));
+        let failed = step(1, "charge", StepStatus::Failed, Some("declined"));
+        assert_eq!(
+            RetryPlan::for_order(0, 1, &[done.clone(), failed.clone()]),
+            RetryPlan::Continue { from_step: 1 }
+        );
+        // A forward step in doubt (sent, no answer) is continued: sent again under
+        // its key.
+        let forward = step(1, "charge", StepStatus::Started, None);
+        assert_eq!(
+            RetryPlan::for_order(0, 1, &[done.clone(), forward]),
+            RetryPlan::Continue { from_step: 1 }
+        );
+        let undone = step(0, "reserve", StepStatus::Compensated, Some("released"));
+        let plan = RetryPlan::for_order(2, 1, &[undone.clone(), failed.clone()]);
+        assert_eq!(
+            plan,
+            RetryPlan::FreshRun {
+                generation: 3,
+                undone: vec!["reserve".into()]
+            }
+        );
+        assert!(plan.runs_afresh());
+        // Its undo was sent and never answered: in doubt.
+        let doubt = step(
+            1,
+            "charge",
+            StepStatus::Started,
+            Some(&compensating_detail("refund")),
+        );
+        assert!(doubt.undo_in_doubt());
+        assert!(!done.undo_in_doubt());
+        let plan = RetryPlan::for_order(0, 2, &[done, doubt.clone(), failed]);
+        assert_eq!(
+            plan,
+            RetryPlan::UndoFirst {
+                generation: 1,
+                in_doubt: vec!["charge".into()],
+                undone: vec![],
+            }
+        );
+        assert!(plan.runs_afresh());
+        assert!(
+            plan.describe().contains("undo of charge in doubt"),
+            "{}",
+            plan.describe()
+        );
+        let plan = RetryPlan::for_order(0, 2, &[undone, doubt]);
+        assert!(
+            matches!(&plan, RetryPlan::UndoFirst { undone, .. } if undone == &["reserve"]),
+            "{plan:?}"
+        );
+    }
 }

@@ -389,7 +389,7 @@ impl RecoveryPolicy {
                 },
             };
         }
-        if e.finish_as.is_none() && e.has_effects {
+        if e.finish_as.is_none() && !e.in_force.is_empty() {
             return RecoveryDecision {
                 to: ProcessState::Pending,
                 failure_count: failures,
@@ -406,8 +406,13 @@ impl RecoveryPolicy {
             };
         }
         let reason = if e.finish_as.is_some() {
+            let left = if e.in_force.is_empty() {
+                "none recorded".to_owned()
+            } else {
+                e.in_force.join(", ")
+            };
             format!(
-                "{what}: gave up while undoing its steps; steps done may still be in effect: needs manual repair"
+                "{what}: gave up while undoing its steps; still in force: {left}; needs manual repair (retry undoes them first, then runs afresh)"
             )
         } else {
             format!("{what}: gave up")
@@ -533,8 +538,9 @@ pub struct Expired {
     pub locked_by: String,
     /// Set when it was already being undone.
     pub finish_as: Option<ProcessState>,
-    /// Whether any of its steps may have taken effect (started or succeeded).
-    pub has_effects: bool,
+    /// Its steps that may have taken effect (started or succeeded), by name, in step
+    /// order: what is still in force if it ends now.
+    pub in_force: Vec<String>,
     /// The service it was parked for, if that service is still down (or probing): its
     /// expiry is not its fault and is not counted.
     pub waiting_for: Option<String>,
@@ -749,6 +755,12 @@ pub trait SchedulerStore: Send + Sync {
             None => Ok(()),
         }
     }
+
+    /// The owner finished undoing an order (every step that could be undone is): it
+    /// ends in Error with `error`, unless an operator's retry waits for the undoing
+    /// (the order had stopped half undone when it was retried): then the retry's fresh
+    /// run starts, Pending from the first step, and its generation is returned.
+    async fn finish_undone(&self, fence: &Fence, error: &str) -> Result<Option<i32>>;
 
     /// Gives up on an order: Error, with the reason kept as its last error, sending
     /// `sends` (the failure notification, the operator alert).
@@ -1152,6 +1164,46 @@ mod tests {
         }))
         .unwrap_err();
         assert!(misspelt.to_string().contains("worklfow"), "{misspelt}");
+    }
+
+    /// Past the undo budget an order ends in Error needing repair, and says which of
+    /// its steps are still in force; inside it, it goes round again to undo.
+    #[test]
+    fn undoing_that_keeps_timing_out_ends_naming_the_steps_still_in_force() {
+        let p = RecoveryPolicy {
+            max_failures: 2,
+            max_undo_failures: 3,
+            ..RecoveryPolicy::default()
+        };
+        let mut e = Expired {
+            order_id: OrderId::parse("o-1").unwrap(),
+            failure_count: 2,
+            current_step: 1,
+            locked_by: "scheduler-a".into(),
+            finish_as: Some(ProcessState::Error),
+            in_force: vec!["reserve-inventory".into(), "charge-payment".into()],
+            waiting_for: None,
+        };
+        let now = Utc::now();
+        let d = p.decide(&e, now);
+        assert_eq!(d.to, ProcessState::Pending);
+        assert_eq!(d.finish_as, Some(ProcessState::Error));
+        assert!(d.reason.contains("undoing"), "{}", d.reason);
+        e.failure_count = 4;
+        let d = p.decide(&e, now);
+        assert_eq!(d.to, ProcessState::Error);
+        assert!(
+            d.reason
+                .contains("still in force: reserve-inventory, charge-payment; needs manual repair"),
+            "{}",
+            d.reason
+        );
+        // Running forward with nothing in force, it just gives up.
+        e.finish_as = None;
+        e.failure_count = 1;
+        e.in_force.clear();
+        let d = p.decide(&e, now);
+        assert_eq!((d.to, d.finish_as), (ProcessState::Error, None));
     }
 
     #[test]

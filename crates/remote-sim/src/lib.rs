@@ -20,7 +20,10 @@
 //! hang and fail (the reply is lost after the effect), and `forget_keys_after` makes the
 //! service forget an idempotency key after a window, so a repeat applies again.
 //!
-//! `GET /ledger` returns the applied effects; `GET /healthz` answers 200.
+//! `GET /ledger` returns the applied effects; `GET /healthz` answers 200;
+//! `PUT /faults/repair` fixes the cause of the permanent refusals (nothing is refused
+//! for good from then on: what an operator does before retrying orders in Error);
+//! `PUT`/`DELETE /faults/down/{action}` take one action's service down and back.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -318,6 +321,13 @@ impl Sim {
             .route("/ledger", get(ledger))
             .route("/stats", get(stats))
             .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/faults/repair",
+                axum::routing::put(|State(sim): State<Sim>| async move {
+                    sim.repair();
+                    StatusCode::NO_CONTENT
+                }),
+            )
             .route(
                 "/faults/down/{action}",
                 axum::routing::put(take_down).delete(bring_back),

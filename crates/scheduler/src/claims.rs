@@ -195,9 +195,12 @@ impl Scheduler {
             };
             let next = match steps {
                 // Given up on, in a workflow that leaves completed steps in effect.
-                Some(_)
+                // (An undo in doubt, after a cancel's undoing stopped half way and an
+                // operator retried it, is finished first all the same.)
+                Some(ref steps)
                     if order.finish_as == Some(ProcessState::Error)
-                        && !flow.compensate_on_error =>
+                        && !flow.compensate_on_error
+                        && !steps.iter().any(orderly_core::StepRecord::undo_in_doubt) =>
                 {
                     Next::Fail(
                         order.fence.clone(),

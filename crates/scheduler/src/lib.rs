@@ -179,8 +179,11 @@ pub(crate) enum Next {
     Write(StepWrite),
     /// Every step done: complete it.
     Complete(Completion),
-    /// Undoing finished (or nothing to undo): end it in Error with this error.
+    /// End it in Error with this error (undoing refused, or not asked for).
     Fail(Fence, String),
+    /// Undoing finished: end it in Error with this error, or start the fresh run of
+    /// an operator's retry that waited for the undoing.
+    Undone(Fence, String),
     /// Undoing finished: end it Cancelled (and tell the client's queue, if any).
     Cancel(Fence, Option<String>),
     /// Record the last compensation, then finish as the order is marked to (the

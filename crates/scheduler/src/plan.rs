@@ -266,7 +266,7 @@ impl Scheduler {
                     status: StepStatus::Started,
                     detail: def
                         .and_then(|d| d.compensation.as_ref())
-                        .map(|c| format!("compensating with {c}")),
+                        .map(|c| orderly_core::step::compensating_detail(c)),
                     irreversible: false,
                 });
                 Next::Write(StepWrite {
@@ -327,7 +327,7 @@ impl Scheduler {
                 } else {
                     format!("{error}; undone: {}", undone.join(", "))
                 };
-                Next::Fail(fence.clone(), error)
+                Next::Undone(fence.clone(), error)
             }
         }
     }

@@ -554,6 +554,19 @@ impl Scheduler {
                     Err(e) if e.is_retryable() => return Err(e),
                     Err(e) => debug!(order_id = %fence.order_id, error = %e, "fail refused"),
                 },
+                Next::Undone(fence, error) => {
+                    match self.store.finish_undone(&fence, &error).await {
+                        Ok(None) => {
+                            warn!(order_id = %fence.order_id, error = %error, "order failed");
+                            pass.failed += 1;
+                        }
+                        Ok(Some(generation)) => {
+                            info!(order_id = %fence.order_id, generation, "undoing finished: the operator's retry runs afresh");
+                        }
+                        Err(e) if e.is_retryable() => return Err(e),
+                        Err(e) => debug!(order_id = %fence.order_id, error = %e, "fail refused"),
+                    }
+                }
                 Next::Cancel(fence, notify_to) => {
                     let notice = StatusNotice {
                         order_id: fence.order_id.clone(),

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 17] = [
+const ALL: [Both; 18] = [
     Both {
         version: 1,
         name: "state_store",
@@ -142,6 +142,12 @@ const ALL: [Both; 17] = [
         name: "workflow_definitions",
         sqlite: include_str!("../../../migrations/sqlite/0017_workflow_definitions.sql"),
         postgres: include_str!("../../../migrations/postgres/0017_workflow_definitions.sql"),
+    },
+    Both {
+        version: 18,
+        name: "retry_after_undo",
+        sqlite: include_str!("../../../migrations/sqlite/0018_retry_after_undo.sql"),
+        postgres: include_str!("../../../migrations/postgres/0018_retry_after_undo.sql"),
     },
 ];
 

@@ -92,7 +92,10 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             current_step: self.get("current_step")?,
             locked_by: self.get("locked_by")?,
             finish_as: self.opt_state("finish_as")?,
-            has_effects: self.get("has_effects")?,
+            in_force: self
+                .get::<Option<String>>("in_force")?
+                .map(|names| names.split('\n').map(str::to_owned).collect())
+                .unwrap_or_default(),
             waiting_for: self.get("waiting_for")?,
         })
     }

@@ -126,6 +126,25 @@ pub(crate) const FRESH_RUN: &str = concat!(
     state_columns!()
 );
 
+/// An operator's retry of an order that stopped half undone: it finishes undoing
+/// first (as after a failure), then runs afresh ([`RUN_AFRESH_AFTER_UNDO`]).
+pub(crate) const UNDO_THEN_RETRY: &str = concat!(
+    "UPDATE order_state SET finish_as = 'Error', retry_after_undo = TRUE \
+     WHERE order_id = $1 RETURNING ",
+    state_columns!()
+);
+
+/// The owner finished undoing an order an operator retried: instead of Error it starts
+/// the fresh run (the next generation, from the first step), due at once (`$4` is now).
+/// Zero rows: the order was not marked so (or the fence failed).
+pub(crate) const RUN_AFRESH_AFTER_UNDO: &str = concat!(
+    "UPDATE order_state SET process_state = 'Pending', locked_by = NULL, complete_by = NULL, \
+     finish_as = NULL, retry_after_undo = FALSE, generation = generation + 1, \
+     current_step = 0, next_attempt_at = $4, last_error = NULL, updated_at = $5",
+    fenced!(),
+    " AND retry_after_undo RETURNING generation"
+);
+
 /// The step records of the previous run, gone with a fresh run (its history keeps them).
 pub(crate) const CLEAR_STEPS: &str = "DELETE FROM order_steps WHERE order_id = $1";
 
@@ -135,7 +154,7 @@ pub(crate) const CLEAR_STEPS: &str = "DELETE FROM order_steps WHERE order_id = $
 /// earlier run's error stays in its history). Zero rows means it changed meanwhile.
 pub(crate) const OPERATOR_MOVE: &str = concat!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
-     finish_as = $6, \
+     finish_as = $6, retry_after_undo = FALSE, \
      failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
      next_attempt_at = CASE WHEN $5 = 'Pending' THEN $3 ELSE next_attempt_at END, \
      last_error = CASE WHEN $5 = 'Pending' THEN NULL ELSE last_error END, \

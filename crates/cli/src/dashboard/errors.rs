@@ -225,7 +225,7 @@ pub(super) async fn confirm(
     };
     let n = group.count();
     let what = if retry {
-        let (mut continuing, mut afresh) = (0, 0);
+        let (mut continuing, mut afresh, mut undo_first) = (0, 0, 0);
         for id in &group.orders {
             let Some(r) = rows.get(id.as_str()) else {
                 continue;
@@ -234,12 +234,14 @@ pub(super) async fn confirm(
             match RetryPlan::for_order(r.generation, r.current_step, &steps) {
                 RetryPlan::Continue { .. } => continuing += 1,
                 RetryPlan::FreshRun { .. } => afresh += 1,
+                RetryPlan::UndoFirst { .. } => undo_first += 1,
             }
         }
         format!(
             "<p id=confirm-what>Retry <b id=confirm-count>{n}</b> orders: <b>{continuing}</b> continue from the failed step \
              (the steps done before still stand), <b>{afresh}</b> run afresh from the first step under new idempotency keys \
-             (some of their steps had been undone).</p>"
+             (some of their steps had been undone), <b>{undo_first}</b> finish undoing first and then run afresh \
+             (they stopped half undone).</p>"
         )
     } else {
         format!(

@@ -91,6 +91,9 @@ pub(super) async fn order(
         let label = match &plan {
             orderly_core::RetryPlan::Continue { .. } => "Retry from the failed step",
             orderly_core::RetryPlan::FreshRun { .. } => "Retry as a fresh run from the first step",
+            orderly_core::RetryPlan::UndoFirst { .. } => {
+                "Finish undoing, then retry as a fresh run"
+            }
         };
         let _ = write!(
             body,

@@ -23,4 +23,5 @@ mod retention;
 mod roles;
 mod servicebus;
 mod tls;
+mod undo;
 mod workflows;

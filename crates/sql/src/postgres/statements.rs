@@ -486,8 +486,8 @@ pub(crate) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, c
 /// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).
 pub(crate) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
         s.complete_by, s.failure_count, s.current_step, s.finish_as, \
-        EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
-            AND t.status IN ('Started', 'Succeeded')) AS has_effects, \
+        (SELECT string_agg(t.name, E'\\n' ORDER BY t.step_index) FROM order_steps t \
+            WHERE t.order_id = s.order_id AND t.status IN ('Started', 'Succeeded')) AS in_force, \
         (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
             AND h.state IN ('Down', 'Probing')) AS waiting_for \
     FROM order_state s \

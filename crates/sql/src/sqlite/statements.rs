@@ -238,8 +238,8 @@ pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
 /// The timed-out orders of a sweep: `$1` now, `$2` limit (the write lock is held).
 pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
     failure_count, current_step, finish_as, \
-    EXISTS (SELECT 1 FROM order_steps t WHERE t.order_id = s.order_id \
-        AND t.status IN ('Started', 'Succeeded')) AS has_effects, \
+    (SELECT group_concat(t.name, char(10)) FROM order_steps t WHERE t.order_id = s.order_id \
+        AND t.status IN ('Started', 'Succeeded')) AS in_force, \
     (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
         AND h.state IN ('Down', 'Probing')) AS waiting_for \
     FROM order_state s INDEXED BY order_state_deadlines \

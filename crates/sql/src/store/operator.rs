@@ -154,7 +154,8 @@ impl<D: Driver> SqlStore<D> {
             let Some(moved) = moved else { continue };
             let mut moved = Cols(&moved).state_row()?;
             // A retry runs the workflow again from the first step, under the
-            // next generation, if any step was undone; else it continues.
+            // next generation, if any step was undone; first finishes undoing, if it
+            // stopped half undone; else it continues.
             let mut reason = reason.to_owned();
             let mut kind = kind;
             if kind == HistoryKind::Resubmitted {
@@ -164,7 +165,15 @@ impl<D: Driver> SqlStore<D> {
                     moved.current_step,
                     &steps,
                 );
-                if matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
+                if matches!(plan, orderly_core::RetryPlan::UndoFirst { .. }) {
+                    let marked = q(st::UNDO_THEN_RETRY)
+                        .bind(order_id.as_str())
+                        .fetch_one::<D>(&mut tx)
+                        .await
+                        .map_err(db)?;
+                    moved = Cols(&marked).state_row()?;
+                    reason = format!("{reason} ({})", plan.describe());
+                } else if matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
                     let fresh = q(st::FRESH_RUN)
                         .bind(order_id.as_str())
                         .fetch_one::<D>(&mut tx)

@@ -245,6 +245,46 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
+    async fn finish_undone(&self, fence: &Fence, error: &str) -> Result<Option<i32>> {
+        let (mut tx, now) = self.begin().await?;
+        let afresh = q(st::RUN_AFRESH_AFTER_UNDO)
+            .bind(fence.order_id.as_str())
+            .bind(fence.owner.as_str())
+            .bind(fence.epoch.0)
+            .bind(Ts(now))
+            .bind(Ts(now))
+            .fetch_optional::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        let Some(row) = afresh else {
+            drop(tx);
+            return self.fail(fence, error, &[]).await.map(|()| None);
+        };
+        let generation: i32 = Cols(&row).get("generation")?;
+        q(st::CLEAR_STEPS)
+            .bind(fence.order_id.as_str())
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        let reason = format!(
+            "{}; undoing finished, so the operator's retry runs afresh from the first step (generation {generation})",
+            bounded_text(error)
+        );
+        let event = Event {
+            reason: Some(&reason),
+            ..Event::by_owner(
+                fence,
+                now,
+                HistoryKind::RetriedAfresh,
+                ProcessState::Pending,
+            )
+        };
+        Self::append(&mut tx, event).await?;
+        self.commit_claimable(tx, now, &[]).await?;
+        Ok(Some(generation))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
     async fn release(&self, fence: &Fence, reason: &str) -> Result<()> {
         let end = OwnerEnd {
             statement: st::RELEASE,
