@@ -41,6 +41,7 @@ mod html;
 mod order;
 mod orders;
 mod overview;
+mod workflows;
 
 use auth::guard;
 
@@ -86,6 +87,8 @@ pub async fn serve(
         .route("/errors", get(errors::errors))
         .route("/errors/group", get(errors::confirm).post(errors::act))
         .route("/alerts", get(alerts::alerts))
+        .route("/workflows", get(workflows::workflows))
+        .route("/workflows/move", post(workflows::move_orders))
         .route("/services/{service}/resume", post(actions::resume_service))
         .route("/dead-letters", get(dead_letters::dead_letters))
         .route("/dead-letters/requeue", post(actions::requeue))

@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use orderly_cli::outln;
 use orderly_core::transport::QueueName;
-use orderly_core::{Actor, OrderId, TimeSource};
+use orderly_core::{Actor, OrderId, ProcessState, TimeSource};
 
 mod config;
 mod local;
@@ -174,12 +174,15 @@ enum Command {
     /// Count orders by state.
     Counts,
     /// The workflow versions: every stored one (which any scheduler runs) with its
-    /// orders in flight (Pending, Processing), and orders pinned to a version that is
-    /// not stored (which no scheduler can run until it is).
+    /// orders not finished (Pending, Processing, Error), and orders pinned to a version
+    /// that is not stored (which no scheduler can run until it is). `orderly workflows
+    /// migrate` moves orders to a compatible version.
     Workflows {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        action: Option<WorkflowsAction>,
     },
     /// Send an Error order round again (Pending, fresh failure budget).
     Resubmit {
@@ -393,6 +396,37 @@ enum Command {
         /// Give one to compare latencies at the same load across builds or stores.
         #[arg(long, value_parser = positive_rate)]
         paced_rate: Option<f64>,
+    },
+}
+
+/// What `orderly workflows` does besides listing.
+#[derive(Subcommand)]
+enum WorkflowsAction {
+    /// Move orders pinned to one version of a workflow to a compatible version of it
+    /// (the same steps, queues, order and compensations; budgets, retry policies and
+    /// probes may differ), each move recorded in the order's history. Pending and
+    /// Error orders move; one in Processing finishes on the version it runs. An
+    /// incompatible pair is refused, the differences named.
+    Migrate {
+        /// The version the orders are pinned to, `name@version`.
+        #[arg(long)]
+        from: String,
+        /// The version to move them to, `name@version` (stored: `orderly migrate
+        /// --workflow FILE` stores a file's version).
+        #[arg(long)]
+        to: String,
+        /// Only orders in this state (Pending or Error; repeat for both, the default).
+        #[arg(long = "state")]
+        states: Vec<ProcessState>,
+        /// Move without asking first.
+        #[arg(long)]
+        yes: bool,
+        /// Why, for the history.
+        #[arg(long)]
+        reason: String,
+        /// Who is acting.
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
     },
 }
 
@@ -695,7 +729,22 @@ async fn run() -> anyhow::Result<()> {
                 outln!("{:<11} {n}", state.as_str());
             }
         }
-        Command::Workflows { json } => {
+        Command::Workflows {
+            action:
+                Some(WorkflowsAction::Migrate {
+                    from,
+                    to,
+                    states,
+                    yes,
+                    reason,
+                    operator,
+                }),
+            ..
+        } => {
+            triage::move_version(store.as_ref(), &from, &to, &states, yes, &reason, &operator)
+                .await?
+        }
+        Command::Workflows { json, action: None } => {
             print::workflows(
                 &store.workflows_in_flight().await?,
                 &store.stored_workflows().await?,

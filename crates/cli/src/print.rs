@@ -114,6 +114,7 @@ pub fn workflows(
         by: String,
         pending: i64,
         processing: i64,
+        error: i64,
         json: serde_json::Value,
     }
     let live = |name: Option<&str>, version: Option<&str>, state: ProcessState| -> i64 {
@@ -128,9 +129,10 @@ pub fn workflows(
     let mut rows: Vec<Row> = Vec::new();
     for s in stored {
         let (name, version) = (s.reference.name.as_str(), s.reference.version.as_str());
-        let (p, r) = (
+        let (p, r, e) = (
             live(Some(name), Some(version), ProcessState::Pending),
             live(Some(name), Some(version), ProcessState::Processing),
+            live(Some(name), Some(version), ProcessState::Error),
         );
         let check = s.workflow().err().map(|e| e.to_string());
         rows.push(Row {
@@ -142,10 +144,11 @@ pub fn workflows(
             by: s.first_seen_by.clone(),
             pending: p,
             processing: r,
+            error: e,
             json: json!({
                 "workflow": name, "version": version, "stored": true,
                 "first_seen_at": s.first_seen_at, "first_seen_by": s.first_seen_by,
-                "invalid": check, "pending": p, "processing": r,
+                "invalid": check, "pending": p, "processing": r, "error": e,
             }),
         });
     }
@@ -162,9 +165,10 @@ pub fn workflows(
             continue;
         }
         let (name, version) = (c.workflow.as_deref(), c.version.as_deref());
-        let (p, r) = (
+        let (p, r, e) = (
             live(name, version, ProcessState::Pending),
             live(name, version, ProcessState::Processing),
+            live(name, version, ProcessState::Error),
         );
         let (label, state) = match version {
             Some(_) => (c.label(), "NOT STORED"),
@@ -176,9 +180,10 @@ pub fn workflows(
             by: "-".to_owned(),
             pending: p,
             processing: r,
+            error: e,
             json: json!({
                 "workflow": name, "version": version, "stored": false,
-                "pending": p, "processing": r,
+                "pending": p, "processing": r, "error": e,
             }),
         });
     }
@@ -192,21 +197,23 @@ pub fn workflows(
         return Ok(());
     }
     outln!(
-        "{:<40} {:<19} {:<28} {:>8} {:>10}",
+        "{:<40} {:<19} {:<28} {:>8} {:>10} {:>6}",
         "WORKFLOW",
         "STORED",
         "BY",
         "PENDING",
-        "PROCESSING"
+        "PROCESSING",
+        "ERROR"
     );
     for r in &rows {
         outln!(
-            "{:<40} {:<19} {:<28} {:>8} {:>10}",
+            "{:<40} {:<19} {:<28} {:>8} {:>10} {:>6}",
             r.label,
             r.stored,
             r.by,
             r.pending,
-            r.processing
+            r.processing,
+            r.error
         );
     }
     Ok(())

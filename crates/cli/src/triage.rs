@@ -324,3 +324,71 @@ fn humane(d: std::time::Duration) -> String {
         s => format!("{s}s"),
     }
 }
+
+/// `orderly workflows migrate`: moves the Pending and Error orders pinned to `from` to
+/// the compatible version `to`, in batches, each recorded in the order's history. The
+/// store refuses an incompatible pair before anything moves.
+pub(crate) async fn move_version(
+    store: &dyn StateStore,
+    from: &str,
+    to: &str,
+    states: &[ProcessState],
+    yes: bool,
+    reason: &str,
+    operator: &str,
+) -> anyhow::Result<()> {
+    use orderly_core::workflow::WorkflowRef;
+    let from = WorkflowRef::parse(from).context("--from")?;
+    let to = WorkflowRef::parse(to).context("--to")?;
+    if from.name != to.name {
+        bail!(
+            "--to {to} is another workflow than --from {from}: orders move only between versions of one workflow"
+        );
+    }
+    let states: Vec<ProcessState> = if states.is_empty() {
+        vec![ProcessState::Pending, ProcessState::Error]
+    } else {
+        states.to_vec()
+    };
+    let counts = store.workflows_in_flight().await?;
+    let waiting: Vec<String> = states
+        .iter()
+        .map(|s| {
+            let n: i64 = counts
+                .iter()
+                .filter(|c| {
+                    c.workflow.as_deref() == Some(from.name.as_str())
+                        && c.version.as_deref() == Some(from.version.as_str())
+                        && c.state == *s
+                })
+                .map(|c| c.orders)
+                .sum();
+            format!("{n} {s}")
+        })
+        .collect();
+    if !yes
+        && !confirm(&format!(
+            "move {} orders of {from} to {to}?",
+            waiting.join(", ")
+        ))?
+    {
+        bail!("nothing done");
+    }
+    let actor = Actor::operator(operator);
+    let mut moved = 0usize;
+    loop {
+        let batch = store
+            .move_version(&from, &to, &states, &actor, reason, MOVE_BATCH)
+            .await?;
+        moved += batch.len();
+        if batch.len() < MOVE_BATCH as usize {
+            break;
+        }
+        outln!("  {moved} moved so far");
+    }
+    outln!("{moved} orders moved from {from} to {to}");
+    Ok(())
+}
+
+/// Orders moved per transaction by `orderly workflows migrate`.
+const MOVE_BATCH: u32 = 500;

@@ -54,11 +54,14 @@ pub enum HistoryKind {
     Waiting,
     /// The service it waited for is back: claimable again (Pending to Pending).
     WaitEnded,
+    /// An operator moved it to a compatible version of its workflow (its state
+    /// unchanged; the reason names both versions).
+    VersionMoved,
 }
 
 impl HistoryKind {
     /// Every kind.
-    pub const ALL: [HistoryKind; 19] = [
+    pub const ALL: [HistoryKind; 20] = [
         HistoryKind::Submitted,
         HistoryKind::Claimed,
         HistoryKind::StepStarted,
@@ -78,6 +81,7 @@ impl HistoryKind {
         HistoryKind::CancelRequested,
         HistoryKind::Waiting,
         HistoryKind::WaitEnded,
+        HistoryKind::VersionMoved,
     ];
 
     /// The stored name.
@@ -102,6 +106,7 @@ impl HistoryKind {
             HistoryKind::CancelRequested => "CancelRequested",
             HistoryKind::Waiting => "Waiting",
             HistoryKind::WaitEnded => "WaitEnded",
+            HistoryKind::VersionMoved => "VersionMoved",
         }
     }
 }

@@ -958,6 +958,22 @@ pub trait OperatorStore: Send + Sync {
     /// Every final state is listed, zero or not.
     async fn finished_since(&self, since: DateTime<Utc>) -> Result<Vec<(ProcessState, i64)>>;
 
+    /// Moves up to `limit` orders in `states` (Pending or Error; an order in
+    /// Processing finishes on the version it runs) pinned to `from` to version `to`
+    /// of the same workflow, each with a `VersionMoved` history entry, and returns
+    /// them. Both versions must be stored, and compatible
+    /// ([`crate::workflow::Workflow::compatible_with`]): anything else is refused
+    /// before any order moves. Call again until fewer than `limit` come back.
+    async fn move_version(
+        &self,
+        from: &crate::workflow::WorkflowRef,
+        to: &crate::workflow::WorkflowRef,
+        states: &[ProcessState],
+        actor: &Actor,
+        reason: &str,
+        limit: u32,
+    ) -> Result<Vec<OrderId>>;
+
     /// Sends an Error order round again: Pending, failure count reset, due at once.
     /// Steps already done stay done.
     async fn resubmit(

@@ -404,6 +404,59 @@ impl Workflow {
         Ok(w)
     }
 
+    /// Whether orders pinned to this version may be moved to `to`: the same workflow
+    /// with the same steps, so every step record, idempotency key and undo plan of an
+    /// order means the same under both. Compatible: the same name, steps (names,
+    /// queues, order), compensations, what needs undoing, and `compensate_on_error`;
+    /// budgets, retry policies and status probes may differ. Anything else is refused,
+    /// each difference named.
+    pub fn compatible_with(&self, to: &Workflow) -> Result<(), Vec<String>> {
+        let mut why = Vec::new();
+        if self.name != to.name {
+            why.push(format!("the name differs ({} and {})", self.name, to.name));
+        }
+        if self.compensate_on_error != to.compensate_on_error {
+            why.push(format!(
+                "compensate_on_error differs ({} and {})",
+                self.compensate_on_error, to.compensate_on_error
+            ));
+        }
+        if self.steps.len() != to.steps.len() {
+            why.push(format!(
+                "the number of steps differs ({} and {})",
+                self.steps.len(),
+                to.steps.len()
+            ));
+        }
+        for (i, (a, b)) in self.steps.iter().zip(&to.steps).enumerate() {
+            if a.name != b.name {
+                why.push(format!(
+                    "step {i} is {} in one and {} in the other",
+                    a.name, b.name
+                ));
+                continue;
+            }
+            if a.queue != b.queue {
+                why.push(format!(
+                    "step {} goes to {} in one and {} in the other",
+                    a.name, a.queue, b.queue
+                ));
+            }
+            if a.compensation != b.compensation {
+                why.push(format!(
+                    "step {} is undone by {} in one and {} in the other",
+                    a.name,
+                    a.compensation.as_deref().unwrap_or("nothing"),
+                    b.compensation.as_deref().unwrap_or("nothing")
+                ));
+            }
+            if a.undo_needed != b.undo_needed {
+                why.push(format!("step {} differs in undo_needed", a.name));
+            }
+        }
+        if why.is_empty() { Ok(()) } else { Err(why) }
+    }
+
     /// The reference an order running this workflow is pinned to.
     pub fn reference(&self) -> WorkflowRef {
         WorkflowRef {
@@ -672,6 +725,41 @@ impl Default for WorkflowFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Budgets, retries and probes may change under an order; its steps, their queues,
+    /// order and compensations, and what needs undoing may not.
+    #[test]
+    fn a_version_is_compatible_when_only_budgets_retries_or_probes_differ() {
+        let v1 = Workflow::default();
+        let mut v2 = v1.clone();
+        v2.steps[0].timeout_ms *= 3;
+        v2.steps[1].retry.max_attempts += 2;
+        assert_ne!(v1.version(), v2.version());
+        assert_eq!(v1.compatible_with(&v2), Ok(()));
+        let changed = |f: &dyn Fn(&mut Workflow)| {
+            let mut w = v1.clone();
+            f(&mut w);
+            v1.compatible_with(&w).unwrap_err().join("; ")
+        };
+        assert!(changed(&|w| w.steps.truncate(2)).contains("number of steps differs (3 and 2)"));
+        assert!(
+            changed(&|w| w.steps.swap(0, 1))
+                .contains("step 0 is reserve-inventory in one and charge-payment")
+        );
+        assert!(
+            changed(&|w| w.steps[1].queue = QueueName::parse("agent.billing").unwrap())
+                .contains("goes to agent.payment in one and agent.billing")
+        );
+        assert!(
+            changed(&|w| w.steps[1].compensation = Some("void".into()))
+                .contains("undone by refund in one and void")
+        );
+        assert!(
+            changed(&|w| w.steps[2].undo_needed = false).contains("ship differs in undo_needed")
+        );
+        assert!(changed(&|w| w.compensate_on_error = false).contains("compensate_on_error"));
+        assert!(changed(&|w| w.name = "gift".into()).contains("name differs"));
+    }
 
     /// The default workflow as a file would give it: defaults left out, keys
     /// reordered; ship, which cannot be undone, last.

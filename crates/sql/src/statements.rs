@@ -188,12 +188,27 @@ pub(crate) const RECORD_WORKFLOW: &str = "INSERT INTO workflow_definitions \
     (name, version, definition, first_seen_at, first_seen_by) VALUES ($1, $2, $3, $4, $5) \
     ON CONFLICT (name, version) DO NOTHING";
 
+/// One stored workflow version's definition: `$1` name, `$2` version.
+pub(crate) const STORED_WORKFLOW: &str =
+    "SELECT definition FROM workflow_definitions WHERE name = $1 AND version = $2";
+
+/// Moves a batch of orders of workflow `$1` pinned to version `$2` and in state `$5`
+/// or `$6` to version `$3` at `$4`, at most `$7` of them; returns each with its state
+/// and epoch (for its history entry).
+pub(crate) const MOVE_VERSION: &str = "UPDATE order_state SET workflow_version = $3, \
+    updated_at = $4 \
+    WHERE order_id IN (SELECT order_id FROM order_state WHERE workflow = $1 \
+        AND workflow_version = $2 AND process_state IN ($5, $6) LIMIT $7) \
+    AND workflow = $1 AND workflow_version = $2 AND process_state IN ($5, $6) \
+    RETURNING order_id, process_state, lock_epoch";
+
 /// Every stored workflow version, oldest first per name.
 pub(crate) const STORED_WORKFLOWS: &str = "SELECT name, version, definition, first_seen_at, \
     first_seen_by FROM workflow_definitions ORDER BY name, first_seen_at, version";
 
+/// Orders not finished (Pending, Processing, Error) by workflow version and state.
 pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "SELECT workflow, workflow_version, process_state, \
-    count(*) AS n FROM order_state WHERE process_state IN ('Pending', 'Processing') \
+    count(*) AS n FROM order_state WHERE process_state IN ('Pending', 'Processing', 'Error') \
     GROUP BY workflow, workflow_version, process_state \
     ORDER BY workflow, workflow_version, process_state";
 

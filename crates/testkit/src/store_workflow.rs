@@ -1216,3 +1216,146 @@ pub async fn claims_take_only_loaded_workflows_and_pin_new_orders(ctx: &Ctx) {
         ]
     );
 }
+
+/// An operator moves orders to a compatible version: only Pending and Error ones of the
+/// version named, each with a history entry; an incompatible or unstored version, or
+/// orders in Processing, are refused before anything moves.
+pub async fn orders_move_only_to_a_stored_compatible_version_and_say_so(ctx: &Ctx) {
+    use orderly_core::store::ClaimRequest;
+    use orderly_core::workflow::{Workflow, Workflows};
+    let store = ctx.store().await;
+    let v1 = Workflow::default();
+    let mut v2 = Workflow::default();
+    v2.steps[1].timeout_ms += 5_000;
+    let mut v3 = Workflow::default();
+    v3.steps.truncate(2);
+    for i in 0..3 {
+        let o = crate::builders::order_with_id(&format!("m-{i}"), 1);
+        store
+            .submit(&o, &crate::builders::submitter(), &[])
+            .await
+            .unwrap();
+    }
+    let a = owner("a");
+    let claimed = store
+        .claim(&ClaimRequest {
+            owner: a.clone(),
+            limit: 10,
+            timeout: MINUTE,
+            workflows: Arc::new(Workflows::new(vec![v1.clone()]).unwrap().filter()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    // m-0 ends in Error, m-1 is handed back (Pending), m-2 stays in Processing.
+    for c in &claimed {
+        match c.fence.order_id.as_str() {
+            "m-0" => store.fail(&c.fence, "declined", &[]).await.unwrap(),
+            "m-1" => store.release(&c.fence, "handed back").await.unwrap(),
+            _ => {}
+        }
+    }
+    let op = Actor::operator("erin");
+    let (r1, r2, r3) = (v1.reference(), v2.reference(), v3.reference());
+    // Not stored yet: refused.
+    let e = store
+        .move_version(&r1, &r2, &[], &op, "budgets", 100)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Invalid(_)) && e.to_string().contains("not stored"),
+        "{e}"
+    );
+    store
+        .record_workflows(
+            &[
+                Arc::new(v1.clone()),
+                Arc::new(v2.clone()),
+                Arc::new(v3.clone()),
+            ],
+            "test",
+        )
+        .await
+        .unwrap();
+    let e = store
+        .move_version(&r1, &r3, &[], &op, "fewer steps", 100)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("not compatible") && e.to_string().contains("number of steps"),
+        "{e}"
+    );
+    let e = store
+        .move_version(&r1, &r2, &[ProcessState::Processing], &op, "budgets", 100)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("Processing"), "{e}");
+    for id in ["m-0", "m-1", "m-2"] {
+        let s = row(&*store, &orderly_core::OrderId::parse(id).unwrap()).await;
+        assert_eq!(
+            s.workflow_version.as_deref(),
+            Some(r1.version.as_str()),
+            "{id}"
+        );
+    }
+    // One at a time, then the rest: the Error and the Pending order move; the one in
+    // Processing stays on v1.
+    let first = store
+        .move_version(&r1, &r2, &[], &op, "budgets", 1)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let rest = store
+        .move_version(&r1, &r2, &[], &op, "budgets", 100)
+        .await
+        .unwrap();
+    let mut moved: Vec<&str> = first.iter().chain(&rest).map(|o| o.as_str()).collect();
+    moved.sort_unstable();
+    assert_eq!(moved, ["m-0", "m-1"]);
+    for (id, version, state) in [
+        ("m-0", &r2.version, ProcessState::Error),
+        ("m-1", &r2.version, ProcessState::Pending),
+        ("m-2", &r1.version, ProcessState::Processing),
+    ] {
+        let view = store
+            .get(&orderly_core::OrderId::parse(id).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            view.state.workflow_version.as_deref(),
+            Some(version.as_str()),
+            "{id}"
+        );
+        assert_eq!(view.state.process_state, state, "{id}");
+        let moves: Vec<_> = view
+            .history
+            .iter()
+            .filter(|e| e.kind == HistoryKind::VersionMoved)
+            .collect();
+        if id == "m-2" {
+            assert!(moves.is_empty());
+        } else {
+            assert_eq!(moves.len(), 1, "{id}");
+            assert_eq!(moves[0].actor.as_str(), "operator:erin");
+            assert_eq!(
+                (moves[0].from_state, moves[0].to_state),
+                (Some(state), state)
+            );
+            let reason = moves[0].reason.as_deref().unwrap_or_default();
+            assert!(
+                reason.contains(&r1.to_string())
+                    && reason.contains(&r2.to_string())
+                    && reason.contains("budgets"),
+                "{reason}"
+            );
+        }
+    }
+    // Nothing left to move.
+    assert!(
+        store
+            .move_version(&r1, &r2, &[], &op, "budgets", 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -38,11 +38,12 @@ pub(super) fn url(s: &str) -> String {
 }
 
 /// The pages of the navigation bar: path and label.
-const NAV: [(&str, &str); 5] = [
+const NAV: [(&str, &str); 6] = [
     ("/", "Overview"),
     ("/orders", "Orders"),
     ("/errors", "Errors"),
     ("/alerts", "Alerts"),
+    ("/workflows", "Workflows"),
     ("/dead-letters", "Dead letters"),
 ];
 

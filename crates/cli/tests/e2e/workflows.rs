@@ -454,3 +454,246 @@ async fn demo_retry_up(dialect: Dialect) {
     up.signal("TERM");
     assert!(up.wait(Duration::from_secs(30)).success());
 }
+
+both!(
+    a_deploy_of_a_compatible_version_leaves_orders_pinned_until_an_operator_moves_them,
+    compatible_version_move
+);
+/// A deploy that only lengthens budgets (a compatible version) while v1 orders are in
+/// flight: they finish on v1, run by the new scheduler from the store. The operator
+/// sees the v1 orders that ended in Error, is refused a move to an incompatible
+/// version (the difference named, nothing moved), moves them to the compatible v2 from
+/// the dashboard (each move in the order's history, under the operator's name), and
+/// retries them: they run on v2 and finish, every step in force once.
+async fn compatible_version_move(dialect: Dialect) {
+    let files = Files::new();
+    let (v1_path, v1) = files.write("v1.toml", V1);
+    let (v2_path, v2) = files.write("v2.toml", &V1.replace("10000", "20000"));
+    let (v3_path, v3) = files.write("v3.toml", &format!("{V1}{V2_EXTRA}"));
+    assert!(v1.compatible_with(&v2).is_ok());
+    assert!(v1.compatible_with(&v3).is_err());
+
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let port = free_port();
+    let remote = format!("http://127.0.0.1:{port}/actions");
+    // Shipping refuses every order until it is fixed: each order is undone and ends
+    // in Error, pinned to the version it ran.
+    let _sim = start_sim(
+        &db.url,
+        port,
+        &["--latency-ms", "100", "--permanent-actions", "ship"],
+    );
+    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
+    let _supervisor = Proc::start(
+        "orderly-supervisor",
+        &db.url,
+        &["--interval-ms", "200", "--backoff-base-ms", "200"],
+    );
+    let _agent = Proc::start(
+        "orderly-agent",
+        &db.url,
+        &["--remote-url", &remote, "--concurrency", "2"],
+    );
+    let mut a = scheduler(&db.url, "scheduler-a", &v1_path);
+    let orders = demo::sample_orders(16);
+    let sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    wait_for(
+        "a few v1 orders to end in Error",
+        Duration::from_secs(60),
+        async || count(store.as_ref(), ProcessState::Error).await >= 2,
+    )
+    .await;
+    // The deploy: B runs v2; A stops with v1 orders in flight.
+    let _b = scheduler(&db.url, "scheduler-b", &v2_path);
+    a.signal("TERM");
+    assert!(a.wait(Duration::from_secs(30)).success());
+    wait_for(
+        "every order to end in Error",
+        Duration::from_secs(90),
+        async || count(store.as_ref(), ProcessState::Error).await == orders.len(),
+    )
+    .await;
+    let mut by_b = 0;
+    for o in &orders {
+        let s = store.get(&o.order_id).await.unwrap().state;
+        assert_eq!(
+            s.workflow_label(),
+            v1.reference().to_string(),
+            "order {}: a compatible deploy moves no order by itself",
+            o.order_id
+        );
+        by_b += usize::from(claimed_by(store.as_ref(), &o.order_id, "scheduler-b").await);
+    }
+    assert!(
+        by_b > 0,
+        "v1 orders were in flight at the deploy and B ran them"
+    );
+
+    let orderly = |args: &[&str]| {
+        let out = std::process::Command::new(bin("orderly"))
+            .args(args)
+            .env("ORDERLY_DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    // The operator stores v3 too, and sees the versions with their orders by state.
+    let (ok, out) = orderly(&["migrate", "--workflow", &v3_path]);
+    assert!(ok, "{out}");
+    let (ok, out) = orderly(&["workflows"]);
+    assert!(ok, "{out}");
+    let v1_line = out
+        .lines()
+        .find(|l| l.starts_with(&v1.reference().to_string()))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(
+        v1_line.split_whitespace().last(),
+        Some(orders.len().to_string().as_str()),
+        "the ERROR column: {out}"
+    );
+    // An incompatible version is refused, the difference named; nothing moves.
+    let (ok, out) = orderly(&[
+        "workflows",
+        "migrate",
+        "--from",
+        &v1.reference().to_string(),
+        "--to",
+        &v3.reference().to_string(),
+        "--yes",
+        "--reason",
+        "wrong target",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("not compatible") && out.contains("the number of steps differs (3 and 4)"),
+        "{out}"
+    );
+    for o in &orders {
+        assert_eq!(
+            store.get(&o.order_id).await.unwrap().state.workflow_label(),
+            v1.reference().to_string()
+        );
+    }
+
+    // The dashboard's workflows page offers v2 (compatible), not v3, for v1's orders.
+    let dash_port = free_port();
+    let listen = format!("127.0.0.1:{dash_port}");
+    let _dashboard = Proc::start("orderly", &db.url, &["dashboard", "--listen", &listen]);
+    let base = format!("http://{listen}");
+    let http = crate::procs::http_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    wait_for("the dashboard", Duration::from_secs(20), async || {
+        http.get(&base).send().await.is_ok()
+    })
+    .await;
+    let page = http.get(format!("{base}/workflows")).send().await.unwrap();
+    let csrf = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix("orderly_csrf="))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_owned();
+    let html = page.text().await.unwrap();
+    let v1_row = html
+        .split("<tr>")
+        .find(|r| r.contains(&format!("name=from value=\"{}\"", v1.reference())))
+        .unwrap_or_else(|| panic!("a move form for v1: {html}"));
+    assert!(
+        v1_row.contains(&format!("<option value=\"{}\">", v2.reference()))
+            && !v1_row.contains(&format!("<option value=\"{}\">", v3.reference()))
+            && v1_row.contains(&format!("Move {} orders", orders.len())),
+        "{v1_row}"
+    );
+    let moved = http
+        .post(format!("{base}/workflows/move"))
+        .header("cookie", format!("orderly_csrf={csrf}"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("from", &v1.reference().to_string()),
+            ("to", &v2.reference().to_string()),
+            ("operator", "erin"),
+            ("reason", "longer budgets"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status(), 200);
+    let html = moved.text().await.unwrap();
+    assert!(
+        html.contains(&format!("<b>{}</b> orders moved", orders.len())),
+        "{html}"
+    );
+    for o in &orders {
+        let view = store.get(&o.order_id).await.unwrap();
+        assert_eq!(view.state.workflow_label(), v2.reference().to_string());
+        assert_eq!(view.state.process_state, ProcessState::Error);
+        let e = view
+            .history
+            .iter()
+            .find(|e| e.kind == HistoryKind::VersionMoved)
+            .unwrap_or_else(|| panic!("{:?}", view.history));
+        assert_eq!(e.actor.as_str(), "operator:erin");
+        assert!(
+            e.reason
+                .as_deref()
+                .is_some_and(|r| r.contains(&v1.reference().to_string())
+                    && r.contains(&v2.reference().to_string())
+                    && r.contains("longer budgets")),
+            "{e:?}"
+        );
+    }
+
+    // Shipping is fixed; the retries run on v2 and finish.
+    assert!(
+        crate::procs::http()
+            .put(format!("http://127.0.0.1:{port}/faults/repair"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    let (ok, out) = orderly(&[
+        "resubmit",
+        "--all",
+        "--state",
+        "Error",
+        "--yes",
+        "--reason",
+        "shipping fixed",
+    ]);
+    assert!(ok, "{out}");
+    wait_for(
+        "every order to be Processed",
+        Duration::from_secs(90),
+        async || count(store.as_ref(), ProcessState::Processed).await == orders.len(),
+    )
+    .await;
+    for o in &orders {
+        assert_eq!(
+            store.get(&o.order_id).await.unwrap().state.workflow_label(),
+            v2.reference().to_string()
+        );
+    }
+    let effects = ledger(port).await;
+    let all = Workflows::new(vec![v2.clone(), v1.clone(), v3.clone()]).unwrap();
+    let report = invariants::report_on(store.as_ref(), Some(effects), &sent, &all, true)
+        .await
+        .unwrap();
+    assert_eq!(report.violations, Vec::<String>::new());
+}

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{Alert, Cursor, OperatorStore, OrderFilter, OrderView, Page};
 use orderly_core::transport::Envelope;
+use orderly_core::workflow::{Workflow, WorkflowRef};
 use orderly_core::{Actor, Error, OrderId, ProcessState, Result, StateRow};
 
 use super::{Event, SqlStore};
@@ -336,6 +337,108 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
             ProcessState::Cancelled,
         ];
         tally(&rows, finals.map(|s| (s, 0)).to_vec())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, from = %from, to = %to, actor = %actor))]
+    async fn move_version(
+        &self,
+        from: &WorkflowRef,
+        to: &WorkflowRef,
+        states: &[ProcessState],
+        actor: &Actor,
+        reason: &str,
+        limit: u32,
+    ) -> Result<Vec<OrderId>> {
+        let states: Vec<ProcessState> = if states.is_empty() {
+            vec![ProcessState::Pending, ProcessState::Error]
+        } else {
+            states.to_vec()
+        };
+        if let Some(s) = states
+            .iter()
+            .find(|s| !matches!(s, ProcessState::Pending | ProcessState::Error))
+        {
+            return Err(orderly_core::ValidationError::new(
+                "state",
+                format!(
+                    "{s}: only Pending and Error orders move to another version (an order in \
+                     Processing finishes on the version it runs; a finished one has nothing left to run)"
+                ),
+            )
+            .into());
+        }
+        if from == to {
+            return Err(
+                orderly_core::ValidationError::new("to", "is the version they have").into(),
+            );
+        }
+        let (mut tx, now) = self.begin().await?;
+        let mut flows = Vec::with_capacity(2);
+        for (field, r) in [("from", from), ("to", to)] {
+            let row = q(st::STORED_WORKFLOW)
+                .bind(r.name.clone())
+                .bind(r.version.clone())
+                .fetch_optional::<D>(&mut tx)
+                .await
+                .map_err(db)?;
+            let Some(row) = row else {
+                return Err(orderly_core::ValidationError::new(
+                    field,
+                    format!("{r} is not stored (`orderly migrate --workflow FILE` stores it)"),
+                )
+                .into());
+            };
+            flows.push(Workflow::from_stored(
+                &Cols(&row).get::<String>("definition")?,
+                r,
+            )?);
+        }
+        if let Err(why) = flows[0].compatible_with(&flows[1]) {
+            return Err(orderly_core::ValidationError::new(
+                "to",
+                format!(
+                    "{to} is not compatible with {from}, so orders pinned to {from} stay on it: {}",
+                    why.join("; ")
+                ),
+            )
+            .into());
+        }
+        let rows = q(st::MOVE_VERSION)
+            .bind(from.name.clone())
+            .bind(from.version.clone())
+            .bind(to.version.clone())
+            .bind(Ts(now))
+            .bind(states[0].as_str())
+            .bind(states.last().unwrap_or(&states[0]).as_str())
+            .bind(i64::from(limit.min(orderly_core::store::MAX_BATCH)))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        let why = format!("moved from {from} to {to} (compatible): {reason}");
+        let mut moved = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let c = Cols(r);
+            let order_id = c.order_id("order_id")?;
+            let state = c.state("process_state")?;
+            Self::append(
+                &mut tx,
+                Event {
+                    order_id: &order_id,
+                    at: now,
+                    actor: actor.as_str(),
+                    kind: HistoryKind::VersionMoved,
+                    from: Some(state),
+                    to: state,
+                    epoch: c.get("lock_epoch")?,
+                    step: None,
+                    reason: Some(&why),
+                },
+            )
+            .await?;
+            moved.push(order_id);
+        }
+        D::commit(tx).await.map_err(db)?;
+        Ok(moved)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, order_id = %order_id, actor = %actor))]

@@ -1,0 +1,193 @@
+//! Workflow versions: every stored version with its orders not finished (Pending,
+//! Processing, Error), versions orders are pinned to that nobody stored, and, for a
+//! version with Pending or Error orders, a form that moves them to a compatible
+//! version of the same workflow (the store refuses an incompatible one).
+
+use std::fmt::Write as _;
+
+use axum::extract::{Form, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use orderly_core::ProcessState;
+use orderly_core::workflow::{Workflow, WorkflowRef};
+use serde::Deserialize;
+
+use super::Dash;
+use super::actions::{Acting, acting, done_page, refused};
+use super::auth::{cookie, operator};
+use super::html::{action_fields, esc, failed, page, when};
+
+pub(super) async fn workflows(State(dash): State<Dash>, headers: HeaderMap) -> Response {
+    let store = &dash.backend.store;
+    let counts = match store.workflows_in_flight().await {
+        Ok(c) => c,
+        Err(e) => return failed(e),
+    };
+    let stored = match store.stored_workflows().await {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
+    let operator = operator(&headers);
+    let live = |r: &WorkflowRef, state: ProcessState| -> i64 {
+        counts
+            .iter()
+            .filter(|c| {
+                c.workflow.as_deref() == Some(r.name.as_str())
+                    && c.version.as_deref() == Some(r.version.as_str())
+                    && c.state == state
+            })
+            .map(|c| c.orders)
+            .sum()
+    };
+    let flows: Vec<(WorkflowRef, Option<Workflow>)> = stored
+        .iter()
+        .map(|s| (s.reference.clone(), s.workflow().ok()))
+        .collect();
+    let mut body = String::from(
+        "<div class=card><p class=muted>Every version stored is run by any scheduler. Orders keep the \
+         version they started on; Pending and Error orders can be moved to a compatible version \
+         (the same steps, queues, order and compensations; budgets, retries and probes may differ).</p>\
+         <div class=scroll><table id=workflows><tr><th>version</th><th>stored</th><th>by</th>\
+         <th>Pending</th><th>Processing</th><th>Error</th><th>move to a compatible version</th></tr>",
+    );
+    for s in &stored {
+        let r = &s.reference;
+        let (p, w, e) = (
+            live(r, ProcessState::Pending),
+            live(r, ProcessState::Processing),
+            live(r, ProcessState::Error),
+        );
+        let this = flows
+            .iter()
+            .find(|(f, _)| f == r)
+            .and_then(|(_, w)| w.as_ref());
+        let targets: Vec<&WorkflowRef> = match this {
+            Some(this) => flows
+                .iter()
+                .filter(|(f, w)| {
+                    f != r && w.as_ref().is_some_and(|w| this.compatible_with(w).is_ok())
+                })
+                .map(|(f, _)| f)
+                .collect(),
+            None => Vec::new(),
+        };
+        let action = if this.is_none() {
+            "<b class=bad>definition does not check</b>".to_owned()
+        } else if p + e == 0 {
+            "<span class=muted>no Pending or Error orders</span>".to_owned()
+        } else if targets.is_empty() {
+            "<span class=muted>no compatible version stored</span>".to_owned()
+        } else {
+            let options: String = targets
+                .iter()
+                .map(|t| format!("<option value=\"{0}\">{0}</option>", esc(&t.to_string())))
+                .collect();
+            format!(
+                "<form method=post action=\"/workflows/move\" class=inline>\
+                 <input type=hidden name=from value=\"{from}\">\
+                 <select name=to aria-label=\"version to move to\">{options}</select> \
+                 <input name=reason placeholder=reason size=12 aria-label=reason>{fields}\
+                 <button>Move {n} orders</button></form>",
+                from = esc(&r.to_string()),
+                fields = action_fields(csrf, &operator),
+                n = p + e,
+            )
+        };
+        let _ = write!(
+            body,
+            "<tr><td class=mono>{}</td><td>{}</td><td>{}</td>\
+             <td>{p}</td><td>{w}</td><td>{e}</td><td>{action}</td></tr>",
+            esc(&r.to_string()),
+            when(s.first_seen_at),
+            esc(&s.first_seen_by),
+        );
+    }
+    // Versions orders are pinned to that nobody stored: no scheduler runs them.
+    let mut missing = std::collections::BTreeSet::new();
+    for c in &counts {
+        let (Some(name), Some(version)) = (c.workflow.as_deref(), c.version.as_deref()) else {
+            continue;
+        };
+        if !stored
+            .iter()
+            .any(|s| s.reference.name == name && s.reference.version == version)
+        {
+            missing.insert(c.label());
+        }
+    }
+    for label in &missing {
+        let _ = write!(
+            body,
+            "<tr><td class=mono>{}</td><td colspan=6><b class=bad>not stored</b>: no scheduler can run its \
+             orders; <code>orderly migrate --workflow FILE</code> with its file stores it</td></tr>",
+            esc(label)
+        );
+    }
+    if stored.is_empty() && missing.is_empty() {
+        body.push_str("<tr><td colspan=7 class=muted>No version stored yet.</td></tr>");
+    }
+    body.push_str("</table></div></div>");
+    page("Workflows", "/workflows", &body).into_response()
+}
+
+/// The move form.
+#[derive(Debug, Deserialize)]
+pub(super) struct Move {
+    from: String,
+    to: String,
+    csrf: String,
+    operator: Option<String>,
+    reason: Option<String>,
+}
+
+pub(super) async fn move_orders(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Form(form): Form<Move>,
+) -> Response {
+    let fields = Acting {
+        csrf: form.csrf.clone(),
+        operator: form.operator.clone(),
+        reason: form.reason.clone(),
+    };
+    let (actor, reason) = match acting(&headers, &fields) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let (Ok(from), Ok(to)) = (WorkflowRef::parse(&form.from), WorkflowRef::parse(&form.to)) else {
+        return refused(StatusCode::BAD_REQUEST, "bad workflow version");
+    };
+    let states = [ProcessState::Pending, ProcessState::Error];
+    let mut moved = 0usize;
+    loop {
+        match dash
+            .backend
+            .store
+            .move_version(&from, &to, &states, &actor, &reason, 500)
+            .await
+        {
+            Ok(batch) => {
+                moved += batch.len();
+                if batch.len() < 500 {
+                    break;
+                }
+            }
+            Err(e @ orderly_core::Error::Invalid(_)) => {
+                return refused(StatusCode::CONFLICT, &e.to_string());
+            }
+            Err(e) => return failed(e),
+        }
+    }
+    tracing::info!(operator = %actor, from = %from, to = %to, moved, "orders moved to another version from the dashboard");
+    done_page(
+        &fields,
+        "Orders moved",
+        &format!(
+            "<p class=notice id=moved><b>{moved}</b> orders moved from <b>{}</b> to <b>{}</b>.</p>\
+             <p><a href=\"/workflows\">Back to the workflows</a></p>",
+            esc(&from.to_string()),
+            esc(&to.to_string())
+        ),
+    )
+}
