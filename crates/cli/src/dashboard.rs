@@ -18,6 +18,13 @@
 //! - `/metrics` (Prometheus, behind the token like the pages), `/healthz` and `/readyz`
 //!   (never behind it), as every role serves them.
 //!
+//! It answers only requests addressed to it: the `Host` must be an IP address,
+//! `localhost`, or the host of `--public-url` / `ORDERLY_DASHBOARD_PUBLIC_URL` (else
+//! 421), so a page on another site whose name is rebound to the dashboard's address
+//! reads nothing and changes nothing; a state-changing request whose `Origin` is
+//! another site, or whose browser says it is cross-site, is refused (403). Off loopback
+//! without a public URL any name is answered (the token keeps others out).
+//!
 //! On a loopback address it needs nothing; on any other it requires a token
 //! (`--token` / `ORDERLY_DASHBOARD_TOKEN`), given once as `?token=...` (kept in an
 //! HttpOnly cookie) or as `Authorization: Bearer ...`. State-changing requests must
@@ -49,6 +56,8 @@ use auth::guard;
 struct Dash {
     backend: Backend,
     token: Option<String>,
+    /// The names it answers to.
+    hosts: auth::Hosts,
     /// Minutes of activity already counted, for the charts.
     activity: std::sync::Arc<charts::ActivityCache>,
 }
@@ -59,14 +68,27 @@ pub async fn serve(
     listen: SocketAddr,
     backend: Backend,
     token: Option<String>,
+    public_url: Option<reqwest::Url>,
     ops: orderly_runtime::ops::Endpoints,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let public_host = match &public_url {
+        None => None,
+        Some(u) => Some(
+            u.host_str()
+                .filter(|_| matches!(u.scheme(), "http" | "https"))
+                .with_context(|| {
+                    format!("invalid --public-url / ORDERLY_DASHBOARD_PUBLIC_URL {u}: not an http(s) URL with a host")
+                })?
+                .to_ascii_lowercase(),
+        ),
+    };
     if !listen.ip().is_loopback() && token.as_deref().is_none_or(str::is_empty) {
         anyhow::bail!(
             "the dashboard on {listen} (not loopback) needs --token / ORDERLY_DASHBOARD_TOKEN"
         );
     }
+    let limits = orderly_runtime::http::Limits::from_env()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen} for the dashboard"))?;
@@ -74,6 +96,12 @@ pub async fn serve(
     let state = Dash {
         backend,
         token,
+        hosts: auth::Hosts {
+            public: public_host,
+            // Off loopback without a public URL, any name reaches it (behind an
+            // ingress, say): the token it requires keeps a rebound page out.
+            any: !listen.ip().is_loopback() && public_url.is_none(),
+        },
         activity: std::sync::Arc::default(),
     };
     let app = axum::Router::new()
@@ -95,19 +123,18 @@ pub async fn serve(
         .route("/dead-letters/discard", post(actions::discard))
         .with_state(state.clone())
         .merge(ops.metrics)
-        .layer(middleware::from_fn_with_state(state, guard))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn_with_state(state, auth::same_site))
         .merge(ops.probes);
     tracing::info!(%addr, "dashboard");
     Ok((
         addr,
-        tokio::spawn(async move {
-            let stop = shutdown.clone();
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-            {
-                tracing::error!(error = %e, "the dashboard failed");
-            }
-        }),
+        tokio::spawn(orderly_runtime::http::serve(
+            listener,
+            app,
+            limits,
+            "dashboard",
+            shutdown,
+        )),
     ))
 }

@@ -191,7 +191,8 @@ pub(crate) async fn run_up(
         system.leaders.clone(),
     );
     let (dash_addr, dash) =
-        match orderly_cli::dashboard::serve(dashboard, backend, token, ops, shutdown.clone()).await
+        match orderly_cli::dashboard::serve(dashboard, backend, token, None, ops, shutdown.clone())
+            .await
         {
             Ok(served) => served,
             Err(e) => {

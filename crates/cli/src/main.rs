@@ -264,6 +264,10 @@ enum Command {
         /// Required for a non-loopback address; give it once as ?token=...
         #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// The URL operators reach it by (behind a proxy or ingress): requests to any
+        /// other host name than it, an IP address or localhost are refused.
+        #[arg(long, env = "ORDERLY_DASHBOARD_PUBLIC_URL")]
+        public_url: Option<reqwest::Url>,
         /// The queues it shows and acts on: the SQL queue, or Service Bus's.
         #[command(flatten)]
         on: QueueTransport,
@@ -606,7 +610,12 @@ async fn run() -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        Command::Dashboard { listen, token, on } => {
+        Command::Dashboard {
+            listen,
+            token,
+            public_url,
+            on,
+        } => {
             let mut backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
                 .await
                 .context(
@@ -625,9 +634,15 @@ async fn run() -> anyhow::Result<()> {
                 orderly_runtime::ops::install_metrics()?,
                 Vec::new(),
             );
-            let (addr, task) =
-                orderly_cli::dashboard::serve(*listen, backend, token.clone(), ops, shutdown)
-                    .await?;
+            let (addr, task) = orderly_cli::dashboard::serve(
+                *listen,
+                backend,
+                token.clone(),
+                public_url.clone(),
+                ops,
+                shutdown,
+            )
+            .await?;
             outln!("dashboard on http://{addr}/");
             task.await?;
             return Ok(());

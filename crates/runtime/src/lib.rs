@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod election;
+pub mod http;
 pub mod ops;
 pub mod settings;
 pub mod telemetry;

@@ -242,6 +242,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let metrics = install_metrics()?;
+    let limits = crate::http::Limits::from_env()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| {
@@ -254,15 +255,13 @@ pub async fn serve(
         app = app.merge(extra);
     }
     tracing::info!(%listen, "serving /healthz, /readyz and /metrics");
-    Ok(tokio::spawn(async move {
-        let stop = shutdown.clone();
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-        {
-            tracing::error!(error = %e, "the operations endpoint failed");
-        }
-    }))
+    Ok(tokio::spawn(crate::http::serve(
+        listener,
+        app,
+        limits,
+        "operations",
+        shutdown,
+    )))
 }
 
 async fn readiness(ops: &Ops) -> Result<(), String> {

@@ -8,6 +8,7 @@ mod bench;
 mod console;
 mod deploy;
 mod fixtures;
+mod hostile;
 mod leader;
 mod lifecycle;
 mod newcomer;

@@ -1,0 +1,187 @@
+//! Hostile clients against the real binaries: a page on another site rebinding its name
+//! to the dashboard's address, a cross-site form, a half-sent request held open
+//! (slowloris), and more connections than a listener serves.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::fixtures::{Db, Dialect};
+use crate::procs::{Proc, free_port, wait_for};
+
+/// Opens a connection and sends the start of a request, never its end.
+fn half_sent(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .unwrap();
+    s
+}
+
+/// How long until the server closes `s` (reads nothing more), up to `limit`; `None`
+/// if it still holds it then.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            // A 408 or similar before the close is fine: read on to the close.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Some(started.elapsed());
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+async fn dashboard(db: &str, env: &[(&str, &str)]) -> (Proc, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let p = Proc::start_with("orderly", db, &["dashboard", "--listen", &listen], env);
+    wait_for("the dashboard", Duration::from_secs(20), async || {
+        crate::procs::get(format!("http://{listen}/healthz"))
+            .await
+            .is_ok()
+    })
+    .await;
+    (p, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_refuses_a_rebound_host_and_a_cross_site_form() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let (_dash, port) = dashboard(&db.url, &[]).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = crate::procs::http_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    // What a browser sends after `rebind.example` was rebound to 127.0.0.1.
+    let rebound = http
+        .get(format!("{base}/"))
+        .header("host", format!("rebind.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+    let body = rebound.text().await.unwrap();
+    assert!(
+        !body.contains("csrf") && body.contains("ORDERLY_DASHBOARD_PUBLIC_URL"),
+        "{body}"
+    );
+    // The same page by address or by localhost is served.
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let ok = http
+            .get(format!("{base}/"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200, "{host}");
+    }
+    // A form posted from another site, with a valid CSRF pair, is refused.
+    let page = http.get(format!("{base}/alerts")).send().await.unwrap();
+    let csrf = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix("orderly_csrf="))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_owned();
+    let post = |extra: (&'static str, String)| {
+        let (http, base, csrf) = (http.clone(), base.clone(), csrf.clone());
+        async move {
+            http.post(format!("{base}/dead-letters/discard"))
+                .header("cookie", format!("orderly_csrf={csrf}"))
+                .header(extra.0, extra.1)
+                .form(&[
+                    ("csrf", csrf.as_str()),
+                    ("queue", "orders"),
+                    ("operator", "erin"),
+                ])
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(post(("origin", "http://rebind.example".into())).await, 403);
+    assert_eq!(post(("sec-fetch-site", "cross-site".into())).await, 403);
+    // From the dashboard's own page it goes through (303 back to the list).
+    assert_eq!(post(("origin", base.clone())).await, 303);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
+    let db = Db::new(Dialect::Sqlite).await;
+    // The dashboard: a half-sent request is cut after the header timeout.
+    let (_dash, port) = dashboard(&db.url, &[("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "500")]).await;
+    let mut slow = half_sent(port);
+    let cut = closed_within(&mut slow, Duration::from_secs(10))
+        .expect("a half-sent request is not held for 10 s");
+    assert!(cut < Duration::from_secs(5), "cut after {cut:?}");
+
+    // A role's operations endpoint, the same.
+    let ops = free_port();
+    let listen = format!("127.0.0.1:{ops}");
+    let _supervisor = Proc::start_with(
+        "orderly-supervisor",
+        &db.url,
+        &["--http-listen", &listen],
+        &[("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "500")],
+    );
+    wait_for(
+        "the supervisor's endpoint",
+        Duration::from_secs(20),
+        async || {
+            crate::procs::get(format!("http://{listen}/healthz"))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    let mut slow = half_sent(ops);
+    let cut = closed_within(&mut slow, Duration::from_secs(10))
+        .expect("the operations endpoint holds no half-sent request for 10 s");
+    assert!(cut < Duration::from_secs(5), "cut after {cut:?}");
+
+    // A connection past the cap is closed at once; the ones it holds are not; once
+    // they go, connections are served again.
+    let (_capped, port) = dashboard(
+        &db.url,
+        &[
+            ("ORDERLY_HTTP_MAX_CONNECTIONS", "2"),
+            ("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "30000"),
+        ],
+    )
+    .await;
+    // Let the readiness poll's own connection close.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut held = [half_sent(port), half_sent(port)];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = half_sent(port);
+    let cut = closed_within(&mut extra, Duration::from_secs(5))
+        .expect("a connection past the cap is closed");
+    assert!(cut < Duration::from_secs(2), "cut after {cut:?}");
+    assert_eq!(
+        closed_within(&mut held[0], Duration::from_millis(500)),
+        None,
+        "a connection within the cap is kept"
+    );
+    drop(held);
+    let served = async || {
+        crate::procs::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    };
+    wait_for(
+        "a connection to be served again",
+        Duration::from_secs(10),
+        served,
+    )
+    .await;
+}

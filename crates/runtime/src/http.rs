@@ -1,0 +1,200 @@
+//! How every orderly HTTP listener (the operations endpoints, the submitter's intake,
+//! the dashboard) serves: bounded, so a slow or hostile client cannot hold it.
+//!
+//! - a request's headers must arrive within `ORDERLY_HTTP_HEADER_TIMEOUT_MS` (10 s), on
+//!   a new connection and between the requests of a kept-alive one: a half-sent
+//!   request (slowloris) or an idle connection is closed then;
+//! - a request, its body included, is answered within `ORDERLY_HTTP_REQUEST_TIMEOUT_MS`
+//!   (60 s), or gets 408;
+//! - at most `ORDERLY_HTTP_MAX_CONNECTIONS` (256) connections at once: one more is
+//!   closed as soon as it is accepted, and counted
+//!   (`orderly_http_connections_refused_total`).
+//!
+//! Bodies are capped by axum's extractors (2 MB) wherever one is read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+/// The bounds of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request's headers must arrive within this.
+    pub header_timeout: Duration,
+    /// A request is answered within this, or gets 408.
+    pub request_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            max_connections: 256,
+        }
+    }
+}
+
+impl Limits {
+    /// The bounds from the environment (the defaults where a variable is unset); a bad
+    /// value is refused, naming the variable.
+    pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let d = Self::default();
+        let number =
+            |name: &str, default: u64, range: std::ops::RangeInclusive<u64>| match get(name) {
+                None => Ok(default),
+                Some(raw) => raw
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| range.contains(n))
+                    .with_context(|| {
+                        format!(
+                            "invalid {name}: {raw:?} is not a whole number from {} to {}",
+                            range.start(),
+                            range.end()
+                        )
+                    }),
+            };
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Ok(Self {
+            header_timeout: Duration::from_millis(number(
+                "ORDERLY_HTTP_HEADER_TIMEOUT_MS",
+                ms(d.header_timeout),
+                100..=600_000,
+            )?),
+            request_timeout: Duration::from_millis(number(
+                "ORDERLY_HTTP_REQUEST_TIMEOUT_MS",
+                ms(d.request_timeout),
+                100..=3_600_000,
+            )?),
+            max_connections: usize::try_from(number(
+                "ORDERLY_HTTP_MAX_CONNECTIONS",
+                d.max_connections as u64,
+                1..=100_000,
+            )?)
+            .unwrap_or(d.max_connections),
+        })
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown`, then lets the requests
+/// in progress finish (up to 5 s). `what` names the listener in logs.
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    what: &'static str,
+    shutdown: CancellationToken,
+) {
+    let request_timeout = limits.request_timeout;
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: Request, next: axum::middleware::Next| async move {
+            match tokio::time::timeout(request_timeout, next.run(req)).await {
+                Ok(response) => response,
+                Err(_) => timed_out(request_timeout),
+            }
+        },
+    ));
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors, say: wait rather than spin.
+                tracing::warn!(listener = what, error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics::counter!("orderly_http_connections_refused_total", "listener" => what)
+                .increment(1);
+            tracing::debug!(listener = what, %peer, max = limits.max_connections, "connection refused: too many open");
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(
+            app.clone()
+                .map_request(|req: Request<hyper::body::Incoming>| req.map(axum::body::Body::new)),
+        );
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = conn.await {
+                tracing::debug!(listener = what, %peer, error = %e, "connection ended");
+            }
+        });
+    }
+    if tokio::time::timeout(Duration::from_secs(5), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = what,
+            "requests still running 5 s after shutdown: cut"
+        );
+    }
+}
+
+fn timed_out(limit: Duration) -> Response {
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the request took longer than {} ms (ORDERLY_HTTP_REQUEST_TIMEOUT_MS)\n",
+            limit.as_millis()
+        ),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_come_from_the_environment_and_a_bad_value_names_its_variable() {
+        let none = |_: &str| None;
+        assert_eq!(Limits::from_lookup(none).unwrap(), Limits::default());
+        let set = |name: &str| (name == "ORDERLY_HTTP_MAX_CONNECTIONS").then(|| "8".to_owned());
+        assert_eq!(Limits::from_lookup(set).unwrap().max_connections, 8);
+        for bad in ["0", "-1", "ten", "100001"] {
+            let e = Limits::from_lookup(|name: &str| {
+                (name == "ORDERLY_HTTP_MAX_CONNECTIONS").then(|| bad.to_owned())
+            })
+            .unwrap_err();
+            assert!(
+                e.to_string().contains("ORDERLY_HTTP_MAX_CONNECTIONS"),
+                "{bad}: {e}"
+            );
+        }
+        let e = Limits::from_lookup(|name: &str| {
+            (name == "ORDERLY_HTTP_HEADER_TIMEOUT_MS").then(|| "5".to_owned())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("ORDERLY_HTTP_HEADER_TIMEOUT_MS"));
+    }
+}
