@@ -11,6 +11,7 @@
 //! binary (`src/main.rs`) wires it through `orderly-runtime`.
 
 mod breaker;
+mod catalogue;
 mod fleet;
 mod remote;
 
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use breaker::{Breaker, BreakerConfig};
+pub use catalogue::Catalogue;
 pub use fleet::FleetConfig;
 pub use remote::{CallError, Endpoints, HttpRemote, ProbeAnswer, RemoteCall, RemoteService};
 
@@ -105,6 +107,9 @@ pub struct Agent {
     settler: mpsc::UnboundedSender<Settle>,
     /// Its part in the fleet's view of the services (`None`: its breakers are its own).
     fleet: Option<Arc<fleet::Fleet>>,
+    /// The stored workflow versions requests are checked against (`None`: not
+    /// checked, in tests of the agent alone).
+    catalogue: Option<Arc<Catalogue>>,
 }
 
 /// A request to settle: send its reply (if any), then complete it.
@@ -147,7 +152,39 @@ impl Agent {
             breakers: Arc::default(),
             settler,
             fleet: None,
+            catalogue: None,
         }
+    }
+
+    /// Acts only on requests that are what their stored workflow version says a
+    /// scheduler sends ([`StepRequest::matches`]): others are dead-lettered with the
+    /// reason, so a message cannot choose what the agent fetches or calls.
+    #[must_use]
+    pub fn with_catalogue(mut self, catalogue: Arc<Catalogue>) -> Self {
+        self.catalogue = Some(catalogue);
+        self
+    }
+
+    /// Why `req`, received on `queue`, is not what its workflow says (`Ok(None)`: it
+    /// is); a store error is returned as such.
+    async fn untrusted(
+        &self,
+        req: &StepRequest,
+        queue: &QueueName,
+    ) -> orderly_core::Result<Option<String>> {
+        let Some(catalogue) = &self.catalogue else {
+            return Ok(None);
+        };
+        Ok(match catalogue.get(req.context.workflow.as_ref()).await? {
+            catalogue::Found::Known(flow) => req.matches(&flow, queue.as_str()).err(),
+            catalogue::Found::Unknown => Some(format!(
+                "workflow {} is not stored: no scheduler runs it",
+                req.context
+                    .workflow
+                    .as_ref()
+                    .map_or_else(|| "(none)".to_owned(), ToString::to_string)
+            )),
+        })
     }
 
     /// Shares what it sees of its services with the fleet through `view`'s store: an
@@ -388,7 +425,18 @@ impl Agent {
         // One trace per order: this step continues the scheduler's span that sent it.
         orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
-            if let Err(e) = req.check() {
+            let refused = match req.check() {
+                Err(e) => Some(e.to_string()),
+                Ok(()) => match self.untrusted(&req, &msg.queue).await {
+                    Ok(why) => why,
+                    Err(e) => {
+                        // The store is out: the request comes back once its lock ends.
+                        warn!(error = %e, "cannot read the stored workflows to check the request; left for later");
+                        return Handled::Silent(format!("workflows unreadable: {e}"));
+                    }
+                },
+            };
+            if let Some(e) = refused {
                 let why = format!("invalid step request: {e}");
                 warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered");
                 if let Err(e) = self.transport.dead_letter(&msg, "InvalidRequest", &why).await {

@@ -184,6 +184,9 @@ async fn run() -> anyhow::Result<()> {
         Arc::new(SystemClock),
         cfg,
     );
+    // Requests are checked against the workflow versions the schedulers stored.
+    let store: Arc<dyn orderly_core::store::SchedulerStore> = backend.store.clone();
+    agent = agent.with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));
     if args.backpressure {
         agent = agent.with_services(Arc::new(ServiceView::new(backend.store.clone())), fleet);
     }

@@ -97,12 +97,26 @@ pub trait RemoteService: Send + Sync {
 }
 
 /// Where each action is served: `base_url/<action>` unless overridden.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoints {
     /// The default base URL, e.g. `http://remote:8080/actions`.
     pub base_url: String,
     /// Per-action URLs.
     pub overrides: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let overrides: std::collections::BTreeMap<&str, String> = self
+            .overrides
+            .iter()
+            .map(|(a, u)| (a.as_str(), shown(u)))
+            .collect();
+        f.debug_struct("Endpoints")
+            .field("base_url", &shown(&self.base_url))
+            .field("overrides", &overrides)
+            .finish()
+    }
 }
 
 impl Endpoints {
@@ -115,8 +129,16 @@ impl Endpoints {
     }
 }
 
-/// The HTTP implementation.
-#[derive(Debug, Clone)]
+impl std::fmt::Debug for HttpRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRemote")
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The HTTP implementation (its `Debug` shows the URLs as [`shown`]).
+#[derive(Clone)]
 pub struct HttpRemote {
     client: reqwest::Client,
     endpoints: Endpoints,
@@ -155,6 +177,66 @@ fn cut(mut text: String) -> String {
     text
 }
 
+/// The start of an answer's body, read while it streams: at most [`MAX_ANSWER`] bytes
+/// are kept and nothing past them is read (a service that answers with gigabytes
+/// costs the agent 2 kB), as text (invalid UTF-8 replaced).
+async fn answer(mut response: reqwest::Response) -> String {
+    let mut body: Vec<u8> = Vec::new();
+    while body.len() < MAX_ANSWER {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ANSWER - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    cut(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A URL as it may be shown (in errors that are logged, stored in a step's detail or a
+/// service's health, and sent to the dashboard and the webhook): scheme, host, port and
+/// path, never its user, password, query or fragment, which may hold a key (an Azure
+/// Functions `?code=`, a SAS signature).
+pub fn shown(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            u.path()
+        ),
+        Err(_) => "(an invalid URL)".to_owned(),
+    }
+}
+
+/// A client error in words without the URL it names (which may hold a key): its kind
+/// and cause, after the URL as [`shown`].
+fn unreached(url: &str, e: reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "cannot connect"
+    } else if e.is_request() {
+        "request failed"
+    } else if e.is_body() || e.is_decode() {
+        "bad answer"
+    } else {
+        "no answer"
+    };
+    let mut cause = String::new();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        cause = s.to_string();
+        source = s.source();
+    }
+    let cause = if cause.is_empty() || cause.contains("://") {
+        String::new()
+    } else {
+        format!(": {cause}")
+    };
+    format!("{kind} ({}){cause}", shown(url))
+}
+
 /// Parses `Retry-After` given in seconds (the HTTP-date form is treated as absent).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
@@ -165,9 +247,10 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 impl RemoteService for HttpRemote {
     async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<String, CallError> {
         let body = serde_json::to_vec(call).map_err(|e| CallError::Permanent(e.to_string()))?;
+        let url = self.endpoints.url(&call.action);
         let mut request = self
             .client
-            .post(self.endpoints.url(&call.action))
+            .post(&url)
             .timeout(timeout)
             .header("Idempotency-Key", &call.idempotency_key)
             .header(reqwest::header::CONTENT_TYPE, "application/json");
@@ -186,13 +269,13 @@ impl RemoteService for HttpRemote {
                 error: if e.is_timeout() {
                     "timed out".to_owned()
                 } else {
-                    format!("no answer: {e}")
+                    unreached(&url, e)
                 },
                 retry_after: None,
             })?;
         let status = response.status();
         let wait = retry_after(response.headers());
-        let text = cut(response.text().await.unwrap_or_default());
+        let text = answer(response).await;
         match status.as_u16() {
             200..=299 => Ok(text),
             408 | 429 | 500..=599 => Err(CallError::Transient {
@@ -214,10 +297,10 @@ impl RemoteService for HttpRemote {
         {
             Ok(r) => r,
             Err(e) if e.is_timeout() => return ProbeAnswer::Unknown("timed out".into()),
-            Err(e) => return ProbeAnswer::Unknown(format!("no answer: {e}")),
+            Err(e) => return ProbeAnswer::Unknown(unreached(url, e)),
         };
         let status = response.status();
-        let text = cut(response.text().await.unwrap_or_default());
+        let text = answer(response).await;
         match status.as_u16() {
             200..=299 => ProbeAnswer::Applied(text),
             404 => ProbeAnswer::NotFound,

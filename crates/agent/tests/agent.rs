@@ -880,3 +880,98 @@ async fn a_forged_request_is_dead_lettered_and_the_service_never_called() {
         "{dead:?}"
     );
 }
+
+/// An agent acts only on what the stored workflow says a scheduler sends: a request
+/// with a probe of the sender's choosing (a server-side request forgery with a readable
+/// answer), another action, another budget, another order's key, another queue, or a
+/// version nobody stored is dead-lettered with the reason, and nothing is called or
+/// fetched; the request as the workflow says is worked on.
+#[tokio::test]
+async fn a_request_that_is_not_what_its_stored_workflow_says_is_dead_lettered_untouched() {
+    use orderly_core::store::SchedulerStore;
+    use orderly_core::workflow::Workflow;
+    let r = rig().await;
+    let store: Arc<dyn SchedulerStore> = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let base = request(&r, "o-trust", Duration::from_secs(30), 3);
+    let mut flow = Workflow::default();
+    flow.steps[0].timeout_ms = base.timeout_ms;
+    flow.steps[0].retry = base.retry.clone();
+    store
+        .record_workflows(&[Arc::new(flow.clone())], "scheduler-test")
+        .await
+        .unwrap();
+    let pinned = |mut req: StepRequest| {
+        req.context.workflow = Some(flow.reference());
+        req
+    };
+    let remote = Scripted::with_probe(vec![Ok("reserved".into())], Vec::new());
+    let agent = agent(&r, remote.clone(), BreakerConfig::default())
+        .with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));
+
+    let forged: Vec<(&str, StepRequest)> = vec![
+        ("probe", {
+            let mut q = pinned(base.clone());
+            q.probe = Some(StatusProbe {
+                url: "http://169.254.169.254/metadata/{key}".into(),
+                not_found: NotFound::NotApplied,
+            });
+            q.uncertain = true;
+            q
+        }),
+        ("action", {
+            let mut q = pinned(base.clone());
+            q.action = "release-inventory".into();
+            q
+        }),
+        ("timeout_ms", {
+            let mut q = pinned(base.clone());
+            q.timeout_ms = 86_400_000;
+            q
+        }),
+        ("idempotency_key", {
+            let mut q = pinned(base.clone());
+            q.idempotency_key = "another-order/0/reserve-inventory".into();
+            q
+        }),
+        ("step", {
+            let mut q = pinned(base.clone());
+            q.step_index = 1;
+            q
+        }),
+        ("is not stored", {
+            let mut q = base.clone();
+            q.context.workflow =
+                Some(orderly_core::workflow::WorkflowRef::parse("order@0123456789ab").unwrap());
+            q
+        }),
+    ];
+    for (n, (what, mut req)) in forged.into_iter().enumerate() {
+        // Each its own message (a queue drops a repeated message id).
+        req.fence.epoch = Epoch(10 + n as i64);
+        match handle(&r, &agent, req).await {
+            Handled::Refused(why) => assert!(why.contains(what), "{what}: {why}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert!(remote.keys.lock().unwrap().is_empty(), "nothing was called");
+    assert!(
+        remote.probed.lock().unwrap().is_empty(),
+        "nothing was fetched"
+    );
+    let dead = r.transport.dead_letters(&r.work, 10).await.unwrap();
+    assert_eq!(dead.len(), 6);
+    assert!(
+        dead.iter().all(|d| d.reason == "InvalidRequest"),
+        "{dead:?}"
+    );
+    // As the workflow says, it is worked on.
+    match handle(&r, &agent, pinned(base.clone())).await {
+        Handled::Replied(_) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(remote.keys.lock().unwrap().len(), 1);
+}

@@ -76,3 +76,106 @@ async fn bursts_of_calls_reuse_the_connections_of_the_first() {
     shutdown.cancel();
     server.await.unwrap().unwrap();
 }
+
+/// A service that answers 200 and then streams its body for ever.
+async fn endless_answer() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\n")
+                    .await;
+                let chunk = vec![b'x'; 64 * 1024];
+                while s.write_all(&chunk).await.is_ok() {}
+            });
+        }
+    });
+    addr
+}
+
+/// An answer is read only up to its first 2,000 bytes: a service streaming without
+/// end is answered within the call's time, its text cut, not read for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_read_only_up_to_its_cap() {
+    let addr = endless_answer().await;
+    let remote = HttpRemote::new(
+        Endpoints {
+            base_url: format!("http://{addr}/actions"),
+            overrides: Default::default(),
+        },
+        &orderly_tls::Trust::platform(),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let text = remote
+        .call(&call(1, 0), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(text.len(), 2_000);
+    let probe = remote
+        .probe(
+            &format!("http://{addr}/status/k"),
+            "k",
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(
+        matches!(&probe, orderly_agent::ProbeAnswer::Applied(t) if t.len() == 2_000),
+        "{probe:?}"
+    );
+}
+
+/// A remote URL's key (an Azure Functions `?code=`, a password) is never in an error:
+/// not in the call's error (stored in the step's detail and the service's health, sent
+/// to the dashboard and the webhook), nor in the client's `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_urls_key_never_shows_in_an_error() {
+    // A port nobody listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let secret = "s3cr3t-code-value";
+    let mut overrides = std::collections::HashMap::new();
+    overrides.insert(
+        "reserve".to_owned(),
+        format!("http://user:{secret}@127.0.0.1:{port}/api/reserve?code={secret}"),
+    );
+    let remote = HttpRemote::new(
+        Endpoints {
+            base_url: format!("http://127.0.0.1:{port}/actions?code={secret}"),
+            overrides,
+        },
+        &orderly_tls::Trust::platform(),
+    )
+    .unwrap();
+    let e = remote
+        .call(&call(1, 0), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let text = format!("{e:?} {e}");
+    assert!(!text.contains(secret), "{text}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}/api/reserve")),
+        "{text}"
+    );
+    let probe = remote
+        .probe(
+            &format!("http://127.0.0.1:{port}/status/k?code={secret}"),
+            "k",
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(!format!("{probe:?}").contains(secret), "{probe:?}");
+    assert!(!format!("{remote:?}").contains(secret), "{remote:?}");
+}

@@ -261,6 +261,8 @@ impl System {
                 clock.clone(),
                 ac,
             );
+            let store: Arc<dyn orderly_core::store::SchedulerStore> = backend.store.clone();
+            a = a.with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));
             if let Some(policy) = &cfg.outages {
                 a = a.with_services(
                     Arc::new(ServiceView::new(backend.store.clone())),

@@ -200,6 +200,71 @@ impl StepRequest {
         Ok(())
     }
 
+    /// Whether the request is what its workflow version `flow` says a scheduler sends
+    /// for its step to `queue` (where it was received): the step's name and queue, the
+    /// action (the step or its compensation), budget, retry policy and status probe,
+    /// and the idempotency keys the order, run and step give. An agent acts only on
+    /// what its own configuration and the stored workflow say: a request that differs
+    /// in any of these was not sent by a scheduler and is refused (its probe URL, say,
+    /// would make the agent fetch an address of the sender's choosing).
+    pub fn matches(&self, flow: &crate::workflow::Workflow, queue: &str) -> Result<(), String> {
+        use crate::step::idempotency_key;
+        let Some(def) = flow.step(self.step_index) else {
+            return Err(format!(
+                "step index {} is outside workflow {} ({} steps)",
+                self.step_index,
+                flow.reference(),
+                flow.len()
+            ));
+        };
+        let action = match self.kind {
+            StepKind::Do => Some(&def.name),
+            StepKind::Compensate => def.compensation.as_ref(),
+        };
+        let generation = self.context.generation;
+        let order = &self.fence.order_id;
+        let mut differs = Vec::new();
+        if self.step != def.name {
+            differs.push("step");
+        }
+        if def.queue.as_str() != queue {
+            differs.push("queue");
+        }
+        if action != Some(&self.action) {
+            differs.push("action");
+        }
+        if self.timeout_ms != def.timeout_ms {
+            differs.push("timeout_ms");
+        }
+        if self.retry != def.retry {
+            differs.push("retry");
+        }
+        let probe = def.probe.as_ref().filter(|_| self.kind == StepKind::Do);
+        if self.probe.as_ref() != probe {
+            differs.push("probe");
+        }
+        if self.idempotency_key != idempotency_key(order, generation, self.step_index, &self.action)
+        {
+            differs.push("idempotency_key");
+        }
+        let compensates = (self.kind == StepKind::Compensate && generation > 0)
+            .then(|| idempotency_key(order, generation, self.step_index, &def.name));
+        if self.compensates.is_some() && self.compensates != compensates {
+            differs.push("compensates");
+        }
+        if differs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} not what workflow {} says for step {} ({}) on {queue}",
+                differs.join(", "),
+                flow.reference(),
+                self.step_index,
+                def.name
+            ))
+        }
+    }
+
     /// The message id: one per action, order and ownership term.
     pub fn message_id(&self) -> String {
         format!(
