@@ -37,6 +37,9 @@ const types = rhea.types;
 const HOST = process.env.STANDIN_HOST || '127.0.0.2';
 const BATCH_FORMAT = 0x80013700;
 const LOCK_LOST = 'com.microsoft:message-lock-lost';
+// The largest transfer taken: Service Bus Standard's 256 KB, or STANDIN_MAX_TRANSFER_BYTES.
+const MAX_TRANSFER = Number(process.env.STANDIN_MAX_TRANSFER_BYTES || 256 * 1024);
+const stats = { oversized: 0 };
 
 // The broker's clock: real time until a test sets it, then frozen at what the test set
 // (tests move time with a manual clock, so lock and schedule times are exact).
@@ -359,6 +362,14 @@ container.on('message', (context) => {
   }
   const q = queueOf(entity);
   if (!q) return context.delivery.reject({ condition: 'amqp:not-found', description: `no queue ${entity}` });
+  // As Service Bus Standard: a transfer (one message, or one batch) over 256 KB is
+  // refused whole, and nothing of it is enqueued.
+  const size = Buffer.isBuffer(msg) ? msg.length : rhea.message.encode(msg).length;
+  if (size > MAX_TRANSFER) {
+    stats.oversized += 1;
+    return context.delivery.reject({ condition: 'amqp:link:message-size-exceeded',
+      description: `The received message (${size} bytes) exceeds the limit (${MAX_TRANSFER} bytes) of ${entity}.` });
+  }
   if (context.delivery.format === BATCH_FORMAT) {
     // rhea hands over other formats undecoded: the envelope's data sections each hold
     // one encoded message.

@@ -67,7 +67,14 @@ pub struct ServiceBusSettings {
     pub try_timeout: Duration,
     /// Retries of a failed call.
     pub max_retries: u32,
+    /// The most one send carries, and so the largest message: a send is split into
+    /// batches of at most this many bytes (the Standard tier's 256 KB by default;
+    /// Premium takes up to 100 MB, set by `ORDERLY_SERVICEBUS_MAX_BATCH_BYTES`).
+    pub max_batch_bytes: usize,
 }
+
+/// Service Bus Standard's limit of a message and of a batch.
+pub const STANDARD_MAX_BATCH_BYTES: usize = 256 * 1024;
 
 impl std::fmt::Debug for ServiceBusSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +83,7 @@ impl std::fmt::Debug for ServiceBusSettings {
             .field("unsecured", &self.unsecured)
             .field("try_timeout", &self.try_timeout)
             .field("max_retries", &self.max_retries)
+            .field("max_batch_bytes", &self.max_batch_bytes)
             .finish()
     }
 }
@@ -88,6 +96,7 @@ impl ServiceBusSettings {
             unsecured: false,
             try_timeout: Duration::from_secs(10),
             max_retries: 2,
+            max_batch_bytes: STANDARD_MAX_BATCH_BYTES,
         }
     }
 
@@ -133,8 +142,23 @@ impl ServiceBusSettings {
             Some("true") => true,
             Some(_) => return Err(ValidationError::new(UNSECURED, "must be true or false")),
         };
+        const MAX_BATCH: &str = "ORDERLY_SERVICEBUS_MAX_BATCH_BYTES";
+        let max_batch_bytes = match var(MAX_BATCH).as_deref().map(str::trim) {
+            None | Some("") => STANDARD_MAX_BATCH_BYTES,
+            Some(raw) => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (4096..=100 * 1024 * 1024).contains(n))
+                .ok_or_else(|| {
+                    ValidationError::new(
+                        MAX_BATCH,
+                        "must be a number of bytes from 4096 to 104857600",
+                    )
+                })?,
+        };
         Ok(Self {
             unsecured,
+            max_batch_bytes,
             ..Self::new(connection)
         })
     }
@@ -305,6 +329,15 @@ where
         || text.contains("could not be found")
     {
         return TransportError::QueueNotFound(queue.clone());
+    }
+    // Too large for the entity: sending it again never succeeds.
+    if text.contains("messagesizeexceeded") || text.contains("message-size-exceeded") {
+        return TransportError::Invalid(ValidationError::new(
+            "message",
+            format!(
+                "refused by {queue} as too large ({e}); lower ORDERLY_SERVICEBUS_MAX_BATCH_BYTES to the entity's limit"
+            ),
+        ));
     }
     unavailable(Some(queue), format!("{e}"))
 }
@@ -562,6 +595,48 @@ impl ServiceBusTransport {
         }
     }
 
+    /// Sends one batch (within the size limit) in one broker call, retried on a fresh
+    /// sender on a retryable failure.
+    async fn send_batch(
+        &self,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        let limit = self.settings.try_timeout;
+        let mut attempt = 0;
+        loop {
+            let conn = self.connection().await?;
+            let result = match self.sender(&conn, queue).await {
+                Ok(sender) => {
+                    let batch = messages
+                        .iter()
+                        .map(to_service_bus)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    bounded(limit, queue, "a send", async {
+                        sender.lock().await.send_messages(batch).await
+                    })
+                    .await
+                    .and_then(|r| r.map_err(|e| classify(e, queue, None)))
+                }
+                Err(e) => Err(e),
+            };
+            self.judge(&conn, queue, &result);
+            match result {
+                // Service Bus drops duplicates silently: it cannot say how many there were.
+                Ok(()) => return Ok(()),
+                Err(error) => {
+                    attempt += 1;
+                    if !error.is_retryable() || attempt > self.settings.max_retries {
+                        return Err(error);
+                    }
+                    // Safe to repeat: the broker drops a repeat by message id.
+                    tracing::debug!(queue = %queue, attempt, error = %error, "send failed; retrying on a fresh sender");
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                }
+            }
+        }
+    }
+
     async fn sender(
         &self,
         conn: &Connection,
@@ -761,6 +836,56 @@ fn rand_fraction() -> f64 {
     f64::from(nanos % 1_000_000) / 1_000_000.0
 }
 
+/// What a message weighs on the wire, near enough to pack batches: its body, id,
+/// correlation id and properties, and a fixed allowance for the AMQP framing of its
+/// sections (header, properties, annotations) and its place in the batch.
+pub fn wire_size(m: &OutgoingMessage) -> usize {
+    const FRAMING: usize = 256;
+    m.body.len()
+        + m.message_id.len()
+        + m.correlation_id.as_ref().map_or(0, String::len)
+        + m.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+        + FRAMING
+}
+
+/// Splits `messages` into consecutive batches of at most `max` bytes each
+/// ([`wire_size`]); a message that alone is over `max` is refused, naming `queue` and
+/// the sizes, before anything is sent.
+pub fn batches<'m>(
+    queue: &QueueName,
+    messages: &'m [OutgoingMessage],
+    max: usize,
+) -> Result<Vec<&'m [OutgoingMessage]>, TransportError> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, m) in messages.iter().enumerate() {
+        let w = wire_size(m);
+        if w > max {
+            return Err(ValidationError::new(
+                "message",
+                format!(
+                    "{} is {w} bytes, over the {max} bytes a message to {queue} may have \
+                     (ORDERLY_SERVICEBUS_MAX_BATCH_BYTES; Service Bus Standard allows 256 KB): nothing sent",
+                    m.message_id
+                ),
+            )
+            .into());
+        }
+        if size + w > max {
+            out.push(&messages[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += w;
+    }
+    if start < messages.len() {
+        out.push(&messages[start..]);
+    }
+    Ok(out)
+}
+
 fn to_service_bus(m: &OutgoingMessage) -> Result<ServiceBusMessage, TransportError> {
     let mut sb = ServiceBusMessage::new(m.body.clone());
     sb.set_message_id(m.message_id.clone()).map_err(|e| {
@@ -826,44 +951,20 @@ impl Transport for ServiceBusTransport {
         if messages.is_empty() {
             return Ok(SendOutcome::default());
         }
-        let limit = self.settings.try_timeout;
-        let mut attempt = 0;
-        loop {
-            let conn = self.connection().await?;
-            let result = match self.sender(&conn, queue).await {
-                Ok(sender) => {
-                    let batch = messages
-                        .iter()
-                        .map(to_service_bus)
-                        .collect::<Result<Vec<_>, _>>()?;
-                    bounded(limit, queue, "a send", async {
-                        sender.lock().await.send_messages(batch).await
-                    })
-                    .await
-                    .and_then(|r| r.map_err(|e| classify(e, queue, None)))
-                }
-                Err(e) => Err(e),
-            };
-            self.judge(&conn, queue, &result);
-            match result {
-                // Service Bus drops duplicates silently: it cannot say how many there were.
-                Ok(()) => {
-                    return Ok(SendOutcome {
-                        accepted: messages.len(),
-                        duplicates: 0,
-                    });
-                }
-                Err(error) => {
-                    attempt += 1;
-                    if !error.is_retryable() || attempt > self.settings.max_retries {
-                        return Err(error);
-                    }
-                    // Safe to repeat: the broker drops a repeat by message id.
-                    tracing::debug!(queue = %queue, attempt, error = %error, "send failed; retrying on a fresh sender");
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                }
-            }
+        // One batch per broker call, each within the entity's size; one after the
+        // other, each retried on its own (a repeat of one already taken is dropped by
+        // message id).
+        let parts = batches(queue, messages, self.settings.max_batch_bytes)?;
+        if parts.len() > 1 {
+            tracing::debug!(queue = %queue, batches = parts.len(), "send split by size");
         }
+        for part in parts {
+            self.send_batch(queue, part).await?;
+        }
+        Ok(SendOutcome {
+            accepted: messages.len(),
+            duplicates: 0,
+        })
     }
 
     async fn receive(

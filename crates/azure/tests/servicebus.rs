@@ -399,6 +399,86 @@ mod misbehaving_broker {
         OutgoingMessage::new(id, id.as_bytes().to_vec())
     }
 
+    /// A send larger than the entity takes at once (the stand-in, as Service Bus
+    /// Standard, refuses a transfer over 256 KB) goes out in batches within it: 256
+    /// replies of ~1.5 kB, as an agent settles them, all arrive once. Sent as one batch
+    /// (the limit set above the broker's) the broker refuses it whole; a single message
+    /// over the limit is refused before anything is sent, naming the queue and sizes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_send_over_the_entitys_size_goes_out_in_batches_within_it() {
+        let standin = Standin::start();
+        let t = transport(&standin, Duration::from_secs(5)).await;
+        let q = declared(&t, "replies").await;
+        let big = |i: usize| {
+            let mut m = OutgoingMessage::new(format!("reply-{i}"), vec![b'r'; 1_500]);
+            m.correlation_id = Some(format!("req:o-{i}:1:d:3"));
+            m.properties.insert(
+                "traceparent".into(),
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            );
+            m
+        };
+        let replies: Vec<OutgoingMessage> = (0..256).map(big).collect();
+        let total: usize = replies
+            .iter()
+            .map(orderly_azure::servicebus::wire_size)
+            .sum();
+        assert!(
+            total > 256 * 1024,
+            "{total} bytes: more than one transfer takes"
+        );
+        let out = t.send(&q, &replies).await.unwrap();
+        assert_eq!(out.accepted, 256);
+        let mut got = std::collections::BTreeSet::new();
+        while got.len() < 256 {
+            let batch = t.receive(&q, 256, Duration::from_secs(2)).await.unwrap();
+            assert!(!batch.is_empty(), "only {} arrived", got.len());
+            for m in batch {
+                assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
+                t.complete(&m).await.unwrap();
+            }
+        }
+
+        // Without the split (a limit above the broker's) the broker refuses it whole.
+        let mut settings = ServiceBusSettings::new(standin.connection_string());
+        settings.unsecured = true;
+        settings.max_batch_bytes = 4 * 1024 * 1024;
+        let unsplit = ServiceBusTransport::connect(
+            &settings,
+            Arc::new(StandinAdmin(standin.control)),
+            Arc::new(SystemClock),
+        )
+        .await
+        .unwrap();
+        let again: Vec<OutgoingMessage> = (1000..1256).map(big).collect();
+        let e = unsplit.send(&q, &again).await.unwrap_err();
+        assert!(!e.is_retryable(), "{e}");
+        assert!(
+            t.receive(&q, 10, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // One message over the limit with its framing (its body alone is within the
+        // limit every transport applies): refused before anything goes, naming it all.
+        let huge = OutgoingMessage::new("huge", vec![b'x'; 262_000]);
+        let e = t.send(&q, &[msg("small"), huge]).await.unwrap_err();
+        assert!(matches!(e, TransportError::Invalid(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("huge") && text.contains("replies") && text.contains("262144"),
+            "{text}"
+        );
+        assert!(
+            t.receive(&q, 10, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_empty(),
+            "nothing sent"
+        );
+    }
+
     /// Sends until one goes through (each call may fail while the transport finds its
     /// connection gone and builds a new one); how long it took.
     async fn send_until_through(t: &ServiceBusTransport, q: &QueueName, id: &str) -> Duration {
