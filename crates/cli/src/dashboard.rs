@@ -38,6 +38,7 @@ use axum::routing::{get, post};
 use orderly_sql::Backend;
 use tokio_util::sync::CancellationToken;
 
+mod access;
 mod actions;
 mod alerts;
 mod auth;
@@ -58,17 +59,26 @@ struct Dash {
     token: Option<String>,
     /// The names it answers to.
     hosts: auth::Hosts,
+    /// Who its operators are, when it is told.
+    access: access::Access,
+    /// Reached over https (its public URL): cookies are `Secure`.
+    secure: bool,
     /// Minutes of activity already counted, for the charts.
     activity: std::sync::Arc<charts::ActivityCache>,
 }
 
-/// Serves the dashboard on `listen` until `shutdown`. Refuses a non-loopback address
-/// without a token.
+pub use access::Access;
+
+/// Serves the dashboard on `listen` until `shutdown`, answering the names `public_url`
+/// and `hosts` allow, to the operators `access` names (or, without any, to whoever has
+/// `token`, on loopback to anyone). Refuses a non-loopback address without a token or
+/// operators.
 pub async fn serve(
     listen: SocketAddr,
     backend: Backend,
     token: Option<String>,
     public_url: Option<reqwest::Url>,
+    access: access::Access,
     ops: orderly_runtime::ops::Endpoints,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
@@ -83,7 +93,10 @@ pub async fn serve(
                 .to_ascii_lowercase(),
         ),
     };
-    if !listen.ip().is_loopback() && token.as_deref().is_none_or(str::is_empty) {
+    if !listen.ip().is_loopback()
+        && token.as_deref().is_none_or(str::is_empty)
+        && !access.identifies()
+    {
         anyhow::bail!(
             "the dashboard on {listen} (not loopback) needs --token / ORDERLY_DASHBOARD_TOKEN"
         );
@@ -102,6 +115,8 @@ pub async fn serve(
             // ingress, say): the token it requires keeps a rebound page out.
             any: !listen.ip().is_loopback() && public_url.is_none(),
         },
+        secure: public_url.as_ref().is_some_and(|u| u.scheme() == "https"),
+        access,
         activity: std::sync::Arc::default(),
     };
     let app = axum::Router::new()

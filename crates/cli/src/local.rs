@@ -190,16 +190,23 @@ pub(crate) async fn run_up(
         metrics,
         system.leaders.clone(),
     );
-    let (dash_addr, dash) =
-        match orderly_cli::dashboard::serve(dashboard, backend, token, None, ops, shutdown.clone())
-            .await
-        {
-            Ok(served) => served,
-            Err(e) => {
-                system.stop(std::time::Duration::from_secs(10)).await;
-                return Err(e);
-            }
-        };
+    let (dash_addr, dash) = match orderly_cli::dashboard::serve(
+        dashboard,
+        backend,
+        token,
+        None,
+        orderly_cli::dashboard::Access::default(),
+        ops,
+        shutdown.clone(),
+    )
+    .await
+    {
+        Ok(served) => served,
+        Err(e) => {
+            system.stop(std::time::Duration::from_secs(10)).await;
+            return Err(e);
+        }
+    };
     let sim = system.sim_addr.map(|a| a.to_string()).unwrap_or_default();
     // With JSON logs (a container) the news is a log event like every other line.
     if orderly_runtime::log_json_from_env() {

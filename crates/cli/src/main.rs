@@ -268,6 +268,16 @@ enum Command {
         /// other host name than it, an IP address or localhost are refused.
         #[arg(long, env = "ORDERLY_DASHBOARD_PUBLIC_URL")]
         public_url: Option<reqwest::Url>,
+        /// Operators, one a line: NAME ROLE TOKEN (role operate or read; token `-` for
+        /// one who signs in through the proxy only). Each signs in with their own
+        /// token and acts under their own name.
+        #[arg(long, env = "ORDERLY_DASHBOARD_OPERATORS_FILE")]
+        operators_file: Option<std::path::PathBuf>,
+        /// The authenticating proxy in front (oauth2-proxy, App Service Easy Auth):
+        /// from this address, X-Forwarded-User / X-Forwarded-Email /
+        /// X-MS-CLIENT-PRINCIPAL-NAME name the operator.
+        #[arg(long, env = "ORDERLY_DASHBOARD_TRUSTED_PROXY")]
+        trusted_proxy: Option<std::net::IpAddr>,
         /// The queues it shows and acts on: the SQL queue, or Service Bus's.
         #[command(flatten)]
         on: QueueTransport,
@@ -614,8 +624,17 @@ async fn run() -> anyhow::Result<()> {
             listen,
             token,
             public_url,
+            operators_file,
+            trusted_proxy,
             on,
         } => {
+            let access = match operators_file {
+                Some(path) => orderly_cli::dashboard::Access::from_file(path, *trusted_proxy)?,
+                None => orderly_cli::dashboard::Access {
+                    operators: Vec::new(),
+                    trusted_proxy: *trusted_proxy,
+                },
+            };
             let mut backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
                 .await
                 .context(
@@ -639,6 +658,7 @@ async fn run() -> anyhow::Result<()> {
                 backend,
                 token.clone(),
                 public_url.clone(),
+                access,
                 ops,
                 shutdown,
             )

@@ -133,10 +133,16 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = hyper_util::service::TowerToHyperService::new(
-            app.clone()
-                .map_request(|req: Request<hyper::body::Incoming>| req.map(axum::body::Body::new)),
-        );
+        // Handlers may ask who connected (the dashboard believes a proxy's identity
+        // headers only from the proxy's address).
+        let service = hyper_util::service::TowerToHyperService::new(app.clone().map_request(
+            move |req: Request<hyper::body::Incoming>| {
+                let mut req = req.map(axum::body::Body::new);
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        ));
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)

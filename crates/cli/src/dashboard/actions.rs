@@ -46,11 +46,35 @@ pub(super) fn acting(headers: &HeaderMap, form: &Acting) -> Result<(Actor, Strin
             "The form's CSRF token does not match: reload the page and try again.",
         )));
     }
-    let name = form
+    let given = form
         .operator
         .as_deref()
         .map(str::trim)
-        .unwrap_or("dashboard");
+        .filter(|n| !n.is_empty());
+    // Signed in, the action is the signed-in operator's: a form naming someone else
+    // is a forgery of the audit trail.
+    if let Some(signed_in) = headers
+        .get(super::auth::SIGNED_IN)
+        .and_then(|v| v.to_str().ok())
+    {
+        if given.is_some_and(|g| g != signed_in) {
+            return Err(Box::new(refused(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "You are signed in as {signed_in}: an action is recorded under that name, not another."
+                ),
+            )));
+        }
+        let reason = form
+            .reason
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .unwrap_or("from the dashboard")
+            .to_owned();
+        return Ok((Actor::operator(signed_in), reason));
+    }
+    let name = given.unwrap_or("dashboard");
     if name.is_empty()
         || name.len() > 64
         || !name

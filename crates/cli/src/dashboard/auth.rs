@@ -19,8 +19,12 @@ pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .map(|(_, v)| v)
 }
 
-/// Who acts, as the last action's form said (`dashboard` until one did).
+/// Who acts: the operator signed in, else as the last action's form said
+/// (`dashboard` until one did).
 pub(super) fn operator(headers: &HeaderMap) -> String {
+    if let Some(name) = headers.get(SIGNED_IN).and_then(|v| v.to_str().ok()) {
+        return name.to_owned();
+    }
     cookie(headers, "orderly_operator")
         .filter(|n| !n.is_empty())
         .unwrap_or("dashboard")
@@ -114,46 +118,126 @@ pub(super) async fn same_site(State(dash): State<Dash>, req: Request, next: Next
     next.run(req).await
 }
 
+/// The name of the operator signed in, set by [`guard`] (a client's own is dropped).
+pub(super) const SIGNED_IN: &str = "x-orderly-signed-in";
+/// `operate` or `read`, set by [`guard`] beside [`SIGNED_IN`].
+pub(super) const ROLE: &str = "x-orderly-role";
+
+/// The token a request carries: `Authorization: Bearer`, the cookie, or `?token=`
+/// (the last is moved into the cookie at once).
+fn presented(req: &Request) -> (Option<String>, Option<String>) {
+    let headers = req.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+        .or_else(|| cookie(headers, "orderly_token").map(str::to_owned));
+    let query = req.uri().query().and_then(|q| {
+        q.split('&')
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| *k == "token")
+            .map(|(_, v)| v.to_string())
+    });
+    (bearer, query)
+}
+
+/// Keeps `token` in an HttpOnly cookie and sends the browser back to the same address
+/// without it (the token never stays in the address bar or the history).
+fn sign_in(req: &Request, token: &str, secure: bool) -> Response {
+    let rest: Vec<&str> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("token="))
+        .collect();
+    let path = if rest.is_empty() {
+        req.uri().path().to_string()
+    } else {
+        format!("{}?{}", req.uri().path(), rest.join("&"))
+    };
+    let secure = if secure { "; Secure" } else { "" };
+    (
+        [(
+            header::SET_COOKIE,
+            format!("orderly_token={token}; HttpOnly; SameSite=Strict; Path=/{secure}"),
+        )],
+        Redirect::to(&path),
+    )
+        .into_response()
+}
+
+/// Who the request is from, when the dashboard identifies its operators: the operator
+/// whose token it carries, or the name the trusted proxy gives (only from its address).
+fn identified(dash: &Dash, req: &Request) -> Option<(String, super::access::Role)> {
+    let access = &dash.access;
+    let (token, query) = presented(req);
+    if let Some(o) = token.or(query).as_deref().and_then(|t| access.by_token(t)) {
+        return Some((o.name.clone(), o.role));
+    }
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    if access.trusted_proxy.is_some() && peer == access.trusted_proxy {
+        let name = [
+            "x-forwarded-user",
+            "x-forwarded-email",
+            "x-ms-client-principal-name",
+        ]
+        .iter()
+        .find_map(|h| req.headers().get(*h).and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|n| super::access::valid_name(n))?;
+        return Some((name.to_owned(), access.role_of(name)));
+    }
+    None
+}
+
 /// The token (when one is required) and a CSRF cookie on every response.
 pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) -> Response {
-    if let Some(token) = dash.token.as_deref().filter(|t| !t.is_empty()) {
-        let headers = req.headers();
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let query = req.uri().query().and_then(|q| {
-            q.split('&')
-                .filter_map(|p| p.split_once('='))
-                .find(|(k, _)| *k == "token")
-                .map(|(_, v)| v.to_string())
-        });
-        if query.as_deref().is_some_and(|q| same(q, token)) {
-            // Keep it in a cookie and drop it (only it) from the address bar.
-            let rest: Vec<&str> = req
-                .uri()
-                .query()
-                .unwrap_or("")
-                .split('&')
-                .filter(|p| !p.is_empty() && !p.starts_with("token="))
-                .collect();
-            let path = if rest.is_empty() {
-                req.uri().path().to_string()
-            } else {
-                format!("{}?{}", req.uri().path(), rest.join("&"))
-            };
+    let mut req = req;
+    req.headers_mut().remove(SIGNED_IN);
+    req.headers_mut().remove(ROLE);
+    if dash.access.identifies() {
+        let Some((name, role)) = identified(&dash, &req) else {
             return (
-                [(
-                    header::SET_COOKIE,
-                    format!("orderly_token={token}; HttpOnly; SameSite=Strict; Path=/"),
-                )],
-                Redirect::to(&path),
+                StatusCode::UNAUTHORIZED,
+                "sign in: open the dashboard once with ?token=YOUR-OPERATOR-TOKEN, or through its authenticating proxy\n",
+            )
+                .into_response();
+        };
+        if let (_, Some(query)) = presented(&req)
+            && dash.access.by_token(&query).is_some()
+        {
+            return sign_in(&req, &query, dash.secure);
+        }
+        let role = match role {
+            super::access::Role::Operate => "operate",
+            super::access::Role::Read => "read",
+        };
+        if let (Ok(n), Ok(r)) = (name.parse(), role.parse()) {
+            req.headers_mut().insert(SIGNED_IN, n);
+            req.headers_mut().insert(ROLE, r);
+        }
+        let reads = matches!(
+            *req.method(),
+            axum::http::Method::GET | axum::http::Method::HEAD
+        );
+        if !reads && role == "read" {
+            return (
+                StatusCode::FORBIDDEN,
+                format!("{name} may read the dashboard, not act on it (role read)\n"),
             )
                 .into_response();
         }
-        let ok = bearer.is_some_and(|b| same(b, token))
-            || cookie(headers, "orderly_token").is_some_and(|c| same(c, token));
-        if !ok {
+    } else if let Some(token) = dash.token.as_deref().filter(|t| !t.is_empty()) {
+        let (bearer, query) = presented(&req);
+        if query.as_deref().is_some_and(|q| same(q, token)) {
+            return sign_in(&req, token, dash.secure);
+        }
+        if !bearer.as_deref().is_some_and(|b| same(b, token)) {
             return (
                 StatusCode::UNAUTHORIZED,
                 "this dashboard needs its token: open it once with ?token=...\n",
@@ -163,7 +247,6 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
     }
     // A first visit gets its CSRF token at once: the page it is answered with carries
     // it in its forms already.
-    let mut req = req;
     let fresh = cookie(req.headers(), "orderly_csrf")
         .is_none()
         .then(|| uuid::Uuid::new_v4().simple().to_string());
@@ -174,7 +257,11 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
     }
     let mut res = next.run(req).await;
     if let Some(token) = fresh
-        && let Ok(v) = format!("orderly_csrf={token}; SameSite=Strict; Path=/").parse()
+        && let Ok(v) = format!(
+            "orderly_csrf={token}; SameSite=Strict; Path=/{}",
+            if dash.secure { "; Secure" } else { "" }
+        )
+        .parse()
     {
         res.headers_mut().append(header::SET_COOKIE, v);
     }

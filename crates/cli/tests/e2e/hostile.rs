@@ -185,3 +185,143 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
     )
     .await;
 }
+
+/// With operators configured, each signs in with their own token (or through the
+/// trusted proxy) and acts under their own name: a form naming someone else is refused
+/// (the audit trail cannot be forged), a `read` operator changes nothing, and a request
+/// without a token is not let in, even on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
+    use orderly_core::ProcessState;
+    use orderly_core::history::HistoryKind;
+    let db = Db::new(Dialect::Sqlite).await;
+    let backend = db.backend().await;
+    let store = backend.store.clone();
+    let orders = orderly_cli::demo::sample_orders(3);
+    for o in &orders {
+        store
+            .submit(o, &orderly_testkit::builders::submitter(), &[])
+            .await
+            .unwrap();
+    }
+    let (alice, bob) = ("alice-token-0123456789", "bob-token-0123456789ab");
+    let file = std::env::temp_dir().join(format!(
+        "orderly-operators-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &file,
+        format!("alice operate {alice}\nbob read {bob}\ncarol operate -\n"),
+    )
+    .unwrap();
+    let (_dash, port) = dashboard(
+        &db.url,
+        &[
+            ("ORDERLY_DASHBOARD_OPERATORS_FILE", file.to_str().unwrap()),
+            ("ORDERLY_DASHBOARD_TRUSTED_PROXY", "127.0.0.1"),
+        ],
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = crate::procs::http_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    assert_eq!(http.get(&base).send().await.unwrap().status(), 401);
+    // Signing in with ?token= keeps it in a cookie and drops it from the address.
+    let signed = http
+        .get(format!("{base}/alerts?token={alice}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), 303);
+    assert_eq!(signed.headers()["location"], "/alerts");
+    assert!(
+        signed.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("HttpOnly")
+    );
+
+    let cancel = |who: (&'static str, String), order: usize, operator: &'static str| {
+        let (http, base, id) = (http.clone(), base.clone(), orders[order].order_id.clone());
+        async move {
+            let page = http
+                .get(format!("{base}/orders/{id}"))
+                .header(who.0, who.1.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(page.status(), 200);
+            let csrf = page
+                .headers()
+                .get_all("set-cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find_map(|c| c.strip_prefix("orderly_csrf="))
+                .and_then(|c| c.split(';').next())
+                .unwrap()
+                .to_owned();
+            let html = page.text().await.unwrap();
+            http.post(format!("{base}/orders/{id}/cancel"))
+                .header(who.0, who.1)
+                .header("cookie", format!("orderly_csrf={csrf}"))
+                .form(&[
+                    ("csrf", csrf.as_str()),
+                    ("operator", operator),
+                    ("reason", "test"),
+                ])
+                .send()
+                .await
+                .map(|r| (r.status(), html))
+                .unwrap()
+        }
+    };
+    let bearer = |t: &str| ("authorization", format!("Bearer {t}"));
+    // Alice's page names her; her form naming mallory is refused, nothing changes.
+    let (status, html) = cancel(bearer(alice), 0, "mallory").await;
+    assert!(
+        html.contains("value=\"alice\""),
+        "the form carries her name"
+    );
+    assert_eq!(status, 403);
+    let state = |i: usize| {
+        let (store, id) = (store.clone(), orders[i].order_id.clone());
+        async move { store.get(&id).await.unwrap() }
+    };
+    assert_eq!(state(0).await.state.process_state, ProcessState::Pending);
+    let (status, _) = cancel(bearer(alice), 0, "alice").await;
+    assert_eq!(status, 303);
+    let view = state(0).await;
+    assert_eq!(view.state.process_state, ProcessState::Cancelled);
+    let by = view
+        .history
+        .iter()
+        .find(|e| e.kind == HistoryKind::Cancelled)
+        .unwrap();
+    assert_eq!(by.actor.as_str(), "operator:alice");
+    // Bob reads; his action is refused.
+    let (status, _) = cancel(bearer(bob), 1, "bob").await;
+    assert_eq!(status, 403);
+    assert_eq!(state(1).await.state.process_state, ProcessState::Pending);
+    // Carol, through the proxy (its address is trusted), acts under her name.
+    let (status, _) = cancel(("x-forwarded-user", "carol".into()), 2, "carol").await;
+    assert_eq!(status, 303);
+    let view = state(2).await;
+    assert!(
+        view.history
+            .iter()
+            .any(|e| e.kind == HistoryKind::Cancelled && e.actor.as_str() == "operator:carol"),
+        "{:?}",
+        view.history
+    );
+    // A proxy header naming no valid name lets nobody in.
+    let odd = http
+        .get(&base)
+        .header("x-forwarded-user", "<script>")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(odd.status(), 401);
+    let _ = std::fs::remove_file(&file);
+}
