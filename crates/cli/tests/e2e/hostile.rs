@@ -325,3 +325,96 @@ async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
     assert_eq!(odd.status(), 401);
     let _ = std::fs::remove_file(&file);
 }
+
+/// Secrets planted where users put them (a remote service's URL with an Azure
+/// Functions `?code=` and a password, the alert webhook's key, the dashboard's token)
+/// never show: not in any role's `--help`, log, the services' health an operator reads,
+/// nor the steps' details, while the remote service is unreachable and failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_secrets_never_show_in_help_logs_or_stored_errors() {
+    let code = "code-0f9e8d7c6b5a";
+    let password = "pw-1a2b3c4d5e6f";
+    let hook_key = "hook-9a8b7c6d5e4f";
+    let token = "dash-5f4e3d2c1b0a";
+    let secrets = [code, password, hook_key, token];
+    let closed = free_port();
+    let remote = format!("http://user:{password}@127.0.0.1:{closed}/api/actions?code={code}");
+    let hook = format!("http://127.0.0.1:{closed}/hook?key={hook_key}");
+    let env = [
+        ("ORDERLY_REMOTE_URL", remote.as_str()),
+        ("ORDERLY_ALERT_WEBHOOK_URL", hook.as_str()),
+        ("ORDERLY_DASHBOARD_TOKEN", token),
+    ];
+    let clean = |what: &str, text: &str| {
+        for s in secrets {
+            assert!(!text.contains(s), "{what} shows a secret:\n{text}");
+        }
+    };
+    for (bin, args) in [
+        ("orderly-agent", vec!["--help"]),
+        ("orderly-supervisor", vec!["--help"]),
+        ("orderly", vec!["dashboard", "--help"]),
+    ] {
+        let out = std::process::Command::new(crate::procs::bin(bin))
+            .args(&args)
+            .envs(env)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        clean(
+            &format!("{bin} --help"),
+            &String::from_utf8_lossy(&out.stdout),
+        );
+    }
+
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
+    let scheduler = Proc::start("orderly-scheduler", &db.url, &[]);
+    let agent = Proc::start_with("orderly-agent", &db.url, &["--breaker-failures", "2"], &env);
+    let supervisor = Proc::start_with(
+        "orderly-supervisor",
+        &db.url,
+        &["--interval-ms", "200"],
+        &env,
+    );
+    let orders = orderly_cli::demo::sample_orders(4);
+    orderly_cli::demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    wait_for(
+        "the unreachable service to be reported down, with its error",
+        Duration::from_secs(60),
+        async || {
+            store
+                .services()
+                .await
+                .unwrap()
+                .iter()
+                .any(|h| h.last_error.is_some())
+        },
+    )
+    .await;
+    for h in store.services().await.unwrap() {
+        let e = h.last_error.clone().unwrap_or_default();
+        clean("the services' health", &e);
+        if !e.is_empty() {
+            assert!(
+                e.contains(&format!("127.0.0.1:{closed}/api/actions")),
+                "{e}"
+            );
+        }
+    }
+    for o in &orders {
+        let view = store.get(&o.order_id).await.unwrap();
+        clean("an order", &format!("{:?} {:?}", view.state, view.steps));
+        clean("its history", &format!("{:?}", view.history));
+    }
+    for (what, p) in [
+        ("agent", &agent),
+        ("supervisor", &supervisor),
+        ("scheduler", &scheduler),
+    ] {
+        clean(&format!("the {what}'s log"), &p.output());
+    }
+}
