@@ -25,6 +25,8 @@ pub enum Found {
 /// The stored workflow versions, cached.
 pub struct Catalogue {
     store: Arc<dyn SchedulerStore>,
+    /// The built-in workflow's reference (what a request naming none runs).
+    builtin: WorkflowRef,
     known: Mutex<HashMap<WorkflowRef, Arc<Workflow>>>,
     read_at: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -36,6 +38,7 @@ impl Catalogue {
         let builtin = Workflow::default();
         Self {
             store,
+            builtin: builtin.reference(),
             known: Mutex::new(HashMap::from([(builtin.reference(), Arc::new(builtin))])),
             read_at: tokio::sync::Mutex::new(None),
         }
@@ -52,14 +55,12 @@ impl Catalogue {
     /// The definition of `reference` (`None`: the built-in workflow). A store error is
     /// returned as such: the request is then left for later, not refused.
     pub async fn get(&self, reference: Option<&WorkflowRef>) -> orderly_core::Result<Found> {
-        let r = reference
-            .cloned()
-            .unwrap_or_else(|| Workflow::default().reference());
-        if let Some(w) = self.cached(&r) {
+        let r = reference.unwrap_or(&self.builtin);
+        if let Some(w) = self.cached(r) {
             return Ok(Found::Known(w));
         }
         let mut read_at = self.read_at.lock().await;
-        if let Some(w) = self.cached(&r) {
+        if let Some(w) = self.cached(r) {
             return Ok(Found::Known(w));
         }
         // A version stored since the last read is found at the next: wait for it
@@ -80,6 +81,6 @@ impl Catalogue {
                 known.insert(s.reference, Arc::new(w));
             }
         }
-        Ok(known.get(&r).cloned().map_or(Found::Unknown, Found::Known))
+        Ok(known.get(r).cloned().map_or(Found::Unknown, Found::Known))
     }
 }

@@ -14,6 +14,18 @@ use tokio_util::sync::CancellationToken;
 /// connections would keep.
 const AT_ONCE: usize = 150;
 
+/// The HTTP client for a remote service at `base_url`, some actions elsewhere.
+fn remote_at(base_url: String, overrides: std::collections::HashMap<String, String>) -> HttpRemote {
+    HttpRemote::new(
+        Endpoints {
+            base_url,
+            overrides,
+        },
+        &orderly_tls::Trust::platform(),
+    )
+    .unwrap()
+}
+
 fn call(order: usize, round: usize) -> RemoteCall {
     RemoteCall {
         order_id: OrderId::parse(format!("o-{order}")).unwrap(),
@@ -40,14 +52,7 @@ async fn bursts_of_calls_reuse_the_connections_of_the_first() {
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
-    let remote = HttpRemote::new(
-        Endpoints {
-            base_url: format!("http://{addr}/actions"),
-            overrides: Default::default(),
-        },
-        &orderly_tls::Trust::platform(),
-    )
-    .unwrap();
+    let remote = remote_at(format!("http://{addr}/actions"), Default::default());
     for round in 0..3 {
         let mut burst = tokio::task::JoinSet::new();
         for order in 0..AT_ONCE {
@@ -103,14 +108,7 @@ async fn endless_answer() -> std::net::SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_is_read_only_up_to_its_cap() {
     let addr = endless_answer().await;
-    let remote = HttpRemote::new(
-        Endpoints {
-            base_url: format!("http://{addr}/actions"),
-            overrides: Default::default(),
-        },
-        &orderly_tls::Trust::platform(),
-    )
-    .unwrap();
+    let remote = remote_at(format!("http://{addr}/actions"), Default::default());
     let started = std::time::Instant::now();
     let text = remote
         .call(&call(1, 0), Duration::from_secs(20))
@@ -151,14 +149,10 @@ async fn a_urls_key_never_shows_in_an_error() {
         "reserve".to_owned(),
         format!("http://user:{secret}@127.0.0.1:{port}/api/reserve?code={secret}"),
     );
-    let remote = HttpRemote::new(
-        Endpoints {
-            base_url: format!("http://127.0.0.1:{port}/actions?code={secret}"),
-            overrides,
-        },
-        &orderly_tls::Trust::platform(),
-    )
-    .unwrap();
+    let remote = remote_at(
+        format!("http://127.0.0.1:{port}/actions?code={secret}"),
+        overrides,
+    );
     let e = remote
         .call(&call(1, 0), Duration::from_secs(5))
         .await

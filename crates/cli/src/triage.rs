@@ -375,20 +375,16 @@ pub(crate) async fn move_version(
         bail!("nothing done");
     }
     let actor = Actor::operator(operator);
-    let mut moved = 0usize;
-    loop {
-        let batch = store
-            .move_version(&from, &to, &states, &actor, reason, MOVE_BATCH)
-            .await?;
-        moved += batch.len();
-        if batch.len() < MOVE_BATCH as usize {
-            break;
-        }
-        outln!("  {moved} moved so far");
-    }
+    let moved = orderly_core::store::move_version_all(
+        store,
+        &from,
+        &to,
+        &states,
+        &actor,
+        reason,
+        &mut |so_far| outln!("  {so_far} moved so far"),
+    )
+    .await?;
     outln!("{moved} orders moved from {from} to {to}");
     Ok(())
 }
-
-/// Orders moved per transaction by `orderly workflows migrate`.
-const MOVE_BATCH: u32 = 500;

@@ -1116,6 +1116,34 @@ impl<T> StateStore for T where
 {
 }
 
+/// Orders moved per transaction by [`move_version_all`].
+pub const MOVE_BATCH: u32 = 500;
+
+/// Moves every order [`OperatorStore::move_version`] would, batch after batch (each
+/// its own transaction, so a run cut short is taken up by running it again), telling
+/// `progress` the count so far after each full batch; returns how many moved.
+pub async fn move_version_all(
+    store: &dyn OperatorStore,
+    from: &crate::workflow::WorkflowRef,
+    to: &crate::workflow::WorkflowRef,
+    states: &[ProcessState],
+    actor: &Actor,
+    reason: &str,
+    progress: &mut (dyn FnMut(usize) + Send),
+) -> Result<usize> {
+    let mut moved = 0;
+    loop {
+        let batch = store
+            .move_version(from, to, states, actor, reason, MOVE_BATCH)
+            .await?;
+        moved += batch.len();
+        if batch.len() < MOVE_BATCH as usize {
+            return Ok(moved);
+        }
+        progress(moved);
+    }
+}
+
 /// Cuts free text to [`MAX_TEXT_LEN`] bytes on a character boundary.
 pub fn bounded_text(text: &str) -> &str {
     if text.len() <= MAX_TEXT_LEN {

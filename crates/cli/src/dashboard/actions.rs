@@ -51,13 +51,13 @@ pub(super) fn acting(headers: &HeaderMap, form: &Acting) -> Result<(Actor, Strin
         .as_deref()
         .map(str::trim)
         .filter(|n| !n.is_empty());
-    // Signed in, the action is the signed-in operator's: a form naming someone else
-    // is a forgery of the audit trail.
-    if let Some(signed_in) = headers
+    let signed_in = headers
         .get(super::auth::SIGNED_IN)
-        .and_then(|v| v.to_str().ok())
-    {
-        if given.is_some_and(|g| g != signed_in) {
+        .and_then(|v| v.to_str().ok());
+    let name = match signed_in {
+        // Signed in, the action is the signed-in operator's: a form naming someone
+        // else is a forgery of the audit trail.
+        Some(signed_in) if given.is_some_and(|g| g != signed_in) => {
             return Err(Box::new(refused(
                 StatusCode::FORBIDDEN,
                 &format!(
@@ -65,22 +65,10 @@ pub(super) fn acting(headers: &HeaderMap, form: &Acting) -> Result<(Actor, Strin
                 ),
             )));
         }
-        let reason = form
-            .reason
-            .as_deref()
-            .map(str::trim)
-            .filter(|r| !r.is_empty())
-            .unwrap_or("from the dashboard")
-            .to_owned();
-        return Ok((Actor::operator(signed_in), reason));
-    }
-    let name = given.unwrap_or("dashboard");
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
-    {
+        Some(signed_in) => signed_in,
+        None => given.unwrap_or("dashboard"),
+    };
+    if !super::access::valid_name(name) {
         return Err(Box::new(refused(
             StatusCode::BAD_REQUEST,
             "Your name (operator): 1 to 64 letters, digits, '-', '_', '.' or '@'.",

@@ -120,8 +120,6 @@ pub(super) async fn same_site(State(dash): State<Dash>, req: Request, next: Next
 
 /// The name of the operator signed in, set by [`guard`] (a client's own is dropped).
 pub(super) const SIGNED_IN: &str = "x-orderly-signed-in";
-/// `operate` or `read`, set by [`guard`] beside [`SIGNED_IN`].
-pub(super) const ROLE: &str = "x-orderly-role";
 
 /// The token a request carries: `Authorization: Bearer`, the cookie, or `?token=`
 /// (the last is moved into the cookie at once).
@@ -169,11 +167,14 @@ fn sign_in(req: &Request, token: &str, secure: bool) -> Response {
 }
 
 /// Who the request is from, when the dashboard identifies its operators: the operator
-/// whose token it carries, or the name the trusted proxy gives (only from its address).
-fn identified(dash: &Dash, req: &Request) -> Option<(String, super::access::Role)> {
+/// whose `token` it carries, or the name the trusted proxy gives (only from its address).
+fn identified(
+    dash: &Dash,
+    req: &Request,
+    token: Option<&str>,
+) -> Option<(String, super::access::Role)> {
     let access = &dash.access;
-    let (token, query) = presented(req);
-    if let Some(o) = token.or(query).as_deref().and_then(|t| access.by_token(t)) {
+    if let Some(o) = token.and_then(|t| access.by_token(t)) {
         return Some((o.name.clone(), o.role));
     }
     let peer = req
@@ -199,45 +200,37 @@ fn identified(dash: &Dash, req: &Request) -> Option<(String, super::access::Role
 pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) -> Response {
     let mut req = req;
     req.headers_mut().remove(SIGNED_IN);
-    req.headers_mut().remove(ROLE);
+    let (token, query) = presented(&req);
     if dash.access.identifies() {
-        let Some((name, role)) = identified(&dash, &req) else {
+        if let Some(query) = query.filter(|q| dash.access.by_token(q).is_some()) {
+            return sign_in(&req, &query, dash.secure);
+        }
+        let Some((name, role)) = identified(&dash, &req, token.as_deref()) else {
             return (
                 StatusCode::UNAUTHORIZED,
                 "sign in: open the dashboard once with ?token=YOUR-OPERATOR-TOKEN, or through its authenticating proxy\n",
             )
                 .into_response();
         };
-        if let (_, Some(query)) = presented(&req)
-            && dash.access.by_token(&query).is_some()
-        {
-            return sign_in(&req, &query, dash.secure);
-        }
-        let role = match role {
-            super::access::Role::Operate => "operate",
-            super::access::Role::Read => "read",
-        };
-        if let (Ok(n), Ok(r)) = (name.parse(), role.parse()) {
-            req.headers_mut().insert(SIGNED_IN, n);
-            req.headers_mut().insert(ROLE, r);
-        }
         let reads = matches!(
             *req.method(),
             axum::http::Method::GET | axum::http::Method::HEAD
         );
-        if !reads && role == "read" {
+        if !reads && role == super::access::Role::Read {
             return (
                 StatusCode::FORBIDDEN,
                 format!("{name} may read the dashboard, not act on it (role read)\n"),
             )
                 .into_response();
         }
-    } else if let Some(token) = dash.token.as_deref().filter(|t| !t.is_empty()) {
-        let (bearer, query) = presented(&req);
-        if query.as_deref().is_some_and(|q| same(q, token)) {
-            return sign_in(&req, token, dash.secure);
+        if let Ok(n) = name.parse() {
+            req.headers_mut().insert(SIGNED_IN, n);
         }
-        if !bearer.as_deref().is_some_and(|b| same(b, token)) {
+    } else if let Some(shared) = dash.token.as_deref().filter(|t| !t.is_empty()) {
+        if query.as_deref().is_some_and(|q| same(q, shared)) {
+            return sign_in(&req, shared, dash.secure);
+        }
+        if !token.as_deref().is_some_and(|t| same(t, shared)) {
             return (
                 StatusCode::UNAUTHORIZED,
                 "this dashboard needs its token: open it once with ?token=...\n",

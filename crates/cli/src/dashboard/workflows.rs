@@ -159,26 +159,23 @@ pub(super) async fn move_orders(
         return refused(StatusCode::BAD_REQUEST, "bad workflow version");
     };
     let states = [ProcessState::Pending, ProcessState::Error];
-    let mut moved = 0usize;
-    loop {
-        match dash
-            .backend
-            .store
-            .move_version(&from, &to, &states, &actor, &reason, 500)
-            .await
-        {
-            Ok(batch) => {
-                moved += batch.len();
-                if batch.len() < 500 {
-                    break;
-                }
-            }
-            Err(e @ orderly_core::Error::Invalid(_)) => {
-                return refused(StatusCode::CONFLICT, &e.to_string());
-            }
-            Err(e) => return failed(e),
+    let moved = match orderly_core::store::move_version_all(
+        dash.backend.store.as_ref(),
+        &from,
+        &to,
+        &states,
+        &actor,
+        &reason,
+        &mut |_| {},
+    )
+    .await
+    {
+        Ok(n) => n,
+        Err(e @ orderly_core::Error::Invalid(_)) => {
+            return refused(StatusCode::CONFLICT, &e.to_string());
         }
-    }
+        Err(e) => return failed(e),
+    };
     tracing::info!(operator = %actor, from = %from, to = %to, moved, "orders moved to another version from the dashboard");
     done_page(
         &fields,

@@ -222,15 +222,7 @@ async fn the_console_tells_who_leads_and_requeues_or_discards_dead_letters() {
         .send()
         .await
         .unwrap();
-    let csrf = page
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(|c| c.strip_prefix("orderly_csrf="))
-        .and_then(|c| c.split(';').next())
-        .unwrap()
-        .to_owned();
+    let csrf = crate::procs::csrf_cookie(&page);
     let html = page.text().await.unwrap();
     assert!(
         html.contains("bad-1") && html.contains("Requeue all 2") && html.contains("Discard all 2"),

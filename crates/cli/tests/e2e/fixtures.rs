@@ -134,3 +134,33 @@ macro_rules! both {
         }
     };
 }
+
+/// Workflow files of a test, in a directory of their own; removed when dropped.
+pub struct Files {
+    dir: std::path::PathBuf,
+}
+
+impl Files {
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "orderly-workflows-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    /// Writes `text` as the file `name`: its path, and the workflow it loads as.
+    pub fn write(&self, name: &str, text: &str) -> (String, orderly_core::workflow::Workflow) {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let workflow = orderly_runtime::load_workflow(Some(&path)).unwrap();
+        (path.display().to_string(), workflow)
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -36,16 +36,10 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     }
 }
 
+/// `orderly dashboard` with `env`, and its port.
 async fn dashboard(db: &str, env: &[(&str, &str)]) -> (Proc, u16) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let p = Proc::start_with("orderly", db, &["dashboard", "--listen", &listen], env);
-    wait_for("the dashboard", Duration::from_secs(20), async || {
-        crate::procs::get(format!("http://{listen}/healthz"))
-            .await
-            .is_ok()
-    })
-    .await;
+    let (p, base) = crate::procs::start_dashboard(db, env).await;
+    let port = base.rsplit(':').next().unwrap().parse().unwrap();
     (p, port)
 }
 
@@ -83,15 +77,7 @@ async fn the_dashboard_refuses_a_rebound_host_and_a_cross_site_form() {
     }
     // A form posted from another site, with a valid CSRF pair, is refused.
     let page = http.get(format!("{base}/alerts")).send().await.unwrap();
-    let csrf = page
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(|c| c.strip_prefix("orderly_csrf="))
-        .and_then(|c| c.split(';').next())
-        .unwrap()
-        .to_owned();
+    let csrf = crate::procs::csrf_cookie(&page);
     let post = |extra: (&'static str, String)| {
         let (http, base, csrf) = (http.clone(), base.clone(), csrf.clone());
         async move {
@@ -253,15 +239,7 @@ async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
                 .await
                 .unwrap();
             assert_eq!(page.status(), 200);
-            let csrf = page
-                .headers()
-                .get_all("set-cookie")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .find_map(|c| c.strip_prefix("orderly_csrf="))
-                .and_then(|c| c.split(';').next())
-                .unwrap()
-                .to_owned();
+            let csrf = crate::procs::csrf_cookie(&page);
             let html = page.text().await.unwrap();
             http.post(format!("{base}/orders/{id}/cancel"))
                 .header(who.0, who.1)

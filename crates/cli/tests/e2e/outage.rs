@@ -360,15 +360,7 @@ async fn operator_journey(dialect: Dialect) {
     })
     .await;
     let page = http.get(&base).send().await.unwrap();
-    let csrf = page
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(|c| c.strip_prefix("orderly_csrf="))
-        .and_then(|c| c.split(';').next())
-        .expect("a CSRF cookie")
-        .to_owned();
+    let csrf = crate::procs::csrf_cookie(&page);
     let html = page.text().await.unwrap();
     assert!(
         html.contains(r#"id="service-agent.payment" class=Error>Down"#)

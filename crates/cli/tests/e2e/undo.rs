@@ -3,20 +3,19 @@
 //! remote services' ledger (what is in force there, not what the store says).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
-use orderly_core::store::{OrderFilter, StateStore};
+use orderly_core::store::{NewOrder, StateStore};
 use orderly_core::workflow::{Workflow, Workflows};
 use orderly_core::{OrderId, ProcessState};
 use orderly_remote_sim::Effect;
 
 use crate::both;
-use crate::fixtures::{Db, Dialect};
+use crate::fixtures::{Db, Dialect, Files};
 use crate::processes::{count, ledger, start_sim};
-use crate::procs::{Proc, bin, free_port, wait_for};
+use crate::procs::{Proc, free_port, orderly, repair_sim, wait_for};
 
 /// The order workflow with budgets short enough for a test.
 const FLOW: &str = r#"
@@ -37,30 +36,74 @@ queue = "agent.shipping"
 timeout_ms = 1500
 "#;
 
-struct Flow {
-    path: PathBuf,
-    workflow: Workflow,
+/// Four orders of [`FLOW`] sent through every role, each a separate process, against
+/// the simulator with `faults`, the supervisor recovering with `recovery`.
+struct Run {
+    db: Db,
+    store: std::sync::Arc<dyn StateStore>,
+    /// The simulator's port.
+    port: u16,
+    flow: Workflow,
+    orders: Vec<NewOrder>,
+    sent: HashMap<OrderId, chrono::DateTime<chrono::Utc>>,
+    _files: Files,
+    _procs: Vec<Proc>,
 }
 
-impl Flow {
-    fn write() -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "orderly-undo-{}.toml",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::write(&path, FLOW).unwrap();
-        let workflow = orderly_runtime::load_workflow(Some(&path)).unwrap();
-        Self { path, workflow }
+impl Run {
+    async fn start(dialect: Dialect, faults: &[&str], recovery: &[&str]) -> Self {
+        let files = Files::new();
+        let (path, flow) = files.write("undo.toml", FLOW);
+        let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
+        let port = free_port();
+        let remote = format!("http://127.0.0.1:{port}/actions");
+        let mut faults = faults.to_vec();
+        faults.extend(["--hang-ms", "30000"]);
+        let mut recovery = recovery.to_vec();
+        recovery.extend(["--interval-ms", "200", "--backoff-base-ms", "200"]);
+        let procs = vec![
+            start_sim(&db.url, port, &faults),
+            Proc::start("orderly-submitter", &db.url, &[]),
+            Proc::start("orderly-supervisor", &db.url, &recovery),
+            Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]),
+            Proc::start(
+                "orderly-scheduler",
+                &db.url,
+                &["--workflow", &path, "--shutdown-grace-ms", "0"],
+            ),
+        ];
+        let orders = demo::sample_orders(4);
+        let sent = demo::post(backend.transport.as_ref(), &orders)
+            .await
+            .unwrap();
+        Self {
+            store: backend.store.clone(),
+            db,
+            port,
+            flow,
+            orders,
+            sent,
+            _files: files,
+            _procs: procs,
+        }
     }
 
-    fn arg(&self) -> String {
-        self.path.display().to_string()
+    /// Waits until every order is in `state`.
+    async fn all(&self, state: ProcessState, what: &str, limit: Duration) {
+        wait_for(what, limit, async || {
+            count(self.store.as_ref(), state).await == self.orders.len()
+        })
+        .await;
     }
-}
 
-impl Drop for Flow {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+    /// The invariants, against the simulator's ledger.
+    async fn assert_invariants(&self, effects: Vec<Effect>) {
+        let all = Workflows::new(vec![self.flow.clone()]).unwrap();
+        let report =
+            invariants::report_on(self.store.as_ref(), Some(effects), &self.sent, &all, true)
+                .await
+                .unwrap();
+        assert_eq!(report.violations, Vec::<String>::new());
     }
 }
 
@@ -72,36 +115,6 @@ fn in_force<'a>(effects: &'a [Effect], order: &OrderId) -> Vec<&'a Effect> {
         .filter(|e| e.order_id == order.as_str() && e.kind == "do")
         .filter(|e| !undone.contains_key(e.key.as_str()))
         .collect()
-}
-
-async fn in_state(store: &dyn StateStore, state: ProcessState) -> Vec<OrderId> {
-    store
-        .list(&OrderFilter {
-            state: Some(state),
-            limit: 100,
-            ..OrderFilter::default()
-        })
-        .await
-        .unwrap()
-        .orders
-        .into_iter()
-        .map(|s| s.order_id)
-        .collect()
-}
-
-fn orderly(db: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new(bin("orderly"))
-        .args(args)
-        .env("ORDERLY_DATABASE_URL", db)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "orderly {args:?}:\n{text}");
-    text
 }
 
 both!(
@@ -117,56 +130,26 @@ both!(
 /// (Continuing instead, as a retry once did, ends Processed with the charge refunded;
 /// running afresh at once leaves the first reservation in force beside the second.)
 async fn half_undone_retry(dialect: Dialect) {
-    let flow = Flow::write();
-    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
-    let store = backend.store.clone();
-    let port = free_port();
-    let remote = format!("http://127.0.0.1:{port}/actions");
-    let _sim = start_sim(
-        &db.url,
-        port,
+    let run = Run::start(
+        dialect,
         &[
             "--permanent-actions",
             "ship",
             "--lose-reply-actions",
             "refund",
-            "--hang-ms",
-            "30000",
         ],
-    );
-    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
-    let _supervisor = Proc::start(
-        "orderly-supervisor",
-        &db.url,
-        &[
-            "--interval-ms",
-            "200",
-            "--backoff-base-ms",
-            "200",
-            "--max-failures",
-            "1",
-            "--max-undo-failures",
-            "0",
-        ],
-    );
-    let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
-    let _scheduler = Proc::start(
-        "orderly-scheduler",
-        &db.url,
-        &["--workflow", &flow.arg(), "--shutdown-grace-ms", "0"],
-    );
-    let orders = demo::sample_orders(4);
-    let sent = demo::post(backend.transport.as_ref(), &orders)
-        .await
-        .unwrap();
-    wait_for(
+        &["--max-failures", "1", "--max-undo-failures", "0"],
+    )
+    .await;
+    let (store, port, orders) = (&run.store, run.port, &run.orders);
+    run.all(
+        ProcessState::Error,
         "every order to end in Error, half undone",
         Duration::from_secs(90),
-        async || count(store.as_ref(), ProcessState::Error).await == orders.len(),
     )
     .await;
     let effects = ledger(port).await;
-    for o in &orders {
+    for o in orders {
         let view = store.get(&o.order_id).await.unwrap();
         let error = view.state.last_error.clone().unwrap_or_default();
         assert!(
@@ -207,18 +190,9 @@ async fn half_undone_retry(dialect: Dialect) {
     );
 
     // The operator fixes shipping and retries every order, as written in the runbook.
-    let fix = format!("http://127.0.0.1:{port}/faults/repair");
-    assert!(
-        crate::procs::http()
-            .put(&fix)
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .is_success()
-    );
-    let out = orderly(
-        &db.url,
+    repair_sim(port).await;
+    let (ok, out) = orderly(
+        &run.db.url,
         &[
             "resubmit",
             "--all",
@@ -229,6 +203,7 @@ async fn half_undone_retry(dialect: Dialect) {
             "shipping fixed",
         ],
     );
+    assert!(ok, "{out}");
     assert_eq!(
         out.lines()
             .filter(|l| l.contains("finishes undoing first (undo of charge-payment in doubt)"))
@@ -236,16 +211,16 @@ async fn half_undone_retry(dialect: Dialect) {
         orders.len(),
         "{out}"
     );
-    wait_for(
+    run.all(
+        ProcessState::Processed,
         "every retried order to be Processed",
         Duration::from_secs(90),
-        async || count(store.as_ref(), ProcessState::Processed).await == orders.len(),
     )
     .await;
 
     let effects = ledger(port).await;
     assert!(orderly_remote_sim::double_effects(&effects).is_empty());
-    for o in &orders {
+    for o in orders {
         let view = store.get(&o.order_id).await.unwrap();
         assert_eq!(view.state.generation, 1, "order {}", o.order_id);
         assert_eq!(view.state.last_error, None);
@@ -296,11 +271,7 @@ async fn half_undone_retry(dialect: Dialect) {
         );
         assert!(!view.history[afresh].actor.is_operator());
     }
-    let all = Workflows::new(vec![flow.workflow.clone()]).unwrap();
-    let report = invariants::report_on(store.as_ref(), Some(effects), &sent, &all, true)
-        .await
-        .unwrap();
-    assert_eq!(report.violations, Vec::<String>::new());
+    run.assert_invariants(effects).await;
 }
 
 both!(
@@ -314,52 +285,22 @@ both!(
 /// reservation and charge undone, nothing in force at the services, and no "manual
 /// repair".
 async fn undo_that_hangs(dialect: Dialect) {
-    let flow = Flow::write();
-    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
-    let store = backend.store.clone();
-    let port = free_port();
-    let remote = format!("http://127.0.0.1:{port}/actions");
-    let _sim = start_sim(
-        &db.url,
-        port,
+    let run = Run::start(
+        dialect,
         &[
             "--hang-actions",
             "charge-payment",
             "--lose-reply-actions",
             "release-inventory",
-            "--hang-ms",
-            "30000",
         ],
-    );
-    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
-    let _supervisor = Proc::start(
-        "orderly-supervisor",
-        &db.url,
-        &[
-            "--interval-ms",
-            "200",
-            "--backoff-base-ms",
-            "200",
-            "--backoff-max-ms",
-            "500",
-            "--max-failures",
-            "2",
-        ],
-    );
-    let _agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
-    let _scheduler = Proc::start(
-        "orderly-scheduler",
-        &db.url,
-        &["--workflow", &flow.arg(), "--shutdown-grace-ms", "0"],
-    );
-    let orders = demo::sample_orders(4);
-    let sent = demo::post(backend.transport.as_ref(), &orders)
-        .await
-        .unwrap();
-    wait_for(
+        &["--backoff-max-ms", "500", "--max-failures", "2"],
+    )
+    .await;
+    let (store, port, orders) = (&run.store, run.port, &run.orders);
+    run.all(
+        ProcessState::Error,
         "every order to end in Error",
         Duration::from_secs(120),
-        async || count(store.as_ref(), ProcessState::Error).await == orders.len(),
     )
     .await;
     let effects = ledger(port).await;
@@ -370,7 +311,7 @@ async fn undo_that_hangs(dialect: Dialect) {
             .or_default()
             .push(e.action.as_str());
     }
-    for o in &orders {
+    for o in orders {
         let view = store.get(&o.order_id).await.unwrap();
         let error = view.state.last_error.clone().unwrap_or_default();
         assert!(
@@ -407,14 +348,6 @@ async fn undo_that_hangs(dialect: Dialect) {
             1
         );
     }
-    let all = Workflows::new(vec![flow.workflow.clone()]).unwrap();
-    let report = invariants::report_on(store.as_ref(), Some(effects), &sent, &all, true)
-        .await
-        .unwrap();
-    assert_eq!(report.violations, Vec::<String>::new());
-    assert!(
-        in_state(store.as_ref(), ProcessState::Pending)
-            .await
-            .is_empty()
-    );
+    run.assert_invariants(effects).await;
+    assert_eq!(count(store.as_ref(), ProcessState::Pending).await, 0);
 }

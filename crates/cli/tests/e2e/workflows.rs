@@ -6,7 +6,6 @@
 //! workflows run side by side, chosen by the order message.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use orderly_cli::{demo, invariants};
@@ -16,7 +15,7 @@ use orderly_core::workflow::{Workflow, Workflows};
 use orderly_core::{OrderId, ProcessState};
 
 use crate::both;
-use crate::fixtures::{Db, Dialect};
+use crate::fixtures::{Db, Dialect, Files};
 use crate::processes::{count, ledger, start_sim};
 use crate::procs::{Proc, bin, free_port, wait_for};
 
@@ -60,34 +59,6 @@ name = "ship"
 queue = "agent.shipping"
 timeout_ms = 10000
 "#;
-
-struct Files {
-    dir: PathBuf,
-}
-
-impl Files {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "orderly-workflows-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
-    }
-
-    fn write(&self, name: &str, text: &str) -> (String, Workflow) {
-        let path = self.dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        let workflow = orderly_runtime::load_workflow(Some(&path)).unwrap();
-        (path.display().to_string(), workflow)
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn scheduler(db: &str, id: &str, workflows: &str) -> Proc {
     Proc::start(
@@ -532,21 +503,7 @@ async fn compatible_version_move(dialect: Dialect) {
         "v1 orders were in flight at the deploy and B ran them"
     );
 
-    let orderly = |args: &[&str]| {
-        let out = std::process::Command::new(bin("orderly"))
-            .args(args)
-            .env("ORDERLY_DATABASE_URL", &db.url)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let orderly = |args: &[&str]| crate::procs::orderly(&db.url, args);
     // The operator stores v3 too, and sees the versions with their orders by state.
     let (ok, out) = orderly(&["migrate", "--workflow", &v3_path]);
     assert!(ok, "{out}");
@@ -586,28 +543,13 @@ async fn compatible_version_move(dialect: Dialect) {
     }
 
     // The dashboard's workflows page offers v2 (compatible), not v3, for v1's orders.
-    let dash_port = free_port();
-    let listen = format!("127.0.0.1:{dash_port}");
-    let _dashboard = Proc::start("orderly", &db.url, &["dashboard", "--listen", &listen]);
-    let base = format!("http://{listen}");
+    let (_dashboard, base) = crate::procs::start_dashboard(&db.url, &[]).await;
     let http = crate::procs::http_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    wait_for("the dashboard", Duration::from_secs(20), async || {
-        http.get(&base).send().await.is_ok()
-    })
-    .await;
     let page = http.get(format!("{base}/workflows")).send().await.unwrap();
-    let csrf = page
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(|c| c.strip_prefix("orderly_csrf="))
-        .and_then(|c| c.split(';').next())
-        .unwrap()
-        .to_owned();
+    let csrf = crate::procs::csrf_cookie(&page);
     let html = page.text().await.unwrap();
     let v1_row = html
         .split("<tr>")
@@ -659,15 +601,7 @@ async fn compatible_version_move(dialect: Dialect) {
     }
 
     // Shipping is fixed; the retries run on v2 and finish.
-    assert!(
-        crate::procs::http()
-            .put(format!("http://127.0.0.1:{port}/faults/repair"))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .is_success()
-    );
+    crate::procs::repair_sim(port).await;
     let (ok, out) = orderly(&[
         "resubmit",
         "--all",

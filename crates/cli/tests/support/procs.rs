@@ -387,3 +387,57 @@ pub(crate) fn http() -> reqwest::Client {
 pub(crate) async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
     http().get(url).send().await
 }
+
+/// The CSRF token a dashboard page set in its `orderly_csrf` cookie.
+pub(crate) fn csrf_cookie(page: &reqwest::Response) -> String {
+    page.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix("orderly_csrf="))
+        .and_then(|c| c.split(';').next())
+        .expect("a CSRF cookie")
+        .to_owned()
+}
+
+/// `orderly dashboard` on a free loopback port over `db`, with `env`, once it
+/// answers; and its base URL.
+pub(crate) async fn start_dashboard(db: &str, env: &[(&str, &str)]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let p = Proc::start_with("orderly", db, &["dashboard", "--listen", &listen], env);
+    let base = format!("http://{listen}");
+    wait_for("the dashboard", Duration::from_secs(20), async || {
+        get(format!("{base}/healthz")).await.is_ok()
+    })
+    .await;
+    (p, base)
+}
+
+/// Runs `orderly ARGS` over `db` as an operator does, to the end: whether it
+/// succeeded, and what it printed (stdout, then stderr).
+pub(crate) fn orderly(db: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("orderly"))
+        .args(args)
+        .env("ORDERLY_DATABASE_URL", db)
+        .output()
+        .expect("run orderly");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Fixes the cause of the simulator's permanent refusals (on `port`), as an operator
+/// fixes a service before retrying.
+pub(crate) async fn repair_sim(port: u16) {
+    let done = http()
+        .put(format!("http://127.0.0.1:{port}/faults/repair"))
+        .send()
+        .await
+        .expect("the simulator answers");
+    assert!(done.status().is_success(), "{}", done.status());
+}

@@ -166,28 +166,29 @@ impl<D: Driver> SqlStore<D> {
                     moved.current_step,
                     &steps,
                 );
-                if matches!(plan, orderly_core::RetryPlan::UndoFirst { .. }) {
-                    let marked = q(st::UNDO_THEN_RETRY)
+                // Marked to finish undoing first, or restarted at once (its old step
+                // records gone, the history keeping them); continuing changes nothing.
+                let statement = match plan {
+                    orderly_core::RetryPlan::Continue { .. } => None,
+                    orderly_core::RetryPlan::UndoFirst { .. } => Some(st::UNDO_THEN_RETRY),
+                    orderly_core::RetryPlan::FreshRun { .. } => Some(st::FRESH_RUN),
+                };
+                if let Some(statement) = statement {
+                    let row = q(statement)
                         .bind(order_id.as_str())
                         .fetch_one::<D>(&mut tx)
                         .await
                         .map_err(db)?;
-                    moved = Cols(&marked).state_row()?;
+                    moved = Cols(&row).state_row()?;
                     reason = format!("{reason} ({})", plan.describe());
-                } else if matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
-                    let fresh = q(st::FRESH_RUN)
-                        .bind(order_id.as_str())
-                        .fetch_one::<D>(&mut tx)
-                        .await
-                        .map_err(db)?;
-                    moved = Cols(&fresh).state_row()?;
+                }
+                if matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
                     q(st::CLEAR_STEPS)
                         .bind(order_id.as_str())
                         .execute::<D>(&mut tx)
                         .await
                         .map_err(db)?;
                     kind = HistoryKind::RetriedAfresh;
-                    reason = format!("{reason} ({})", plan.describe());
                 }
             }
             let reason = reason.as_str();

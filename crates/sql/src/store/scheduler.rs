@@ -36,6 +36,18 @@ struct OwnerEnd<'a> {
 
 impl<D: Driver> SqlStore<D> {
     async fn finish_owned(&self, fence: &Fence, end: OwnerEnd<'_>) -> Result<()> {
+        let (tx, now) = self.begin().await?;
+        self.finish_owned_in(tx, now, fence, end).await
+    }
+
+    /// [`Self::finish_owned`] in the open transaction `tx`, begun at `now`.
+    async fn finish_owned_in(
+        &self,
+        mut tx: D::Tx,
+        now: chrono::DateTime<chrono::Utc>,
+        fence: &Fence,
+        end: OwnerEnd<'_>,
+    ) -> Result<()> {
         let OwnerEnd {
             statement,
             arg,
@@ -44,7 +56,6 @@ impl<D: Driver> SqlStore<D> {
             reason,
             sends,
         } = end;
-        let (mut tx, now) = self.begin().await?;
         let fenced: Q<'_> = q(statement)
             .bind(fence.order_id.as_str())
             .bind(fence.owner.as_str())
@@ -106,6 +117,20 @@ impl<D: Driver> SqlStore<D> {
             }
         }
         Ok(outcome)
+    }
+}
+
+/// The owner's end of an order in Error with `error` (cut to the stored length), a
+/// failure counted like a timeout, sending `sends`.
+fn failing<'a>(error: &'a str, sends: &'a [Envelope]) -> OwnerEnd<'a> {
+    let error = bounded_text(error);
+    OwnerEnd {
+        statement: st::FAIL,
+        arg: Some(error.to_owned()),
+        target: ProcessState::Error,
+        kind: HistoryKind::Failed,
+        reason: error,
+        sends,
     }
 }
 
@@ -232,16 +257,7 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
     /// Error: the `order_state_raises_alert` trigger raises its alert.
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
     async fn fail(&self, fence: &Fence, error: &str, sends: &[Envelope]) -> Result<()> {
-        let error = bounded_text(error);
-        let end = OwnerEnd {
-            statement: st::FAIL,
-            arg: Some(error.to_owned()),
-            target: ProcessState::Error,
-            kind: HistoryKind::Failed,
-            reason: error,
-            sends,
-        };
-        self.finish_owned(fence, end).await
+        self.finish_owned(fence, failing(error, sends)).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, order_id = %fence.order_id, instance_id = %fence.owner, epoch = %fence.epoch))]
@@ -257,8 +273,10 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
             .await
             .map_err(db)?;
         let Some(row) = afresh else {
-            drop(tx);
-            return self.fail(fence, error, &[]).await.map(|()| None);
+            return self
+                .finish_owned_in(tx, now, fence, failing(error, &[]))
+                .await
+                .map(|()| None);
         };
         let generation: i32 = Cols(&row).get("generation")?;
         q(st::CLEAR_STEPS)
