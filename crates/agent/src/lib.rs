@@ -439,9 +439,8 @@ impl Agent {
             if let Some(e) = refused {
                 let why = format!("invalid step request: {e}");
                 warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered");
-                if let Err(e) = self.transport.dead_letter(&msg, "InvalidRequest", &why).await {
-                    warn!(error = %e, "could not dead-letter the invalid request; it comes back");
-                }
+                orderly_core::transport::reject(self.transport.as_ref(), &msg, "InvalidRequest", &why)
+                    .await;
                 return Handled::Refused(why);
             }
             let started = std::time::Instant::now();

@@ -171,7 +171,7 @@ async fn run() -> anyhow::Result<()> {
     let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops = orderly_runtime::ops::maybe_serve(
-        args.common.http_listen,
+        args.common.ops_listen()?,
         "agent",
         &backend,
         None,

@@ -212,7 +212,8 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         "  --from-literal=remote-url=\"${ORDERLY_REMOTE_URL:?set ORDERLY_REMOTE_URL to the remote services' base URL}\" \\",
     );
     line("  --from-literal=intake-token=\"$(openssl rand -hex 32)\" \\");
-    line("  --from-literal=dashboard-token=\"$(openssl rand -hex 32)\"");
+    line("  --from-literal=dashboard-token=\"$(openssl rand -hex 32)\" \\");
+    line("  --from-literal=metrics-token=\"$(openssl rand -hex 32)\"");
     line(
         "echo \"set azure.workload.identity/client-id in deploy/kubernetes/base/identity.yaml to: $(az identity show --resource-group \"$RG\" --name orderly-supervisor --query clientId -o tsv)\"",
     );

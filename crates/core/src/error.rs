@@ -167,6 +167,51 @@ impl Error {
         }
     }
 
+    /// Whether the error says the caller's view moved on: a race lost or a state that
+    /// changed under it (fenced, deposed, past its deadline, a stale step, a transition
+    /// no longer allowed, an order gone or past its point of no return). Such a
+    /// refusal is final and expected; a message that asked for the change is done with.
+    pub fn is_moved_on(&self) -> bool {
+        matches!(
+            self,
+            Error::OrderNotFound(_)
+                | Error::Fenced { .. }
+                | Error::Deposed { .. }
+                | Error::DeadlinePassed { .. }
+                | Error::StaleStep { .. }
+                | Error::IllegalTransition { .. }
+                | Error::PastReturn { .. }
+        ) || matches!(self, Error::Queue(inner)
+            if matches!(**inner, crate::transport::TransportError::LockLost { .. }))
+    }
+
+    /// Whether the error says the input or the stored data cannot be used (invalid,
+    /// unreadable, a conflict, a message the change causes that can never be sent):
+    /// neither a retry nor a lost race, so a message that met it is dead-lettered with
+    /// the error as its reason, for an operator to see, not dropped.
+    pub fn is_unusable(&self) -> bool {
+        !self.is_retryable() && !self.is_moved_on()
+    }
+
+    /// A short name of the error's kind, for a dead letter's reason and a metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::OrderNotFound(_) => "OrderNotFound",
+            Error::Fenced { .. } => "Fenced",
+            Error::Deposed { .. } => "Deposed",
+            Error::DeadlinePassed { .. } => "DeadlinePassed",
+            Error::StaleStep { .. } => "StaleStep",
+            Error::IllegalTransition { .. } => "IllegalTransition",
+            Error::OrderIdConflict(_) => "OrderIdConflict",
+            Error::Invalid(_) => "Invalid",
+            Error::Unavailable(_) => "Unavailable",
+            Error::Queue(_) => "Queue",
+            Error::Send(_) => "Unsendable",
+            Error::PastReturn { .. } => "PastReturn",
+            Error::Corrupt(_) => "Corrupt",
+        }
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -180,6 +225,47 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every error is exactly one of: worth retrying, the caller's view moved on, or
+    /// unusable input or data (dead-lettered).
+    #[test]
+    fn every_error_is_retryable_moved_on_or_unusable() {
+        let id = OrderId::parse("o-1").unwrap();
+        let unreachable = || -> Box<dyn std::error::Error + Send + Sync> { "down".into() };
+        let cases = [
+            (Error::Unavailable(unreachable()), "retry"),
+            (Error::OrderNotFound(id.clone()), "moved on"),
+            (
+                Error::StaleStep {
+                    order_id: id.clone(),
+                    expected: 1,
+                    current: 2,
+                },
+                "moved on",
+            ),
+            (Error::Corrupt("bad row".into()), "unusable"),
+            (
+                Error::Invalid(ValidationError::new("step", "too long")),
+                "unusable",
+            ),
+            (Error::OrderIdConflict(id.clone()), "unusable"),
+            (
+                Error::Send(Box::new(crate::transport::TransportError::QueueNotFound(
+                    crate::transport::QueueName::parse("agent.x").unwrap(),
+                ))),
+                "unusable",
+            ),
+        ];
+        for (e, want) in cases {
+            let got = match (e.is_retryable(), e.is_moved_on(), e.is_unusable()) {
+                (true, false, false) => "retry",
+                (false, true, false) => "moved on",
+                (false, false, true) => "unusable",
+                other => panic!("{e}: {other:?}"),
+            };
+            assert_eq!(got, want, "{e} ({})", e.kind());
+        }
+    }
 
     #[test]
     fn an_error_about_an_order_names_it_once() {

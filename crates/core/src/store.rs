@@ -74,6 +74,80 @@ impl NewOrder {
     }
 }
 
+/// Which queues an order may name as its `reply_to`: any but orderly's own (the
+/// default), or, where the deployment sets a prefix, only the queues whose names start
+/// with it (`client-`, say), so an order cannot have notices sent to a queue another
+/// system reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyQueues {
+    prefix: Option<String>,
+}
+
+impl ReplyQueues {
+    /// Any queue but orderly's own.
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    /// Only queues whose names start with `prefix`: 1 to 100 characters a queue name
+    /// may hold, not a prefix of orderly's own queues; `setting` names the setting in
+    /// the refusal.
+    pub fn prefixed(prefix: &str, setting: &'static str) -> Result<Self> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/');
+        if prefix.is_empty() || prefix.len() > 100 || !prefix.chars().all(allowed) {
+            return Err(ValidationError::new(
+                setting,
+                "must be 1 to 100 letters, digits, '-', '_', '.' or '/' (the start of the clients' queue names)",
+            )
+            .into());
+        }
+        if is_internal_queue(prefix) || is_internal_prefix(prefix) {
+            return Err(ValidationError::new(
+                setting,
+                format!(
+                    "{prefix:?} is the start of orderly's own queues: name the clients' prefix"
+                ),
+            )
+            .into());
+        }
+        Ok(Self {
+            prefix: Some(prefix.to_owned()),
+        })
+    }
+
+    /// The prefix, if one is set.
+    pub fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+
+    /// `order` as [`NewOrder::validate`] checks it, and its `reply_to`, if any, one of
+    /// these queues.
+    pub fn check(&self, order: &NewOrder) -> std::result::Result<(), ValidationError> {
+        order.validate()?;
+        if let (Some(prefix), Some(q)) = (&self.prefix, &order.reply_to)
+            && !q.starts_with(prefix.as_str())
+        {
+            return Err(ValidationError::new(
+                "reply_to",
+                format!(
+                    "{q:?} is not a client queue here: reply queues must start with {prefix:?}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `prefix` starts every name of some of orderly's own queues (`agent`,
+/// `ord`): a reply prefix like that would let orders name them.
+fn is_internal_prefix(prefix: &str) -> bool {
+    use crate::messages::queues::{ALERTS, ORDERS, REPLIES};
+    let p = prefix.to_ascii_lowercase();
+    [ORDERS, REPLIES, ALERTS, "agent."]
+        .iter()
+        .any(|q| q.starts_with(&p))
+}
+
 /// Whether `queue` is one of orderly's own: the fixed queues and the agents' step
 /// queues (`agent.*`, the convention every workflow here follows), compared without case.
 pub fn is_internal_queue(queue: &str) -> bool {
@@ -1208,6 +1282,42 @@ mod tests {
         }))
         .unwrap_err();
         assert!(misspelt.to_string().contains("worklfow"), "{misspelt}");
+    }
+
+    /// With a prefix set, an order's reply queue must start with it; a prefix that
+    /// would let orders name orderly's own queues is refused, naming the setting.
+    #[test]
+    fn a_reply_prefix_limits_reply_queues_to_the_clients_own() {
+        let mut order: NewOrder = serde_json::from_value(serde_json::json!({
+            "order_id": "o-1",
+            "details": {"customer_id": "c-1", "currency": "EUR",
+                        "lines": [{"sku": "A", "quantity": 1, "unit_price_minor": 100}]},
+            "reply_to": "client-7",
+        }))
+        .unwrap();
+        let any = ReplyQueues::any();
+        let clients = ReplyQueues::prefixed("client-", "ORDERLY_REPLY_TO_PREFIX").unwrap();
+        any.check(&order).unwrap();
+        clients.check(&order).unwrap();
+        order.reply_to = Some("billing-events".into());
+        any.check(&order).unwrap();
+        let e = clients.check(&order).unwrap_err();
+        assert!(
+            e.to_string().contains("reply_to") && e.to_string().contains("\"client-\""),
+            "{e}"
+        );
+        order.reply_to = None;
+        clients.check(&order).unwrap();
+        // Orderly's own queues stay refused whatever the prefix.
+        order.reply_to = Some("replies".into());
+        assert!(any.check(&order).is_err());
+        for bad in ["", "agent", "agent.", "Ord", "r", "client 7", "c\u{202e}"] {
+            let e = ReplyQueues::prefixed(bad, "ORDERLY_REPLY_TO_PREFIX").unwrap_err();
+            assert!(
+                e.to_string().contains("ORDERLY_REPLY_TO_PREFIX"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     /// Past the undo budget an order ends in Error needing repair, and says which of

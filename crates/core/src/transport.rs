@@ -454,6 +454,23 @@ pub async fn receive_json<T: serde::de::DeserializeOwned>(
     Ok(decode_json(transport, received, max_body).await)
 }
 
+/// Dead-letters `message` with `reason` (a short name) and `description` (what was
+/// wrong), counted in `orderly_dead_lettered_total` by queue and reason. A failure is
+/// logged and the message left locked: it comes back, and in the end the queue's
+/// maximum delivery count dead-letters it, so it is never lost.
+pub async fn reject(
+    transport: &dyn Transport,
+    message: &ReceivedMessage,
+    reason: &str,
+    description: &str,
+) {
+    metrics::counter!("orderly_dead_lettered_total", "queue" => message.queue.as_str().to_owned(), "reason" => reason.to_owned())
+        .increment(1);
+    if let Err(e) = transport.dead_letter(message, reason, description).await {
+        tracing::warn!(queue = %message.queue, message_id = %message.message_id, error = %e, "could not dead-letter the message; it will come back");
+    }
+}
+
 /// Decodes messages already received as JSON `T`; those too large or undecodable are
 /// dead-lettered with the reason (as [`receive_json`] does).
 pub async fn decode_json<T: serde::de::DeserializeOwned>(
@@ -484,9 +501,7 @@ pub async fn decode_json<T: serde::de::DeserializeOwned>(
                 ),
             }
         };
-        // A failure here leaves the message to come back and, in the end, to the
-        // maximum delivery count: it is never lost.
-        let _ = transport.dead_letter(&message, reason, &description).await;
+        reject(transport, &message, reason, &description).await;
         poisoned.push(Poison {
             message_id: message.message_id,
             reason,

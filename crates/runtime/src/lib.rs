@@ -21,8 +21,10 @@ use orderly_core::InstanceId;
 use orderly_core::workflow::{Workflow, Workflows};
 use tokio_util::sync::CancellationToken;
 
-/// Settings every role binary takes, from flags or `ORDERLY_*` variables.
-#[derive(Debug, Clone, clap::Args)]
+/// Settings every role binary takes, from flags or `ORDERLY_*` variables. Its `Debug`
+/// leaves the secrets out (the database URL, the metrics token, the Service Bus
+/// connection string).
+#[derive(Clone, clap::Args)]
 pub struct Common {
     /// State store (and embedded queues): sqlite://FILE or postgres://USER@HOST:PORT/DB.
     #[arg(
@@ -46,6 +48,16 @@ pub struct Common {
     /// Serve /healthz, /readyz and /metrics (Prometheus) on this address, e.g. 0.0.0.0:9090.
     #[arg(long, env = "ORDERLY_HTTP_LISTEN")]
     pub http_listen: Option<std::net::SocketAddr>,
+
+    /// The token /metrics asks for as `Authorization: Bearer` (a secret, at least 16
+    /// characters); required when --http-listen is not loopback. /healthz and /readyz
+    /// never ask for one (the orchestrator's probes).
+    #[arg(long, env = "ORDERLY_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+
+    /// A file holding the metrics token (e.g. a mounted secret).
+    #[arg(long, env = "ORDERLY_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<std::path::PathBuf>,
 
     /// Where messages travel: `sql` (the queue in the state store's database) or
     /// `servicebus` (Azure Service Bus; each state change writes its messages to the
@@ -80,7 +92,7 @@ pub struct Common {
 }
 
 /// How to reach Azure Service Bus (with `--transport servicebus`).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Clone, Default, clap::Args)]
 pub struct ServiceBusArgs {
     /// Service Bus: the namespace's connection string, Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=... (a secret).
     #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION", hide_env_values = true)]
@@ -104,6 +116,44 @@ pub enum TransportKind {
     Sql,
     /// Azure Service Bus, fed from the state store's transactional outbox.
     Servicebus,
+}
+
+impl std::fmt::Debug for Common {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Common")
+            .field("database_url", &"<redacted>")
+            .field("instance_id", &self.instance_id)
+            .field("log_json", &self.log_json)
+            .field("http_listen", &self.http_listen)
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("metrics_token_file", &self.metrics_token_file)
+            .field("transport", &self.transport)
+            .field("servicebus", &self.servicebus)
+            .field("otel_endpoint", &self.otel_endpoint)
+            .field("otel_filter", &self.otel_filter)
+            .field("startup_wait_ms", &self.startup_wait_ms)
+            .field("check_config", &self.check_config)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ServiceBusArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBusArgs")
+            .field(
+                "servicebus_connection",
+                &self.servicebus_connection.as_ref().map(|_| "<redacted>"),
+            )
+            .field(
+                "servicebus_connection_file",
+                &self.servicebus_connection_file,
+            )
+            .field("servicebus_unsecured", &self.servicebus_unsecured)
+            .finish()
+    }
 }
 
 impl ServiceBusArgs {
@@ -137,6 +187,7 @@ impl Common {
     /// settings of `role` are valid; `Ok(true)` means "exit now".
     pub fn checked(&self, role: &str) -> anyhow::Result<bool> {
         if self.check_config {
+            self.ops_listen()?;
             orderly_sql::check_url(&self.database_url)
                 .context("--database-url / ORDERLY_DATABASE_URL")?;
             println!("{role}: settings OK");
@@ -146,6 +197,49 @@ impl Common {
 }
 
 impl Common {
+    /// Where to serve the operations endpoints (`--http-listen`) and the token
+    /// /metrics asks for: `None` without a listener. Refused, naming the setting, off
+    /// loopback without a token (the metrics name the deployment's queues, instances
+    /// and order counts), and for a token too short to be a secret.
+    pub fn ops_listen(&self) -> anyhow::Result<Option<ops::Listen>> {
+        const SETTING: &str = "--metrics-token / ORDERLY_METRICS_TOKEN";
+        let Some(addr) = self.http_listen else {
+            return Ok(None);
+        };
+        let token = match (&self.metrics_token, &self.metrics_token_file) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "give either {SETTING} or --metrics-token-file / ORDERLY_METRICS_TOKEN_FILE, not both"
+            ),
+            (Some(t), None) => Some(t.trim().to_owned()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map(|t| t.trim().to_owned())
+                    .with_context(|| {
+                        format!(
+                            "cannot read --metrics-token-file / ORDERLY_METRICS_TOKEN_FILE {}",
+                            path.display()
+                        )
+                    })?,
+            ),
+            (None, None) => None,
+        };
+        match &token {
+            Some(t) if t.chars().count() < 16 || t.chars().any(char::is_control) => {
+                anyhow::bail!("invalid {SETTING}: a secret of at least 16 printable characters")
+            }
+            None if !addr.ip().is_loopback() => anyhow::bail!(
+                "--http-listen / ORDERLY_HTTP_LISTEN {addr} is not loopback: /metrics needs \
+                 {SETTING} (or its _FILE form), which Prometheus sends as \
+                 `Authorization: Bearer` (/healthz and /readyz stay open)"
+            ),
+            _ => {}
+        }
+        Ok(Some(ops::Listen {
+            addr,
+            metrics_token: token,
+        }))
+    }
+
     /// The instance id: the configured one, or a fresh one for `role`.
     pub fn instance(&self, role: &str) -> anyhow::Result<InstanceId> {
         match &self.instance_id {

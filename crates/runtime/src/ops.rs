@@ -231,10 +231,70 @@ fn describe() {
     );
 }
 
+/// Where the operations endpoints listen, and the token /metrics asks for
+/// ([`crate::Common::ops_listen`]). Its `Debug` leaves the token out.
+#[derive(Clone)]
+pub struct Listen {
+    /// The address.
+    pub addr: SocketAddr,
+    /// Asked for as `Authorization: Bearer` on /metrics; `None`: open (loopback only).
+    pub metrics_token: Option<String>,
+}
+
+impl std::fmt::Debug for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listen")
+            .field("addr", &self.addr)
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Whether `headers` carry `token` as `Authorization: Bearer` (compared in constant
+/// time).
+pub fn bearer_is(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| {
+            let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        })
+}
+
+/// `router` answering 401 unless the request carries `token` as a bearer token.
+fn behind(router: axum::Router, token: Option<String>) -> axum::Router {
+    let Some(token) = token else {
+        return router;
+    };
+    let token: Arc<str> = token.into();
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let token = token.clone();
+            async move {
+                if bearer_is(request.headers(), &token) {
+                    next.run(request).await
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "missing or wrong token: send Authorization: Bearer <ORDERLY_METRICS_TOKEN>\n",
+                    )
+                        .into_response()
+                }
+            }
+        },
+    ))
+}
+
 /// Serves the operations endpoints of `role` on `listen` until `shutdown`, and the
 /// routes of `extra` beside them (the submitter's HTTP intake).
 pub async fn serve(
-    listen: SocketAddr,
+    listen: Listen,
     role: &'static str,
     backend: Backend,
     leader: Option<watch::Receiver<LeaderStatus>>,
@@ -243,6 +303,10 @@ pub async fn serve(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let metrics = install_metrics()?;
     let limits = crate::http::Limits::from_env()?;
+    let Listen {
+        addr: listen,
+        metrics_token,
+    } = listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| {
@@ -250,7 +314,7 @@ pub async fn serve(
         })?;
     let Endpoints { probes, metrics } =
         endpoints(role, backend, metrics, leader.into_iter().collect());
-    let mut app = probes.merge(metrics);
+    let mut app = probes.merge(behind(metrics, metrics_token));
     if let Some(extra) = extra {
         app = app.merge(extra);
     }
@@ -416,7 +480,7 @@ async fn read_store_gauges(ops: &Ops) -> anyhow::Result<String> {
 
 /// Starts the endpoints if `listen` is set; the role's own task otherwise runs alone.
 pub async fn maybe_serve(
-    listen: Option<SocketAddr>,
+    listen: Option<Listen>,
     role: &'static str,
     backend: &Backend,
     leader: Option<watch::Receiver<LeaderStatus>>,

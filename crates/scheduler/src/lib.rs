@@ -104,7 +104,8 @@ pub struct Pass {
     pub applied: usize,
     /// Replies dropped: stale fence, stale step, deadline passed, repeated.
     pub dropped: usize,
-    /// Replies dead-lettered: undecodable, or for a step the workflow does not have.
+    /// Replies dead-lettered: undecodable, for a step the workflow does not have, or
+    /// whose write the store cannot use (unreadable data, invalid, unsendable).
     pub rejected: usize,
     /// Orders now Processed.
     pub completed: usize,

@@ -9,9 +9,9 @@ use std::time::Duration;
 use orderly_core::messages::{OrderStatus, StatusNotice, StepKind, StepOutcome, StepReply};
 use orderly_core::service::{Park, ServiceState};
 use orderly_core::store::{Completion, Consumed, StepUpdate, StepWrite, Taken};
-use orderly_core::transport::{Envelope, ReceivedMessage, decode_json};
+use orderly_core::transport::{Envelope, ReceivedMessage, decode_json, reject};
 use orderly_core::workflow::Workflow;
-use orderly_core::{Error, ProcessState, StepStatus};
+use orderly_core::{Error, OrderId, ProcessState, StepStatus};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{Next, Pass, Scheduler, plan};
@@ -32,6 +32,8 @@ struct Tally<'a> {
     settle: &'a mut Vec<ReceivedMessage>,
     retry: &'a mut Vec<ReceivedMessage>,
     parks: &'a mut Vec<Park>,
+    /// Replies whose write the store cannot use: dead-lettered with the reason.
+    unusable: &'a mut Vec<(OrderId, Error, ReceivedMessage)>,
 }
 
 impl Scheduler {
@@ -75,6 +77,7 @@ impl Scheduler {
         let mut settle: Vec<ReceivedMessage> = Vec::with_capacity(received.messages.len());
         let mut retry: Vec<ReceivedMessage> = Vec::new();
         let mut held = Vec::new();
+        let mut unusable = Vec::new();
         let mut recorded = 0u64;
         let mut planned = planned
             .into_inner()
@@ -92,6 +95,7 @@ impl Scheduler {
                 settle: &mut settle,
                 retry: &mut retry,
                 parks: &mut Vec::new(),
+                unusable: &mut unusable,
             };
             self.account(written, None, verdict, consumed, message, &mut tally);
         }
@@ -102,6 +106,9 @@ impl Scheduler {
             }
             metrics::counter!("orderly_steps_succeeded_total").increment(recorded);
             debug!(batch = recorded, "replies taken and recorded");
+        }
+        for (order_id, e, message) in unusable.drain(..) {
+            self.unusable(&order_id, &e, &message).await;
         }
         let (replies, poison) = decode_json::<StepReply>(
             self.transport.as_ref(),
@@ -156,10 +163,7 @@ impl Scheduler {
                 Ok(()) => forward.push((flow, reply, message)),
                 Err(problem) => {
                     warn!(order_id = %reply.fence.order_id, step = %reply.step, action = %reply.action, problem = %problem, "step reply for a step this workflow does not have: dead-lettered");
-                    let _ = self
-                        .transport
-                        .dead_letter(&message, "UnknownStep", &problem)
-                        .await;
+                    reject(self.transport.as_ref(), &message, "UnknownStep", &problem).await;
                     pass.rejected += 1;
                 }
             }
@@ -240,6 +244,12 @@ impl Scheduler {
                     write_replies.clear();
                     (Vec::new(), Vec::new())
                 }
+                // One write the store cannot use fails the whole batch: each goes
+                // alone, so only its reply is dead-lettered and the others are recorded.
+                Err(e) if e.is_unusable() && writes.len() > 1 => {
+                    warn!(error = %e, batch = writes.len(), "a batch of step writes was refused: recording them one by one");
+                    self.record_one_by_one(&writes, &write_msgs).await
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -260,6 +270,7 @@ impl Scheduler {
                 settle: &mut settle,
                 retry: &mut retry,
                 parks: &mut parks,
+                unusable: &mut unusable,
             };
             self.account(written, park, verdict, consumed, message, &mut tally);
         }
@@ -276,12 +287,19 @@ impl Scheduler {
             {
                 Ok(()) => settle.push(message),
                 Err(e) if e.is_retryable() => retry.push(message),
+                Err(e) if e.is_unusable() => {
+                    self.unusable(&reply.fence.order_id, &e, &message).await;
+                    pass.rejected += 1;
+                }
                 Err(e) => {
                     debug!(order_id = %reply.fence.order_id, error = %e, "reply refused by the store: dropped");
                     pass.dropped += 1;
                     settle.push(message);
                 }
             }
+        }
+        for (order_id, e, message) in unusable {
+            self.unusable(&order_id, &e, &message).await;
         }
         if !settle.is_empty() {
             // A lost lock means the reply comes back; applying it again is refused
@@ -354,6 +372,10 @@ impl Scheduler {
                 }
             }
             Err(e) if e.is_retryable() => tally.retry.push(message),
+            Err(e) if e.is_unusable() && !consumed => {
+                tally.pass.rejected += 1;
+                tally.unusable.push((written.order_id, e, message));
+            }
             Err(e) => {
                 debug!(error = %e, "reply refused by the store: dropped");
                 tally.pass.dropped += 1;
@@ -362,6 +384,47 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Records `writes` one at a time (`messages[i]` asked for `writes[i]`): each
+    /// one's verdict, and whether its message ended with it.
+    async fn record_one_by_one(
+        &self,
+        writes: &[StepWrite],
+        messages: &[ReceivedMessage],
+    ) -> (Vec<orderly_core::Result<()>>, Vec<bool>) {
+        let mut verdicts = Vec::with_capacity(writes.len());
+        let mut ended = Vec::with_capacity(writes.len());
+        for (w, m) in writes.iter().zip(messages) {
+            match self
+                .store
+                .record_steps_consuming(std::slice::from_ref(w), std::slice::from_ref(m))
+                .await
+            {
+                Ok(Consumed {
+                    mut outcomes,
+                    mut consumed,
+                }) => {
+                    verdicts.push(outcomes.pop().unwrap_or(Ok(())));
+                    ended.push(consumed.pop().unwrap_or(false));
+                }
+                Err(e) => {
+                    verdicts.push(Err(e));
+                    ended.push(false);
+                }
+            }
+        }
+        (verdicts, ended)
+    }
+
+    /// Dead-letters a reply whose write the store refused as unusable (unreadable
+    /// stored data, an invalid write, a next message that can never be sent), with the
+    /// refusal as its reason: an operator finds it, and the order, left at its step,
+    /// is recovered at its deadline. Never dropped in silence.
+    async fn unusable(&self, order_id: &OrderId, e: &Error, message: &ReceivedMessage) {
+        let problem = e.about(order_id);
+        warn!(order_id = %order_id, instance_id = %self.cfg.instance, reason = e.kind(), problem = %problem, "step reply the store cannot use: dead-lettered");
+        reject(self.transport.as_ref(), message, e.kind(), &problem).await;
     }
 
     /// The span of everything a reply causes here: it continues the agent's span

@@ -848,3 +848,229 @@ async fn a_scheduler_runs_a_stored_version_it_has_no_file_for() {
         "{stored:?}"
     );
 }
+
+/// A scheduler's store that cannot use the writes of one order: a batch holding one
+/// fails whole (as a statement over an unreadable row does), and the order's write
+/// alone is refused; everything else is the real SQLite store's.
+struct Unreadable {
+    inner: Arc<orderly_sql::SqliteStore>,
+    order: OrderId,
+}
+
+impl Unreadable {
+    fn refusal(&self) -> orderly_core::Error {
+        orderly_core::Error::Corrupt(format!("step row of {} unreadable", self.order))
+    }
+}
+
+mod unreadable_impl {
+    use super::*;
+    use orderly_core::store::{
+        BatchOutcome, ClaimRequest, ClaimedOrder, Completion, SchedulerStore, StepUpdate,
+        StepWrite, StoredWorkflow, WorkflowCount,
+    };
+    use orderly_core::{Fence, Result, StepRecord};
+
+    #[async_trait::async_trait]
+    impl SchedulerStore for Unreadable {
+        async fn claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedOrder>> {
+            self.inner.claim(request).await
+        }
+        async fn claim_and_start(
+            &self,
+            request: &ClaimRequest,
+            plan: &(dyn for<'c> Fn(&'c ClaimedOrder) -> Option<StepWrite> + Send + Sync),
+        ) -> Result<Vec<(ClaimedOrder, bool)>> {
+            self.inner.claim_and_start(request, plan).await
+        }
+        async fn record_step(
+            &self,
+            fence: &Fence,
+            step: &StepUpdate,
+            sends: &[orderly_core::transport::Envelope],
+        ) -> Result<StepRecord> {
+            self.inner.record_step(fence, step, sends).await
+        }
+        async fn extend(
+            &self,
+            fence: &Fence,
+            by: Duration,
+        ) -> Result<chrono::DateTime<chrono::Utc>> {
+            self.inner.extend(fence, by).await
+        }
+        async fn complete_many(&self, completions: &[Completion]) -> Result<BatchOutcome> {
+            self.inner.complete_many(completions).await
+        }
+        async fn finish_undone(&self, fence: &Fence, error: &str) -> Result<Option<i32>> {
+            self.inner.finish_undone(fence, error).await
+        }
+        async fn fail(
+            &self,
+            fence: &Fence,
+            error: &str,
+            sends: &[orderly_core::transport::Envelope],
+        ) -> Result<()> {
+            self.inner.fail(fence, error, sends).await
+        }
+        async fn release(&self, fence: &Fence, reason: &str) -> Result<()> {
+            self.inner.release(fence, reason).await
+        }
+        async fn park_many(
+            &self,
+            parks: &[orderly_core::service::Park],
+        ) -> Result<Vec<Result<orderly_core::service::Parked>>> {
+            self.inner.park_many(parks).await
+        }
+        async fn record_steps(&self, writes: &[StepWrite]) -> Result<Vec<Result<()>>> {
+            let ours = |w: &StepWrite| w.fence.order_id == self.order;
+            match writes {
+                [w] if ours(w) => Ok(vec![Err(self.refusal())]),
+                _ if writes.iter().any(ours) => Err(self.refusal()),
+                _ => self.inner.record_steps(writes).await,
+            }
+        }
+        async fn resume_owned(&self, owner: &InstanceId) -> Result<Vec<ClaimedOrder>> {
+            self.inner.resume_owned(owner).await
+        }
+        async fn begin_compensation(
+            &self,
+            fence: &Fence,
+            finish_as: ProcessState,
+            reason: &str,
+            sends: &[orderly_core::transport::Envelope],
+        ) -> Result<()> {
+            self.inner
+                .begin_compensation(fence, finish_as, reason, sends)
+                .await
+        }
+        async fn finish_cancelled(
+            &self,
+            fence: &Fence,
+            reason: &str,
+            sends: &[orderly_core::transport::Envelope],
+        ) -> Result<()> {
+            self.inner.finish_cancelled(fence, reason, sends).await
+        }
+        async fn steps(&self, order_id: &OrderId) -> Result<Vec<StepRecord>> {
+            self.inner.steps(order_id).await
+        }
+        async fn workflows_in_flight(&self) -> Result<Vec<WorkflowCount>> {
+            self.inner.workflows_in_flight().await
+        }
+        async fn record_workflows(&self, workflows: &[Arc<Workflow>], by: &str) -> Result<usize> {
+            self.inner.record_workflows(workflows, by).await
+        }
+        async fn stored_workflows(&self) -> Result<Vec<StoredWorkflow>> {
+            self.inner.stored_workflows().await
+        }
+        async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
+            self.inner.count_owned(owner).await
+        }
+        async fn owned(&self, owner: &InstanceId) -> Result<Vec<Fence>> {
+            self.inner.owned(owner).await
+        }
+    }
+}
+
+/// A reply whose write the store cannot use (its order's data unreadable) is
+/// dead-lettered with the store's reason, not dropped in silence and not retried for
+/// ever, and does not take the other replies of its batch down with it: theirs are
+/// recorded. The same holds for a failure reply, whose write goes alone.
+#[tokio::test]
+async fn a_reply_the_store_cannot_use_is_dead_lettered_with_the_reason_and_the_rest_go_on() {
+    let sqlite = Arc::new(
+        orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let rig = rig_on(sqlite.clone()).await;
+    let poisoned = OrderId::parse("o-unreadable").unwrap();
+    let cfg = SchedulerConfig::new(
+        InstanceId::parse("scheduler-a").unwrap(),
+        Arc::new(Workflows::new(vec![Workflow::default()]).unwrap()),
+    );
+    let s = Scheduler::new(
+        Arc::new(Unreadable {
+            inner: sqlite.clone(),
+            order: poisoned.clone(),
+        }),
+        rig.transport.clone(),
+        Arc::new(SystemClock),
+        cfg,
+    );
+    let replies_q = QueueName::parse("replies").unwrap();
+    for id in ["o-unreadable", "o-fine", "o-failing"] {
+        submit(&rig, id).await;
+    }
+    s.claim_once().await.unwrap();
+    let reqs = all_requests(&rig, "agent.inventory").await;
+    assert_eq!(reqs.len(), 3);
+    for req in reqs
+        .iter()
+        .filter(|r| r.fence.order_id.as_str() != "o-failing")
+    {
+        answer(&rig, req, ok("reserved")).await;
+    }
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.rejected, pass.dropped),
+        (1, 1, 0),
+        "{pass:?}"
+    );
+    let dead = rig.transport.dead_letters(&replies_q, 10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].reason, "Corrupt");
+    assert!(
+        dead[0].description.contains("o-unreadable") && dead[0].description.contains("unreadable"),
+        "{}",
+        dead[0].description
+    );
+    // The other order went on to its next step; the poisoned one waits at its step
+    // for its deadline (the supervisor's), its reply kept in the dead letters.
+    assert_eq!(all_requests(&rig, "agent.payment").await.len(), 1);
+    let fine = rig
+        .store
+        .get(&OrderId::parse("o-fine").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(fine.state.current_step, 1);
+    let stuck = rig.store.get(&poisoned).await.unwrap();
+    assert_eq!(
+        (stuck.state.process_state, stuck.state.current_step),
+        (ProcessState::Processing, 0)
+    );
+    // Nothing is left to come back: the replies queue is empty.
+    assert!(replies(&s).await == Pass::default());
+
+    // A failure reply, whose write goes alone, of a third order: applied (it is not
+    // the poisoned one); and the poisoned order's failure reply is dead-lettered too.
+    let failing = reqs
+        .iter()
+        .find(|r| r.fence.order_id.as_str() == "o-failing")
+        .unwrap();
+    let poisoned_req = reqs.iter().find(|r| r.fence.order_id == poisoned).unwrap();
+    for req in [failing, poisoned_req] {
+        answer(
+            &rig,
+            req,
+            StepOutcome::Failed {
+                error: "out of stock".into(),
+            },
+        )
+        .await;
+    }
+    let pass = replies(&s).await;
+    assert_eq!(pass.rejected, 1, "{pass:?}");
+    let dead = rig.transport.dead_letters(&replies_q, 10).await.unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let failed = rig
+        .store
+        .get(&OrderId::parse("o-failing").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.state.process_state,
+        ProcessState::Error,
+        "{failed:?}"
+    );
+}

@@ -34,6 +34,8 @@ pub struct IntakeConfig {
     pub orders: QueueName,
     /// Required as `Authorization: Bearer` when set.
     pub token: Option<String>,
+    /// Which queues an order may name as its `reply_to`.
+    pub reply_queues: orderly_core::store::ReplyQueues,
 }
 
 #[derive(Clone)]
@@ -127,7 +129,11 @@ fn refusal(status: StatusCode, why: impl Into<String>) -> Refusal {
 }
 
 /// The order in `body`, its id taken from `Idempotency-Key` when the body has none.
-fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Refusal> {
+fn parse_order(
+    headers: &HeaderMap,
+    body: &[u8],
+    reply_queues: &orderly_core::store::ReplyQueues,
+) -> Result<NewOrder, Refusal> {
     let mut value: Value = serde_json::from_slice(body).map_err(|e| {
         refusal(
             StatusCode::BAD_REQUEST,
@@ -169,8 +175,8 @@ fn parse_order(headers: &HeaderMap, body: &[u8]) -> Result<NewOrder, Refusal> {
     }
     let order: NewOrder = serde_json::from_value(value)
         .map_err(|e| refusal(StatusCode::BAD_REQUEST, format!("invalid order: {e}")))?;
-    order
-        .validate()
+    reply_queues
+        .check(&order)
         .map_err(|e| refusal(StatusCode::BAD_REQUEST, e.to_string()))?;
     if let Some(q) = &order.reply_to
         && let Err(e) = QueueName::parse(q.clone())
@@ -187,7 +193,7 @@ async fn post_order(State(intake): State<Intake>, headers: HeaderMap, body: Byte
     if !intake.authorized(&headers) {
         return unauthorized();
     }
-    let order = match parse_order(&headers, &body) {
+    let order = match parse_order(&headers, &body, &intake.cfg.reply_queues) {
         Ok(order) => order,
         Err(Refusal(status, why)) => return problem(status, why),
     };

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
-use orderly_core::store::{Consumed, IntakeStore, Submission, SubmitOutcome, Taken};
+use orderly_core::store::{Consumed, IntakeStore, ReplyQueues, Submission, SubmitOutcome, Taken};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, decode_json};
 use orderly_core::{Actor, Error, InstanceId, OrderId};
 use tokio_util::sync::CancellationToken;
@@ -33,10 +33,13 @@ pub struct SubmitterConfig {
     pub batch: u32,
     /// How long an idle receive waits.
     pub idle_wait: Duration,
+    /// Which queues an order may name as its `reply_to`.
+    pub reply_queues: ReplyQueues,
 }
 
 impl SubmitterConfig {
-    /// Defaults: the `orders` queue, batches of 256, 200 ms idle wait.
+    /// Defaults: the `orders` queue, batches of 256, 200 ms idle wait, any reply queue
+    /// but orderly's own.
     pub fn new(instance: InstanceId) -> Self {
         Self {
             instance,
@@ -44,6 +47,7 @@ impl SubmitterConfig {
                 .unwrap_or_else(|_| unreachable!("literal queue name")),
             batch: 256,
             idle_wait: Duration::from_millis(200),
+            reply_queues: ReplyQueues::any(),
         }
     }
 }
@@ -158,7 +162,7 @@ impl Submitter {
         }
         let mut valid = Vec::with_capacity(batch.len());
         for (order, message) in batch {
-            if let Err(invalid) = order.validate() {
+            if let Err(invalid) = self.cfg.reply_queues.check(&order) {
                 warn!(order_id = %order.order_id, problem = %invalid, "invalid order dead-lettered");
                 self.reject(&message, "InvalidOrder", &invalid.to_string())
                     .await;
@@ -235,7 +239,7 @@ impl Submitter {
             return None;
         }
         let order: OrderSubmitted = serde_json::from_slice(&message.body).ok()?;
-        order.validate().ok()?;
+        self.cfg.reply_queues.check(&order).ok()?;
         Some(submission(order))
     }
 
@@ -326,16 +330,8 @@ impl Submitter {
     }
 
     async fn reject(&self, message: &ReceivedMessage, reason: &str, description: &str) {
-        metrics::counter!("orderly_dead_lettered_total", "queue" => message.queue.as_str().to_owned(), "reason" => reason.to_owned())
-            .increment(1);
-        if let Err(e) = self
-            .transport
-            .dead_letter(message, reason, description)
-            .await
-        {
-            // Left locked: it comes back, and the maximum delivery count keeps it.
-            warn!(error = %e, "could not dead-letter the message; it will come back");
-        }
+        orderly_core::transport::reject(self.transport.as_ref(), message, reason, description)
+            .await;
     }
 
     /// Runs until `shutdown`, retrying with back-off while the queue or store is down.

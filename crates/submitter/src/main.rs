@@ -20,6 +20,11 @@ struct Args {
     /// Most orders read from the orders queue and recorded in one transaction.
     #[arg(long, env = "ORDERLY_SUBMIT_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     submit_batch: u32,
+    /// Only queues whose names start with this may be an order's `reply_to` (the
+    /// clients' queues, `client-` say); unset: any queue but orderly's own. An order
+    /// naming another is dead-lettered (HTTP: 400) with the reason.
+    #[arg(long, env = "ORDERLY_REPLY_TO_PREFIX")]
+    reply_to_prefix: Option<String>,
 }
 
 #[global_allocator]
@@ -37,17 +42,22 @@ async fn run() -> anyhow::Result<()> {
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
     let mut cfg = SubmitterConfig::new(instance.clone());
     cfg.batch = args.submit_batch;
+    if let Some(prefix) = &args.reply_to_prefix {
+        cfg.reply_queues = orderly_core::store::ReplyQueues::prefixed(
+            prefix,
+            "--reply-to-prefix / ORDERLY_REPLY_TO_PREFIX",
+        )?;
+    }
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
-    let intake_on = match (args.http_intake, args.common.http_listen) {
-        (false, _) => None,
+    match (args.http_intake, args.common.http_listen) {
+        (false, _) => {}
         (true, None) => anyhow::bail!(
             "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
         ),
-        (true, Some(listen)) => {
-            orderly_submitter::intake::check(listen, args.intake_token.as_deref())?;
-            Some(listen)
-        }
-    };
+        (true, Some(addr)) => orderly_submitter::intake::check(addr, args.intake_token.as_deref())?,
+    }
+    let ops_listen = args.common.ops_listen()?;
+    let intake_on = ops_listen.clone().filter(|_| args.http_intake);
     if args.common.checked("orderly-submitter")? {
         return Ok(());
     }
@@ -63,9 +73,10 @@ async fn run() -> anyhow::Result<()> {
                 orderly_submitter::intake::IntakeConfig {
                     orders: cfg.orders.clone(),
                     token: args.intake_token.clone(),
+                    reply_queues: cfg.reply_queues.clone(),
                 },
             );
-            tracing::info!(%listen, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
+            tracing::info!(listen = %listen.addr, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
             Some(
                 orderly_runtime::ops::serve(
                     listen,
@@ -79,14 +90,8 @@ async fn run() -> anyhow::Result<()> {
             )
         }
         None => {
-            orderly_runtime::ops::maybe_serve(
-                args.common.http_listen,
-                "submitter",
-                &backend,
-                None,
-                &shutdown,
-            )
-            .await?
+            orderly_runtime::ops::maybe_serve(ops_listen, "submitter", &backend, None, &shutdown)
+                .await?
         }
     };
     Submitter::new(backend.store, backend.transport, cfg)

@@ -24,6 +24,13 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with(SubmitterConfig::new(
+        InstanceId::parse("submitter-test").unwrap(),
+    ))
+    .await
+}
+
+async fn rig_with(cfg: SubmitterConfig) -> Rig {
     let store = Arc::new(
         orderly_sql::SqliteStore::open("sqlite::memory:", TimeSource::Database)
             .await
@@ -34,7 +41,6 @@ async fn rig() -> Rig {
         .declare_queue(&orders, &QueueSettings::default())
         .await
         .unwrap();
-    let cfg = SubmitterConfig::new(InstanceId::parse("submitter-test").unwrap());
     Rig {
         submitter: Submitter::new(store.clone(), store.clone(), cfg),
         store: store.clone(),
@@ -134,4 +140,69 @@ async fn posted_orders_are_recorded_once_and_bad_messages_dead_lettered_with_a_r
             .unwrap()
             .is_empty()
     );
+}
+
+/// With a reply prefix set, an order naming any other queue for its notices (one that
+/// exists, so the prefix is what refuses it) is dead-lettered with the reason naming
+/// `reply_to` and the prefix, and no notice goes there; an order naming a client queue
+/// is recorded and its `received` notice sent to it.
+#[tokio::test]
+async fn an_order_whose_reply_queue_is_not_a_client_queue_is_dead_lettered() {
+    let mut cfg = SubmitterConfig::new(InstanceId::parse("submitter-test").unwrap());
+    cfg.reply_queues =
+        orderly_core::store::ReplyQueues::prefixed("client-", "ORDERLY_REPLY_TO_PREFIX").unwrap();
+    let rig = rig_with(cfg).await;
+    let client = QueueName::parse("client-7").unwrap();
+    let billing = QueueName::parse("billing-events").unwrap();
+    for q in [&client, &billing] {
+        rig.transport
+            .declare_queue(q, &QueueSettings::default())
+            .await
+            .unwrap();
+    }
+    let mut welcome = order("o-client", 1);
+    welcome.reply_to = Some("client-7".into());
+    let mut stray = order("o-stray", 1);
+    stray.reply_to = Some("billing-events".into());
+    rig.transport
+        .send(
+            &rig.orders,
+            &[
+                order_submitted(&welcome).unwrap(),
+                order_submitted(&stray).unwrap(),
+            ],
+        )
+        .await
+        .unwrap();
+    let pass = drain(&rig).await;
+    assert_eq!((pass.accepted, pass.rejected), (1, 1), "{pass:?}");
+    let dead = rig.transport.dead_letters(&rig.orders, 10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].reason, "InvalidOrder");
+    assert!(
+        dead[0].description.contains("reply_to") && dead[0].description.contains("client-"),
+        "{}",
+        dead[0].description
+    );
+    assert!(
+        rig.store
+            .get(&OrderId::parse("o-stray").unwrap())
+            .await
+            .is_err()
+    );
+    let noticed = rig
+        .transport
+        .receive(&billing, 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        noticed.is_empty(),
+        "no notice to another system's queue: {noticed:?}"
+    );
+    let noticed = rig
+        .transport
+        .receive(&client, 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(noticed.len(), 1, "the client's received notice");
 }

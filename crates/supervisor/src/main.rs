@@ -140,7 +140,7 @@ async fn run() -> anyhow::Result<()> {
     let elector = election.elector(backend.store.clone(), instance.clone())?;
     let shutdown = orderly_runtime::shutdown_on_signals();
     let ops = orderly_runtime::ops::maybe_serve(
-        args.common.http_listen,
+        args.common.ops_listen()?,
         "supervisor",
         &backend,
         Some(elector.status()),

@@ -396,3 +396,69 @@ async fn planted_secrets_never_show_in_help_logs_or_stored_errors() {
         clean(&format!("the {what}'s log"), &p.output());
     }
 }
+
+/// A role listening off loopback serves /metrics only to whoever presents its metrics
+/// token (401 otherwise), while the orchestrator's probes stay open; without a token,
+/// or with one too short to be a secret, it refuses to start and names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_off_loopback_need_the_metrics_token_and_probes_stay_open() {
+    let db = Db::new(Dialect::Sqlite).await;
+    for (token, why) in [(None, "no token"), (Some("short"), "a short token")] {
+        let mut c = std::process::Command::new(crate::procs::bin("orderly-scheduler"));
+        c.args(["--http-listen", "0.0.0.0:0", "--check-config"])
+            .env("ORDERLY_DATABASE_URL", &db.url)
+            .env_remove("ORDERLY_METRICS_TOKEN");
+        if let Some(t) = token {
+            c.env("ORDERLY_METRICS_TOKEN", t);
+        }
+        let out = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{why}: {stderr}");
+        assert!(stderr.contains("ORDERLY_METRICS_TOKEN"), "{why}: {stderr}");
+        assert!(
+            !stderr.contains("short"),
+            "the value is never shown: {stderr}"
+        );
+    }
+
+    let port = free_port();
+    let token = "metrics-token-of-the-test-0123";
+    let _scheduler = Proc::start_with(
+        "orderly-scheduler",
+        &db.url,
+        &["--http-listen", &format!("0.0.0.0:{port}")],
+        &[("ORDERLY_METRICS_TOKEN", token)],
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for(
+        "the scheduler's endpoint",
+        Duration::from_secs(20),
+        async || crate::procs::get(format!("{base}/healthz")).await.is_ok(),
+    )
+    .await;
+    let http = crate::procs::http();
+    for probe in ["/healthz", "/readyz"] {
+        let r = http.get(format!("{base}{probe}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{probe} needs no token");
+    }
+    let none = http.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(none.status(), 401);
+    let wrong = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth("metrics-token-of-the-test-0124")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 200);
+    assert!(
+        right.text().await.unwrap().contains("orderly_"),
+        "Prometheus text"
+    );
+}

@@ -413,6 +413,52 @@ async fn the_http_intake_needs_its_token() {
     assert_eq!(read.status(), 401, "reading needs the token too");
 }
 
+/// With ORDERLY_REPLY_TO_PREFIX set, the real submitter takes over HTTP only orders
+/// whose reply queue is a client's (400 naming `reply_to` and the prefix otherwise);
+/// a prefix that would admit orderly's own queues stops start-up, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_submitter_takes_only_client_reply_queues_when_a_prefix_is_set() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let out = Command::new(bin("orderly-submitter"))
+        .arg("--check-config")
+        .env("ORDERLY_DATABASE_URL", &db.url)
+        .env("ORDERLY_REPLY_TO_PREFIX", "agent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("ORDERLY_REPLY_TO_PREFIX"), "{stderr}");
+
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _submitter = Proc::start_with(
+        "orderly-submitter",
+        &db.url,
+        &["--http-listen", &listen, "--http-intake"],
+        &[("ORDERLY_REPLY_TO_PREFIX", "client-")],
+    );
+    wait_listening(port).await;
+    let http = crate::procs::http();
+    let post = |v: Value| {
+        let http = http.clone();
+        let url = format!("http://{listen}/orders");
+        async move {
+            let r = http.post(url).json(&v).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let mut stray = order_json(Some("p-1"), "c");
+    stray["reply_to"] = json!("billing-events");
+    let (status, text) = post(stray).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("reply_to") && text.contains("client-"),
+        "{text}"
+    );
+    let (status, text) = post(order_json(Some("p-2"), "c")).await;
+    assert_eq!(status, 202, "no reply queue at all is fine: {text}");
+}
+
 /// `orderly migrate` declares the queues on a new database, so the roles and clients
 /// find them; on the store's own clock nothing else is needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -611,9 +611,12 @@ impl<D: Driver> SqlStore<D> {
                 Some(refused) => verdicts.push(Err(refused)),
             }
         }
-        // A write refused for a reason that may pass keeps its reply, to be tried again.
+        // A write refused for a reason that may pass keeps its reply, to be tried again;
+        // one the store cannot use keeps it for the caller to dead-letter.
         let consuming = self.to_consume(messages, &verdicts, |v: &Result<()>| {
-            v.as_ref().err().is_none_or(|e| !e.is_retryable())
+            v.as_ref()
+                .err()
+                .is_none_or(orderly_core::Error::is_moved_on)
         });
         let ended = self
             .commit_consuming(tx, now, &sends, &consuming.held)

@@ -241,14 +241,15 @@ impl<D: Driver> SqlStore<D> {
                 refusals[i] = Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
             }
         }
-        // A write refused for good ends its delivery too; one refused for a reason that
-        // may pass keeps it, to be tried again.
+        // A write refused because the order moved on ends its delivery too; one refused
+        // for a reason that may pass keeps it, to be tried again, and one the store
+        // cannot use keeps it for the caller to dead-letter with the reason.
         let woken = sent.woken(&sends);
         let ended = self
             .settle_sent(conn, now, &sent, writes.len(), holds, |i| {
                 match &refusals[i] {
                     None => Ending::InWrite,
-                    Some(e) if !e.is_retryable() => Ending::After,
+                    Some(e) if e.is_moved_on() => Ending::After,
                     Some(_) => Ending::Kept,
                 }
             })
