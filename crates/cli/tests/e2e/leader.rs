@@ -188,6 +188,107 @@ mod sql_lease {
 mod blob_lease {
     use super::*;
 
+    /// A leader cut off from its lease (a partition between it and Blob Storage, its
+    /// process and its database link alive) steps down on its own, within its renew
+    /// deadline and before its lease can end, so the follower, which takes over only
+    /// once the lease has ended, never leads beside it; work that expires meanwhile is
+    /// recovered once; healed, the old leader follows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_leader_cut_off_from_its_lease_steps_down_before_the_lease_ends() {
+        let azurite = Azurite::start();
+        let partition = crate::procs::Partition::to(azurite.port).await;
+        let election = Election::blob(azurite);
+        let (db, store) = setup(Dialect::Sqlite).await;
+        let mut ids = Vec::new();
+        for o in orderly_cli::demo::sample_orders(10) {
+            store
+                .submit(&o, &orderly_core::Actor::operator("test"), &[])
+                .await
+                .unwrap();
+            ids.push(o.order_id);
+        }
+        // a reaches the blob through the partition; b directly.
+        let mut args = election.args("supervisor-a");
+        let direct = election.azurite.as_ref().unwrap().connection_string();
+        let through = direct.replace(
+            &format!(":{}", election.azurite.as_ref().unwrap().port),
+            &format!(":{}", partition.port),
+        );
+        assert_ne!(direct, through);
+        for a in args.iter_mut().filter(|a| **a == direct) {
+            *a = through.clone();
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let a = crate::procs::Proc::start("orderly-supervisor", &db.url, &args);
+        let (_, first) = wait_change(&a, 1, Duration::from_secs(20)).await;
+        assert!(first.acquired);
+        let b = election.start(&db.url, "supervisor-b");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(changes(&b).is_empty(), "b follows while a leads");
+
+        let cut = Instant::now();
+        partition.cut();
+        // Work expires during the partition.
+        let ghost = InstanceId::parse("scheduler-ghost").unwrap();
+        let claimed = store
+            .claim(&ClaimRequest {
+                workflows: Default::default(),
+                owner: ghost,
+                limit: 10,
+                timeout: Duration::from_millis(300),
+            })
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 10);
+        let (a_seen, ended) = wait_change(&a, 2, Duration::from_secs(20)).await;
+        assert!(!ended.acquired && ended.epoch == first.epoch, "{ended:?}");
+        let (b_seen, took_over) = wait_change(&b, 1, Duration::from_secs(30)).await;
+        assert!(took_over.acquired && took_over.epoch > first.epoch);
+        // a renewed at most a renew interval (1 s) before the cut: its lease ran to at
+        // least cut + 14 s; its renew deadline is 10 s (+ one 1 s call).
+        let stepped_down = a_seen - cut;
+        assert!(
+            stepped_down <= Duration::from_secs(12),
+            "a stepped down {stepped_down:?} after the cut ({:?})",
+            ended.reason
+        );
+        assert!(
+            a_seen + Duration::from_secs(1) < b_seen,
+            "no two leaders: a ended {:?} after the cut, b took over {:?} after it",
+            a_seen - cut,
+            b_seen - cut
+        );
+        assert!(
+            b_seen - cut >= Duration::from_secs(13),
+            "b waited for the lease to end: {:?}",
+            b_seen - cut
+        );
+        crate::procs::wait_for(
+            "every expiry recovered",
+            Duration::from_secs(15),
+            async || store.find_expired(100).await.unwrap().is_empty(),
+        )
+        .await;
+        // Each order expired once, and was recovered once, by whoever led then.
+        for id in &ids {
+            let view = store.get(id).await.unwrap();
+            let recoveries = view
+                .history
+                .iter()
+                .filter(|h| matches!(h.kind, HistoryKind::Recovered | HistoryKind::GaveUp))
+                .count();
+            assert_eq!(recoveries, 1, "{id}: {:?}", view.history);
+            assert_eq!(view.state.failure_count, 1, "{id}");
+        }
+
+        // Healed: a follows (it may not lead while b renews).
+        partition.heal();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(changes(&a).len(), 2, "a follows after the partition heals");
+        assert_eq!(changes(&b).len(), 1, "b still leads");
+        drop((a, b));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_gracefully_stopped_leader_hands_over_within_3_s() {
         graceful(Election::blob(Azurite::start()), Dialect::Sqlite).await
