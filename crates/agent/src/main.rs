@@ -7,7 +7,6 @@ use clap::Parser;
 use std::time::Duration;
 
 use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, FleetConfig, HttpRemote};
-use orderly_core::SystemClock;
 use orderly_core::service::{OutagePolicy, ServiceView};
 use orderly_core::transport::QueueName;
 
@@ -178,12 +177,9 @@ async fn run() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
-    let mut agent = Agent::new(
-        backend.transport.clone(),
-        Arc::new(remote),
-        Arc::new(SystemClock),
-        cfg,
-    );
+    // A request's deadline is read on the store's clock, not this host's.
+    let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
+    let mut agent = Agent::new(backend.transport.clone(), Arc::new(remote), clock, cfg);
     // Requests are checked against the workflow versions the schedulers stored.
     let store: Arc<dyn orderly_core::store::SchedulerStore> = backend.store.clone();
     agent = agent.with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));

@@ -23,6 +23,57 @@ impl Clock for SystemClock {
     }
 }
 
+/// The host's clock corrected by an offset to a reference clock: a role reads the
+/// deadlines the state store set (on the database server's clock) against the store's
+/// time, so a host clock that is off by minutes neither drops replies in time nor
+/// calls services past their deadline. The offset is measured and updated by its
+/// owner ([`OffsetClock::set_offset`]); zero until then.
+#[derive(Debug)]
+pub struct OffsetClock {
+    base: Arc<dyn Clock>,
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Default for OffsetClock {
+    fn default() -> Self {
+        Self::on(Arc::new(SystemClock))
+    }
+}
+
+impl OffsetClock {
+    /// `base` (the host's clock) corrected by an offset, zero until set.
+    pub fn on(base: Arc<dyn Clock>) -> Self {
+        Self {
+            base,
+            offset_ms: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+
+    /// The uncorrected clock, for measuring the offset against.
+    pub fn base(&self) -> &dyn Clock {
+        self.base.as_ref()
+    }
+
+    /// The reference clock is `offset` ahead of this host's (negative: behind).
+    pub fn set_offset(&self, offset: Duration) {
+        self.offset_ms.store(
+            offset.num_milliseconds(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// How far the reference clock is ahead of this host's.
+    pub fn offset(&self) -> Duration {
+        Duration::milliseconds(self.offset_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.base.now() + self.offset()
+    }
+}
+
 type Observer = Box<dyn Fn(DateTime<Utc>) + Send + Sync>;
 
 /// A clock that only moves when told to. Cloning shares the same time.

@@ -23,7 +23,7 @@ pub mod transport;
 pub mod triage;
 pub mod workflow;
 
-pub use clock::{Clock, ManualClock, SystemClock, TimeSource};
+pub use clock::{Clock, ManualClock, OffsetClock, SystemClock, TimeSource};
 pub use error::{Error, Result, ValidationError};
 pub use history::{HistoryEvent, HistoryKind};
 pub use id::{Actor, InstanceId, OrderId};

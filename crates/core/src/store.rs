@@ -1019,6 +1019,11 @@ pub trait OperatorStore: Send + Sync {
     /// Whether the store answers: one statement that reads no table (readiness probes).
     async fn ping(&self) -> Result<()>;
 
+    /// The store's own time: the database server's clock where deadlines are set on
+    /// it (PostgreSQL), the host's for an embedded database; a role measures how far
+    /// its host's clock is off with it.
+    async fn store_now(&self) -> Result<DateTime<Utc>>;
+
     /// Counts orders by state.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 

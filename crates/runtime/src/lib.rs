@@ -5,6 +5,7 @@
 //! election ([`election`]). Binaries stay thin: parse, set up, wire, `run(shutdown)`.
 
 pub mod backend;
+pub mod clock;
 pub mod election;
 pub mod http;
 pub mod ops;

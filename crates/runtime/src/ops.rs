@@ -106,6 +106,10 @@ fn describe() {
         "orderly_completions_refused_total",
         "Step replies the store refused (stale owner, or the order already moved on)."
     );
+    g!(
+        "orderly_clock_offset_seconds",
+        "How far the state store's clock is ahead of this host's (negative: behind); deadlines are read on the store's time."
+    );
     c!(
         "orderly_dead_lettered_total",
         "Messages this process dead-lettered, by queue and reason."

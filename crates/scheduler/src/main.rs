@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use orderly_core::SystemClock;
 use orderly_scheduler::{Scheduler, SchedulerConfig};
 
 /// orderly-scheduler: claims due orders and drives each through its workflow.
@@ -99,7 +98,9 @@ async fn run() -> anyhow::Result<()> {
     let services = Arc::new(orderly_core::service::ServiceView::new(
         backend.store.clone(),
     ));
-    Scheduler::new(backend.store, backend.transport, Arc::new(SystemClock), cfg)
+    // Replies are in time by the store's clock, not this host's.
+    let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
+    Scheduler::new(backend.store, backend.transport, clock, cfg)
         .with_services(services)
         .run(shutdown)
         .await;

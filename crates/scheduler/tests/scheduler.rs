@@ -1074,3 +1074,71 @@ async fn a_reply_the_store_cannot_use_is_dead_lettered_with_the_reason_and_the_r
         "{failed:?}"
     );
 }
+
+/// A host clock `0` ahead of the real one (a host whose wall clock drifted).
+#[derive(Debug)]
+struct Ahead(chrono::Duration);
+
+impl orderly_core::Clock for Ahead {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc::now() + self.0
+    }
+}
+
+/// A scheduler on a host whose clock is 10 minutes ahead of the database's: on its
+/// own clock every reply is past its deadline and dropped (the order would wait for
+/// the supervisor and fail in the end); on the store's time, which the role measures,
+/// the reply is in time and the order goes on.
+#[tokio::test]
+async fn a_scheduler_whose_host_clock_is_minutes_ahead_reads_deadlines_on_the_stores_time() {
+    let rig = rig().await;
+    let ahead: Arc<dyn orderly_core::Clock> = Arc::new(Ahead(chrono::Duration::minutes(10)));
+    let cfg = |name: &str| {
+        SchedulerConfig::new(
+            InstanceId::parse(name).unwrap(),
+            Arc::new(Workflows::new(vec![Workflow::default()]).unwrap()),
+        )
+    };
+    let naive = Scheduler::new(
+        rig.store.clone(),
+        rig.transport.clone(),
+        ahead.clone(),
+        cfg("scheduler-naive"),
+    );
+    let first = submit(&rig, "o-skew-1").await;
+    naive.claim_once().await.unwrap();
+    let req = request(&rig, "agent.inventory").await;
+    answer(&rig, &req, ok("reserved")).await;
+    let pass = replies(&naive).await;
+    assert_eq!((pass.applied, pass.dropped), (0, 1), "{pass:?}");
+    assert_eq!(rig.store.get(&first).await.unwrap().state.current_step, 0);
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let store: Arc<dyn orderly_core::store::OperatorStore> = rig.store.clone();
+    let clock = orderly_runtime::clock::on_store_time_from(ahead, store, &shutdown).await;
+    let off = clock.offset() + chrono::Duration::minutes(10);
+    assert!(
+        off.num_milliseconds().abs() < 1_000,
+        "measured {:?}",
+        clock.offset()
+    );
+    let s = Scheduler::new(
+        rig.store.clone(),
+        rig.transport.clone(),
+        clock,
+        cfg("scheduler-a"),
+    );
+    let second = submit(&rig, "o-skew-2").await;
+    s.claim_once().await.unwrap();
+    let req = request(&rig, "agent.inventory").await;
+    assert_eq!(req.fence.order_id, second);
+    answer(&rig, &req, ok("reserved")).await;
+    let pass = replies(&s).await;
+    assert_eq!(
+        (pass.applied, pass.dropped, pass.requests),
+        (1, 0, 1),
+        "{pass:?}"
+    );
+    assert_eq!(rig.store.get(&second).await.unwrap().state.current_step, 1);
+    shutdown.cancel();
+}

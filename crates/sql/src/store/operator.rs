@@ -315,6 +315,11 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         Ok(())
     }
 
+    async fn store_now(&self) -> Result<chrono::DateTime<chrono::Utc>> {
+        let mut conn = self.driver.acquire().await?;
+        self.driver.now(&mut conn).await
+    }
+
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
         let rows = q(st::COUNT_BY_STATE)
             .fetch_all::<D>(&mut *self.driver.acquire().await?)
