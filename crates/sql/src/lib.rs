@@ -104,6 +104,29 @@ pub fn check_url(url: &str) -> Result<()> {
     }
 }
 
+/// The driver's complaint about `url` for the `database_url` setting, with every part
+/// of the URL that may hold a secret (the password, the query's names and values)
+/// taken out of it: the driver's text is kept for what it says is wrong.
+pub(crate) fn url_refused(url: &str, complaint: impl std::fmt::Display) -> Error {
+    let mut text = complaint.to_string();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.strip_prefix("sqlite:").unwrap_or(rest);
+    let mut secrets: Vec<&str> = Vec::new();
+    if let Some((userinfo, _)) = rest.split_once('@') {
+        secrets.extend(userinfo.split(':').skip(1));
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        secrets.extend(query.split(['&', '=', ';']));
+    }
+    secrets.retain(|s| !s.is_empty());
+    // Longest first, so a secret holding another is taken out whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for s in secrets {
+        text = text.replace(s, "<redacted>");
+    }
+    Error::Invalid(ValidationError::new("database_url", text))
+}
+
 fn bad_url() -> Error {
     Error::Invalid(ValidationError::new(
         "database_url",

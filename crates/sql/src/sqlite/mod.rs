@@ -159,7 +159,7 @@ impl SqlStore<SqliteDriver> {
     pub async fn open_with(url: &str, time: TimeSource, queue: WriterQueue) -> Result<Self> {
         let (url, synchronous) = durability(url)?;
         let options = SqliteConnectOptions::from_str(&url)
-            .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?
+            .map_err(|e| crate::url_refused(&url, e))?
             .create_if_missing(true)
             .synchronous(synchronous)
             .foreign_keys(true)
@@ -279,8 +279,7 @@ fn durability(url: &str) -> Result<(String, SqliteSynchronous)> {
 /// Parses a SQLite URL as [`SqliteStore::open`] would, without opening anything.
 pub(crate) fn check_url(url: &str) -> Result<()> {
     let (url, _) = durability(url)?;
-    SqliteConnectOptions::from_str(&url)
-        .map_err(|e| orderly_core::ValidationError::new("database_url", e.to_string()))?;
+    SqliteConnectOptions::from_str(&url).map_err(|e| crate::url_refused(&url, e))?;
     Ok(())
 }
 
