@@ -183,6 +183,78 @@ async fn outbox_messages_reach_service_bus_through_the_relay_once() {
     }
 }
 
+/// The relay's batch of 100 outbox rows of 4 kB each (400 kB, more than the stand-in
+/// takes in one transfer, as Service Bus Standard) goes out in size-bounded batches:
+/// every row is sent and marked, none set aside as undeliverable, each message arrives
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_batch_of_large_rows_goes_out_within_the_entitys_size() {
+    use orderly_core::store::IntakeStore;
+    use orderly_core::transport::{Envelope, Outbox, OutgoingMessage};
+    use orderly_core::{InstanceId, TimeSource};
+    use orderly_sql::{Delivery, SqliteStore};
+
+    let standin = Arc::new(Standin::start());
+    let servicebus = ServiceBusFactory {
+        standin: standin.clone(),
+        clock: ManualClock::starting_now(),
+    }
+    .open()
+    .await;
+    let replies = QueueName::parse("client-replies").unwrap();
+    servicebus
+        .declare_queue(&replies, &QueueSettings::default())
+        .await
+        .unwrap();
+    let file = std::env::temp_dir().join(format!(
+        "orderly-relay-large-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let store = SqliteStore::open(
+        &format!("sqlite://{}", file.display()),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap()
+    .with_delivery(Delivery::Outbox);
+    for i in 0..100u64 {
+        let order = orderly_testkit::builders::order(i + 1);
+        let body = format!(
+            "{{\"status\":\"received\",\"pad\":\"{}\"}}",
+            "p".repeat(4_000)
+        );
+        let sends = [Envelope {
+            queue: replies.clone(),
+            message: OutgoingMessage::new(format!("received-{i}"), body.into_bytes()),
+        }];
+        store
+            .submit(&order, &orderly_testkit::builders::submitter(), &sends)
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.outbox_backlog().await.unwrap(), 100);
+    let relay = InstanceId::parse("relay-1").unwrap();
+    let pass = store.relay_once(&relay, &*servicebus, 100).await.unwrap();
+    assert_eq!(pass.sent, 100, "{pass:?}");
+    assert_eq!(store.outbox_backlog().await.unwrap(), 0);
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < 100 {
+        let batch = servicebus
+            .receive(&replies, 100, std::time::Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert!(!batch.is_empty(), "only {} arrived", got.len());
+        for m in batch {
+            assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
+            servicebus.complete(&m).await.unwrap();
+        }
+    }
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
+}
+
 /// What operators do with a Service Bus queue, over AMQP on the stand-in: count its
 /// messages and dead letters by peeking (nothing is locked: a consumer still gets every
 /// message at once), discard one dead letter, requeue one (it comes back with its body
