@@ -177,6 +177,24 @@ fn timed_out(limit: Duration) -> Response {
         .into_response()
 }
 
+/// Whether two secrets are equal, compared in constant time (a token, a CSRF value).
+pub fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// Whether `headers` carry `token` as `Authorization: Bearer`.
+pub fn bearer_is(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| same_secret(given.trim(), token))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -257,19 +257,6 @@ impl std::fmt::Debug for Listen {
     }
 }
 
-/// Whether `headers` carry `token` as `Authorization: Bearer` (compared in constant
-/// time).
-pub fn bearer_is(headers: &axum::http::HeaderMap, token: &str) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| {
-            let (a, b) = (given.trim().as_bytes(), token.as_bytes());
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-        })
-}
-
 /// `router` answering 401 unless the request carries `token` as a bearer token.
 fn behind(router: axum::Router, token: Option<String>) -> axum::Router {
     let Some(token) = token else {
@@ -280,7 +267,7 @@ fn behind(router: axum::Router, token: Option<String>) -> axum::Router {
         move |request: axum::extract::Request, next: axum::middleware::Next| {
             let token = token.clone();
             async move {
-                if bearer_is(request.headers(), &token) {
+                if crate::http::bearer_is(request.headers(), &token) {
                     next.run(request).await
                 } else {
                     (

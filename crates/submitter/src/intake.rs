@@ -97,16 +97,8 @@ impl Intake {
         let Some(token) = &self.cfg.token else {
             return true;
         };
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), token.as_bytes()))
+        orderly_runtime::http::bearer_is(headers, token)
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn unauthorized() -> Response {

@@ -32,13 +32,7 @@ pub(super) fn operator(headers: &HeaderMap) -> String {
 }
 
 /// Constant-time comparison of two secrets.
-pub(super) fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
+pub(super) use orderly_runtime::http::same_secret as same;
 
 /// The names the dashboard answers to.
 #[derive(Debug, Clone)]
