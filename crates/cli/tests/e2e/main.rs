@@ -20,6 +20,7 @@ mod probe;
 mod processes;
 #[path = "../support/procs.rs"]
 mod procs;
+mod query_fuzz;
 mod retention;
 mod roles;
 mod servicebus;

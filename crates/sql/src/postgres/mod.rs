@@ -87,7 +87,7 @@ where
 /// against the platform's roots plus `sslrootcert`, or else the CA bundle
 /// `ORDERLY_CA_FILE` names. Errors name the setting, never echo the URL.
 pub fn options(url: &str) -> Result<PgConnectOptions> {
-    let mut options = PgConnectOptions::from_str(url).map_err(|e| crate::url_refused(&url, e))?;
+    let mut options = PgConnectOptions::from_str(url).map_err(|e| crate::url_refused(url, e))?;
     // Every session is bounded, so that a wedged one never hangs a role: unless the URL
     // (`?options=-c%20lock_timeout%3D...`) or PGOPTIONS sets them.
     let given = format!("{url} {}", std::env::var("PGOPTIONS").unwrap_or_default());
