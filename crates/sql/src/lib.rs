@@ -98,7 +98,8 @@ pub fn check_url(url: &str) -> Result<()> {
     if url.starts_with("sqlite:") {
         sqlite::check_url(url)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        postgres::options(url).map(drop)
+        postgres::options(url)?;
+        postgres::answer_timeout_from_env().map(drop)
     } else {
         Err(bad_url())
     }

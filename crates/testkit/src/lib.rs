@@ -12,6 +12,7 @@ pub mod builders;
 pub mod elector;
 #[cfg(feature = "otel")]
 pub mod otlp;
+pub mod partition;
 pub mod private_postgres;
 pub mod servicebus_standin;
 pub mod store;

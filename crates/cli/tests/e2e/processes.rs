@@ -307,3 +307,188 @@ async fn random_kills(dialect: Dialect) {
         "three effects per order"
     );
 }
+
+/// `url` with its host and port replaced by the forwarder on 127.0.0.1:`port`.
+fn through(url: &str, port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let through = url.replacen(host, &format!("127.0.0.1:{port}"), 1);
+    assert_ne!(through, url, "{host}");
+    through
+}
+
+fn upstream_port(url: &str) -> u16 {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    host.rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or(5432)
+}
+
+/// A scheduler cut off from PostgreSQL by a partition (a forwarder the test cuts: no
+/// byte through either way, nothing reset, its process alive) while its steps are at
+/// the agent: its deadlines pass, the supervisor puts its orders back, another
+/// scheduler does them; each step takes effect once at the service, the cut-off
+/// scheduler records nothing after the recovery (its late writes are fenced by the
+/// epoch), and healed, it drops the connections the partition killed and works again
+/// instead of waiting on them for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scheduler_cut_off_from_postgres_mid_step_is_fenced_and_works_again_once_healed() {
+    let (db, backend) = Db::with_queues(Dialect::Postgres, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let partition = crate::procs::Partition::to(upstream_port(&db.url)).await;
+    let cut_off_url = through(&db.url, partition.port);
+    let port = free_port();
+    let remote = format!("http://127.0.0.1:{port}/actions");
+    // Each call takes 1.5 s: the first steps are at the service when the cut comes.
+    let _sim = start_sim(&db.url, port, &["--latency-ms", "1500"]);
+    let _submitter = Proc::start("orderly-submitter", &db.url, &[]);
+    let _supervisor = Proc::start(
+        "orderly-supervisor",
+        &db.url,
+        &[
+            "--interval-ms",
+            "200",
+            "--backoff-base-ms",
+            "200",
+            "--backoff-max-ms",
+            "1000",
+        ],
+    );
+    let _agents = [
+        Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]),
+        Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]),
+    ];
+    // A waits 3 s for any answer of the database (60 s unless set).
+    let a = Proc::start_with(
+        "orderly-scheduler",
+        &cut_off_url,
+        &[
+            "--instance-id",
+            "scheduler-a",
+            "--processing-timeout-ms",
+            "4000",
+        ],
+        &[(orderly_sql::postgres::ANSWER_TIMEOUT_SETTING, "3000")],
+    );
+    let orders = demo::sample_orders(20);
+    let mut sent = demo::post(backend.transport.as_ref(), &orders)
+        .await
+        .unwrap();
+    wait_for(
+        "scheduler A to claim every order and send its first step",
+        Duration::from_secs(60),
+        async || {
+            let mut sent_steps = 0;
+            for o in &orders {
+                let Ok(view) = store.get(&o.order_id).await else {
+                    return false;
+                };
+                if view.state.locked_by.as_ref().map(|l| l.as_str()) != Some("scheduler-a") {
+                    return false;
+                }
+                sent_steps += view
+                    .history
+                    .iter()
+                    .filter(|e| e.kind == HistoryKind::StepStarted)
+                    .count();
+            }
+            sent_steps >= orders.len()
+        },
+    )
+    .await;
+    partition.cut();
+    let cut = chrono::Utc::now();
+    let b = Proc::start(
+        "orderly-scheduler",
+        &db.url,
+        &[
+            "--instance-id",
+            "scheduler-b",
+            "--processing-timeout-ms",
+            "4000",
+        ],
+    );
+    wait_for(
+        "every order to be Processed by scheduler B",
+        Duration::from_secs(120),
+        async || count(store.as_ref(), ProcessState::Processed).await == orders.len(),
+    )
+    .await;
+    // Healed, A's late replies (the agents answered its steps into the shared queue)
+    // and its new work go through its new connections.
+    partition.heal();
+    let mut b = b;
+    b.signal("TERM");
+    assert!(b.wait(Duration::from_secs(30)).success());
+    let after = demo::sample_orders(10);
+    sent.extend(
+        demo::post(backend.transport.as_ref(), &after)
+            .await
+            .unwrap(),
+    );
+    wait_for(
+        "scheduler A, healed, to process new orders",
+        Duration::from_secs(120),
+        async || count(store.as_ref(), ProcessState::Processed).await == orders.len() + after.len(),
+    )
+    .await;
+
+    for o in &orders {
+        let view = store.get(&o.order_id).await.unwrap();
+        let recovered = view
+            .history
+            .iter()
+            .find(|e| e.kind == HistoryKind::Recovered)
+            .unwrap_or_else(|| panic!("order {} was not recovered", o.order_id));
+        assert!(recovered.at > cut, "recovered after the cut");
+        // Nothing of A's is recorded after the recovery: its late writes were fenced.
+        let late: Vec<_> = view
+            .history
+            .iter()
+            .filter(|e| e.at > recovered.at && e.actor.as_str().starts_with("scheduler-a"))
+            .collect();
+        assert!(late.is_empty(), "order {}: {late:?}", o.order_id);
+        let last = view.history.last().unwrap();
+        assert_eq!(last.kind, HistoryKind::Completed);
+        assert!(last.actor.as_str().starts_with("scheduler-b"), "{last:?}");
+    }
+    for o in &after {
+        let view = store.get(&o.order_id).await.unwrap();
+        let last = view.history.last().unwrap();
+        assert_eq!(last.kind, HistoryKind::Completed);
+        assert!(last.actor.as_str().starts_with("scheduler-a"), "{last:?}");
+    }
+    let report = assert_invariants(store.as_ref(), port, &sent, Some(3 * 30)).await;
+    assert_eq!(report.count(ProcessState::Processed), 30);
+    // A gave up on the statements the partition left unanswered, and said so.
+    let log = a.output();
+    assert!(
+        log.contains("the database did not answer within 3000 ms"),
+        "{log}"
+    );
+}
+
+/// The answer timeout is checked with the rest of the settings: a value that is not a
+/// whole number of milliseconds stops start-up (and `--check-config`), naming it.
+#[test]
+fn an_answer_timeout_that_is_not_milliseconds_stops_start_up_naming_it() {
+    let setting = orderly_sql::postgres::ANSWER_TIMEOUT_SETTING;
+    for (value, ok) in [("2500", true), ("60s", false), ("0", false)] {
+        let out = std::process::Command::new(crate::procs::bin("orderly-scheduler"))
+            .arg("--check-config")
+            .env("ORDERLY_DATABASE_URL", crate::fixtures::postgres_url())
+            .env(setting, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), ok, "{value}: {stderr}");
+        assert_eq!(stderr.contains(setting), !ok, "{value}: {stderr}");
+    }
+}

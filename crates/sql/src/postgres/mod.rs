@@ -18,7 +18,8 @@ use orderly_core::store::{ClaimRequest, ClaimedOrder};
 use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::driver::{
     Driver, HoldFor, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SendFor,
@@ -32,7 +33,11 @@ use crate::statements as st;
 use crate::store::SqlStore;
 use crate::time::Ts;
 
+mod conn;
 mod statements;
+
+pub use conn::{ANSWER_TIMEOUT_SETTING, DEFAULT_ANSWER_TIMEOUT, PgConn, answer_timeout_from_env};
+use conn::{Transactions, Within};
 
 use statements as sql;
 
@@ -54,6 +59,8 @@ pub struct PgDriver {
     pool: PgPool,
     time: TimeSource,
     stats: Arc<crate::stats::Stats>,
+    /// How long any answer is waited for ([`conn::answer_timeout_from_env`]).
+    answer_timeout: Duration,
 }
 
 /// The fallback poll interval of idle receivers (notifications are the fast path).
@@ -62,20 +69,29 @@ const PING_IDLE: Duration = Duration::from_secs(1);
 
 const POLL: Duration = Duration::from_secs(1);
 
-/// Runs a `BEGIN` to its answer even if the caller stops waiting. sqlx 0.9 arms the
-/// rollback of a transaction dropped unfinished only once its `BEGIN` is answered: a
-/// begin abandoned before then (a shutdown, a timeout, a `select!` that took another
-/// branch) would hand the pool a connection inside a transaction nothing ends, and its
-/// next users' statements would run in it, holding their locks and committing nothing.
-/// Run on a task of its own, the begin finishes; a transaction nobody takes is then
-/// dropped there, armed, and its rollback goes with the connection's next statement.
-async fn begin_to_the_end<F>(begin: F) -> Result<Transaction<'static, Postgres>>
-where
-    F: std::future::Future<Output = Result<Transaction<'static, Postgres>, sqlx::Error>>
-        + Send
-        + 'static,
-{
-    match tokio::spawn(begin).await {
+/// Takes a connection and runs `begin` (`BEGIN` unless given) on it, to its answer
+/// even if the caller stops waiting. sqlx 0.9 arms the rollback of a transaction
+/// dropped unfinished only once its `BEGIN` is answered: a begin abandoned before then
+/// (a shutdown, a timeout, a `select!` that took another branch) would hand the pool a
+/// connection inside a transaction nothing ends, and its next users' statements would
+/// run in it, holding their locks and committing nothing. Run on a task of its own,
+/// the begin finishes (or its answer times out and the connection is given up); a
+/// transaction nobody takes is then dropped there, armed, and its rollback goes with
+/// the connection's next statement.
+async fn begin_to_the_end(
+    pool: PgPool,
+    answer_timeout: Duration,
+    begin: Option<&'static str>,
+) -> Result<Box<PgConn>> {
+    let begun = tokio::spawn(async move {
+        let mut conn = Box::new(PgConn::new(pool.acquire().await?, answer_timeout));
+        let (raw, watch) = conn.parts();
+        Transactions::begin(raw, begin.map(sqlx::SqlSafeStr::into_sql_str))
+            .within(watch)
+            .await?;
+        Ok::<_, sqlx::Error>(conn)
+    });
+    match begun.await {
         Ok(tx) => tx.map_err(db),
         // Its task panicked, or the runtime is shutting down.
         Err(e) => Err(orderly_core::Error::Unavailable(Box::new(e))),
@@ -135,6 +151,18 @@ impl SqlStore<PgDriver> {
         max_connections: u32,
         time: TimeSource,
     ) -> Result<Self> {
+        let answer_timeout = answer_timeout_from_env()?;
+        Self::connect_answering_within(options, max_connections, time, answer_timeout).await
+    }
+
+    /// [`Self::connect`], waiting for any answer at most `answer_timeout` (instead of
+    /// what [`ANSWER_TIMEOUT_SETTING`] says).
+    pub async fn connect_answering_within(
+        options: PgConnectOptions,
+        max_connections: u32,
+        time: TimeSource,
+        answer_timeout: Duration,
+    ) -> Result<Self> {
         // A connection is checked with a ping only after it sat idle for a while: a
         // ping on every acquire is a round trip per transaction under load. One that
         // broke while busy fails its statement, which the caller retries.
@@ -142,11 +170,27 @@ impl SqlStore<PgDriver> {
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(15))
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
+            .before_acquire(move |conn, meta| {
                 Box::pin(async move {
+                    // Bounded like any answer: a connection gone silent while idle
+                    // is closed here, not waited on.
                     if meta.idle_for >= PING_IDLE {
-                        sqlx::Connection::ping(conn).await?;
+                        tokio::time::timeout(answer_timeout, sqlx::Connection::ping(conn))
+                            .await
+                            .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
                     }
+                    Ok(true)
+                })
+            })
+            // The pool checks every connection handed back with a ping of its own,
+            // unbounded: one that went silent just then would hold its place for ever.
+            // This bounded ping goes first; a connection that does not answer it is
+            // closed instead.
+            .after_release(move |conn, _| {
+                Box::pin(async move {
+                    tokio::time::timeout(answer_timeout, sqlx::Connection::ping(conn))
+                        .await
+                        .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
                     Ok(true)
                 })
             })
@@ -158,6 +202,7 @@ impl SqlStore<PgDriver> {
                 pool,
                 time,
                 stats: Arc::default(),
+                answer_timeout,
             },
             Arc::new(Wakeups::new(POLL)),
         );
@@ -588,15 +633,14 @@ impl Driver for PgDriver {
     const SQL: crate::driver::Statements = sql::SQL;
     const MIGRATIONS: &'static [migrate::Migration] = migrate::POSTGRES;
 
-    type Conn = PgConnection;
-    type Tx = Transaction<'static, Postgres>;
-    type Pooled = sqlx::pool::PoolConnection<Postgres>;
+    type Conn = PgConn;
+    type Tx = Box<PgConn>;
+    type Pooled = Box<PgConn>;
     type Row = PgRow;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
-        let pool = self.pool.clone();
-        begin_to_the_end(async move { pool.begin().await }).await
+        begin_to_the_end(self.pool.clone(), self.answer_timeout, None).await
     }
 
     /// The claim reads `order_state_claimable` in order with a plain index scan: it
@@ -608,27 +652,29 @@ impl Driver for PgDriver {
     /// for this transaction only, in the same round trip as its `BEGIN`.
     async fn begin_claim(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
-        let pool = self.pool.clone();
-        begin_to_the_end(async move {
-            pool.begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
-                .await
-        })
+        begin_to_the_end(
+            self.pool.clone(),
+            self.answer_timeout,
+            Some("BEGIN; SET LOCAL enable_bitmapscan = off"),
+        )
         .await
     }
 
-    async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error> {
-        tx.commit().await
+    async fn commit(mut tx: Self::Tx) -> Result<(), sqlx::Error> {
+        let (raw, watch) = tx.parts();
+        Transactions::commit(raw).within(watch).await
     }
 
     async fn acquire(&self) -> Result<Self::Pooled> {
-        self.pool.acquire().await.map_err(db)
+        let conn = self.pool.acquire().await.map_err(db)?;
+        Ok(Box::new(PgConn::new(conn, self.answer_timeout)))
     }
 
     fn stats(&self) -> &Arc<crate::stats::Stats> {
         &self.stats
     }
 
-    async fn now(&self, conn: &mut PgConnection) -> Result<DateTime<Utc>> {
+    async fn now(&self, conn: &mut PgConn) -> Result<DateTime<Utc>> {
         let row = q(sql::NOW)
             .bind(self.injected_now())
             .fetch_one::<Self>(conn)
@@ -642,44 +688,51 @@ impl Driver for PgDriver {
     }
 
     /// Start-ups of several instances at once migrate one after the other.
-    async fn lock_migrations(conn: &mut PgConnection) -> Result<()> {
+    async fn lock_migrations(conn: &mut PgConn) -> Result<()> {
+        let (raw, watch) = conn.parts();
         sqlx::query(
             "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.orderly_migrations'))",
         )
-        .execute(conn)
+        .execute(raw)
+        .within(watch)
         .await
         .map_err(db)?;
         Ok(())
     }
 
-    async fn run_script(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sql).execute(conn).await.map(|_| ())
+    async fn run_script(conn: &mut PgConn, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sql)
+            .execute(conn.unbounded())
+            .await
+            .map(|_| ())
     }
 
-    async fn execute(conn: &mut PgConnection, q: Q<'_>) -> Result<u64, sqlx::Error> {
-        Ok(prepare(q).execute(conn).await?.rows_affected())
+    async fn execute(conn: &mut PgConn, q: Q<'_>) -> Result<u64, sqlx::Error> {
+        let (raw, watch) = conn.parts();
+        Ok(prepare(q).execute(raw).within(watch).await?.rows_affected())
     }
 
-    async fn fetch_all(conn: &mut PgConnection, q: Q<'_>) -> Result<Vec<PgRow>, sqlx::Error> {
-        prepare(q).fetch_all(conn).await
+    async fn fetch_all(conn: &mut PgConn, q: Q<'_>) -> Result<Vec<PgRow>, sqlx::Error> {
+        let (raw, watch) = conn.parts();
+        prepare(q).fetch_all(raw).within(watch).await
     }
 
-    async fn fetch_optional(
-        conn: &mut PgConnection,
-        q: Q<'_>,
-    ) -> Result<Option<PgRow>, sqlx::Error> {
-        prepare(q).fetch_optional(conn).await
+    async fn fetch_optional(conn: &mut PgConn, q: Q<'_>) -> Result<Option<PgRow>, sqlx::Error> {
+        let (raw, watch) = conn.parts();
+        prepare(q).fetch_optional(raw).within(watch).await
     }
 
     /// The claim reads the clock itself and says it in each row.
     async fn claim_first(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         request: &ClaimRequest,
         timeout_micros: i64,
     ) -> Result<Option<(Vec<ClaimedOrder>, DateTime<Utc>)>> {
+        let (raw, watch) = conn.parts();
         let rows = claim_query(self.injected_now(), request, timeout_micros)?
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         let Some(first) = rows.first() else {
@@ -695,21 +748,26 @@ impl Driver for PgDriver {
         request: &ClaimRequest,
         timeout_micros: i64,
     ) -> Result<Vec<ClaimedOrder>> {
+        let mut conn = self.acquire().await?;
+        let (raw, watch) = conn.parts();
         let rows = claim_query(self.injected_now(), request, timeout_micros)?
-            .fetch_all(&self.pool)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         claimed_orders(&rows, request)
     }
 
     async fn complete_in(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         fences: &[&Fence],
     ) -> Result<HashSet<String>> {
+        let (raw, watch) = conn.parts();
         order_ids(
             complete_query(Some(Ts(now)), fences)
-                .fetch_all(conn)
+                .fetch_all(raw)
+                .within(watch)
                 .await
                 .map_err(db)?,
         )
@@ -717,9 +775,12 @@ impl Driver for PgDriver {
 
     /// One statement on its own: nothing else to commit with it.
     async fn complete(&self, fences: &[&Fence]) -> Result<HashSet<String>> {
+        let mut conn = self.acquire().await?;
+        let (raw, watch) = conn.parts();
         order_ids(
             complete_query(self.injected_now(), fences)
-                .fetch_all(&self.pool)
+                .fetch_all(raw)
+                .within(watch)
                 .await
                 .map_err(db)?,
         )
@@ -727,18 +788,20 @@ impl Driver for PgDriver {
 
     /// One statement: the touch, and the records and history of what it touched.
     async fn write_steps(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
         rows: Vec<StepRow<'_>>,
     ) -> Result<HashSet<String>> {
+        let (raw, watch) = conn.parts();
         let (ids, batch) = steps_batch(touches, &rows);
         let rows = sqlx::query(sql::WRITE_STEPS)
             .bind(Ts(now))
             .bind(ids)
             .bind(batch)
             .bind(HistoryKind::Completed.as_str())
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         order_ids(rows)
@@ -747,7 +810,7 @@ impl Driver for PgDriver {
     /// One statement: the touch, the records and history, the sends and the
     /// completions of what it touched.
     async fn write_steps_sending(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
         rows: Vec<StepRow<'_>>,
@@ -755,6 +818,7 @@ impl Driver for PgDriver {
         holds: &[HoldFor<'_>],
         origin: &str,
     ) -> Result<Option<SentWith>> {
+        let (raw, watch) = conn.parts();
         let (ids, batch) = steps_batch(touches, &rows);
         let query = sqlx::query_as(sql::WRITE_STEPS_SENDING)
             .bind(Ts(now))
@@ -762,7 +826,8 @@ impl Driver for PgDriver {
             .bind(batch)
             .bind(HistoryKind::Completed.as_str());
         let rows = bind_sending(query, sends, holds, origin)
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         Ok(Some(sent_with(rows)))
@@ -774,14 +839,16 @@ impl Driver for PgDriver {
     // batch's size). Parsing and planning each batch afresh was server work on every
     // write.
     async fn insert_orders(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
+        let (raw, watch) = conn.parts();
         let rows: Vec<(String,)> =
             bind_orders(sqlx::query_as(sql::INSERT_ORDERS), now, actor, orders)
-                .fetch_all(conn)
+                .fetch_all(raw)
+                .within(watch)
                 .await
                 .map_err(db)?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
@@ -790,7 +857,7 @@ impl Driver for PgDriver {
     /// One statement: the new orders, their sends, the completions of their holds and
     /// the notification that orders can be claimed.
     async fn insert_orders_sending(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         actor: &str,
         orders: &[NewOrderRow<'_>],
@@ -798,6 +865,7 @@ impl Driver for PgDriver {
         holds: &[HoldFor<'_>],
         origin: &str,
     ) -> Result<Option<SentWith>> {
+        let (raw, watch) = conn.parts();
         let query = bind_orders(
             sqlx::query_as(sql::INSERT_ORDERS_SENDING),
             now,
@@ -806,18 +874,20 @@ impl Driver for PgDriver {
         );
         let rows = bind_sending(query, sends, holds, origin)
             .bind(crate::queue::CLAIMABLE)
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         Ok(Some(sent_with(rows)))
     }
 
     async fn rescue(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: DateTime<Utc>,
         actor: &str,
         rescues: &[Rescue],
     ) -> Result<HashSet<String>> {
+        let (raw, watch) = conn.parts();
         let batch = batch_of(
             rescues,
             |r| r.order_id.as_str(),
@@ -843,7 +913,8 @@ impl Driver for PgDriver {
                     .collect::<Vec<_>>(),
             )
             .bind(batch)
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         order_ids(rows)
@@ -852,7 +923,7 @@ impl Driver for PgDriver {
     /// One statement for the whole batch, its duplicate check, its notification and the
     /// completions that go with it.
     async fn insert_messages(
-        conn: &mut PgConnection,
+        conn: &mut PgConn,
         now: Ts,
         queue: &str,
         dedup_ms: Option<i64>,
@@ -860,8 +931,10 @@ impl Driver for PgDriver {
         held: &[&ReceivedMessage],
         notice: &str,
     ) -> Result<SentAndCompleted, sqlx::Error> {
+        let (raw, watch) = conn.parts();
         let sent = send_query(queue, Some(now), dedup_ms, rows, held, notice)
-            .fetch_all(conn)
+            .fetch_all(raw)
+            .within(watch)
             .await?;
         Ok(sent_and_completed(sent))
     }
@@ -875,21 +948,25 @@ impl Driver for PgDriver {
         held: &[&ReceivedMessage],
         notice: &str,
     ) -> Result<Option<SentAndCompleted>> {
-        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let mut conn = self.acquire().await?;
         self.stats.write_alone();
+        let (raw, watch) = conn.parts();
         let sent = send_query(queue, self.injected_now(), dedup_ms, rows, held, notice)
-            .fetch_all(&mut *conn)
+            .fetch_all(raw)
+            .within(watch)
             .await
             .map_err(db)?;
         Ok(Some(sent_and_completed(sent)))
     }
 
     /// `NOTIFY` inside the sending transaction: delivered to listeners at commit.
-    async fn notify_sent(conn: &mut PgConnection, what: &str) -> Result<(), sqlx::Error> {
+    async fn notify_sent(conn: &mut PgConn, what: &str) -> Result<(), sqlx::Error> {
+        let (raw, watch) = conn.parts();
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(crate::queue::CHANNEL)
             .bind(what)
-            .execute(conn)
+            .execute(raw)
+            .within(watch)
             .await
             .map(|_| ())
     }

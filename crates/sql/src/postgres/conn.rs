@@ -1,0 +1,184 @@
+//! A connection of the pool whose every answer is waited for a bounded time.
+//!
+//! A connection can go silent without breaking: a partition that drops every packet,
+//! a middlebox that swallows them, a server host frozen. Nothing is reset, so sqlx
+//! waits for the answer for ever (or for the kernel's retransmission limit, about
+//! 15 min on Linux), the role that asked waits with it and logs nothing, and the pool's
+//! own check on the connection's return would wait too, holding the slot. Here each
+//! statement's answer is waited for at most the answer timeout; past it the statement
+//! fails as the database being unavailable (the caller retries with back-off, as for
+//! any outage) and the connection is marked lost: dropped, it is detached from the pool
+//! and closed without a word to the server (which ends the session and its transaction
+//! when it notices), never handed back. Scripts (migrations, the leader's vacuums) are
+//! not bounded: they may run long.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, Postgres};
+use sqlx_core::transaction::TransactionManager;
+
+/// How sqlx opens, commits and rolls back PostgreSQL transactions.
+pub(super) type Transactions = <Postgres as sqlx::Database>::TransactionManager;
+
+/// The setting of the answer timeout, in milliseconds.
+pub const ANSWER_TIMEOUT_SETTING: &str = "ORDERLY_DATABASE_ANSWER_TIMEOUT_MS";
+
+/// How long an answer is waited for unless [`ANSWER_TIMEOUT_SETTING`] says otherwise:
+/// twice the longest a lock is waited for (`lock_timeout`), so a statement that waits
+/// on a busy row fails on the server first.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The answer timeout: [`ANSWER_TIMEOUT_SETTING`] if set (a whole number of
+/// milliseconds, at least 100), else [`DEFAULT_ANSWER_TIMEOUT`]. A value that is not
+/// one stops start-up naming the setting.
+pub fn answer_timeout_from_env() -> orderly_core::Result<Duration> {
+    match std::env::var(ANSWER_TIMEOUT_SETTING) {
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_ANSWER_TIMEOUT),
+        Ok(text) => parse_answer_timeout(&text),
+        Err(std::env::VarError::NotUnicode(_)) => Err(refused("is not UTF-8")),
+    }
+}
+
+fn parse_answer_timeout(text: &str) -> orderly_core::Result<Duration> {
+    match text.trim().parse::<u64>() {
+        Ok(ms) if ms >= 100 => Ok(Duration::from_millis(ms)),
+        Ok(_) => Err(refused("must be at least 100 (milliseconds)")),
+        Err(_) => Err(refused(
+            "must be a whole number of milliseconds (e.g. 60000)",
+        )),
+    }
+}
+
+fn refused(why: &str) -> orderly_core::Error {
+    orderly_core::ValidationError::new(ANSWER_TIMEOUT_SETTING, why.to_owned()).into()
+}
+
+/// A pooled connection, inside a transaction or not, whose answers are bounded.
+pub struct PgConn {
+    /// `None` only while being dropped.
+    conn: Option<PoolConnection<Postgres>>,
+    /// A statement went unanswered past the bound: the connection's state is unknown.
+    lost: bool,
+    bound: Duration,
+}
+
+impl std::fmt::Debug for PgConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConn")
+            .field("lost", &self.lost)
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What bounds one answer: the connection's mark, set when it does not come.
+pub(super) struct Watch<'a> {
+    lost: &'a mut bool,
+    bound: Duration,
+}
+
+impl PgConn {
+    pub(super) fn new(conn: PoolConnection<Postgres>, bound: Duration) -> Self {
+        Self {
+            conn: Some(conn),
+            lost: false,
+            bound,
+        }
+    }
+
+    /// The connection to run a statement on, and the watch to await its answer with.
+    pub(super) fn parts(&mut self) -> (&mut PgConnection, Watch<'_>) {
+        let conn = self.conn.as_mut().expect("a connection until dropped");
+        (
+            &mut **conn,
+            Watch {
+                lost: &mut self.lost,
+                bound: self.bound,
+            },
+        )
+    }
+
+    /// The connection, unbounded: for scripts, which may run long.
+    pub(super) fn unbounded(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("a connection until dropped")
+    }
+
+    /// Whether a statement on it went unanswered past the bound.
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+}
+
+/// `.within(watch)` on a statement's answer: [`Watch::answer`].
+pub(super) trait Within<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
+    fn within(self, watch: Watch<'_>) -> impl Future<Output = Result<T, sqlx::Error>> {
+        watch.answer(self)
+    }
+}
+
+impl<T, F: Future<Output = Result<T, sqlx::Error>>> Within<T> for F {}
+
+impl Watch<'_> {
+    /// `answer`, if it comes within the bound; else the connection is marked lost and
+    /// the statement fails as an outage would.
+    pub(super) async fn answer<T>(
+        self,
+        answer: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        match tokio::time::timeout(self.bound, answer).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                *self.lost = true;
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the database did not answer within {} ms ({ANSWER_TIMEOUT_SETTING}); \
+                         the connection is given up",
+                        self.bound.as_millis()
+                    ),
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if self.lost {
+            // Out of the pool at once (a replacement may be opened), and closed by
+            // dropping it: no goodbye to wait for. Handed back, the pool would wait
+            // for its answer to a check.
+            drop(conn.detach());
+        } else if Transactions::get_transaction_depth(&conn) > 0 {
+            // Sent ahead of the connection's next statement (the pool's check on its
+            // return), as sqlx does for a transaction dropped unfinished.
+            Transactions::start_rollback(&mut conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_timeout_setting_is_whole_milliseconds_of_at_least_100() {
+        assert_eq!(
+            parse_answer_timeout("2500").unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            parse_answer_timeout(" 60000 ").unwrap(),
+            DEFAULT_ANSWER_TIMEOUT
+        );
+        for bad in ["", "abc", "1.5", "-1", "99", "0", "60s"] {
+            let e = parse_answer_timeout(bad).unwrap_err().to_string();
+            assert!(e.contains(ANSWER_TIMEOUT_SETTING), "{bad:?}: {e}");
+        }
+    }
+}
