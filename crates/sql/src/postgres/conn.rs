@@ -13,9 +13,12 @@
 //! not bounded: they may run long.
 
 use std::future::Future;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres};
 use sqlx_core::transaction::TransactionManager;
 
@@ -55,10 +58,112 @@ fn refused(why: &str) -> orderly_core::Error {
     orderly_core::ValidationError::new(ANSWER_TIMEOUT_SETTING, why.to_owned()).into()
 }
 
+/// One pool, and how many of its connections are out of it, as [`PgConn`]s or held by
+/// the queue listener.
+#[derive(Debug)]
+pub(super) struct Generation {
+    pub(super) pool: PgPool,
+    out: AtomicUsize,
+}
+
+/// The pool in use, replaced when connections stick in it.
+///
+/// sqlx checks every connection handed back to its pool with a ping it waits for
+/// without a bound. A connection that goes silent at that moment (after the bounded
+/// ping of `after_release`, within one round trip) holds its place in the pool for as
+/// long as the silence lasts: for ever behind a proxy that keeps the socket open. When
+/// the pool times out and some of its places are held by connections neither idle nor
+/// out (so stuck in that check), a new pool takes over; the old one is closed, and
+/// what comes back to it is closed too.
+#[derive(Debug)]
+pub(super) struct Pools {
+    /// Each generation lives as long as the process: a pool handle is small, a
+    /// replacement rare (one per stuck pool), and callers may hold `&PgPool`.
+    current: RwLock<&'static Generation>,
+    builder: PgPoolOptions,
+    connect: PgConnectOptions,
+}
+
+impl Pools {
+    pub(super) fn new(pool: PgPool, builder: PgPoolOptions, connect: PgConnectOptions) -> Self {
+        Self {
+            current: RwLock::new(Self::leak(pool)),
+            builder,
+            connect,
+        }
+    }
+
+    fn leak(pool: PgPool) -> &'static Generation {
+        Box::leak(Box::new(Generation {
+            pool,
+            out: AtomicUsize::new(0),
+        }))
+    }
+
+    pub(super) fn current(&self) -> &'static Generation {
+        *self.current.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A connection of the current pool, answering within `bound`.
+    pub(super) async fn acquire(&self, bound: Duration) -> Result<PgConn, sqlx::Error> {
+        let generation = self.current();
+        match generation.pool.acquire().await {
+            Ok(conn) => Ok(PgConn::new(conn, bound, generation)),
+            Err(sqlx::Error::PoolTimedOut) => {
+                self.unstick(generation);
+                Err(sqlx::Error::PoolTimedOut)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Counts a connection `generation`'s pool gave to someone else (the listener)
+    /// until the returned guard is dropped.
+    pub(super) fn lend(generation: &'static Generation) -> Lent {
+        generation.out.fetch_add(1, Ordering::AcqRel);
+        Lent(generation)
+    }
+
+    /// After `generation`'s pool timed out: replaces it if some of its places are
+    /// held by connections neither idle nor out.
+    fn unstick(&self, generation: &'static Generation) {
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if !std::ptr::eq(*current, generation) {
+            return; // replaced already
+        }
+        let pool = &generation.pool;
+        let stuck = (pool.size() as usize)
+            .saturating_sub(pool.num_idle())
+            .saturating_sub(generation.out.load(Ordering::Acquire));
+        if stuck == 0 {
+            return; // every place is in use: a busy pool, not a stuck one
+        }
+        tracing::warn!(
+            stuck,
+            "connections to PostgreSQL stuck in the pool's check (a silent network); \
+             a new pool replaces it"
+        );
+        *current = Self::leak(self.builder.clone().connect_lazy_with(self.connect.clone()));
+        let old = pool.clone();
+        tokio::spawn(async move { old.close().await });
+    }
+}
+
+/// A connection counted as out of its pool until dropped.
+#[derive(Debug)]
+pub(super) struct Lent(&'static Generation);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.out.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A pooled connection, inside a transaction or not, whose answers are bounded.
 pub struct PgConn {
     /// `None` only while being dropped.
     conn: Option<PoolConnection<Postgres>>,
+    _out: Lent,
     /// A statement went unanswered past the bound: the connection's state is unknown.
     lost: bool,
     bound: Duration,
@@ -80,9 +185,14 @@ pub(super) struct Watch<'a> {
 }
 
 impl PgConn {
-    pub(super) fn new(conn: PoolConnection<Postgres>, bound: Duration) -> Self {
+    pub(super) fn new(
+        conn: PoolConnection<Postgres>,
+        bound: Duration,
+        generation: &'static Generation,
+    ) -> Self {
         Self {
             conn: Some(conn),
+            _out: Pools::lend(generation),
             lost: false,
             bound,
         }

@@ -37,7 +37,7 @@ mod conn;
 mod statements;
 
 pub use conn::{ANSWER_TIMEOUT_SETTING, DEFAULT_ANSWER_TIMEOUT, PgConn, answer_timeout_from_env};
-use conn::{Transactions, Within};
+use conn::{Pools, Transactions, Within};
 
 use statements as sql;
 
@@ -56,7 +56,7 @@ pub type PgStore = SqlStore<PgDriver>;
 /// The PostgreSQL dialect of [`SqlStore`]: its pool and its clock.
 #[derive(Debug, Clone)]
 pub struct PgDriver {
-    pool: PgPool,
+    pools: Arc<Pools>,
     time: TimeSource,
     stats: Arc<crate::stats::Stats>,
     /// How long any answer is waited for ([`conn::answer_timeout_from_env`]).
@@ -69,6 +69,10 @@ const PING_IDLE: Duration = Duration::from_secs(1);
 
 const POLL: Duration = Duration::from_secs(1);
 
+/// How long the queue listener waits for a notification before it asks its
+/// connection for an answer.
+const LISTENER_SILENCE: Duration = Duration::from_secs(30);
+
 /// Takes a connection and runs `begin` (`BEGIN` unless given) on it, to its answer
 /// even if the caller stops waiting. sqlx 0.9 arms the rollback of a transaction
 /// dropped unfinished only once its `BEGIN` is answered: a begin abandoned before then
@@ -79,12 +83,12 @@ const POLL: Duration = Duration::from_secs(1);
 /// transaction nobody takes is then dropped there, armed, and its rollback goes with
 /// the connection's next statement.
 async fn begin_to_the_end(
-    pool: PgPool,
+    pools: Arc<Pools>,
     answer_timeout: Duration,
     begin: Option<&'static str>,
 ) -> Result<Box<PgConn>> {
     let begun = tokio::spawn(async move {
-        let mut conn = Box::new(PgConn::new(pool.acquire().await?, answer_timeout));
+        let mut conn = Box::new(pools.acquire(answer_timeout).await?);
         let (raw, watch) = conn.parts();
         Transactions::begin(raw, begin.map(sqlx::SqlSafeStr::into_sql_str))
             .within(watch)
@@ -166,7 +170,7 @@ impl SqlStore<PgDriver> {
         // A connection is checked with a ping only after it sat idle for a while: a
         // ping on every acquire is a round trip per transaction under load. One that
         // broke while busy fails its statement, which the caller retries.
-        let pool = PgPoolOptions::new()
+        let builder = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(15))
             .test_before_acquire(false)
@@ -193,13 +197,16 @@ impl SqlStore<PgDriver> {
                         .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
                     Ok(true)
                 })
-            })
-            .connect_with(options.application_name("orderly"))
+            });
+        let options = options.application_name("orderly");
+        let pool = builder
+            .clone()
+            .connect_with(options.clone())
             .await
             .map_err(db)?;
         let store = SqlStore::new(
             PgDriver {
-                pool,
+                pools: Arc::new(Pools::new(pool, builder, options)),
                 time,
                 stats: Arc::default(),
                 answer_timeout,
@@ -212,7 +219,7 @@ impl SqlStore<PgDriver> {
 
     /// The connection pool (for tests and tools).
     pub fn pool(&self) -> &PgPool {
-        &self.driver.pool
+        &self.driver.pools.current().pool
     }
 }
 
@@ -640,7 +647,7 @@ impl Driver for PgDriver {
 
     async fn begin_write(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
-        begin_to_the_end(self.pool.clone(), self.answer_timeout, None).await
+        begin_to_the_end(self.pools.clone(), self.answer_timeout, None).await
     }
 
     /// The claim reads `order_state_claimable` in order with a plain index scan: it
@@ -653,7 +660,7 @@ impl Driver for PgDriver {
     async fn begin_claim(&self) -> Result<Self::Tx> {
         self.stats.write_alone();
         begin_to_the_end(
-            self.pool.clone(),
+            self.pools.clone(),
             self.answer_timeout,
             Some("BEGIN; SET LOCAL enable_bitmapscan = off"),
         )
@@ -666,8 +673,8 @@ impl Driver for PgDriver {
     }
 
     async fn acquire(&self) -> Result<Self::Pooled> {
-        let conn = self.pool.acquire().await.map_err(db)?;
-        Ok(Box::new(PgConn::new(conn, self.answer_timeout)))
+        let conn = self.pools.acquire(self.answer_timeout).await;
+        Ok(Box::new(conn.map_err(db)?))
     }
 
     fn stats(&self) -> &Arc<crate::stats::Stats> {
@@ -979,13 +986,16 @@ impl Driver for PgDriver {
         if wakeups.listening.swap(true, Ordering::AcqRel) {
             return;
         }
-        let pool = self.pool.clone();
+        let pools = self.pools.clone();
+        let answer_timeout = self.answer_timeout;
         let wakeups = Arc::downgrade(wakeups);
         tokio::spawn(async move {
             loop {
-                match sqlx::postgres::PgListener::connect_with(&pool).await {
+                let generation = pools.current();
+                match sqlx::postgres::PgListener::connect_with(&generation.pool).await {
                     Ok(mut listener) => match listener.listen(crate::queue::CHANNEL).await {
                         Ok(()) => {
+                            let _lent = Pools::lend(generation);
                             // Heard from now on; what was sent before, every receiver
                             // looks for once.
                             match wakeups.upgrade() {
@@ -998,7 +1008,32 @@ impl Driver for PgDriver {
                             loop {
                                 // `try_recv`, not `recv`: `recv` reconnects without a
                                 // word and what was sent meanwhile is never heard.
-                                match listener.try_recv().await {
+                                // After a silence, the connection is asked for an
+                                // answer: one gone silent would otherwise be listened
+                                // on for ever, and nothing heard.
+                                let heard = match tokio::time::timeout(
+                                    LISTENER_SILENCE,
+                                    listener.try_recv(),
+                                )
+                                .await
+                                {
+                                    Ok(heard) => heard,
+                                    Err(_) => {
+                                        let asked = tokio::time::timeout(
+                                            answer_timeout,
+                                            sqlx::query("SELECT 1").execute(&mut listener),
+                                        )
+                                        .await;
+                                        match asked {
+                                            Ok(Ok(_)) => continue,
+                                            Ok(Err(e)) => Err(e),
+                                            Err(_) => Err(sqlx::Error::Io(
+                                                std::io::ErrorKind::TimedOut.into(),
+                                            )),
+                                        }
+                                    }
+                                };
+                                match heard {
                                     Ok(Some(n)) => match wakeups.upgrade() {
                                         Some(w) => w.heard(n.payload()),
                                         None => return,

@@ -626,8 +626,9 @@ async fn postgres_a_cancel_racing_the_start_of_a_step_that_cannot_be_undone_is_r
 /// A store whose connections go silent (a partition that swallows every byte and
 /// resets nothing) fails each statement left unanswered after its answer timeout, as an
 /// outage, instead of waiting for ever; healed, it works again on new connections. Cut
-/// and healed more times than the pool has connections: a lost one is never handed
-/// back to the pool, where it would be waited on again or hold its place.
+/// and healed more times than the pool has connections, sometimes while a connection
+/// is being handed back: a lost one is never handed back to the pool, and one stuck in
+/// the pool's check does not hold its place for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_statement_a_partition_leaves_unanswered_fails_after_the_answer_timeout_and_the_store_recovers()
  {
@@ -650,10 +651,15 @@ async fn postgres_a_statement_a_partition_leaves_unanswered_fails_after_the_answ
     };
     for round in 0..6 {
         store.submit(&next(), &operator, &[]).await.unwrap();
-        // Once the connection is back in the pool: the next statement goes out on it
-        // and is not answered. (A cut at the very moment the pool checks a connection
-        // handed back is not covered: sqlx's own check waits unbounded, after ours.)
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Even rounds cut once the connection is back in the pool: the next statement
+        // goes out on it and is not answered. Odd rounds cut at once, while the pool
+        // checks the connection handed back (sqlx's own check waits unbounded): the
+        // next statement waits for a new connection, which the partition holds, and
+        // the pool, timed out, is replaced if a connection stuck in that check.
+        let settled = round % 2 == 0;
+        if settled {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         partition.cut();
         let started = std::time::Instant::now();
         let refused = store.submit(&next(), &operator, &[]).await.unwrap_err();
@@ -662,13 +668,16 @@ async fn postgres_a_statement_a_partition_leaves_unanswered_fails_after_the_answ
             matches!(refused, orderly_core::Error::Unavailable(_)),
             "round {round}: {refused}"
         );
+        if settled {
+            assert!(
+                refused.to_string().contains("did not answer within 500 ms"),
+                "round {round}: {refused}"
+            );
+        }
+        // Bounded (by the answer timeout, or the pool's 15 s wait for a connection),
+        // not a hang.
         assert!(
-            refused.to_string().contains("did not answer within 500 ms"),
-            "round {round}: {refused}"
-        );
-        // The bound, not a hang: well under the pool's 15 s wait for a connection.
-        assert!(
-            waited < Duration::from_secs(10),
+            waited < Duration::from_secs(20),
             "round {round}: {waited:?}"
         );
         partition.heal();
