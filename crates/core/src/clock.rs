@@ -157,7 +157,7 @@ impl Clock for ManualClock {
 /// Which clock a state store compares deadlines on.
 #[derive(Debug, Clone, Default)]
 pub enum TimeSource {
-    /// The database server's clock (PostgreSQL `clock_timestamp()`); for SQLite, whose
+    /// The database server's clock (PostgreSQL `now()`, the transaction's start); for SQLite, whose
     /// file only one host can safely share, the host's clock. One clock for every host
     /// of a deployment, so clock skew between workers cannot move a deadline.
     #[default]

@@ -148,7 +148,7 @@ type Held = (Epoch, Instant, Option<Instant>);
 struct Log(Arc<Mutex<Vec<Held>>>);
 
 impl Log {
-    /// A task that beats every second until cancelled (or, with `beat_until`, stops
+    /// A task that beats every second until cancelled (or, with `beat_for`, stops
     /// beating after that long; with `ignore_cancel`, never ends).
     fn task(
         &self,

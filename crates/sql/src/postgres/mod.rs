@@ -63,10 +63,10 @@ pub struct PgDriver {
     answer_timeout: Duration,
 }
 
-/// The fallback poll interval of idle receivers (notifications are the fast path).
 /// An idle connection older than this is pinged before it is handed out.
 const PING_IDLE: Duration = Duration::from_secs(1);
 
+/// The fallback poll interval of idle receivers (notifications are the fast path).
 const POLL: Duration = Duration::from_secs(1);
 
 /// How long the queue listener waits for a notification before it asks its
