@@ -1,6 +1,6 @@
 //! The seam between the store's logic and a SQL dialect.
 //!
-//! The store, queue and outbox (`store/`, `queue.rs`, `outbox.rs`) are written once,
+//! The store, queue and outbox (`store/`, `queue/`, `outbox.rs`) are written once,
 //! generic over a [`Driver`]. A driver maps statements to its database: it binds
 //! [`Param`]s, runs a [`Q`] on a connection, hands back rows that decode through
 //! [`SqlRow`], and runs the few hot statements whose shape differs by dialect
@@ -20,8 +20,8 @@ use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result};
 
 use crate::migrate::Migration;
-use crate::queue::Wakeups;
 use crate::time::Ts;
+use crate::wakeups::Wakeups;
 
 /// A value bound to a statement parameter.
 #[derive(Debug, Clone)]
@@ -678,7 +678,7 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// inserts their messages `sends` (into queues that detect no duplicates) and
     /// completes their holds `holds`, in the same statement; other processes hear, at
     /// commit, of each queue that got any (the origin `origin`, as in
-    /// [`crate::queue::Wakeups::notice`]). `None` where the dialect has no such
+    /// [`crate::wakeups::Wakeups::notice`]). `None` where the dialect has no such
     /// statement: the caller writes, then sends.
     async fn write_steps_sending(
         _conn: &mut Self::Conn,
@@ -759,8 +759,30 @@ pub(crate) trait Driver: Send + Sync + 'static {
         Ok(None)
     }
     /// Tells other processes, at commit, that `what` happened: a queue's name (it has
-    /// new messages) or [`crate::queue::CLAIMABLE`] (orders can be claimed).
+    /// new messages) or [`crate::wakeups::CLAIMABLE`] (orders can be claimed).
     async fn notify_sent(conn: &mut Self::Conn, what: &str) -> Result<(), sqlx::Error>;
     /// Starts, once, waking `wakeups` on other processes' sends (where the dialect can).
     fn start_listening(&self, wakeups: &Arc<Wakeups>);
+}
+
+/// What is first in line on a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// No visible message.
+    Empty,
+    /// A message to deliver.
+    Ready,
+    /// A message delivered too often: to be dead-lettered.
+    Exhausted,
+}
+
+/// How an item of a write that sent ([`crate::store::SqlStore::settle_sent`]) ends its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// In the write's own statement: its write was applied.
+    InWrite,
+    /// Now, after the write: its item is settled for good all the same.
+    After,
+    /// Not: kept, to be tried again or settled by the caller.
+    Kept,
 }

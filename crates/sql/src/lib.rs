@@ -22,6 +22,7 @@ mod statements;
 pub mod stats;
 mod store;
 mod time;
+mod wakeups;
 
 use std::sync::Arc;
 

@@ -27,11 +27,11 @@ use crate::driver::{
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
-use crate::queue::Wakeups;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::store::SqlStore;
 use crate::time::Ts;
+use crate::wakeups::Wakeups;
 
 mod conn;
 mod statements;
@@ -528,7 +528,7 @@ fn bind_sending<'q>(
                 .map(|m| m.row.scheduled_at.map(|at| at.0))
                 .collect::<Vec<_>>(),
         )
-        .bind(crate::queue::CHANNEL)
+        .bind(crate::wakeups::CHANNEL)
         .bind(origin)
         .bind(holds.iter().map(|h| h.order_id).collect::<Vec<_>>())
         .bind(
@@ -603,7 +603,7 @@ fn send_query<'q>(
                 .collect::<Vec<_>>(),
         )
         .bind(dedup_ms)
-        .bind(crate::queue::CHANNEL)
+        .bind(crate::wakeups::CHANNEL)
         .bind(notice);
     if held.is_empty() {
         return query;
@@ -880,7 +880,7 @@ impl Driver for PgDriver {
             orders,
         );
         let rows = bind_sending(query, sends, holds, origin)
-            .bind(crate::queue::CLAIMABLE)
+            .bind(crate::wakeups::CLAIMABLE)
             .fetch_all(raw)
             .within(watch)
             .await
@@ -970,7 +970,7 @@ impl Driver for PgDriver {
     async fn notify_sent(conn: &mut PgConn, what: &str) -> Result<(), sqlx::Error> {
         let (raw, watch) = conn.parts();
         sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(crate::queue::CHANNEL)
+            .bind(crate::wakeups::CHANNEL)
             .bind(what)
             .execute(raw)
             .within(watch)
@@ -993,7 +993,7 @@ impl Driver for PgDriver {
             loop {
                 let generation = pools.current();
                 match sqlx::postgres::PgListener::connect_with(&generation.pool).await {
-                    Ok(mut listener) => match listener.listen(crate::queue::CHANNEL).await {
+                    Ok(mut listener) => match listener.listen(crate::wakeups::CHANNEL).await {
                         Ok(()) => {
                             let _lent = Pools::lend(generation);
                             // Heard from now on; what was sent before, every receiver

@@ -421,7 +421,7 @@ pub(crate) const WRITE_STEPS: &str = write_steps!("", "SELECT order_id FROM touc
 /// holds still held under their lock token and not expired at `$now`, returning `seq`
 /// and `lock_token`. The parameters, in order: the messages' order ids, queues, ids,
 /// correlations, properties, bodies and scheduled times; the channel and the origin
-/// of the notifications ([`crate::queue::Wakeups::notice`]); the holds' order ids,
+/// of the notifications ([`crate::wakeups::Wakeups::notice`]); the holds' order ids,
 /// seqs and lock tokens. A statement reads `notified` in its result, or nothing is
 /// notified.
 macro_rules! sends_of {

@@ -33,11 +33,11 @@ use crate::driver::{
 };
 use crate::error::{corrupt, db};
 use crate::migrate;
-use crate::queue::Wakeups;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::store::SqlStore;
 use crate::time::Ts;
+use crate::wakeups::Wakeups;
 
 mod group;
 mod jsonb;

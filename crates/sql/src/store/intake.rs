@@ -11,8 +11,8 @@ use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Actor, Error, Result};
 
 use super::SqlStore;
+use crate::driver::Ending;
 use crate::driver::{Driver, HoldFor, NewOrderRow};
-use crate::queue::Ending;
 
 /// What [`SqlStore::submit_and_send`] did: the outcomes and deliveries ended, the
 /// queues to wake once it has committed, and whether orders became claimable.

@@ -32,10 +32,10 @@ use orderly_core::store::{ClaimRequest, MAX_BATCH, Taken, bounded_text};
 use orderly_core::transport::{Envelope, QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, OrderId, ProcessState, Result, StateRow, ValidationError};
 
+use crate::driver::Head;
 use crate::driver::{Driver, Q, Receive, q};
 use crate::error::db;
 use crate::fence::refusal;
-use crate::queue::Head;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
@@ -46,7 +46,7 @@ use crate::time::Ts;
 #[derive(Debug, Clone)]
 pub struct SqlStore<D> {
     pub(crate) driver: D,
-    pub(crate) wakeups: std::sync::Arc<crate::queue::Wakeups>,
+    pub(crate) wakeups: std::sync::Arc<crate::wakeups::Wakeups>,
     pub(crate) delivery: crate::Delivery,
     /// Per hot table, the horizon its latest vacuum ran under, and whether a skip
     /// under it was reported ([`SqlStore::tidy_now`]).
@@ -91,7 +91,7 @@ impl<'a> Event<'a> {
 
 impl<D> SqlStore<D> {
     /// A store over `driver`, its queues woken through `wakeups`.
-    pub(crate) fn new(driver: D, wakeups: std::sync::Arc<crate::queue::Wakeups>) -> Self {
+    pub(crate) fn new(driver: D, wakeups: std::sync::Arc<crate::wakeups::Wakeups>) -> Self {
         Self {
             driver,
             wakeups,
@@ -353,7 +353,7 @@ impl<D: Driver> SqlStore<D> {
         sends: &[Envelope],
         held: &[&orderly_core::transport::ReceivedMessage],
     ) -> Result<Vec<bool>> {
-        D::notify_sent(&mut tx, &self.wakeups.notice(crate::queue::CLAIMABLE))
+        D::notify_sent(&mut tx, &self.wakeups.notice(crate::wakeups::CLAIMABLE))
             .await
             .map_err(db)?;
         let ended = self.commit_consuming(tx, now, sends, held).await?;

@@ -9,9 +9,9 @@ use orderly_core::transport::{QueueName, ReceivedMessage};
 use orderly_core::{Error, Fence, ProcessState, Result, StepStatus};
 
 use super::{SqlStore, step_kind};
+use crate::driver::Ending;
 use crate::driver::{Driver, HoldFor, StepRow, Touch};
 use crate::fence::refusal;
-use crate::queue::Ending;
 
 /// What a write's updates do to the order's row: the step it moves to (the step after
 /// the highest one that succeeded; -1: none), and the error of the last one that
