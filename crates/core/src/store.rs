@@ -409,12 +409,12 @@ impl RecoveryPolicy {
     /// itself expires goes round again to undo, with back-off, until
     /// `max_failures + max_undo_failures`; past that it ends in Error, marked as
     /// needing manual repair.
-    pub fn decide(&self, e: &Expired, now: DateTime<Utc>) -> RecoveryDecision {
+    pub fn decide(&self, e: &Expired, now: DateTime<Utc>) -> Recovery {
         use crate::history::HistoryKind;
         if let Some(service) = &e.waiting_for {
             // It was let through as the probe of a service still down (or its probe
             // has no verdict yet): it waits again, uncounted.
-            return RecoveryDecision {
+            return Recovery {
                 to: ProcessState::Pending,
                 failure_count: e.failure_count,
                 finish_as: e.finish_as,
@@ -424,7 +424,7 @@ impl RecoveryPolicy {
                     e.current_step
                 ),
                 kind: HistoryKind::Waiting,
-                outcome: Recovered::Waiting {
+                outcome: RecoveryOutcome::Waiting {
                     order_id: e.order_id.clone(),
                     service: service.clone(),
                 },
@@ -449,14 +449,14 @@ impl RecoveryPolicy {
             let next = now
                 + chrono::Duration::from_std(self.backoff(failures))
                     .unwrap_or(chrono::Duration::MAX);
-            return RecoveryDecision {
+            return Recovery {
                 to: ProcessState::Pending,
                 failure_count: failures,
                 finish_as: e.finish_as,
                 next_attempt_at: Some(next),
                 reason: what,
                 kind: HistoryKind::Recovered,
-                outcome: Recovered::Retried {
+                outcome: RecoveryOutcome::Retried {
                     order_id,
                     failure_count: failures,
                     next_attempt_at: next,
@@ -464,7 +464,7 @@ impl RecoveryPolicy {
             };
         }
         if e.finish_as.is_none() && !e.in_force.is_empty() {
-            return RecoveryDecision {
+            return Recovery {
                 to: ProcessState::Pending,
                 failure_count: failures,
                 finish_as: Some(ProcessState::Error),
@@ -473,7 +473,7 @@ impl RecoveryPolicy {
                     "{what}: giving up; undoing its completed steps before it ends in Error"
                 ),
                 kind: HistoryKind::GaveUp,
-                outcome: Recovered::Undoing {
+                outcome: RecoveryOutcome::Undoing {
                     order_id,
                     failure_count: failures,
                 },
@@ -491,14 +491,14 @@ impl RecoveryPolicy {
         } else {
             format!("{what}: gave up")
         };
-        RecoveryDecision {
+        Recovery {
             to: ProcessState::Error,
             failure_count: failures,
             finish_as: None,
             next_attempt_at: None,
             reason,
             kind: HistoryKind::GaveUp,
-            outcome: Recovered::GaveUp {
+            outcome: RecoveryOutcome::GaveUp {
                 order_id,
                 failure_count: failures,
             },
@@ -547,24 +547,9 @@ impl RecoveryPolicy {
     }
 }
 
-/// An order whose owner's deadline has passed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpiredOrder {
-    /// The order.
-    pub order_id: OrderId,
-    /// The owner that let it expire.
-    pub locked_by: Option<InstanceId>,
-    /// The owner's epoch.
-    pub lock_epoch: Epoch,
-    /// The deadline that passed.
-    pub complete_by: DateTime<Utc>,
-    /// Failures before this one.
-    pub failure_count: i32,
-}
-
 /// What the supervisor did with one expired order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recovered {
+pub enum RecoveryOutcome {
     /// Back to Pending; claimable again from `next_attempt_at`.
     Retried {
         /// The order.
@@ -599,7 +584,8 @@ pub enum Recovered {
     },
 }
 
-/// An order whose deadline passed, as the supervisor's sweep found it.
+/// An order whose owner's deadline passed, as a sweep finds it: what the recovery is
+/// decided from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expired {
     /// The order.
@@ -608,8 +594,12 @@ pub struct Expired {
     pub failure_count: i32,
     /// The step it was at.
     pub current_step: i32,
-    /// Who held it.
+    /// Who held it and let it expire.
     pub locked_by: String,
+    /// The owner's epoch.
+    pub lock_epoch: Epoch,
+    /// The deadline that passed.
+    pub complete_by: DateTime<Utc>,
     /// Set when it was already being undone.
     pub finish_as: Option<ProcessState>,
     /// Its steps that may have taken effect (started or succeeded), by name, in step
@@ -622,7 +612,7 @@ pub struct Expired {
 
 /// What an expiry does to an order: decided here, once, for every dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecoveryDecision {
+pub struct Recovery {
     /// The state it moves to.
     pub to: ProcessState,
     /// Its failure count now.
@@ -636,17 +626,17 @@ pub struct RecoveryDecision {
     /// The history entry's kind.
     pub kind: crate::history::HistoryKind,
     /// What the sweep reports.
-    pub outcome: Recovered,
+    pub outcome: RecoveryOutcome,
 }
 
-impl Recovered {
+impl RecoveryOutcome {
     /// The order concerned.
     pub fn order_id(&self) -> &OrderId {
         match self {
-            Recovered::Retried { order_id, .. }
-            | Recovered::GaveUp { order_id, .. }
-            | Recovered::Undoing { order_id, .. }
-            | Recovered::Waiting { order_id, .. } => order_id,
+            RecoveryOutcome::Retried { order_id, .. }
+            | RecoveryOutcome::GaveUp { order_id, .. }
+            | RecoveryOutcome::Undoing { order_id, .. }
+            | RecoveryOutcome::Waiting { order_id, .. } => order_id,
         }
     }
 }
@@ -946,7 +936,7 @@ pub trait SchedulerStore: Send + Sync {
 #[async_trait]
 pub trait SupervisorStore: Send + Sync {
     /// Processing orders whose deadline has passed, most overdue first.
-    async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>>;
+    async fn find_expired(&self, limit: u32) -> Result<Vec<Expired>>;
 
     /// Recovers up to `limit` expired orders: failure count + 1 and back to Pending
     /// after a back-off, or Error at the threshold. An expiry is counted once however
@@ -957,7 +947,7 @@ pub trait SupervisorStore: Send + Sync {
         leader: &crate::leader::LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
-    ) -> Result<Vec<Recovered>>;
+    ) -> Result<Vec<RecoveryOutcome>>;
 
     /// Alerts not yet published to the alerts queue, oldest first.
     async fn unpublished_alerts(&self, limit: u32) -> Result<Vec<Alert>>;
@@ -1339,6 +1329,8 @@ mod tests {
             failure_count: 2,
             current_step: 1,
             locked_by: "scheduler-a".into(),
+            lock_epoch: Epoch(3),
+            complete_by: Utc::now(),
             finish_as: Some(ProcessState::Error),
             in_force: vec!["reserve-inventory".into(), "charge-payment".into()],
             waiting_for: None,

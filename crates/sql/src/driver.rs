@@ -460,7 +460,7 @@ pub(crate) struct StepRow<'a> {
 }
 
 /// One timed-out order's recovery, decided by the shared code.
-pub(crate) struct Rescue {
+pub(crate) struct RecoveryRow {
     pub order_id: String,
     pub epoch: i64,
     pub failure_count: i32,
@@ -718,11 +718,11 @@ pub(crate) trait Driver: Send + Sync + 'static {
 
     /// Applies decided recoveries (each still Processing under its epoch and past its
     /// deadline) with their history, by `actor`; returns the ids it applied.
-    async fn rescue(
+    async fn recover(
         conn: &mut Self::Conn,
         now: DateTime<Utc>,
         actor: &str,
-        rescues: &[Rescue],
+        recoveries: &[RecoveryRow],
     ) -> Result<HashSet<String>>;
 
     /// Inserts messages into `queue` unless (with a duplicate window `dedup_ms` long)

@@ -84,13 +84,16 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             .transpose()
     }
 
-    /// An expired order as a sweep found it (the columns of the dialects' expiry scans).
+    /// An expired order as a sweep finds it (the columns of the dialects' expiry scans,
+    /// `find_expired` and `lock_expired`).
     pub fn expired(&self) -> Result<orderly_core::store::Expired> {
         Ok(orderly_core::store::Expired {
             order_id: self.order_id("order_id")?,
             failure_count: self.get("failure_count")?,
             current_step: self.get("current_step")?,
             locked_by: self.get("locked_by")?,
+            lock_epoch: Epoch(self.get("lock_epoch")?),
+            complete_by: self.ts("complete_by")?,
             finish_as: self.opt_state("finish_as")?,
             in_force: self
                 .get::<Option<String>>("in_force")?

@@ -19,7 +19,7 @@ use orderly_core::InstanceId;
 use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::service::{ServiceAlert, ServiceStore};
-use orderly_core::store::{Alert, Recovered, RecoveryPolicy, Retention, SupervisorStore};
+use orderly_core::store::{Alert, RecoveryOutcome, RecoveryPolicy, Retention, SupervisorStore};
 use orderly_core::transport::{Envelope, QueueName, TransportError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -185,7 +185,7 @@ impl Supervisor {
                 .await?;
             for r in &recovered {
                 match r {
-                    Recovered::Retried {
+                    RecoveryOutcome::Retried {
                         order_id,
                         failure_count,
                         next_attempt_at,
@@ -197,7 +197,7 @@ impl Supervisor {
                             .record(f64::from(*failure_count));
                         info!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
                     }
-                    Recovered::GaveUp {
+                    RecoveryOutcome::GaveUp {
                         order_id,
                         failure_count,
                     } => {
@@ -208,13 +208,13 @@ impl Supervisor {
                             .record(f64::from(*failure_count));
                         warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
                     }
-                    Recovered::Waiting { order_id, service } => {
+                    RecoveryOutcome::Waiting { order_id, service } => {
                         sweep.waiting += 1;
                         metrics::counter!("orderly_recoveries_total", "outcome" => "waiting")
                             .increment(1);
                         info!(order_id = %order_id, instance_id = %self.cfg.instance, service = %service, "deadline passed while its service is down: waits for it again, not counted");
                     }
-                    Recovered::Undoing {
+                    RecoveryOutcome::Undoing {
                         order_id,
                         failure_count,
                     } => {

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use orderly_core::history::HistoryKind;
 use orderly_core::step::{StepStatus, idempotency_key};
 use orderly_core::store::{
-    ClaimRequest, ClaimedOrder, Completion, OrderFilter, Recovered, RecoveryPolicy, StateStore,
-    StepUpdate, SubmitOutcome,
+    ClaimRequest, ClaimedOrder, Completion, OrderFilter, RecoveryOutcome, RecoveryPolicy,
+    StateStore, StepUpdate, SubmitOutcome,
 };
 use orderly_core::{
     Actor, Clock, Epoch, Error, Fence, InstanceId, ManualClock, OrderId, ProcessState, StateRow,
@@ -747,7 +747,8 @@ pub async fn find_expired_lists_only_overdue_processing_orders_most_overdue_firs
         ids,
         [c10.fence.order_id.clone(), c20.fence.order_id.clone()]
     );
-    assert_eq!(expired[0].locked_by.as_ref(), Some(&a));
+    assert_eq!(expired[0].locked_by, a.as_str());
+    assert_eq!(expired[0].lock_epoch, c10.fence.epoch);
     assert_eq!(expired[0].complete_by, c10.complete_by);
     assert_eq!(store.find_expired(1).await.unwrap().len(), 1);
     assert!(!ids.contains(&c30.fence.order_id));
@@ -793,7 +794,7 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
                 }
             }));
         }
-        let mut seen: HashMap<OrderId, Recovered> = HashMap::new();
+        let mut seen: HashMap<OrderId, RecoveryOutcome> = HashMap::new();
         for t in tasks {
             for r in t.await.unwrap() {
                 let dup = seen.insert(r.order_id().clone(), r);
@@ -818,14 +819,14 @@ pub async fn three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_
             assert_eq!(r.process_state, expected);
             assert_eq!(r.locked_by, None);
             match &seen[id] {
-                Recovered::Retried { failure_count, .. } => {
+                RecoveryOutcome::Retried { failure_count, .. } => {
                     assert!(round < max && *failure_count == round)
                 }
-                Recovered::GaveUp { failure_count, .. } => {
+                RecoveryOutcome::GaveUp { failure_count, .. } => {
                     assert!(round == max && *failure_count == max)
                 }
-                Recovered::Undoing { .. } => panic!("no step was started: nothing to undo"),
-                Recovered::Waiting { .. } => panic!("no service is down: nothing waits"),
+                RecoveryOutcome::Undoing { .. } => panic!("no step was started: nothing to undo"),
+                RecoveryOutcome::Waiting { .. } => panic!("no service is down: nothing waits"),
             }
         }
         ctx.clock.advance(Duration::from_secs(300));
@@ -890,7 +891,7 @@ pub async fn recovered_order_is_not_claimable_before_its_next_attempt_time(ctx: 
         let now = ctx.clock.now();
         match &recovered[..] {
             [
-                Recovered::Retried {
+                RecoveryOutcome::Retried {
                     failure_count,
                     next_attempt_at,
                     ..

@@ -8,7 +8,7 @@ use orderly_core::history::HistoryKind;
 use orderly_core::service::{OutagePolicy, Park, Parked, ServiceState, held, is_held};
 use orderly_core::step::StepStatus;
 use orderly_core::store::{
-    ClaimRequest, ClaimedOrder, Recovered, StateStore, StepUpdate, StepWrite,
+    ClaimRequest, ClaimedOrder, RecoveryOutcome, StateStore, StepUpdate, StepWrite,
 };
 use orderly_core::{Clock, Error, InstanceId, ProcessState};
 
@@ -327,7 +327,7 @@ pub async fn one_of_many_racing_schedulers_lets_the_probe_through(ctx: &Ctx) {
         .unwrap();
     assert_eq!(
         recovered,
-        vec![Recovered::Waiting {
+        vec![RecoveryOutcome::Waiting {
             order_id: ids[0].clone(),
             service: PAYMENT.into()
         }]

@@ -854,13 +854,13 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
     assert_eq!(recovered.len(), 2);
     for r in &recovered {
         match r {
-            orderly_core::store::Recovered::Undoing {
+            orderly_core::store::RecoveryOutcome::Undoing {
                 order_id,
                 failure_count,
             } => {
                 assert_eq!((order_id, *failure_count), (&touched.fence.order_id, 1));
             }
-            orderly_core::store::Recovered::GaveUp { order_id, .. } => {
+            orderly_core::store::RecoveryOutcome::GaveUp { order_id, .. } => {
                 assert_eq!(order_id, &untouched.fence.order_id);
             }
             other => panic!("unexpected {other:?}"),
@@ -901,7 +901,7 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
     assert!(
         matches!(
             again[..],
-            [orderly_core::store::Recovered::Retried {
+            [orderly_core::store::RecoveryOutcome::Retried {
                 failure_count: 2,
                 ..
             }]
@@ -936,7 +936,10 @@ pub async fn giving_up_undoes_the_steps_done_first(ctx: &Ctx) {
         .await
         .unwrap();
     assert!(
-        matches!(again[..], [orderly_core::store::Recovered::GaveUp { .. }]),
+        matches!(
+            again[..],
+            [orderly_core::store::RecoveryOutcome::GaveUp { .. }]
+        ),
         "{again:?}"
     );
     let r = row(&*store, &touched.fence.order_id).await;

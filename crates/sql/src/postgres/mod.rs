@@ -22,7 +22,7 @@ use sqlx::{PgConnection, Postgres};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::driver::{
-    Driver, HoldFor, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SendFor,
+    Driver, HoldFor, List, MessageRow, NewOrderRow, Param, Q, Query, RecoveryRow, SendFor,
     SentAndCompleted, SentWith, StepRow, Touch, q,
 };
 use crate::error::{corrupt, db};
@@ -888,15 +888,15 @@ impl Driver for PgDriver {
         Ok(Some(sent_with(rows)))
     }
 
-    async fn rescue(
+    async fn recover(
         conn: &mut PgConn,
         now: DateTime<Utc>,
         actor: &str,
-        rescues: &[Rescue],
+        recoveries: &[RecoveryRow],
     ) -> Result<HashSet<String>> {
         let (raw, watch) = conn.parts();
         let batch = batch_of(
-            rescues,
+            recoveries,
             |r| r.order_id.as_str(),
             |r| {
                 serde_json::json!({
@@ -914,7 +914,7 @@ impl Driver for PgDriver {
             .bind(Ts(now))
             .bind(actor)
             .bind(
-                rescues
+                recoveries
                     .iter()
                     .map(|r| r.order_id.as_str())
                     .collect::<Vec<_>>(),

@@ -477,10 +477,15 @@ pub(crate) const WRITE_STEPS_SENDING: &str = write_steps!(
 
 /// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
 /// or NULL, `$2` limit.
-pub(crate) const FIND_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
-    failure_count FROM order_state \
-    WHERE process_state = 'Processing' AND complete_by < coalesce($1::timestamptz, now()) \
-    ORDER BY complete_by LIMIT $2";
+pub(crate) const FIND_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
+        s.complete_by, s.failure_count, s.current_step, s.finish_as, \
+        (SELECT string_agg(t.name, E'\\n' ORDER BY t.step_index) FROM order_steps t \
+            WHERE t.order_id = s.order_id AND t.status IN ('Started', 'Succeeded')) AS in_force, \
+        (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
+            AND h.state IN ('Down', 'Probing')) AS waiting_for \
+    FROM order_state s \
+    WHERE s.process_state = 'Processing' AND s.complete_by < coalesce($1::timestamptz, now()) \
+    ORDER BY s.complete_by LIMIT $2";
 
 /// The expired orders of a sweep, locked (others' sweeps skip them): `$1` now,
 /// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).

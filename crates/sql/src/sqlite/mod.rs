@@ -28,7 +28,7 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::driver::{
-    Driver, FromCol, List, MessageRow, NewOrderRow, Param, Q, Query, Rescue, SentAndCompleted,
+    Driver, FromCol, List, MessageRow, NewOrderRow, Param, Q, Query, RecoveryRow, SentAndCompleted,
     StepRow, Touch, q,
 };
 use crate::error::{corrupt, db};
@@ -692,14 +692,14 @@ impl Driver for SqliteDriver {
         Ok(inserted)
     }
 
-    async fn rescue(
+    async fn recover(
         conn: &mut SqliteConnection,
         now: DateTime<Utc>,
         actor: &str,
-        rescues: &[Rescue],
+        recoveries: &[RecoveryRow],
     ) -> Result<HashSet<String>> {
-        let mut applied = HashSet::with_capacity(rescues.len());
-        for r in rescues {
+        let mut applied = HashSet::with_capacity(recoveries.len());
+        for r in recoveries {
             let n = q(sql::RECOVER)
                 .bind(r.order_id.as_str())
                 .bind(r.failure_count)

@@ -3,16 +3,16 @@
 //! leader's term.
 
 use async_trait::async_trait;
+use orderly_core::Result;
 use orderly_core::leader::LeaderFence;
 use orderly_core::store::{
-    Alert, ExpiredOrder, MAX_BATCH, Recovered, RecoveryPolicy, SupervisorStore,
+    Alert, Expired, MAX_BATCH, RecoveryOutcome, RecoveryPolicy, SupervisorStore,
 };
 use orderly_core::transport::Envelope;
-use orderly_core::{Epoch, InstanceId, Result};
 
 use super::SqlStore;
-use crate::driver::{Driver, Rescue, q};
-use crate::error::{corrupt, db};
+use crate::driver::{Driver, RecoveryRow, q};
+use crate::error::db;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
@@ -24,7 +24,7 @@ impl<D: Driver> SqlStore<D> {
         leader: &LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
-    ) -> Result<Vec<Recovered>> {
+    ) -> Result<Vec<RecoveryOutcome>> {
         let (mut tx, now) = self.begin().await?;
         Self::check_leader(&mut tx, leader, now).await?;
         let rows = q(D::SQL.lock_expired)
@@ -37,16 +37,19 @@ impl<D: Driver> SqlStore<D> {
         for r in &rows {
             let c = Cols(r);
             let expired = c.expired()?;
-            let epoch: i64 = c.get("lock_epoch")?;
-            decided.push((epoch, policy.decide(&expired, now), expired.order_id));
+            decided.push((
+                expired.lock_epoch.0,
+                policy.decide(&expired, now),
+                expired.order_id,
+            ));
         }
         if decided.is_empty() {
             D::commit(tx).await.map_err(db)?;
             return Ok(Vec::new());
         }
-        let rescues: Vec<Rescue> = decided
+        let recoveries: Vec<RecoveryRow> = decided
             .iter()
-            .map(|(epoch, d, order_id)| Rescue {
+            .map(|(epoch, d, order_id)| RecoveryRow {
                 order_id: order_id.as_str().to_owned(),
                 epoch: *epoch,
                 failure_count: d.failure_count,
@@ -59,8 +62,8 @@ impl<D: Driver> SqlStore<D> {
             .collect();
         // An order that goes to Error raises its alert (the `order_state_raises_alert`
         // trigger), in this transaction.
-        let applied = D::rescue(&mut tx, now, leader.holder.as_str(), &rescues).await?;
-        if rescues
+        let applied = D::recover(&mut tx, now, leader.holder.as_str(), &recoveries).await?;
+        if recoveries
             .iter()
             .any(|r| r.state == orderly_core::ProcessState::Pending.as_str())
         {
@@ -92,7 +95,7 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         self.tidy_now().await
     }
 
-    async fn find_expired(&self, limit: u32) -> Result<Vec<ExpiredOrder>> {
+    async fn find_expired(&self, limit: u32) -> Result<Vec<Expired>> {
         let mut conn = self.driver.acquire().await?;
         let rows = q(D::SQL.find_expired)
             .bind(self.driver.now_param())
@@ -100,22 +103,7 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
             .fetch_all::<D>(&mut conn)
             .await
             .map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                let c = Cols(r);
-                Ok(ExpiredOrder {
-                    order_id: c.order_id("order_id")?,
-                    locked_by: c
-                        .get::<Option<String>>("locked_by")?
-                        .map(InstanceId::parse)
-                        .transpose()
-                        .map_err(|e| corrupt("locked_by", e))?,
-                    lock_epoch: Epoch(c.get("lock_epoch")?),
-                    complete_by: c.ts("complete_by")?,
-                    failure_count: c.get("failure_count")?,
-                })
-            })
-            .collect()
+        rows.iter().map(|r| Cols(r).expired()).collect()
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME, instance_id = %leader.holder, epoch = %leader.epoch, limit))]
@@ -124,7 +112,7 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         leader: &LeaderFence,
         policy: &RecoveryPolicy,
         limit: u32,
-    ) -> Result<Vec<Recovered>> {
+    ) -> Result<Vec<RecoveryOutcome>> {
         policy.validate()?;
         if limit == 0 {
             return Ok(Vec::new());
@@ -191,8 +179,8 @@ mod tests {
     use super::*;
 
     /// Decided for `epoch`: the order back to Pending after a timeout.
-    fn back_to_pending(order_id: &OrderId, epoch: i64) -> Rescue {
-        Rescue {
+    fn back_to_pending(order_id: &OrderId, epoch: i64) -> RecoveryRow {
+        RecoveryRow {
             order_id: order_id.as_str().to_owned(),
             epoch,
             failure_count: 1,
@@ -204,9 +192,9 @@ mod tests {
         }
     }
 
-    async fn rescue<D: Driver>(store: &SqlStore<D>, rescues: &[Rescue]) -> Vec<String> {
+    async fn recover<D: Driver>(store: &SqlStore<D>, recoveries: &[RecoveryRow]) -> Vec<String> {
         let (mut tx, now) = store.begin().await.unwrap();
-        let applied = D::rescue(&mut tx, now, "supervisor@test", rescues)
+        let applied = D::recover(&mut tx, now, "supervisor@test", recoveries)
             .await
             .unwrap();
         D::commit(tx).await.unwrap();
@@ -237,7 +225,7 @@ mod tests {
         // The first run's decision, and the order recovered under it.
         let stale = back_to_pending(&id, first[0].fence.epoch.0);
         assert_eq!(
-            rescue(&store, std::slice::from_ref(&stale)).await,
+            recover(&store, std::slice::from_ref(&stale)).await,
             vec![id.to_string()]
         );
         let second = store.claim(&claim("scheduler-b")).await.unwrap();
@@ -247,14 +235,14 @@ mod tests {
 
         // The first run's decision again, now that the order runs under the next epoch
         // and is past that run's deadline too.
-        assert_eq!(rescue(&store, &[stale]).await, Vec::<String>::new());
+        assert_eq!(recover(&store, &[stale]).await, Vec::<String>::new());
         let after = store.get(&id).await.unwrap();
         assert_eq!(after.state, before.state, "the later run's row was changed");
         assert_eq!(after.history.len(), before.history.len());
 
         // Decided for the run it is in, it applies.
         let current = back_to_pending(&id, second[0].fence.epoch.0);
-        assert_eq!(rescue(&store, &[current]).await, vec![id.to_string()]);
+        assert_eq!(recover(&store, &[current]).await, vec![id.to_string()]);
         let view = store.get(&id).await.unwrap();
         assert_eq!(view.state.process_state, ProcessState::Pending);
         assert_eq!(view.state.locked_by, None);
