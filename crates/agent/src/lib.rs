@@ -11,23 +11,20 @@
 //! binary (`src/main.rs`) wires it through `orderly-runtime`.
 
 mod breaker;
+mod calls;
 mod catalogue;
 mod fleet;
 mod remote;
+mod settle;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use orderly_core::messages::{StepOutcome, StepReply, StepRequest, json_message};
-use orderly_core::transport::{
-    OutgoingMessage, QueueName, ReceivedMessage, Transport, receive_json, while_holding,
-};
-use orderly_core::workflow::{NotFound, StatusProbe};
+use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json, while_holding};
 use orderly_core::{Clock, InstanceId};
-use rand::Rng;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -35,6 +32,7 @@ pub use breaker::{Breaker, BreakerConfig};
 pub use catalogue::Catalogue;
 pub use fleet::FleetConfig;
 pub use remote::{CallError, Endpoints, HttpRemote, ProbeAnswer, RemoteCall, RemoteService};
+use settle::{Settle, settle_batches};
 
 /// How an agent works.
 #[derive(Debug, Clone)]
@@ -110,15 +108,6 @@ pub struct Agent {
     /// The stored workflow versions requests are checked against (`None`: not
     /// checked, in tests of the agent alone).
     catalogue: Option<Arc<Catalogue>>,
-}
-
-/// A request to settle: send its reply (if any), then complete it.
-struct Settle {
-    reply: Option<(QueueName, OutgoingMessage)>,
-    complete_by: DateTime<Utc>,
-    request: ReceivedMessage,
-    /// Whether the reply went out (false: its deadline came first), or why not settled.
-    done: oneshot::Sender<Result<bool, String>>,
 }
 
 impl Agent {
@@ -208,29 +197,6 @@ impl Agent {
     /// The fleet's view, if `queue`'s service takes part in it.
     fn fleet_for(&self, queue: &QueueName) -> Option<&Arc<fleet::Fleet>> {
         self.fleet.as_ref().filter(|f| f.covers(queue))
-    }
-
-    /// Hands a request to the settling task and waits for it to be settled; says
-    /// whether the reply (if any) went out.
-    async fn settle(
-        &self,
-        request: ReceivedMessage,
-        complete_by: DateTime<Utc>,
-        reply: Option<(QueueName, OutgoingMessage)>,
-    ) -> Result<bool, String> {
-        let (done, settled) = oneshot::channel();
-        let item = Settle {
-            reply,
-            complete_by,
-            request,
-            done,
-        };
-        if self.settler.send(item).is_err() {
-            return Err("the settling task has stopped".into());
-        }
-        settled
-            .await
-            .unwrap_or_else(|_| Err("the settling task has stopped".into()))
     }
 
     fn breaker(&self, service: &str) -> Arc<Breaker> {
@@ -425,28 +391,13 @@ impl Agent {
         // One trace per order: this step continues the scheduler's span that sent it.
         orderly_core::tracecontext::continue_from(&span, &msg.properties);
         async move {
-            let refused = match req.check() {
-                Err(e) => Some(e.to_string()),
-                Ok(()) => match self.untrusted(&req, &msg.queue).await {
-                    Ok(why) => why,
-                    Err(e) => {
-                        // The store is out: the request comes back once its lock ends.
-                        warn!(error = %e, "cannot read the stored workflows to check the request; left for later");
-                        return Handled::Silent(format!("workflows unreadable: {e}"));
-                    }
-                },
-            };
-            if let Some(e) = refused {
-                let why = format!("invalid step request: {e}");
-                warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered");
-                orderly_core::transport::reject(self.transport.as_ref(), &msg, "InvalidRequest", &why)
-                    .await;
-                return Handled::Refused(why);
+            if let Some(handled) = self.refuse(&req, &msg).await {
+                return handled;
             }
             let started = std::time::Instant::now();
             // A request delivered before may have been called by an agent that died.
             let work = self.work(&req, &msg.queue, msg.delivery_count > 1);
-            let outcome =
+            let (handled, attempts) =
                 match while_holding(self.transport.as_ref(), &msg, self.cfg.lock_renewal, work)
                     .await
                 {
@@ -457,22 +408,7 @@ impl Agent {
                         return Handled::Silent(format!("lock lost: {e}"));
                     }
                 };
-            let (handled, attempts) = outcome;
-            let fleet = self
-                .fleet_for(&msg.queue)
-                .filter(|f| f.knows_down(msg.queue.as_str()));
-            let answer = match &handled {
-                Handled::Replied(outcome) => Some(outcome.clone()),
-                Handled::Deferred(why) if fleet.is_some() => {
-                    metrics::counter!("orderly_requests_deferred_total", "queue" => msg.queue.as_str().to_owned()).increment(1);
-                    debug!(reason = %why, "request deferred: its order waits for the service");
-                    Some(StepOutcome::Deferred {
-                        service: msg.queue.as_str().to_owned(),
-                        reason: why.clone(),
-                    })
-                }
-                _ => None,
-            };
+            let answer = self.answer(&handled, &msg.queue);
             if let (Handled::Deferred(why), None) = (&handled, &answer) {
                 // Given back at once: no permit or lock held while the service is down.
                 debug!(reason = %why, "request given back");
@@ -482,334 +418,116 @@ impl Agent {
                 metrics::counter!("orderly_requests_deferred_total", "queue" => msg.queue.as_str().to_owned()).increment(1);
                 return handled;
             }
-            let result = match &handled {
-                Handled::Replied(StepOutcome::Succeeded { .. }) => "succeeded",
-                Handled::Replied(StepOutcome::Failed { .. }) => "failed",
-                Handled::Replied(StepOutcome::Deferred { .. }) | Handled::Deferred(_) => {
-                    "deferred"
-                }
-                Handled::Silent(_) => "silent",
-                Handled::Refused(_) => "refused",
-            };
-            metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => result)
+            metrics::histogram!("orderly_step_duration_seconds", "action" => req.action.clone(), "outcome" => outcome_label(&handled))
                 .record(started.elapsed().as_secs_f64());
             metrics::counter!("orderly_remote_calls_total", "action" => req.action.clone()).increment(u64::from(attempts));
-            if let Some(outcome) = &answer {
-                let now = self.clock.now();
-                let reply = StepReply {
-                    fence: req.fence.clone(),
-                    step_index: req.step_index,
-                    step: req.step.clone(),
-                    action: req.action.clone(),
-                    kind: req.kind,
-                    outcome: outcome.clone(),
-                    agent: self.cfg.instance.clone(),
-                    replied_at: now,
-                    complete_by: req.complete_by,
-                    attempts,
-                    context: req.context.clone(),
-                };
-                let message = json_message(
-                    reply.message_id(),
-                    &reply,
-                    Some(req.fence.order_id.as_str()),
-                );
-                return match self
-                    .settle(msg, req.complete_by, Some((req.reply_to.clone(), message)))
-                    .await
-                {
-                    Ok(true) => handled,
-                    Ok(false) => Handled::Silent("deadline passed before replying".into()),
-                    Err(e) => {
-                        // Not settled: the request comes back and the call is repeated
-                        // under the same idempotency key.
-                        warn!(error = %e, "reply not sent; the request will be redelivered");
-                        Handled::Silent(format!("reply not sent: {e}"))
-                    }
-                };
+            match answer {
+                Some(outcome) => self.reply(&req, msg, outcome, attempts, handled).await,
+                None => {
+                    let _ = self.settle(msg, req.complete_by, None).await;
+                    handled
+                }
             }
-            let _ = self.settle(msg, req.complete_by, None).await;
-            handled
         }
         .instrument(span)
         .await
     }
 
-    /// Asks the step's status probe whether its action already took effect; what the
-    /// history says of it is in the verdict.
-    async fn ask(&self, req: &StepRequest, probe: &StatusProbe, left: Duration) -> Verdict {
-        let url = probe.url_for(
-            &req.idempotency_key,
-            req.fence.order_id.as_str(),
-            &req.action,
-        );
-        let answer = self
-            .remote
-            .probe(&url, &req.idempotency_key, left.min(PROBE_TIMEOUT))
-            .await;
-        let verdict = match answer {
-            ProbeAnswer::Applied(answer) => Verdict::Applied(answer),
-            ProbeAnswer::NotFound if probe.not_found == NotFound::NotApplied => {
-                Verdict::Call("status probe: not applied; called".into())
-            }
-            ProbeAnswer::NotFound => Verdict::Call(
-                "status probe: unknown (404, which this service does not take as \"not applied\"); called under the same key".into(),
-            ),
-            ProbeAnswer::Unknown(why) => Verdict::Call(format!(
-                "status probe: unknown ({why}); called under the same key"
-            )),
+    /// Refuses a request that is not one a scheduler sends, or that names what this
+    /// agent's configuration and the stored workflows do not: dead-lettered with why,
+    /// and the service not called. While the stored workflows cannot be read, the
+    /// request is left to come back once its lock ends. `None`: go on.
+    async fn refuse(&self, req: &StepRequest, msg: &ReceivedMessage) -> Option<Handled> {
+        let refused = match req.check() {
+            Err(e) => e.to_string(),
+            Ok(()) => match self.untrusted(req, &msg.queue).await {
+                Ok(None) => return None,
+                Ok(Some(why)) => why,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the stored workflows to check the request; left for later");
+                    return Some(Handled::Silent(format!("workflows unreadable: {e}")));
+                }
+            },
         };
-        let label = match &verdict {
-            Verdict::Applied(_) => "applied",
-            Verdict::Call(note) if note.contains("not applied") => "not_applied",
-            Verdict::Call(_) => "unknown",
-        };
-        info!(
-            verdict = label,
-            "status probe asked before sending the step again"
-        );
-        metrics::counter!("orderly_status_probes_total", "action" => req.action.clone(), "verdict" => label)
-            .increment(1);
-        verdict
+        let why = format!("invalid step request: {refused}");
+        warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered");
+        orderly_core::transport::reject(self.transport.as_ref(), msg, "InvalidRequest", &why).await;
+        Some(Handled::Refused(why))
     }
 
-    /// Calls the remote service until it answers, fails permanently, the tries run
-    /// out, or the deadline passes. Returns the result and the number of calls.
-    /// `redelivered`: the request came before and may have been called. An uncertain
-    /// step (redelivered, sent again by the scheduler, or after a call that ended
-    /// without a clear answer) with a status probe is asked about before each call.
-    async fn work(
+    /// The reply `handled` calls for: the service's answer, or, where the fleet sees
+    /// the service down, that the request was deferred (its order then waits for the
+    /// service). `None`: no reply.
+    fn answer(&self, handled: &Handled, queue: &QueueName) -> Option<StepOutcome> {
+        match handled {
+            Handled::Replied(outcome) => Some(outcome.clone()),
+            Handled::Deferred(why)
+                if self
+                    .fleet_for(queue)
+                    .is_some_and(|f| f.knows_down(queue.as_str())) =>
+            {
+                metrics::counter!("orderly_requests_deferred_total", "queue" => queue.as_str().to_owned()).increment(1);
+                debug!(reason = %why, "request deferred: its order waits for the service");
+                Some(StepOutcome::Deferred {
+                    service: queue.as_str().to_owned(),
+                    reason: why.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends the reply of `outcome` and completes the request, unless its deadline
+    /// comes first.
+    async fn reply(
         &self,
         req: &StepRequest,
-        queue: &QueueName,
-        redelivered: bool,
-    ) -> (Handled, u32) {
-        let started = self.clock.now();
-        // Checked (`StepRequest::check`) to be at most 24 h; bounded here all the same.
-        let budget = chrono::Duration::milliseconds(
-            i64::try_from(
-                req.timeout_ms
-                    .min(orderly_core::workflow::MAX_STEP_TIMEOUT_MS),
-            )
-            .unwrap_or(i64::MAX),
-        );
-        let margin = chrono::Duration::from_std(self.cfg.reply_margin).unwrap_or_default();
-        let stop_at = (req.complete_by - margin).min(
-            started
-                .checked_add_signed(budget)
-                .unwrap_or(DateTime::<Utc>::MAX_UTC),
-        );
-        // The queue is the remote service (inventory, payment, ...): one breaker each.
-        let service = queue.as_str();
-        let breaker = self.breaker(service);
-        let fleet = self.fleet_for(queue);
-        // An answer from the service: if the fleet sees it down, it is back.
-        let answered = || {
-            breaker.record_success();
-            if let Some(fleet) = fleet.filter(|f| f.knows_down(service)).cloned() {
-                let service = service.to_owned();
-                tokio::spawn(async move { fleet.report_up(&service).await });
-            }
+        msg: ReceivedMessage,
+        outcome: StepOutcome,
+        attempts: u32,
+        handled: Handled,
+    ) -> Handled {
+        let reply = StepReply {
+            fence: req.fence.clone(),
+            step_index: req.step_index,
+            step: req.step.clone(),
+            action: req.action.clone(),
+            kind: req.kind,
+            outcome,
+            agent: self.cfg.instance.clone(),
+            replied_at: self.clock.now(),
+            complete_by: req.complete_by,
+            attempts,
+            context: req.context.clone(),
         };
-        let call = RemoteCall::from_request(req);
-        let mut attempts = 0u32;
-        let mut last_error = String::from("no attempt made");
-        let mut uncertain = req.uncertain || redelivered;
-        // What the probe said before the call that answered, for the history.
-        let mut probed: Option<String> = None;
-        let noted = |text: String, probed: &Option<String>| match probed {
-            Some(note) => format!("{note}: {text}"),
-            None => text,
-        };
-        while attempts < req.retry.max_attempts {
-            let now = self.clock.now();
-            let Ok(left) = (stop_at - now).to_std() else {
-                break;
-            };
-            if left.is_zero() {
-                break;
-            }
-            // While the fleet sees the service down, the fleet decides: no call until a
-            // probe is due, and then this request may be the probe, whatever this agent's
-            // own breaker says. Otherwise the breaker decides.
-            if let Some(why) = fleet.and_then(|f| f.down_now(service, self.clock.now())) {
-                return (Handled::Deferred(why), attempts);
-            }
-            let fleet_probe = fleet.is_some_and(|f| f.knows_down(service));
-            if !fleet_probe && let Err(wait) = breaker.allow() {
-                // Give it back rather than wait holding a permit and the message's lock.
-                return (
-                    Handled::Deferred(format!(
-                        "circuit open for {service} (probe in {} ms) after {attempts} calls",
-                        wait.as_millis()
-                    )),
-                    attempts,
-                );
-            }
-            if let Some(probe) = req.probe.as_ref().filter(|_| uncertain) {
-                match self.ask(req, probe, left).await {
-                    Verdict::Applied(answer) => {
-                        // The service answered: it is up (this may have been the one
-                        // try a half-open breaker lets through).
-                        answered();
-                        return (
-                            Handled::Replied(StepOutcome::Succeeded {
-                                detail: format!(
-                                    "status probe: applied before, not called again: {answer}"
-                                ),
-                            }),
-                            attempts,
-                        );
-                    }
-                    Verdict::Call(note) => probed = Some(note),
-                }
-                let Ok(rest) = (stop_at - self.clock.now()).to_std() else {
-                    break;
-                };
-                if rest.is_zero() {
-                    break;
-                }
-            }
-            let left = (stop_at - self.clock.now()).to_std().unwrap_or(left);
-            attempts += 1;
-            let result = tokio::time::timeout(left, self.remote.call(&call, left)).await;
-            match result {
-                Ok(Ok(detail)) => {
-                    answered();
-                    return (
-                        Handled::Replied(StepOutcome::Succeeded {
-                            detail: noted(detail, &probed),
-                        }),
-                        attempts,
-                    );
-                }
-                Ok(Err(CallError::Permanent(error))) => {
-                    // The service answered: it is up, the request is bad.
-                    answered();
-                    return (
-                        Handled::Replied(StepOutcome::Failed {
-                            error: noted(error, &probed),
-                        }),
-                        attempts,
-                    );
-                }
-                Ok(Err(CallError::Transient { error, retry_after })) => {
-                    // An opened breaker begins an outage; a failed probe extends one.
-                    if (breaker.record_failure() || fleet_probe)
-                        && let Some(fleet) = fleet
-                    {
-                        fleet.report_down(service, &error).await;
-                    }
-                    // No clear answer: the call may have taken effect before failing.
-                    uncertain = true;
-                    debug!(attempt = attempts, error = %error, "transient failure");
-                    last_error = error;
-                    let cap = req.retry.backoff_cap(attempts);
-                    let jitter = if cap.is_zero() {
-                        Duration::ZERO
-                    } else {
-                        rand::rng().random_range(Duration::ZERO..=cap)
-                    };
-                    let wait = retry_after.map_or(jitter, |ra| ra.max(jitter));
-                    let left = (stop_at - self.clock.now()).to_std().unwrap_or_default();
-                    if wait >= left {
-                        break;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-                Err(_elapsed) => {
-                    last_error = "remote call outlived the deadline".into();
-                    if (breaker.record_failure() || fleet_probe)
-                        && let Some(fleet) = fleet
-                    {
-                        fleet.report_down(service, &last_error).await;
-                    }
-                    break;
-                }
+        let message = json_message(
+            reply.message_id(),
+            &reply,
+            Some(req.fence.order_id.as_str()),
+        );
+        match self
+            .settle(msg, req.complete_by, Some((req.reply_to.clone(), message)))
+            .await
+        {
+            Ok(true) => handled,
+            Ok(false) => Handled::Silent("deadline passed before replying".into()),
+            Err(e) => {
+                // Not settled: the request comes back and the call is repeated under
+                // the same idempotency key.
+                warn!(error = %e, "reply not sent; the request will be redelivered");
+                Handled::Silent(format!("reply not sent: {e}"))
             }
         }
-        let why = if self.clock.now() >= stop_at {
-            format!("deadline reached after {attempts} calls; last error: {last_error}")
-        } else {
-            format!("{attempts} calls failed; last error: {last_error}")
-        };
-        info!(attempts, reason = %why, "giving up silently: the supervisor will retry the order");
-        (Handled::Silent(why), attempts)
     }
 }
 
-/// Most requests settled together.
-const SETTLE_BATCH: usize = 256;
-
-/// The longest a status probe may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What to do after asking a status probe.
-enum Verdict {
-    /// The action took effect: reply with this answer, do not call.
-    Applied(String),
-    /// Call; the note says why, for the history.
-    Call(String),
-}
-
-/// Settles requests in batches: the replies of a batch go out in one send per reply
-/// queue, then the requests are completed in one call. What waits while a batch is
-/// being written forms the next batch, so the batch grows with the load and a lone
-/// request is settled at once. A reply whose deadline has come meanwhile is not sent.
-async fn settle_batches(
-    transport: Arc<dyn Transport>,
-    clock: Arc<dyn Clock>,
-    margin: Duration,
-    mut settles: mpsc::UnboundedReceiver<Settle>,
-) {
-    let margin = chrono::Duration::from_std(margin).unwrap_or_default();
-    while let Some(first) = settles.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < SETTLE_BATCH {
-            match settles.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        debug!(batch = batch.len(), "settling requests");
-        let now = clock.now();
-        let mut sends = Vec::new();
-        let mut requests = Vec::with_capacity(batch.len());
-        let mut waiting = Vec::with_capacity(batch.len());
-        for s in batch {
-            // The deadline is checked here, as close to the send as it can be.
-            let sent = match s.reply {
-                Some(_) if now + margin >= s.complete_by => {
-                    debug!(message_id = %s.request.message_id, "deadline came before the reply could go: not sent");
-                    false
-                }
-                Some((queue, message)) => {
-                    sends.push(orderly_core::transport::Envelope { queue, message });
-                    true
-                }
-                None => false,
-            };
-            requests.push(s.request);
-            waiting.push((s.done, sent));
-        }
-        // On the SQL queue the replies and the completions commit together.
-        match transport.send_and_complete(&sends, &requests).await {
-            Ok(_) => {
-                // A lost lock after the reply went out is harmless: the request comes
-                // back and is answered again under the same idempotency key and id.
-                for (done, sent) in waiting {
-                    let _ = done.send(Ok(sent));
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, batch = requests.len(), "could not settle requests; they will come back");
-                for request in &requests {
-                    let _ = transport.abandon(request).await;
-                }
-                for (done, _) in waiting {
-                    let _ = done.send(Err(e.to_string()));
-                }
-            }
-        }
+/// How a request ended, for the step duration's label.
+fn outcome_label(handled: &Handled) -> &'static str {
+    match handled {
+        Handled::Replied(StepOutcome::Succeeded { .. }) => "succeeded",
+        Handled::Replied(StepOutcome::Failed { .. }) => "failed",
+        Handled::Replied(StepOutcome::Deferred { .. }) | Handled::Deferred(_) => "deferred",
+        Handled::Silent(_) => "silent",
+        Handled::Refused(_) => "refused",
     }
 }

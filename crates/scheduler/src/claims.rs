@@ -161,13 +161,7 @@ impl Scheduler {
         let (claimed, foreign): (Vec<ClaimedOrder>, Vec<ClaimedOrder>) = claimed
             .into_iter()
             .partition(|o| self.flow(o.workflow.as_ref()).is_some());
-        for order in &foreign {
-            let why = self.not_here(order.workflow.as_ref());
-            warn!(order_id = %order.fence.order_id, reason = %why, "order left alone: handed back");
-            if let Err(e) = self.store.release(&order.fence, &why).await {
-                debug!(order_id = %order.fence.order_id, error = %e, "not handed back (it moved on)");
-            }
-        }
+        self.hand_back_foreign(&foreign).await;
         pass.claimed -= foreign.len();
         let mut nexts = Vec::with_capacity(claimed.len());
         for order in &claimed {
@@ -184,59 +178,9 @@ impl Scheduler {
                 Some(_) => Some(self.store.steps(&order.fence.order_id).await?),
                 None => None,
             };
-            // Not held across an await: the requests below are built in the span.
+            // Not held across an await: the requests are built in the span.
             let _entered = span.enter();
-            let context = StepContext {
-                details: order.details.clone(),
-                notify_to: order.reply_to.clone(),
-                finish_as: order.finish_as,
-                generation: order.generation,
-                workflow: order.workflow.clone(),
-            };
-            let next = match steps {
-                // Given up on, in a workflow that leaves completed steps in effect.
-                // (An undo in doubt, after a cancel's undoing stopped half way and an
-                // operator retried it, is finished first all the same.)
-                Some(ref steps)
-                    if order.finish_as == Some(ProcessState::Error)
-                        && !flow.compensate_on_error
-                        && !steps.iter().any(orderly_core::StepRecord::undo_in_doubt) =>
-                {
-                    Next::Fail(
-                        order.fence.clone(),
-                        order
-                            .last_error
-                            .clone()
-                            .unwrap_or_else(|| "gave up".to_owned()),
-                    )
-                }
-                Some(steps) => self.plan_compensation(
-                    &flow,
-                    &order.fence,
-                    order.complete_by,
-                    &context,
-                    &steps,
-                    None,
-                ),
-                None if order.current_step >= flow.len() => {
-                    Next::Complete(self.completion(&order.fence, &context))
-                }
-                // Its step's service is down: it waits, uncounted, until it is back.
-                None if let Some(health) = flow
-                    .step(order.current_step)
-                    .and_then(|def| self.blocked(&def.queue, order.waiting_on.as_deref())) =>
-                {
-                    Next::Park(Self::park_for(
-                        &order.fence,
-                        Some(order.current_step),
-                        &health,
-                    ))
-                }
-                // Only resumed orders start here (a claim starts its forward-running
-                // orders in its own transaction).
-                None => Next::Write(self.start_write(&flow, order, &context, true)),
-            };
-            nexts.push(next);
+            nexts.push(self.plan_claimed(&flow, order, steps));
         }
         let fences: Vec<Fence> = claimed.into_iter().map(|o| o.fence).collect();
         match self.execute(nexts, &mut pass).await {
@@ -254,6 +198,77 @@ impl Scheduler {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Hands back orders of workflow versions this scheduler does not run.
+    async fn hand_back_foreign(&self, foreign: &[ClaimedOrder]) {
+        for order in foreign {
+            let why = self.not_here(order.workflow.as_ref());
+            warn!(order_id = %order.fence.order_id, reason = %why, "order left alone: handed back");
+            if let Err(e) = self.store.release(&order.fence, &why).await {
+                debug!(order_id = %order.fence.order_id, error = %e, "not handed back (it moved on)");
+            }
+        }
+    }
+
+    /// What a claimed or resumed order does next. `steps`: its step records, read
+    /// where it is marked to finish (`finish_as`) once its steps are undone.
+    fn plan_claimed(
+        &self,
+        flow: &Workflow,
+        order: &ClaimedOrder,
+        steps: Option<Vec<orderly_core::StepRecord>>,
+    ) -> Next {
+        let context = StepContext {
+            details: order.details.clone(),
+            notify_to: order.reply_to.clone(),
+            finish_as: order.finish_as,
+            generation: order.generation,
+            workflow: order.workflow.clone(),
+        };
+        match steps {
+            // Given up on, in a workflow that leaves completed steps in effect.
+            // (An undo in doubt, after a cancel's undoing stopped half way and an
+            // operator retried it, is finished first all the same.)
+            Some(ref steps)
+                if order.finish_as == Some(ProcessState::Error)
+                    && !flow.compensate_on_error
+                    && !steps.iter().any(orderly_core::StepRecord::undo_in_doubt) =>
+            {
+                Next::Fail(
+                    order.fence.clone(),
+                    order
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| "gave up".to_owned()),
+                )
+            }
+            Some(steps) => self.plan_compensation(
+                flow,
+                &order.fence,
+                order.complete_by,
+                &context,
+                &steps,
+                None,
+            ),
+            None if order.current_step >= flow.len() => {
+                Next::Complete(self.completion(&order.fence, &context))
+            }
+            // Its step's service is down: it waits, uncounted, until it is back.
+            None if let Some(health) = flow
+                .step(order.current_step)
+                .and_then(|def| self.blocked(&def.queue, order.waiting_on.as_deref())) =>
+            {
+                Next::Park(Self::park_for(
+                    &order.fence,
+                    Some(order.current_step),
+                    &health,
+                ))
+            }
+            // Only resumed orders start here (a claim starts its forward-running
+            // orders in its own transaction).
+            None => Next::Write(self.start_write(flow, order, &context, true)),
         }
     }
 

@@ -27,8 +27,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 mod backoff;
 mod claims;
 mod holding;
+mod moves;
 mod plan;
 mod replies;
+mod undoing;
 mod waiting;
 
 pub use backoff::Backoff;
@@ -320,8 +322,11 @@ impl Scheduler {
         Ok(pass)
     }
 
-    /// Runs until `shutdown`: resumes its own orders, then claims and applies replies
-    /// in two loops. Store or queue outages are logged and retried with back-off.
+    /// Runs until `shutdown`: stores its workflow versions and resumes its own orders,
+    /// then claims, applies replies and watches the services' health in loops of
+    /// their own. Store or queue outages are logged and retried with back-off. After
+    /// the shutdown signal replies go on for the orders it holds, until none is left
+    /// or the grace period ends; then the rest are handed back.
     pub async fn run(self, shutdown: CancellationToken) {
         let span = info_span!("scheduler", instance_id = %self.cfg.instance);
         async move {
@@ -332,141 +337,140 @@ impl Scheduler {
                 .map(ToString::to_string)
                 .collect();
             info!(workflows = %loaded.join(", "), default = %self.cfg.workflows.default_workflow().name, "scheduler started");
-            let mut backoff = Backoff::new();
-            loop {
-                match self.store_and_adopt_workflows().await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        warn!(error = %e, "could not store or read workflow versions; retrying");
-                        if backoff.sleep(&shutdown).await {
-                            return;
-                        }
-                    }
-                }
+            if !self.start_up(&shutdown).await {
+                return;
             }
-            let mut backoff = Backoff::new();
-            loop {
-                match self.resume().await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        warn!(error = %e, "could not resume held orders; retrying");
-                        if backoff.sleep(&shutdown).await {
-                            return;
-                        }
-                    }
-                }
-            }
-            let claims = {
-                let me = self.clone();
-                let shutdown = shutdown.clone();
-                async move {
-                    let mut backoff = Backoff::new();
-                    let mut seen = 0;
-                    let mut next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
-                    while !shutdown.is_cancelled() {
-                        if tokio::time::Instant::now() >= next_check {
-                            next_check = tokio::time::Instant::now() + me.cfg.unserved_check;
-                            // Versions other schedulers stored since: run them too.
-                            if let Err(e) = me.adopt_stored_workflows().await {
-                                debug!(error = %e, "cannot read the stored workflow versions");
-                            }
-                            if let Err(e) = me.report_unserved().await {
-                                debug!(error = %e, "cannot count orders by workflow");
-                            }
-                        }
-                        match me.claim_pass().await {
-                            Ok((_, claims::ClaimEnd::Batch)) => backoff.reset(),
-                            Ok((_, end)) => {
-                                backoff.reset();
-                                // Orders made claimable since the last wait (`seen`),
-                                // during the claim too, end the wait at once.
-                                let wait = async {
-                                    if end == claims::ClaimEnd::Full {
-                                        tokio::time::sleep(me.cfg.idle_wait).await;
-                                    } else {
-                                        me.store.wait_claimable(&mut seen, me.cfg.claim_poll).await;
-                                    }
-                                };
-                                tokio::select! {
-                                    () = shutdown.cancelled() => {}
-                                    () = wait => {}
-                                }
-                            }
-                            Err(e) => {
-                                warn!(error = %e, "claim failed; retrying with back-off");
-                                backoff.sleep(&shutdown).await;
-                            }
-                        }
-                    }
-                }
-            };
-            // Replies go on after the shutdown signal, for the orders it holds, until
-            // none is left or the grace period ends; then the rest are handed back.
             let drained = CancellationToken::new();
-            let drain = {
-                let me = self.clone();
-                let (shutdown, drained) = (shutdown.clone(), drained.clone());
-                async move {
-                    shutdown.cancelled().await;
-                    let until = tokio::time::Instant::now() + me.cfg.shutdown_grace;
-                    while tokio::time::Instant::now() < until {
-                        match me.store.count_owned(&me.cfg.instance).await {
-                            Ok(0) => break,
-                            Ok(n) => debug!(held = n, "draining before stopping"),
-                            Err(e) => debug!(error = %e, "cannot count held orders while draining"),
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    drained.cancel();
-                }
-            };
-            let replies = {
-                let me = self.clone();
-                let shutdown = drained.clone();
-                async move {
-                    let mut backoff = Backoff::new();
-                    while !shutdown.is_cancelled() {
-                        let once = tokio::select! {
-                            () = shutdown.cancelled() => break,
-                            r = me.replies_once(me.cfg.idle_wait) => r,
-                        };
-                        match once {
-                            Ok(_) => backoff.reset(),
-                            Err(e) => {
-                                warn!(error = %e, "applying replies failed; retrying with back-off");
-                                backoff.sleep(&shutdown).await;
-                            }
-                        }
-                    }
-                }
-            };
-            // The fleet's view of the services, and the probes this scheduler lets go.
-            let watch = {
-                let me = self.clone();
-                let shutdown = shutdown.clone();
-                async move {
-                    if me.services.is_none() {
-                        return;
-                    }
-                    let mut every = tokio::time::interval(me.cfg.service_watch);
-                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tokio::select! {
-                            () = shutdown.cancelled() => break,
-                            _ = every.tick() => {}
-                        }
-                        if let Err(e) = me.watch_services().await {
-                            debug!(error = %e, "cannot read the services' health; trying again");
-                        }
-                    }
-                }
-            };
-            tokio::join!(claims, replies, drain, watch);
+            tokio::join!(
+                self.clone().claim_loop(shutdown.clone()),
+                self.clone().reply_loop(drained.clone()),
+                self.clone().drain(shutdown.clone(), drained),
+                self.clone().watch_loop(shutdown.clone()),
+            );
             self.hand_back().await;
             info!("scheduler stopped");
         }
         .instrument(span)
         .await;
+    }
+
+    /// Stores and adopts the workflow versions, then resumes the orders it holds,
+    /// each retried with back-off until it works. False: shut down first.
+    async fn start_up(&self, shutdown: &CancellationToken) -> bool {
+        let mut backoff = Backoff::new();
+        while let Err(e) = self.store_and_adopt_workflows().await {
+            warn!(error = %e, "could not store or read workflow versions; retrying");
+            if backoff.sleep(shutdown).await {
+                return false;
+            }
+        }
+        let mut backoff = Backoff::new();
+        while let Err(e) = self.resume().await {
+            warn!(error = %e, "could not resume held orders; retrying");
+            if backoff.sleep(shutdown).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Claims until `shutdown`, waiting for claimable orders between passes, and every
+    /// `unserved_check` adopts the versions other schedulers stored and reports the
+    /// orders no scheduler runs.
+    async fn claim_loop(self, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new();
+        let mut seen = 0;
+        let mut next_check = tokio::time::Instant::now() + self.cfg.unserved_check;
+        while !shutdown.is_cancelled() {
+            if tokio::time::Instant::now() >= next_check {
+                next_check = tokio::time::Instant::now() + self.cfg.unserved_check;
+                // Versions other schedulers stored since: run them too.
+                if let Err(e) = self.adopt_stored_workflows().await {
+                    debug!(error = %e, "cannot read the stored workflow versions");
+                }
+                if let Err(e) = self.report_unserved().await {
+                    debug!(error = %e, "cannot count orders by workflow");
+                }
+            }
+            match self.claim_pass().await {
+                Ok((_, claims::ClaimEnd::Batch)) => backoff.reset(),
+                Ok((_, end)) => {
+                    backoff.reset();
+                    // Orders made claimable since the last wait (`seen`), during the
+                    // claim too, end the wait at once.
+                    let wait = async {
+                        if end == claims::ClaimEnd::Full {
+                            tokio::time::sleep(self.cfg.idle_wait).await;
+                        } else {
+                            self.store
+                                .wait_claimable(&mut seen, self.cfg.claim_poll)
+                                .await;
+                        }
+                    };
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = wait => {}
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "claim failed; retrying with back-off");
+                    backoff.sleep(&shutdown).await;
+                }
+            }
+        }
+    }
+
+    /// Applies replies until `drained`.
+    async fn reply_loop(self, drained: CancellationToken) {
+        let mut backoff = Backoff::new();
+        while !drained.is_cancelled() {
+            let once = tokio::select! {
+                () = drained.cancelled() => break,
+                r = self.replies_once(self.cfg.idle_wait) => r,
+            };
+            match once {
+                Ok(_) => backoff.reset(),
+                Err(e) => {
+                    warn!(error = %e, "applying replies failed; retrying with back-off");
+                    backoff.sleep(&drained).await;
+                }
+            }
+        }
+    }
+
+    /// After `shutdown`, waits until it holds no order or the grace period ends, then
+    /// ends the reply loop (`drained`).
+    async fn drain(self, shutdown: CancellationToken, drained: CancellationToken) {
+        shutdown.cancelled().await;
+        let until = tokio::time::Instant::now() + self.cfg.shutdown_grace;
+        while tokio::time::Instant::now() < until {
+            match self.store.count_owned(&self.cfg.instance).await {
+                Ok(0) => break,
+                Ok(n) => debug!(held = n, "draining before stopping"),
+                Err(e) => debug!(error = %e, "cannot count held orders while draining"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drained.cancel();
+    }
+
+    /// Reads the fleet's view of the services, and lets the probes go that are due,
+    /// every `service_watch` until `shutdown`.
+    async fn watch_loop(self, shutdown: CancellationToken) {
+        if self.services.is_none() {
+            return;
+        }
+        let mut every = tokio::time::interval(self.cfg.service_watch);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = every.tick() => {}
+            }
+            if let Err(e) = self.watch_services().await {
+                debug!(error = %e, "cannot read the services' health; trying again");
+            }
+        }
     }
 
     /// Releases every order it still holds (back to Pending, no failure counted) so

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::messages::{OrderStatus, OrderSubmitted, StatusNotice};
-use orderly_core::store::{Consumed, IntakeStore, ReplyQueues, Submission, SubmitOutcome, Taken};
+use orderly_core::store::{Consumed, IntakeStore, ReplyQueues, Submission, SubmitOutcome};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, decode_json};
 use orderly_core::{Actor, Error, InstanceId, OrderId};
 use tokio_util::sync::CancellationToken;
@@ -105,9 +105,33 @@ impl Submitter {
     /// Takes one batch from the orders queue (waiting at most `wait`) and records it.
     pub async fn run_once(&self, wait: Duration) -> orderly_core::Result<Intake> {
         let actor = Actor::instance(&self.cfg.instance);
-        // Where the store's database holds the orders queue, valid orders are taken,
-        // recorded and their messages ended in one transaction; the rest come back
-        // held, for the path below (as every message on other transports).
+        let mut intake = Intake::default();
+        let mut done: Vec<ReceivedMessage> = Vec::new();
+        let held = self
+            .take_recording(wait, &actor, &mut intake, &mut done)
+            .await?;
+        let valid = self.decode_orders(held, &mut intake).await;
+        if !valid.is_empty() {
+            debug!(batch = valid.len(), "orders received");
+            self.record(valid, &actor, &mut intake, &mut done).await;
+        }
+        if !done.is_empty() {
+            let _ = self.transport.complete_messages(&done).await;
+        }
+        Ok(intake)
+    }
+
+    /// Takes a batch of order messages. Where the store's database holds the orders
+    /// queue, valid orders are taken, recorded and their messages ended in one
+    /// transaction, and settled here; the rest (and every message on other transports)
+    /// come back held, for the full path.
+    async fn take_recording(
+        &self,
+        wait: Duration,
+        actor: &Actor,
+        intake: &mut Intake,
+        done: &mut Vec<ReceivedMessage>,
+    ) -> orderly_core::Result<Vec<ReceivedMessage>> {
         // The order id of each planned message, so it is decoded once.
         let planned = std::sync::Mutex::new(std::collections::HashMap::new());
         let plan = |message: &ReceivedMessage| {
@@ -120,23 +144,19 @@ impl Submitter {
         };
         let taken = self
             .store
-            .take_and_submit(&self.cfg.orders, self.cfg.batch, wait, &actor, &plan)
+            .take_and_submit(&self.cfg.orders, self.cfg.batch, wait, actor, &plan)
             .await?;
-        let taken = match taken {
-            Some(taken) => taken,
-            None => Taken::held(
-                self.transport
-                    .receive(&self.cfg.orders, self.cfg.batch, wait)
-                    .await
-                    .map_err(|e| Error::Queue(Box::new(e)))?,
-            ),
+        let Some(taken) = taken else {
+            return self
+                .transport
+                .receive(&self.cfg.orders, self.cfg.batch, wait)
+                .await
+                .map_err(|e| Error::Queue(Box::new(e)));
         };
-        let mut intake = Intake::default();
-        let mut done: Vec<ReceivedMessage> = Vec::with_capacity(taken.messages.len());
-        let mut held = Vec::new();
         let mut planned = planned
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = Vec::new();
         for (message, recorded) in taken.messages.into_iter().zip(taken.recorded) {
             let (Some((outcome, consumed)), Some(order_id)) =
                 (recorded, planned.remove(&message.sequence_number))
@@ -144,16 +164,19 @@ impl Submitter {
                 held.push(message);
                 continue;
             };
-            self.settle_submitted(
-                &order_id,
-                outcome,
-                message,
-                consumed,
-                &mut intake,
-                &mut done,
-            )
-            .await;
+            self.settle_submitted(&order_id, outcome, message, consumed, intake, done)
+                .await;
         }
+        Ok(held)
+    }
+
+    /// The held messages' orders, each checked; what does not decode, or is not a
+    /// valid order, is dead-lettered with the problem named.
+    async fn decode_orders(
+        &self,
+        held: Vec<ReceivedMessage>,
+        intake: &mut Intake,
+    ) -> Vec<(Submission, ReceivedMessage)> {
         let (batch, poison) =
             decode_json::<OrderSubmitted>(self.transport.as_ref(), held, MAX_ORDER_MESSAGE).await;
         intake.rejected += poison.len();
@@ -171,19 +194,24 @@ impl Submitter {
             }
             valid.push((submission(order), message));
         }
-        if valid.is_empty() {
-            if !done.is_empty() {
-                let _ = self.transport.complete_messages(&done).await;
-            }
-            return Ok(intake);
-        }
-        debug!(batch = valid.len(), "orders received");
+        valid
+    }
+
+    /// Records the valid orders in one batch (on the SQL queue their messages end in
+    /// the same transaction) and settles each; an outage leaves them all for
+    /// redelivery.
+    async fn record(
+        &self,
+        valid: Vec<(Submission, ReceivedMessage)>,
+        actor: &Actor,
+        intake: &mut Intake,
+        done: &mut Vec<ReceivedMessage>,
+    ) {
         let (submissions, messages): (Vec<Submission>, Vec<ReceivedMessage>) =
             valid.into_iter().unzip();
-        // On the SQL queue the messages of recorded orders end in the same transaction.
         match self
             .store
-            .submit_consuming(&submissions, &actor, &messages)
+            .submit_consuming(&submissions, actor, &messages)
             .await
         {
             Ok(Consumed { outcomes, consumed }) => {
@@ -195,8 +223,8 @@ impl Submitter {
                         outcome,
                         message,
                         consumed,
-                        &mut intake,
-                        &mut done,
+                        intake,
+                        done,
                     )
                     .await;
                 }
@@ -205,16 +233,9 @@ impl Submitter {
             // them one at a time to find it.
             Err(Error::Send(_)) => {
                 for (s, message) in submissions.iter().zip(messages) {
-                    let outcome = self.store.submit(&s.order, &actor, &s.sends).await;
-                    self.settle_submitted(
-                        &s.order.order_id,
-                        outcome,
-                        message,
-                        false,
-                        &mut intake,
-                        &mut done,
-                    )
-                    .await;
+                    let outcome = self.store.submit(&s.order, actor, &s.sends).await;
+                    self.settle_submitted(&s.order.order_id, outcome, message, false, intake, done)
+                        .await;
                 }
             }
             Err(e) => {
@@ -225,10 +246,6 @@ impl Submitter {
                 intake.retried += messages.len();
             }
         }
-        if !done.is_empty() {
-            let _ = self.transport.complete_messages(&done).await;
-        }
-        Ok(intake)
     }
 
     /// The submission a message carries when it can be recorded as it is taken: a

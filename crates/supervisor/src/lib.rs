@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::InstanceId;
-use orderly_core::leader::{Elector, ElectorTiming, LeaderExit, LeaderFence, Leadership};
+use orderly_core::leader::{
+    Elector, ElectorTiming, Heartbeat, LeaderExit, LeaderFence, Leadership,
+};
 use orderly_core::messages::{OrderStatus, StatusNotice, json_message};
 use orderly_core::service::{ServiceAlert, ServiceStore};
 use orderly_core::store::{Alert, RecoveryOutcome, RecoveryPolicy, Retention, SupervisorStore};
@@ -409,80 +411,97 @@ impl Supervisor {
         } = leadership;
         let span = info_span!("supervisor", instance_id = %self.cfg.instance, epoch = %fence.epoch);
         async move {
-            info!(interval_ms = self.cfg.interval.as_millis() as u64, "supervising");
-            let mut tick = tokio::time::interval(self.cfg.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let alive = || heartbeat.beat();
-            let sweeps = async {
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = cancelled.cancelled() => return LeaderExit::Cancelled,
-                        _ = tick.tick() => {}
-                    }
-                    alive();
-                    let sweep = tokio::select! {
-                        biased;
-                        () = cancelled.cancelled() => return LeaderExit::Cancelled,
-                        sweep = self.sweep(&fence, &alive) => sweep,
-                    };
-                    match sweep {
-                        Ok(_) => {}
-                        Err(e @ orderly_core::Error::Deposed { .. }) => {
-                            warn!(error = %e, "the store refused this term's write: another leader took over");
-                            return LeaderExit::Deposed;
-                        }
-                        Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
-                    }
-                }
-            };
-            // Pruning runs beside the sweeps, never in their way: a first prune of a
-            // large backlog takes many batches, and recoveries must not wait for it.
-            // It ends with the term (a batch cut short is rolled back).
-            let prunes = async {
-                let Some(retention) = &self.cfg.retention else {
-                    return std::future::pending().await;
-                };
-                let mut every = tokio::time::interval(self.cfg.prune_every);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    every.tick().await;
-                    self.prune(retention).await;
-                }
-            };
-            // Vacuuming too: a vacuum of a large table takes a while.
-            let tidies = async {
-                let Some(period) = self.cfg.tidy_every else {
-                    return std::future::pending().await;
-                };
-                let mut every = tokio::time::interval(period);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    every.tick().await;
-                    self.tidy().await;
-                }
-            };
-            // The conditions the leader alerts on, also beside the sweeps.
-            let looks = async {
-                let mut watch = conditions::Watch::default();
-                let mut every = tokio::time::interval(self.cfg.conditions_every);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    every.tick().await;
-                    if let Err(e) = self.check_conditions(&mut watch).await {
-                        warn!(error = %e, "cannot check the conditions alerted on; trying again");
-                    }
-                }
-            };
+            info!(
+                interval_ms = self.cfg.interval.as_millis() as u64,
+                "supervising"
+            );
+            // Pruning, vacuuming and the conditions run beside the sweeps, never in
+            // their way: a first prune of a large backlog takes many batches, and a
+            // vacuum of a large table a while, and recoveries must not wait for them.
+            // They end with the term (a batch cut short is rolled back).
             tokio::select! {
-                exit = sweeps => exit,
-                never = prunes => never,
-                never = tidies => never,
-                never = looks => never,
+                exit = self.sweep_loop(&fence, &cancelled, &heartbeat) => exit,
+                never = self.prune_loop() => never,
+                never = self.tidy_loop() => never,
+                never = self.condition_loop() => never,
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// Sweeps every `interval` until the term is cancelled or the store says another
+    /// leader took over; a failed sweep is tried again at the next interval.
+    async fn sweep_loop(
+        &self,
+        fence: &LeaderFence,
+        cancelled: &CancellationToken,
+        heartbeat: &Heartbeat,
+    ) -> LeaderExit {
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let alive = || heartbeat.beat();
+        loop {
+            tokio::select! {
+                biased;
+                () = cancelled.cancelled() => return LeaderExit::Cancelled,
+                _ = tick.tick() => {}
+            }
+            alive();
+            let sweep = tokio::select! {
+                biased;
+                () = cancelled.cancelled() => return LeaderExit::Cancelled,
+                sweep = self.sweep(fence, &alive) => sweep,
+            };
+            match sweep {
+                Ok(_) => {}
+                Err(e @ orderly_core::Error::Deposed { .. }) => {
+                    warn!(error = %e, "the store refused this term's write: another leader took over");
+                    return LeaderExit::Deposed;
+                }
+                Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
+            }
+        }
+    }
+
+    /// Prunes by the retention policy every `prune_every`; never ends (nor starts
+    /// without a policy).
+    async fn prune_loop(&self) -> LeaderExit {
+        let Some(retention) = &self.cfg.retention else {
+            return std::future::pending().await;
+        };
+        let mut every = tokio::time::interval(self.cfg.prune_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.prune(retention).await;
+        }
+    }
+
+    /// Vacuums the hot tables every `tidy_every`; never ends (nor starts unless set).
+    async fn tidy_loop(&self) -> LeaderExit {
+        let Some(period) = self.cfg.tidy_every else {
+            return std::future::pending().await;
+        };
+        let mut every = tokio::time::interval(period);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.tidy().await;
+        }
+    }
+
+    /// Checks the conditions the leader alerts on every `conditions_every`; never ends.
+    async fn condition_loop(&self) -> LeaderExit {
+        let mut watch = conditions::Watch::default();
+        let mut every = tokio::time::interval(self.cfg.conditions_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if let Err(e) = self.check_conditions(&mut watch).await {
+                warn!(error = %e, "cannot check the conditions alerted on; trying again");
+            }
+        }
     }
 
     /// Removes what `retention` lets go (the leader's housekeeping); a failure is

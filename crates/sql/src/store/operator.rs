@@ -73,15 +73,6 @@ impl<D: Driver> SqlStore<D> {
     /// Tried again without the client's notice if the client's queue does not exist
     /// (and, should the update ever find the row changed, from the start).
     async fn operator_move(&self, order_id: &OrderId, mv: OperatorMove<'_>) -> Result<StateRow> {
-        let OperatorMove {
-            from,
-            target,
-            kind,
-            actor,
-            reason,
-            sends,
-            undo_first,
-        } = mv;
         // An order cancelled at once tells the client's queue, if it has one; a
         // client queue that does not exist does not hold up the cancel.
         let mut notify = true;
@@ -93,54 +84,28 @@ impl<D: Driver> SqlStore<D> {
             let Some(row) = Self::lock_state(&mut tx, order_id).await? else {
                 return Err(Error::OrderNotFound(order_id.clone()));
             };
-            if undo_first
+            if mv.undo_first
                 && row.process_state == ProcessState::Pending
-                && row.finish_as == Some(target)
+                && row.finish_as == Some(mv.target)
             {
                 return Ok(row); // already asked for
             }
-            if !from.contains(&row.process_state) || !row.process_state.can_become(target) {
+            if !mv.from.contains(&row.process_state) || !row.process_state.can_become(mv.target) {
                 return Err(Error::IllegalTransition {
                     order_id: order_id.clone(),
                     from: row.process_state,
-                    to: target,
+                    to: mv.target,
                 });
             }
-            // The steps that may have taken effect: none, and the cancel is at once;
-            // one that can never be undone, and it is refused (undoing the others
-            // would leave the order half undone). Rows of an older version, which do
-            // not say whether a step can be undone, are caught by the scheduler that
-            // claims the order to undo it.
-            let mut undo = false;
-            if undo_first {
-                let mut fixed = Vec::new();
-                for r in q(st::IN_EFFECT)
-                    .bind(order_id.as_str())
-                    .fetch_all::<D>(&mut tx)
-                    .await
-                    .map_err(db)?
-                {
-                    undo = true;
-                    let c = Cols(&r);
-                    if c.get::<bool>("irreversible")? {
-                        fixed.push(c.get::<String>("name")?);
-                    }
-                }
-                if !fixed.is_empty() {
-                    return Err(Error::PastReturn {
-                        order_id: order_id.clone(),
-                        steps: fixed.join(", "),
-                    });
-                }
-            }
+            let undo = mv.undo_first && Self::undo_needed(&mut tx, order_id).await?;
             let (to, kind, finish_as) = if undo {
                 (
                     ProcessState::Pending,
                     HistoryKind::CancelRequested,
-                    Some(target.as_str()),
+                    Some(mv.target.as_str()),
                 )
             } else {
-                (target, kind, None)
+                (mv.target, mv.kind, None)
             };
             let moved = q(st::OPERATOR_MOVE)
                 .bind(order_id.as_str())
@@ -154,96 +119,192 @@ impl<D: Driver> SqlStore<D> {
                 .map_err(db)?;
             let Some(moved) = moved else { continue };
             let mut moved = Cols(&moved).state_row()?;
-            // A retry runs the workflow again from the first step, under the
-            // next generation, if any step was undone; first finishes undoing, if it
-            // stopped half undone; else it continues.
-            let mut reason = reason.to_owned();
+            let mut reason = mv.reason.to_owned();
             let mut kind = kind;
             if kind == HistoryKind::Resubmitted {
-                let steps = Self::fetch_steps(&mut tx, order_id).await?;
-                let plan = orderly_core::RetryPlan::for_order(
-                    moved.generation,
-                    moved.current_step,
-                    &steps,
-                );
-                // Marked to finish undoing first, or restarted at once (its old step
-                // records gone, the history keeping them); continuing changes nothing.
-                let statement = match plan {
-                    orderly_core::RetryPlan::Continue { .. } => None,
-                    orderly_core::RetryPlan::UndoFirst { .. } => Some(st::UNDO_THEN_RETRY),
-                    orderly_core::RetryPlan::FreshRun { .. } => Some(st::FRESH_RUN),
-                };
-                if let Some(statement) = statement {
-                    let row = q(statement)
-                        .bind(order_id.as_str())
-                        .fetch_one::<D>(&mut tx)
-                        .await
-                        .map_err(db)?;
-                    moved = Cols(&row).state_row()?;
-                    reason = format!("{reason} ({})", plan.describe());
-                }
-                if matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
-                    q(st::CLEAR_STEPS)
-                        .bind(order_id.as_str())
-                        .execute::<D>(&mut tx)
-                        .await
-                        .map_err(db)?;
-                    kind = HistoryKind::RetriedAfresh;
-                }
+                (moved, kind) = Self::plan_retry(&mut tx, moved, &mut reason).await?;
             }
-            let reason = reason.as_str();
             Self::append(
                 &mut tx,
                 Event {
                     order_id,
                     at: now,
-                    actor: actor.as_str(),
+                    actor: mv.actor.as_str(),
                     kind,
                     from: Some(row.process_state),
                     to,
                     epoch: moved.lock_epoch.0,
                     step: None,
-                    reason: Some(reason),
+                    reason: Some(&reason),
                 },
             )
             .await?;
-            let notice = (notify && moved.process_state == ProcessState::Cancelled)
-                .then(|| {
-                    orderly_core::messages::StatusNotice {
-                        order_id: order_id.clone(),
-                        status: orderly_core::messages::OrderStatus::Cancelled,
-                        step: None,
-                        detail: Some(reason.to_owned()),
-                    }
-                    .envelope(
-                        moved.reply_to.as_deref(),
-                        &format!("op{}", moved.lock_epoch),
-                    )
-                })
-                .flatten();
-            let Some(notice) = notice else {
-                if moved.process_state == ProcessState::Pending {
-                    self.commit_claimable(tx, now, sends).await?;
-                } else {
-                    self.commit_with(tx, now, sends).await?;
-                }
-                return Ok(moved);
-            };
-            let mut all = sends.to_vec();
-            all.push(notice.clone());
-            match self.commit_with(tx, now, &all).await {
-                Ok(()) => return Ok(moved),
-                Err(Error::Send(inner)) if matches!(&*inner, orderly_core::transport::TransportError::QueueNotFound(q) if *q == notice.queue) =>
-                {
-                    tracing::warn!(order_id = %order_id, queue = %notice.queue, "the client's queue does not exist: cancelled without telling it");
-                    notify = false;
-                }
+            match self
+                .commit_move(tx, now, &moved, mv.sends, notify.then_some(&reason))
+                .await
+            {
+                Ok(true) => return Ok(moved),
+                Ok(false) => notify = false,
                 Err(e) => return Err(e),
             }
         }
         Err(Error::Unavailable(
-            format!("order {order_id} kept changing; {kind} not applied, retry").into(),
+            format!(
+                "order {order_id} kept changing; {} not applied, retry",
+                mv.kind
+            )
+            .into(),
         ))
+    }
+
+    /// Refuses a move between versions unless both are stored and `to` is compatible
+    /// with `from` (the same steps), naming each difference.
+    async fn check_compatible(
+        tx: &mut D::Conn,
+        from: &WorkflowRef,
+        to: &WorkflowRef,
+    ) -> Result<()> {
+        let mut flows = Vec::with_capacity(2);
+        for (field, r) in [("from", from), ("to", to)] {
+            let row = q(st::STORED_WORKFLOW)
+                .bind(r.name.clone())
+                .bind(r.version.clone())
+                .fetch_optional::<D>(&mut *tx)
+                .await
+                .map_err(db)?;
+            let Some(row) = row else {
+                return Err(orderly_core::ValidationError::new(
+                    field,
+                    format!("{r} is not stored (`orderly migrate --workflow FILE` stores it)"),
+                )
+                .into());
+            };
+            flows.push(Workflow::from_stored(
+                &Cols(&row).get::<String>("definition")?,
+                r,
+            )?);
+        }
+        flows[0].compatible_with(&flows[1]).map_err(|why| {
+            orderly_core::ValidationError::new(
+                "to",
+                format!(
+                    "{to} is not compatible with {from}, so orders pinned to {from} stay on it: {}",
+                    why.join("; ")
+                ),
+            )
+            .into()
+        })
+    }
+
+    /// Whether a cancel must undo first: some step may have taken effect. One that can
+    /// never be undone refuses the cancel (undoing the others would leave the order
+    /// half undone). Rows of an older version, which do not say whether a step can be
+    /// undone, are caught by the scheduler that claims the order to undo it.
+    async fn undo_needed(tx: &mut D::Conn, order_id: &OrderId) -> Result<bool> {
+        let in_effect = q(st::IN_EFFECT)
+            .bind(order_id.as_str())
+            .fetch_all::<D>(tx)
+            .await
+            .map_err(db)?;
+        let mut fixed = Vec::new();
+        for r in &in_effect {
+            let c = Cols(r);
+            if c.get::<bool>("irreversible")? {
+                fixed.push(c.get::<String>("name")?);
+            }
+        }
+        if !fixed.is_empty() {
+            return Err(Error::PastReturn {
+                order_id: order_id.clone(),
+                steps: fixed.join(", "),
+            });
+        }
+        Ok(!in_effect.is_empty())
+    }
+
+    /// Applies the retry `RetryPlan` decides for the order just moved back to Pending:
+    /// it continues (nothing changes), finishes undoing first (it stopped half
+    /// undone), or runs the workflow again from the first step under the next
+    /// generation (some step was undone; its old step records go, the history keeps
+    /// them). Says which in `reason`; returns the row and the history kind.
+    async fn plan_retry(
+        tx: &mut D::Conn,
+        moved: StateRow,
+        reason: &mut String,
+    ) -> Result<(StateRow, HistoryKind)> {
+        let order_id = &moved.order_id;
+        let steps = Self::fetch_steps(tx, order_id).await?;
+        let plan = orderly_core::RetryPlan::for_order(moved.generation, moved.current_step, &steps);
+        let statement = match plan {
+            orderly_core::RetryPlan::Continue { .. } => {
+                return Ok((moved, HistoryKind::Resubmitted));
+            }
+            orderly_core::RetryPlan::UndoFirst { .. } => st::UNDO_THEN_RETRY,
+            orderly_core::RetryPlan::FreshRun { .. } => st::FRESH_RUN,
+        };
+        let row = q(statement)
+            .bind(order_id.as_str())
+            .fetch_one::<D>(tx)
+            .await
+            .map_err(db)?;
+        let moved = Cols(&row).state_row()?;
+        *reason = format!("{reason} ({})", plan.describe());
+        if !matches!(plan, orderly_core::RetryPlan::FreshRun { .. }) {
+            return Ok((moved, HistoryKind::Resubmitted));
+        }
+        q(st::CLEAR_STEPS)
+            .bind(moved.order_id.as_str())
+            .execute::<D>(tx)
+            .await
+            .map_err(db)?;
+        Ok((moved, HistoryKind::RetriedAfresh))
+    }
+
+    /// Commits a move with its `sends` and, where it cancelled the order at once and
+    /// `notify` gives the reason, the client's `cancelled` notice. `Ok(false)`: the
+    /// client's queue does not exist, nothing was committed, and the move is to be
+    /// made again without the notice.
+    async fn commit_move(
+        &self,
+        tx: D::Tx,
+        now: chrono::DateTime<chrono::Utc>,
+        moved: &StateRow,
+        sends: &[Envelope],
+        notify: Option<&String>,
+    ) -> Result<bool> {
+        let notice = notify
+            .filter(|_| moved.process_state == ProcessState::Cancelled)
+            .and_then(|reason| {
+                orderly_core::messages::StatusNotice {
+                    order_id: moved.order_id.clone(),
+                    status: orderly_core::messages::OrderStatus::Cancelled,
+                    step: None,
+                    detail: Some(reason.clone()),
+                }
+                .envelope(
+                    moved.reply_to.as_deref(),
+                    &format!("op{}", moved.lock_epoch),
+                )
+            });
+        let Some(notice) = notice else {
+            if moved.process_state == ProcessState::Pending {
+                self.commit_claimable(tx, now, sends).await?;
+            } else {
+                self.commit_with(tx, now, sends).await?;
+            }
+            return Ok(true);
+        };
+        let mut all = sends.to_vec();
+        all.push(notice.clone());
+        match self.commit_with(tx, now, &all).await {
+            Ok(()) => Ok(true),
+            Err(Error::Send(inner)) if matches!(&*inner, orderly_core::transport::TransportError::QueueNotFound(q) if *q == notice.queue) =>
+            {
+                tracing::warn!(order_id = %moved.order_id, queue = %notice.queue, "the client's queue does not exist: cancelled without telling it");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -355,60 +416,14 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         reason: &str,
         limit: u32,
     ) -> Result<Vec<OrderId>> {
-        let states: Vec<ProcessState> = if states.is_empty() {
-            vec![ProcessState::Pending, ProcessState::Error]
-        } else {
-            states.to_vec()
-        };
-        if let Some(s) = states
-            .iter()
-            .find(|s| !matches!(s, ProcessState::Pending | ProcessState::Error))
-        {
-            return Err(orderly_core::ValidationError::new(
-                "state",
-                format!(
-                    "{s}: only Pending and Error orders move to another version (an order in \
-                     Processing finishes on the version it runs; a finished one has nothing left to run)"
-                ),
-            )
-            .into());
-        }
+        let states = movable(states)?;
         if from == to {
             return Err(
                 orderly_core::ValidationError::new("to", "is the version they have").into(),
             );
         }
         let (mut tx, now) = self.begin().await?;
-        let mut flows = Vec::with_capacity(2);
-        for (field, r) in [("from", from), ("to", to)] {
-            let row = q(st::STORED_WORKFLOW)
-                .bind(r.name.clone())
-                .bind(r.version.clone())
-                .fetch_optional::<D>(&mut tx)
-                .await
-                .map_err(db)?;
-            let Some(row) = row else {
-                return Err(orderly_core::ValidationError::new(
-                    field,
-                    format!("{r} is not stored (`orderly migrate --workflow FILE` stores it)"),
-                )
-                .into());
-            };
-            flows.push(Workflow::from_stored(
-                &Cols(&row).get::<String>("definition")?,
-                r,
-            )?);
-        }
-        if let Err(why) = flows[0].compatible_with(&flows[1]) {
-            return Err(orderly_core::ValidationError::new(
-                "to",
-                format!(
-                    "{to} is not compatible with {from}, so orders pinned to {from} stay on it: {}",
-                    why.join("; ")
-                ),
-            )
-            .into());
-        }
+        Self::check_compatible(&mut tx, from, to).await?;
         let rows = q(st::MOVE_VERSION)
             .bind(from.name.clone())
             .bind(from.version.clone())
@@ -521,4 +536,26 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         let mv = OperatorMove::cancel(actor, reason, sends, false);
         self.operator_move(order_id, mv).await
     }
+}
+
+/// The states whose orders a version move takes (Pending and Error when none is
+/// named); any other is refused, saying why.
+fn movable(states: &[ProcessState]) -> Result<Vec<ProcessState>> {
+    if let Some(s) = states
+        .iter()
+        .find(|s| !matches!(s, ProcessState::Pending | ProcessState::Error))
+    {
+        return Err(orderly_core::ValidationError::new(
+            "state",
+            format!(
+                "{s}: only Pending and Error orders move to another version (an order in \
+                 Processing finishes on the version it runs; a finished one has nothing left to run)"
+            ),
+        )
+        .into());
+    }
+    if states.is_empty() {
+        return Ok(vec![ProcessState::Pending, ProcessState::Error]);
+    }
+    Ok(states.to_vec())
 }
