@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orderly_core::messages::{StepOutcome, StepReply, StepRequest, json_message};
+use orderly_core::messages::{StepOutcome, StepRequest, json_message};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json, while_holding};
 use orderly_core::{Clock, InstanceId};
 use tokio::sync::{Semaphore, mpsc};
@@ -487,19 +487,12 @@ impl Agent {
         attempts: u32,
         handled: Handled,
     ) -> Handled {
-        let reply = StepReply {
-            fence: req.fence.clone(),
-            step_index: req.step_index,
-            step: req.step.clone(),
-            action: req.action.clone(),
-            kind: req.kind,
+        let reply = req.reply(
             outcome,
-            agent: self.cfg.instance.clone(),
-            replied_at: self.clock.now(),
-            complete_by: req.complete_by,
+            self.cfg.instance.clone(),
+            self.clock.now(),
             attempts,
-            context: req.context.clone(),
-        };
+        );
         let message = json_message(
             reply.message_id(),
             &reply,

@@ -170,6 +170,31 @@ fn is_first_run(generation: &i32) -> bool {
 }
 
 impl StepRequest {
+    /// The reply `agent` sends to this request with `outcome`, decided at `replied_at`
+    /// after `attempts` remote calls; it echoes the request's fence, step, deadline and
+    /// context.
+    pub fn reply(
+        &self,
+        outcome: StepOutcome,
+        agent: InstanceId,
+        replied_at: DateTime<Utc>,
+        attempts: u32,
+    ) -> StepReply {
+        StepReply {
+            fence: self.fence.clone(),
+            step_index: self.step_index,
+            step: self.step.clone(),
+            action: self.action.clone(),
+            kind: self.kind,
+            outcome,
+            agent,
+            replied_at,
+            complete_by: self.complete_by,
+            attempts,
+            context: self.context.clone(),
+        }
+    }
+
     /// Refuses a request no scheduler sends, before anything of it is used: step and
     /// action names outside the workflow names' characters (the action goes into the
     /// remote service's URL), a budget outside 10 ms to 24 h (a huge one would

@@ -138,28 +138,14 @@ impl Scheduler {
             step: Some(reply.step.clone()),
             detail: None,
         };
-        let mut write = StepWrite {
-            complete: false,
-            fence: reply.fence.clone(),
-            expect_step: Some(reply.step_index),
-            updates: vec![StepUpdate {
-                index: reply.step_index,
-                name: reply.step.clone(),
-                status: StepStatus::Succeeded,
-                detail: Some(detail.to_owned()),
-                idempotency_key: reply_key(reply),
-                irreversible: flow
-                    .step(reply.step_index)
-                    .is_some_and(StepDef::cannot_be_undone),
-            }],
-            sends: notice
-                .envelope(
-                    reply.context.notify_to.as_deref(),
-                    &format!("{}.{}", reply.fence.epoch, reply.step_index),
-                )
-                .into_iter()
-                .collect(),
-        };
+        let mut write = outcome_write(flow, reply, StepStatus::Succeeded, detail);
+        write.sends = notice
+            .envelope(
+                reply.context.notify_to.as_deref(),
+                &format!("{}.{}", reply.fence.epoch, reply.step_index),
+            )
+            .into_iter()
+            .collect();
         let next = reply.step_index + 1;
         let waits_for = flow
             .step(next)
@@ -404,6 +390,32 @@ fn undone(steps: &[StepRecord]) -> Vec<&str> {
         .filter(|s| s.status == StepStatus::Compensated)
         .map(|s| s.name.as_str())
         .collect()
+}
+
+/// The write that records a reply's step with `status` and `detail`, under the
+/// reply's fence and only while the order is at that step; it sends nothing.
+pub(crate) fn outcome_write(
+    flow: &Workflow,
+    reply: &StepReply,
+    status: StepStatus,
+    detail: &str,
+) -> StepWrite {
+    StepWrite {
+        complete: false,
+        fence: reply.fence.clone(),
+        expect_step: Some(reply.step_index),
+        updates: vec![StepUpdate {
+            index: reply.step_index,
+            name: reply.step.clone(),
+            status,
+            detail: Some(detail.to_owned()),
+            idempotency_key: reply_key(reply),
+            irreversible: flow
+                .step(reply.step_index)
+                .is_some_and(StepDef::cannot_be_undone),
+        }],
+        sends: Vec::new(),
+    }
 }
 
 /// The key a reply's step was recorded under (its `do` action in the reply's run).

@@ -3,7 +3,6 @@
 //! at once), and the outcomes of compensations (the next undo, or the finish).
 
 use orderly_core::messages::{StepKind, StepOutcome, StepReply};
-use orderly_core::store::{StepUpdate, StepWrite};
 use orderly_core::workflow::Workflow;
 use orderly_core::{ProcessState, StepStatus};
 use tracing::warn;
@@ -49,11 +48,8 @@ impl Scheduler {
     ) -> orderly_core::Result<()> {
         warn!(error = %error, "step failed permanently");
         let fence = &reply.fence;
-        single(
-            self.store
-                .record_steps(&[failure_write(flow, reply, error)])
-                .await?,
-        )?;
+        let failed = plan::outcome_write(flow, reply, StepStatus::Failed, error);
+        single(self.store.record_steps(&[failed]).await?)?;
         pass.applied += 1;
         let steps = self.store.steps(&fence.order_id).await?;
         let undoable = steps.iter().any(|s| {
@@ -131,25 +127,5 @@ impl Scheduler {
         );
         self.execute(vec![Next::Fail(reply.fence.clone(), error)], pass)
             .await
-    }
-}
-
-/// The write that records a step failed for good, under the reply's fence.
-fn failure_write(flow: &Workflow, reply: &StepReply, error: &str) -> StepWrite {
-    StepWrite {
-        complete: false,
-        fence: reply.fence.clone(),
-        expect_step: Some(reply.step_index),
-        updates: vec![StepUpdate {
-            index: reply.step_index,
-            name: reply.step.clone(),
-            status: StepStatus::Failed,
-            detail: Some(error.to_owned()),
-            idempotency_key: plan::reply_key(reply),
-            irreversible: flow
-                .step(reply.step_index)
-                .is_some_and(orderly_core::workflow::StepDef::cannot_be_undone),
-        }],
-        sends: Vec::new(),
     }
 }

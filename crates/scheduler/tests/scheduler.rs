@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_core::history::HistoryKind;
-use orderly_core::messages::{StepKind, StepOutcome, StepReply, StepRequest, json_message};
+use orderly_core::messages::{StepKind, StepOutcome, StepRequest, json_message};
 use orderly_core::store::StateStore;
 use orderly_core::transport::{QueueName, Transport};
 use orderly_core::workflow::{Workflow, Workflows};
@@ -78,19 +78,12 @@ async fn request(rig: &Rig, queue: &str) -> StepRequest {
 
 /// Answers `req` as an agent would.
 async fn answer(rig: &Rig, req: &StepRequest, outcome: StepOutcome) {
-    let reply = StepReply {
-        fence: req.fence.clone(),
-        step_index: req.step_index,
-        step: req.step.clone(),
-        action: req.action.clone(),
-        kind: req.kind,
+    let reply = req.reply(
         outcome,
-        agent: InstanceId::parse("agent-test").unwrap(),
-        replied_at: chrono::Utc::now(),
-        complete_by: req.complete_by,
-        attempts: 1,
-        context: req.context.clone(),
-    };
+        InstanceId::parse("agent-test").unwrap(),
+        chrono::Utc::now(),
+        1,
+    );
     let id = format!("reply:{}:{}", req.idempotency_key, req.fence.epoch);
     rig.transport
         .send(
