@@ -9,48 +9,26 @@ use crate::driver::{FromCol, SqlRow};
 use crate::error::{corrupt, db};
 use crate::time::Ts;
 
-/// The columns [`Cols::state_row`] reads (a literal, for `concat!`).
-macro_rules! state_columns {
-    () => {
-        "order_id, locked_by, complete_by, process_state, failure_count, lock_epoch, \
-         current_step, next_attempt_at, last_error, reply_to, finish_as, generation, workflow, \
-         workflow_version, waiting_on, created_at, updated_at"
-    };
-}
-pub(crate) use state_columns;
+/// The columns [`Cols::state_row`] reads.
+pub(crate) const STATE_COLUMNS: &str = "order_id, locked_by, complete_by, process_state, \
+    failure_count, lock_epoch, current_step, next_attempt_at, last_error, reply_to, finish_as, \
+    generation, workflow, workflow_version, waiting_on, created_at, updated_at";
 
 /// The columns [`Cols::step_record`] reads.
-macro_rules! step_columns {
-    () => {
-        "order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at"
-    };
-}
-pub(crate) use step_columns;
+pub(crate) const STEP_COLUMNS: &str =
+    "order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at";
 
 /// The columns [`Cols::history_event`] reads.
-macro_rules! history_columns {
-    () => {
-        "seq, order_id, at, actor, kind, from_state, to_state, epoch, step, reason"
-    };
-}
-pub(crate) use history_columns;
+pub(crate) const HISTORY_COLUMNS: &str =
+    "seq, order_id, at, actor, kind, from_state, to_state, epoch, step, reason";
 
 /// The columns [`Cols::message`] reads.
-macro_rules! message_columns {
-    () => {
-        "seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, locked_until"
-    };
-}
-pub(crate) use message_columns;
+pub(crate) const MESSAGE_COLUMNS: &str = "seq, queue, message_id, correlation_id, properties, \
+    body, enqueued_at, delivery_count, locked_until";
 
 /// The columns [`Cols::dead_letter`] reads.
-macro_rules! dead_letter_columns {
-    () => {
-        "seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
-         reason, description, dead_lettered_at"
-    };
-}
-pub(crate) use dead_letter_columns;
+pub(crate) const DEAD_LETTER_COLUMNS: &str = "seq, queue, message_id, correlation_id, \
+    properties, body, enqueued_at, delivery_count, reason, description, dead_lettered_at";
 
 /// A row to decode, whichever dialect it came from.
 pub(crate) struct Cols<'r, R: ?Sized>(pub &'r R);
@@ -242,7 +220,7 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
         })
     }
 
-    /// A message row (columns [`message_columns!`]) as delivered under `lock_token`.
+    /// A message row (columns [`MESSAGE_COLUMNS`]) as delivered under `lock_token`.
     pub fn message(&self, lock_token: &str) -> Result<ReceivedMessage> {
         let properties: String = self.get("properties")?;
         Ok(ReceivedMessage {
@@ -260,7 +238,7 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
         })
     }
 
-    /// A dead-letter row (columns [`dead_letter_columns!`]).
+    /// A dead-letter row (columns [`DEAD_LETTER_COLUMNS`]).
     pub fn dead_letter(&self) -> Result<DeadLetter> {
         let properties: String = self.get("properties")?;
         let dead_lettered_at = self.ts("dead_lettered_at")?;

@@ -5,13 +5,15 @@
 
 use orderly_core::store::{MAX_BATCH, OrderFilter};
 
-use crate::rows::{history_columns, state_columns, step_columns};
+use const_format::concatcp;
+
+use crate::rows::{HISTORY_COLUMNS, STATE_COLUMNS, STEP_COLUMNS};
 use crate::time::Ts;
 
 /// The state row of one order.
-pub(crate) const SELECT_STATE: &str = concat!(
+pub(crate) const SELECT_STATE: &str = concatcp!(
     "SELECT ",
-    state_columns!(),
+    STATE_COLUMNS,
     " FROM order_state WHERE order_id = $1"
 );
 
@@ -22,24 +24,20 @@ pub(crate) const INSERT_HISTORY: &str = "INSERT INTO order_history \
 
 /// The fence every scheduler write carries: `$1` order, `$2` owner, `$3` epoch, and the
 /// deadline not yet passed at `$5`.
-macro_rules! fenced {
-    () => {
-        " WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
-          AND process_state = 'Processing' AND complete_by > $5"
-    };
-}
+const FENCED: &str = " WHERE order_id = $1 AND locked_by = $2 AND lock_epoch = $3 \
+    AND process_state = 'Processing' AND complete_by > $5";
 
 /// The owner starts undoing the order, to end as `$4`.
-pub(crate) const BEGIN_COMPENSATION: &str = concat!(
+pub(crate) const BEGIN_COMPENSATION: &str = concatcp!(
     "UPDATE order_state SET finish_as = $4, updated_at = $5",
-    fenced!()
+    FENCED
 );
 
 /// The owner ends a cancel-requested order: Cancelled (`$4` is now).
-pub(crate) const FINISH_CANCELLED: &str = concat!(
+pub(crate) const FINISH_CANCELLED: &str = concatcp!(
     "UPDATE order_state SET process_state = 'Cancelled', locked_by = NULL, complete_by = NULL, \
      finish_as = NULL, updated_at = $4",
-    fenced!()
+    FENCED
 );
 
 /// A restarted owner (`$1`) takes its live orders back under a new epoch at `$2`.
@@ -64,24 +62,21 @@ pub(crate) const IN_EFFECT: &str = "SELECT name, irreversible FROM order_steps \
     WHERE order_id = $1 AND status IN ('Started', 'Succeeded') ORDER BY step_index";
 
 /// The columns an alert is read from (`a` alerts, `s` its step).
-macro_rules! alert_select {
-    () => {
-        "SELECT a.alert_id, a.order_id, a.raised_at, a.step_index, s.name AS step, a.last_error, \
-         a.failure_count, a.reply_to, a.published_at, a.acknowledged_at, a.acknowledged_by \
-         FROM alerts a LEFT JOIN order_steps s \
-         ON s.order_id = a.order_id AND s.step_index = a.step_index "
-    };
-}
+const ALERT_SELECT: &str = "SELECT a.alert_id, a.order_id, a.raised_at, a.step_index, \
+    s.name AS step, a.last_error, a.failure_count, a.reply_to, a.published_at, \
+    a.acknowledged_at, a.acknowledged_by \
+    FROM alerts a LEFT JOIN order_steps s \
+    ON s.order_id = a.order_id AND s.step_index = a.step_index ";
 
 /// Unpublished alerts, oldest first: `$1` limit.
-pub(crate) const UNPUBLISHED_ALERTS: &str = concat!(
-    alert_select!(),
+pub(crate) const UNPUBLISHED_ALERTS: &str = concatcp!(
+    ALERT_SELECT,
     "WHERE a.published_at IS NULL ORDER BY a.alert_id LIMIT $1"
 );
 
 /// Alerts newest first: `$1` open only (1) or all (0), `$2` limit.
-pub(crate) const LIST_ALERTS: &str = concat!(
-    alert_select!(),
+pub(crate) const LIST_ALERTS: &str = concatcp!(
+    ALERT_SELECT,
     "WHERE ($1 = 0 OR a.acknowledged_at IS NULL) ORDER BY a.alert_id DESC LIMIT $2"
 );
 
@@ -90,58 +85,58 @@ pub(crate) const ACK_ALERT: &str = "UPDATE alerts SET acknowledged_at = $3, ackn
      WHERE alert_id = $1 AND acknowledged_at IS NULL";
 
 /// One alert by id (`$1`).
-pub(crate) const ONE_ALERT: &str = concat!(alert_select!(), "WHERE a.alert_id = $1");
+pub(crate) const ONE_ALERT: &str = concatcp!(ALERT_SELECT, "WHERE a.alert_id = $1");
 
 /// Marks one alert (`$1`) published at `$2`.
 pub(crate) const MARK_ALERT_PUBLISHED: &str =
     "UPDATE alerts SET published_at = $2 WHERE alert_id = $1 AND published_at IS NULL";
 
 /// A heartbeat: the deadline moves to `$4` (never backwards).
-pub(crate) const EXTEND: &str = concat!(
+pub(crate) const EXTEND: &str = concatcp!(
     "UPDATE order_state SET \
      complete_by = CASE WHEN complete_by < $4 THEN $4 ELSE complete_by END, updated_at = $5",
-    fenced!(),
+    FENCED,
     " RETURNING complete_by"
 );
 
 /// The owner gives up: Error, with `$4` as the last error. A permanent failure is a
 /// real failure, so it counts in FailureCount like a timeout does.
-pub(crate) const FAIL: &str = concat!(
+pub(crate) const FAIL: &str = concatcp!(
     "UPDATE order_state SET process_state = 'Error', locked_by = NULL, complete_by = NULL, \
      failure_count = failure_count + 1, last_error = $4, finish_as = NULL, updated_at = $5",
-    fenced!()
+    FENCED
 );
 
 /// The owner hands the order back: Pending, due again at `$4`.
-pub(crate) const RELEASE: &str = concat!(
+pub(crate) const RELEASE: &str = concatcp!(
     "UPDATE order_state SET process_state = 'Pending', locked_by = NULL, complete_by = NULL, \
      next_attempt_at = $4, updated_at = $5",
-    fenced!()
+    FENCED
 );
 
 /// An operator's retry as a fresh run: the next generation, from the first step.
-pub(crate) const FRESH_RUN: &str = concat!(
+pub(crate) const FRESH_RUN: &str = concatcp!(
     "UPDATE order_state SET generation = generation + 1, current_step = 0 \
      WHERE order_id = $1 RETURNING ",
-    state_columns!()
+    STATE_COLUMNS
 );
 
 /// An operator's retry of an order that stopped half undone: it finishes undoing
 /// first (as after a failure), then runs afresh ([`RUN_AFRESH_AFTER_UNDO`]).
-pub(crate) const UNDO_THEN_RETRY: &str = concat!(
+pub(crate) const UNDO_THEN_RETRY: &str = concatcp!(
     "UPDATE order_state SET finish_as = 'Error', retry_after_undo = TRUE \
      WHERE order_id = $1 RETURNING ",
-    state_columns!()
+    STATE_COLUMNS
 );
 
 /// The owner finished undoing an order an operator retried: instead of Error it starts
 /// the fresh run (the next generation, from the first step), due at once (`$4` is now).
 /// Zero rows: the order was not marked so (or the fence failed).
-pub(crate) const RUN_AFRESH_AFTER_UNDO: &str = concat!(
+pub(crate) const RUN_AFRESH_AFTER_UNDO: &str = concatcp!(
     "UPDATE order_state SET process_state = 'Pending', locked_by = NULL, complete_by = NULL, \
      finish_as = NULL, retry_after_undo = FALSE, generation = generation + 1, \
      current_step = 0, next_attempt_at = $4, last_error = NULL, updated_at = $5",
-    fenced!(),
+    FENCED,
     " AND retry_after_undo RETURNING generation"
 );
 
@@ -152,7 +147,7 @@ pub(crate) const CLEAR_STEPS: &str = "DELETE FROM order_steps WHERE order_id = $
 /// to `$5`, at `$3`, marked to end as `$6` once its steps are undone (NULL: not). Sent
 /// back to Pending, it starts a new run: no failures counted and no last error (the
 /// earlier run's error stays in its history). Zero rows means it changed meanwhile.
-pub(crate) const OPERATOR_MOVE: &str = concat!(
+pub(crate) const OPERATOR_MOVE: &str = concatcp!(
     "UPDATE order_state SET process_state = $5, locked_by = NULL, complete_by = NULL, \
      finish_as = $6, retry_after_undo = FALSE, \
      failure_count = CASE WHEN $5 = 'Pending' THEN 0 ELSE failure_count END, \
@@ -160,20 +155,20 @@ pub(crate) const OPERATOR_MOVE: &str = concat!(
      last_error = CASE WHEN $5 = 'Pending' THEN NULL ELSE last_error END, \
      updated_at = $3 \
      WHERE order_id = $1 AND process_state = $2 AND lock_epoch = $4 RETURNING ",
-    state_columns!()
+    STATE_COLUMNS
 );
 
 /// The steps of one order.
-pub(crate) const SELECT_STEPS: &str = concat!(
+pub(crate) const SELECT_STEPS: &str = concatcp!(
     "SELECT ",
-    step_columns!(),
+    STEP_COLUMNS,
     " FROM order_steps WHERE order_id = $1 ORDER BY step_index"
 );
 
 /// The history of one order.
-pub(crate) const SELECT_HISTORY: &str = concat!(
+pub(crate) const SELECT_HISTORY: &str = concatcp!(
     "SELECT ",
-    history_columns!(),
+    HISTORY_COLUMNS,
     " FROM order_history WHERE order_id = $1 ORDER BY seq"
 );
 
@@ -231,9 +226,9 @@ pub(crate) const DEFAULT_PAGE: u32 = 50;
 /// next page exists. Returns the SQL, its arguments and the page size.
 /// `customer_of`: the dialect's expression of an order's customer id.
 pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Vec<Arg>, u32) {
-    let mut sql = String::from(concat!(
+    let mut sql = String::from(concatcp!(
         "SELECT ",
-        state_columns!(),
+        STATE_COLUMNS,
         " FROM order_state WHERE 1 = 1"
     ));
     let mut args = Vec::new();

@@ -495,7 +495,7 @@ type SentWithRow = (Option<String>, Option<i64>, Option<String>);
 type SendingQuery<'q> =
     sqlx::query::QueryAs<'q, Postgres, SentWithRow, <Postgres as sqlx::Database>::Arguments>;
 
-/// Binds, after a write's own parameters, those of its sends and holds ([`sends_of!`]
+/// Binds, after a write's own parameters, those of its sends and holds ([`SENDS`]
 /// in `statements.rs`): the messages' order ids, queues, ids, correlations,
 /// properties, bodies and scheduled times, the channel and `origin`, the holds' order
 /// ids, seqs and lock tokens.

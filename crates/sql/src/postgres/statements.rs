@@ -2,8 +2,10 @@
 //! statements take a whole batch as parallel arrays (`unnest`) and write its history in
 //! the same statement.
 
+use const_format::concatcp;
+
 use crate::driver::{Receive, Statements, Tidy};
-use crate::rows::{dead_letter_columns, message_columns};
+use crate::rows::{DEAD_LETTER_COLUMNS, MESSAGE_COLUMNS};
 
 /// The statements the shared code runs, in PostgreSQL.
 pub(crate) const SQL: Statements = Statements {
@@ -79,38 +81,39 @@ const VACUUM: [(&str, &str); 4] = [
     ("outbox", "VACUUM (SKIP_LOCKED) outbox"),
 ];
 
-/// The text of [`Q_RECEIVE`]: `$visible` what the lock does to `visible_at`.
-macro_rules! q_receive {
-    ($visible:literal) => {
-        concat!(
-            "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
-             candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
-                FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
-                    AND (locked_until IS NULL OR locked_until <= (SELECT now FROM clock)) \
-                ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
-             gone AS (DELETE FROM queue_messages \
-                WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE exhausted)) \
-                RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
-                    delivery_count), \
-             dead AS (INSERT INTO queue_dead_letters (",
-            dead_letter_columns!(),
-            ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
-                    delivery_count, 'MaxDeliveryCountExceeded', \
-                    'delivered ' || delivery_count || ' times without being completed', \
-                    (SELECT now FROM clock) FROM gone), \
-             taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-                locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond'",
-            $visible,
-            " WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE NOT exhausted)) \
-                RETURNING ",
-            message_columns!(),
-            ") \
-             SELECT taken.*, (SELECT now FROM clock) AS now, \
-                (SELECT count(*) FROM gone) AS dead_lettered \
-             FROM (SELECT 1) AS one LEFT JOIN taken ON true"
-        )
-    };
-}
+/// The first part of [`Q_RECEIVE`]: the clock, the candidates, those delivered too
+/// often dead-lettered, and the lock of the others, to which it adds what the lock
+/// does to `visible_at`; then [`RECEIVE_TAIL`].
+const RECEIVE_HEAD: &str = concatcp!(
+    "WITH clock AS (SELECT coalesce($2::timestamptz, now()) AS now), \
+     candidates AS MATERIALIZED (SELECT ctid AS tid, delivery_count >= $4 AS exhausted \
+        FROM queue_messages WHERE queue = $1 AND visible_at <= (SELECT now FROM clock) \
+            AND (locked_until IS NULL OR locked_until <= (SELECT now FROM clock)) \
+        ORDER BY visible_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+     gone AS (DELETE FROM queue_messages \
+        WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE exhausted)) \
+        RETURNING seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+            delivery_count), \
+     dead AS (INSERT INTO queue_dead_letters (",
+    DEAD_LETTER_COLUMNS,
+    ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, \
+            delivery_count, 'MaxDeliveryCountExceeded', \
+            'delivered ' || delivery_count || ' times without being completed', \
+            (SELECT now FROM clock) FROM gone), \
+     taken AS (UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
+        locked_until = (SELECT now FROM clock) + $6 * interval '1 millisecond'"
+);
+
+/// The rest of [`Q_RECEIVE`]: which messages the lock is on, and the result.
+const RECEIVE_TAIL: &str = concatcp!(
+    " WHERE ctid = ANY(ARRAY(SELECT tid FROM candidates WHERE NOT exhausted)) \
+        RETURNING ",
+    MESSAGE_COLUMNS,
+    ") \
+     SELECT taken.*, (SELECT now FROM clock) AS now, \
+        (SELECT count(*) FROM gone) AS dead_lettered \
+     FROM (SELECT 1) AS one LEFT JOIN taken ON true"
+);
 
 /// [`Receive::OneStatement`]: the messages a receive finds locked, and those
 /// delivered too often dead-lettered, in one statement with no look at the head of the
@@ -127,8 +130,11 @@ macro_rules! q_receive {
 /// message changed by another transaction between this statement's snapshot and its
 /// lock is locked in its new version, which this statement cannot see: it is left,
 /// unchanged, for the next take.
-pub(crate) const Q_RECEIVE: &str =
-    q_receive!(", visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond'");
+pub(crate) const Q_RECEIVE: &str = concatcp!(
+    RECEIVE_HEAD,
+    ", visible_at = (SELECT now FROM clock) + $6 * interval '1 millisecond'",
+    RECEIVE_TAIL
+);
 
 /// [`Q_RECEIVE`] for a take inside the transaction that acts on what it takes: the
 /// lock leaves `visible_at` as it was. Nothing else sees the messages while the
@@ -137,7 +143,7 @@ pub(crate) const Q_RECEIVE: &str =
 /// whose lock holds). The lock then changes no indexed column, so the server can write
 /// it in place, with no new entries in the queue's indexes for a message deleted before
 /// the transaction ends.
-pub(crate) const Q_RECEIVE_IN_TX: &str = q_receive!("");
+pub(crate) const Q_RECEIVE_IN_TX: &str = concatcp!(RECEIVE_HEAD, RECEIVE_TAIL);
 
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
@@ -157,71 +163,55 @@ pub(crate) const O_SENT: &str = "UPDATE outbox SET sent_at = $3, last_error = NU
 pub(crate) const O_FAILED: &str = "UPDATE outbox SET last_error = $3, leased_until = $4 \
     WHERE seq = ANY($1::bigint[]) AND relay = $2";
 
-/// The send statement ([`Q_SEND`]): with the duplicate detection `$fresh` (a CTE) and
-/// the filter `$only_fresh` on what it inserts, or neither; `$completed` the rows of
-/// the holds it completes ([`completion!`], or none).
-macro_rules! send_statement {
-    ($fresh:expr, $only_fresh:expr, $completed:expr) => {
-        concat!(
-            "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), ",
-            $fresh,
-            "inserted AS ( \
-                INSERT INTO queue_messages \
-                    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-                SELECT $1, m.id, m.correlation, m.properties, m.body, c.now, \
-                    greatest(coalesce(m.scheduled, c.now), c.now) \
-                FROM clock c, \
-                    unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
-                    AS m(id, correlation, properties, body, scheduled) ",
-            $only_fresh,
-            "RETURNING 1), \
-            completed AS (",
-            $completed,
-            ") \
-            SELECT s.inserted, completed.seq, completed.lock_token \
-            FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
-                FROM (SELECT count(*) AS n FROM inserted) c) s \
-            LEFT JOIN completed ON true"
-        )
-    };
-}
+// A send statement ([`Q_SEND`] and its variants) is [`SEND_CLOCK`], the duplicate
+// detection ([`DEDUP_FRESH`], or none), [`SEND_INSERT`], the filter on what it inserts
+// ([`DEDUP_ONLY_FRESH`], or none), [`SEND_COMPLETED`], the rows of the holds it
+// completes ([`COMPLETION`] or [`NO_COMPLETION`]) and [`SEND_RESULT`].
+
+/// The clock of a send: `$6`, or the server's now.
+const SEND_CLOCK: &str = "WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now), ";
+
+/// The insert of a send's messages, up to its filter.
+const SEND_INSERT: &str = "inserted AS ( \
+        INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT $1, m.id, m.correlation, m.properties, m.body, c.now, \
+            greatest(coalesce(m.scheduled, c.now), c.now) \
+        FROM clock c, \
+            unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $7::timestamptz[]) \
+            AS m(id, correlation, properties, body, scheduled) ";
+
+/// The end of the insert, and the start of the holds a send completes.
+const SEND_COMPLETED: &str = "RETURNING 1), completed AS (";
+
+/// A send's one result: how many it inserted, and the holds it completed.
+const SEND_RESULT: &str = ") \
+    SELECT s.inserted, completed.seq, completed.lock_token \
+    FROM (SELECT c.n AS inserted, (SELECT pg_notify($9, $10) WHERE c.n > 0) IS NULL AS quiet \
+        FROM (SELECT count(*) AS n FROM inserted) c) s \
+    LEFT JOIN completed ON true";
 
 /// The duplicate detection of [`Q_SEND_DEDUP`]: the ids not seen on queue `$1` within
 /// `$8` milliseconds, recorded as seen.
-macro_rules! dedup_fresh {
-    () => {
-        "fresh AS ( \
-            INSERT INTO queue_dedup (queue, message_id, expires_at) \
-            SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
-            FROM unnest($2::text[]) AS id \
-            ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
-            WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), "
-    };
-}
+const DEDUP_FRESH: &str = "fresh AS ( \
+        INSERT INTO queue_dedup (queue, message_id, expires_at) \
+        SELECT $1, id, (SELECT now FROM clock) + $8::bigint * interval '1 millisecond' \
+        FROM unnest($2::text[]) AS id \
+        ON CONFLICT (queue, message_id) DO UPDATE SET expires_at = excluded.expires_at \
+        WHERE queue_dedup.expires_at <= (SELECT now FROM clock) RETURNING message_id), ";
 
-/// What [`Q_SEND_DEDUP`] inserts: the ids [`dedup_fresh!`] found fresh.
-macro_rules! dedup_only_fresh {
-    () => {
-        "WHERE m.id IN (SELECT message_id FROM fresh) "
-    };
-}
+/// What [`Q_SEND_DEDUP`] inserts: the ids [`DEDUP_FRESH`] found fresh.
+const DEDUP_ONLY_FRESH: &str = "WHERE m.id IN (SELECT message_id FROM fresh) ";
 
 /// The completion of [`Q_SEND_COMPLETING`]: deletes the messages `$11` (seqs) still
 /// held under the lock tokens `$12`, pairwise.
-macro_rules! completion {
-    () => {
-        "DELETE FROM queue_messages q USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
-        WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
-        RETURNING q.seq, q.lock_token"
-    };
-}
+const COMPLETION: &str = "DELETE FROM queue_messages q \
+    USING unnest($11::bigint[], $12::text[]) AS h(seq, token) \
+    WHERE q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > (SELECT now FROM clock) \
+    RETURNING q.seq, q.lock_token";
 
 /// No completion: a send that completes nothing (`$11` and `$12` unused).
-macro_rules! no_completion {
-    () => {
-        "SELECT NULL::bigint AS seq, NULL::text AS lock_token WHERE false"
-    };
-}
+const NO_COMPLETION: &str = "SELECT NULL::bigint AS seq, NULL::text AS lock_token WHERE false";
 
 /// A send, in one statement that reads the clock itself (`$6`; NULL: the server's
 /// now). Inserts messages into queue `$1` (ids `$2`, correlations `$3`, properties
@@ -230,7 +220,13 @@ macro_rules! no_completion {
 /// duplicate window of `$8` milliseconds, which this one does not read); if it
 /// inserted any, notifies channel `$9` of `$10` (delivered at commit). One row, of how
 /// many it inserted (`inserted`) and NULLs.
-pub(crate) const Q_SEND: &str = send_statement!("", "", no_completion!());
+pub(crate) const Q_SEND: &str = concatcp!(
+    SEND_CLOCK,
+    SEND_INSERT,
+    SEND_COMPLETED,
+    NO_COMPLETION,
+    SEND_RESULT
+);
 
 /// [`Q_SEND`] that also deletes the messages `$11` (seqs) still held under the lock
 /// tokens `$12`, pairwise. One row per completed hold (`seq`, `lock_token`), or one of
@@ -244,7 +240,13 @@ pub(crate) const Q_SEND: &str = send_statement!("", "", no_completion!());
 /// the holds were none, looked cheaper than the one plan for any (which expects ten
 /// and joins them to the table), and the server planned the client's sends to a queue
 /// that detects duplicates again at every call.
-pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completion!());
+pub(crate) const Q_SEND_COMPLETING: &str = concatcp!(
+    SEND_CLOCK,
+    SEND_INSERT,
+    SEND_COMPLETED,
+    COMPLETION,
+    SEND_RESULT
+);
 
 /// [`Q_SEND`] to a queue that detects duplicates: only ids not seen within its window.
 /// Two statements, not one that tests `$8` for NULL: with the test in it, a plan made
@@ -252,12 +254,26 @@ pub(crate) const Q_SEND_COMPLETING: &str = send_statement!("", "", completion!()
 /// cheaper than the one plan for any, so the server planned the statement again at
 /// most executions (a third of the calls under paced load, a tenth of the server's
 /// time in the queue's statements).
-pub(crate) const Q_SEND_DEDUP: &str =
-    send_statement!(dedup_fresh!(), dedup_only_fresh!(), no_completion!());
+pub(crate) const Q_SEND_DEDUP: &str = concatcp!(
+    SEND_CLOCK,
+    DEDUP_FRESH,
+    SEND_INSERT,
+    DEDUP_ONLY_FRESH,
+    SEND_COMPLETED,
+    NO_COMPLETION,
+    SEND_RESULT
+);
 
 /// [`Q_SEND_DEDUP`] with the completion of [`Q_SEND_COMPLETING`].
-pub(crate) const Q_SEND_DEDUP_COMPLETING: &str =
-    send_statement!(dedup_fresh!(), dedup_only_fresh!(), completion!());
+pub(crate) const Q_SEND_DEDUP_COMPLETING: &str = concatcp!(
+    SEND_CLOCK,
+    DEDUP_FRESH,
+    SEND_INSERT,
+    DEDUP_ONLY_FRESH,
+    SEND_COMPLETED,
+    COMPLETION,
+    SEND_RESULT
+);
 
 /// The details of order `$1` (as text).
 pub(crate) const SELECT_DETAILS: &str = "SELECT details::text FROM orders WHERE order_id = $1";
@@ -335,12 +351,8 @@ pub(crate) const COMPLETE: &str = "WITH clock AS (SELECT coalesce($1::timestampt
     SELECT order_id FROM done";
 
 /// The CTEs of [`WRITE_STEPS`] and [`WRITE_STEPS_SENDING`] (`touched`, `written`,
-/// `records`, `history`), then `$more` (further CTEs, each starting with a comma) and
-/// `$select`, the statement's result.
-macro_rules! write_steps {
-    ($more:expr, $select:expr) => {
-        concat!(
-            "WITH b AS (SELECT $3::jsonb AS batch), \
+/// `records`, `history`), which each follows with its own.
+const WRITE_STEPS_CTES: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
     touched AS ( \
         UPDATE order_state s SET \
             current_step = greatest(s.current_step, (b.batch -> s.order_id ->> 'step')::int), \
@@ -392,13 +404,7 @@ macro_rules! write_steps {
             UNION ALL \
             SELECT order_id, NULL, owner, $4, 'Processed', epoch, NULL, NULL \
                 FROM touched WHERE completed) AS entries \
-        ORDER BY order_id, n NULLS LAST)",
-            $more,
-            " ",
-            $select
-        )
-    };
-}
+        ORDER BY order_id, n NULLS LAST)";
 
 /// The fenced, step-guarded touch of many step writes at once and, for the orders it
 /// touched, their step records and history entries: `$1` now, `$2` order ids, `$3` the
@@ -410,94 +416,95 @@ macro_rules! write_steps {
 /// from its own touched row (no join), its history entries in the order of its
 /// updates. The completion is the touch itself: one new version of the state row,
 /// not two, and no statement of its own. Returns the orders touched.
-pub(crate) const WRITE_STEPS: &str = write_steps!("", "SELECT order_id FROM touched");
+pub(crate) const WRITE_STEPS: &str = concatcp!(WRITE_STEPS_CTES, " SELECT order_id FROM touched");
 
-/// The CTEs that send what the orders of `$applied` (a relation of `order_id`s: those
+/// The CTEs that send what the orders of `applied` (a relation of `order_id`s: those
 /// a statement wrote) cause and end the deliveries that asked for them, for a
-/// statement that writes first: `sent` inserts the messages of those orders (to queues
-/// that detect no duplicates: no window is read) in the order given, each visible from
-/// the later of its scheduled time (NULL: at once) and `$now`; `notified` tells other
-/// processes, at commit, of each queue that got any; `completed` deletes those orders'
-/// holds still held under their lock token and not expired at `$now`, returning `seq`
-/// and `lock_token`. The parameters, in order: the messages' order ids, queues, ids,
-/// correlations, properties, bodies and scheduled times; the channel and the origin
-/// of the notifications ([`crate::wakeups::Wakeups::notice`]); the holds' order ids,
-/// seqs and lock tokens. A statement reads `notified` in its result, or nothing is
+/// statement that writes first and reads its clock from `$1`: `sent` inserts the
+/// messages of those orders (to queues that detect no duplicates: no window is read)
+/// in the order given, each visible from the later of its scheduled time (NULL: at
+/// once) and `$1`; `notified` tells other processes, at commit, of each queue that got
+/// any; `completed` deletes those orders' holds still held under their lock token and
+/// not expired at `$1`, returning `seq` and `lock_token`. The sends and holds are the
+/// one row of `sending`, which names the parameters of the statement it is part of
+/// ([`SENDING_WRITE_STEPS`], [`SENDING_INSERT_ORDERS`]): the messages' order ids
+/// (`orders`), `queues`, `ids`, `correlations`, `properties`, `bodies` and `scheduled`
+/// times; the `channel` and the `origin` of the notifications
+/// ([`crate::wakeups::Wakeups::notice`]); the holds' order ids (`hold_orders`),
+/// `seqs` and lock `tokens`. A statement reads `notified` in its result, or nothing is
 /// notified.
-macro_rules! sends_of {
-    ($applied:literal, $now:literal, $orders:literal, $queues:literal, $ids:literal,
-     $correlations:literal, $properties:literal, $bodies:literal, $scheduled:literal,
-     $channel:literal, $origin:literal, $hold_orders:literal, $seqs:literal,
-     $tokens:literal) => {
-        concat!(
-            ", sent AS ( \
-                INSERT INTO queue_messages \
-                    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-                SELECT m.queue, m.id, m.correlation, m.properties, m.body, ", $now, ", \
-                    greatest(coalesce(m.scheduled, ", $now, "), ", $now, ") \
-                FROM unnest(", $orders, "::text[], ", $queues, "::text[], ", $ids, "::text[], ",
-                    $correlations, "::text[], ", $properties, "::text[], ", $bodies, "::bytea[], ",
-                    $scheduled, "::timestamptz[]) WITH ORDINALITY \
-                    AS m(order_id, queue, id, correlation, properties, body, scheduled, n) \
-                WHERE m.order_id IN (SELECT order_id FROM ", $applied, ") \
-                ORDER BY m.n \
-                RETURNING queue), \
-            notified AS ( \
-                SELECT pg_notify(", $channel, ", s.queue || ' ' || ", $origin, ") \
-                FROM (SELECT DISTINCT queue FROM sent) s), \
-            completed AS ( \
-                DELETE FROM queue_messages q \
-                USING unnest(", $hold_orders, "::text[], ", $seqs, "::bigint[], ", $tokens,
-                    "::text[]) AS h(order_id, seq, token) \
-                WHERE h.order_id IN (SELECT order_id FROM ", $applied, ") \
-                    AND q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > ", $now, " \
-                RETURNING q.seq, q.lock_token)"
-        )
-    };
-}
+const SENDS: &str = ", sent AS ( \
+        INSERT INTO queue_messages \
+            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+        SELECT m.queue, m.id, m.correlation, m.properties, m.body, $1, \
+            greatest(coalesce(m.scheduled, $1), $1) \
+        FROM sending p, unnest(p.orders, p.queues, p.ids, p.correlations, p.properties, \
+                p.bodies, p.scheduled) WITH ORDINALITY \
+            AS m(order_id, queue, id, correlation, properties, body, scheduled, n) \
+        WHERE m.order_id IN (SELECT order_id FROM applied) \
+        ORDER BY m.n \
+        RETURNING queue), \
+    notified AS ( \
+        SELECT pg_notify(p.channel, s.queue || ' ' || p.origin) \
+        FROM sending p, (SELECT DISTINCT queue FROM sent) s), \
+    completed AS ( \
+        DELETE FROM queue_messages q \
+        USING sending p, unnest(p.hold_orders, p.seqs, p.tokens) AS h(order_id, seq, token) \
+        WHERE h.order_id IN (SELECT order_id FROM applied) \
+            AND q.seq = h.seq AND q.lock_token = h.token AND q.locked_until > $1 \
+        RETURNING q.seq, q.lock_token)";
+
+/// The `sending` of [`WRITE_STEPS_SENDING`]: its parameters `$5..$16` ([`SENDS`]), and
+/// the orders it touched as `applied`.
+const SENDING_WRITE_STEPS: &str = ", sending AS (SELECT $5::text[] AS orders, \
+        $6::text[] AS queues, $7::text[] AS ids, $8::text[] AS correlations, \
+        $9::text[] AS properties, $10::bytea[] AS bodies, $11::timestamptz[] AS scheduled, \
+        $12::text AS channel, $13::text AS origin, $14::text[] AS hold_orders, \
+        $15::bigint[] AS seqs, $16::text[] AS tokens), \
+    applied AS (SELECT order_id FROM touched)";
 
 /// [`WRITE_STEPS`] that also sends what the writes of the orders it touched cause and
-/// ends the deliveries that asked for them ([`sends_of!`], `$5..$16`), all in the one
+/// ends the deliveries that asked for them ([`SENDS`], `$5..$16`), all in the one
 /// statement: for a scheduler, the step write, the next requests and the reply's
 /// completion are one round trip, not one per queue and one more for the write. Only
 /// an order touched sends or consumes: a refused write leaves both to its caller.
 /// Returns one row per order touched (`order_id`) and one per hold completed (`seq`,
 /// `lock_token`).
-pub(crate) const WRITE_STEPS_SENDING: &str = write_steps!(
-    sends_of!(
-        "touched", "$1", "$5", "$6", "$7", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15",
-        "$16"
-    ),
-    "SELECT t.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
+pub(crate) const WRITE_STEPS_SENDING: &str = concatcp!(
+    WRITE_STEPS_CTES,
+    SENDING_WRITE_STEPS,
+    SENDS,
+    " SELECT t.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
         (SELECT count(*) FROM notified) AS notified \
     FROM touched t \
     UNION ALL \
     SELECT NULL, c.seq, c.lock_token, NULL FROM completed c"
 );
 
-/// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
-/// or NULL, `$2` limit.
-pub(crate) const FIND_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
+/// What a sweep reads of an overdue order ([`orderly_core::store::Expired`]), from
+/// `order_state s`: its fence and deadline, the steps in force, and the service it waits
+/// on if that is down.
+const EXPIRED_SELECT: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
         s.complete_by, s.failure_count, s.current_step, s.finish_as, \
         (SELECT string_agg(t.name, E'\\n' ORDER BY t.step_index) FROM order_steps t \
             WHERE t.order_id = s.order_id AND t.status IN ('Started', 'Succeeded')) AS in_force, \
         (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
             AND h.state IN ('Down', 'Probing')) AS waiting_for \
-    FROM order_state s \
-    WHERE s.process_state = 'Processing' AND s.complete_by < coalesce($1::timestamptz, now()) \
-    ORDER BY s.complete_by LIMIT $2";
+    FROM order_state s WHERE s.process_state = 'Processing' ";
+
+/// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
+/// or NULL, `$2` limit.
+pub(crate) const FIND_EXPIRED: &str = concatcp!(
+    EXPIRED_SELECT,
+    "AND s.complete_by < coalesce($1::timestamptz, now()) ORDER BY s.complete_by LIMIT $2"
+);
 
 /// The expired orders of a sweep, locked (others' sweeps skip them): `$1` now,
 /// `$2` limit. What happens to each is decided in Rust (`RecoveryPolicy::decide`).
-pub(crate) const LOCK_EXPIRED: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
-        s.complete_by, s.failure_count, s.current_step, s.finish_as, \
-        (SELECT string_agg(t.name, E'\\n' ORDER BY t.step_index) FROM order_steps t \
-            WHERE t.order_id = s.order_id AND t.status IN ('Started', 'Succeeded')) AS in_force, \
-        (SELECT h.service FROM service_health h WHERE h.service = s.waiting_on \
-            AND h.state IN ('Down', 'Probing')) AS waiting_for \
-    FROM order_state s \
-    WHERE s.process_state = 'Processing' AND s.complete_by < $1 \
-    ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED";
+pub(crate) const LOCK_EXPIRED: &str = concatcp!(
+    EXPIRED_SELECT,
+    "AND s.complete_by < $1 ORDER BY s.complete_by LIMIT $2 FOR UPDATE OF s SKIP LOCKED"
+);
 
 /// The decided recoveries, set-based: `$1` now, `$2` actor, `$3` order ids, `$4` the
 /// batch ([`batch_of`]): per order id `epoch`, `failures` (the new count), `state`,
@@ -525,11 +532,8 @@ pub(crate) const RECOVER: &str = "WITH b AS (SELECT $4::jsonb AS batch), \
     SELECT order_id FROM recovered";
 
 /// The CTEs of [`INSERT_ORDERS`] and [`INSERT_ORDERS_SENDING`] (`u`, `o`, `s`, `h`),
-/// then `$more` (further CTEs, each starting with a comma) and `$select`.
-macro_rules! insert_orders {
-    ($more:expr, $select:expr) => {
-        concat!(
-            "WITH u AS ( \
+/// which each follows with its own.
+const INSERT_ORDERS_CTES: &str = "WITH u AS ( \
         SELECT DISTINCT ON (id) id, details, reply_to, workflow, n \
         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
             AS x(id, details, reply_to, workflow, n) \
@@ -542,35 +546,36 @@ macro_rules! insert_orders {
         SELECT u.id, 'Pending', $1, u.reply_to, u.workflow, $1, $1 \
         FROM u JOIN o ON o.order_id = u.id), \
     h AS (INSERT INTO order_history (order_id, at, actor, kind, from_state, to_state, epoch) \
-        SELECT u.id, $1, $6, $7, NULL, 'Pending', 0 FROM u JOIN o ON o.order_id = u.id ORDER BY u.n)",
-            $more,
-            " ",
-            $select
-        )
-    };
-}
+        SELECT u.id, $1, $6, $7, NULL, 'Pending', 0 FROM u JOIN o ON o.order_id = u.id ORDER BY u.n)";
+
+/// The `sending` of [`INSERT_ORDERS_SENDING`]: its parameters `$8..$19` ([`SENDS`]),
+/// and the orders it inserted as `applied`.
+const SENDING_INSERT_ORDERS: &str = ", sending AS (SELECT $8::text[] AS orders, \
+        $9::text[] AS queues, $10::text[] AS ids, $11::text[] AS correlations, \
+        $12::text[] AS properties, $13::bytea[] AS bodies, $14::timestamptz[] AS scheduled, \
+        $15::text AS channel, $16::text AS origin, $17::text[] AS hold_orders, \
+        $18::bigint[] AS seqs, $19::text[] AS tokens), \
+    applied AS (SELECT order_id FROM o)";
 
 /// Many new orders at `$1`: `$2` ids, `$3` details, `$4` reply queues, `$5` workflows,
 /// in batch order; each new id gets its details, its Pending state row (from its first
 /// row in the batch) and a Submitted history entry by `$6` (`$7` the kind). Returns
 /// the ids inserted.
-pub(crate) const INSERT_ORDERS: &str = insert_orders!("", "SELECT order_id FROM o");
+pub(crate) const INSERT_ORDERS: &str = concatcp!(INSERT_ORDERS_CTES, " SELECT order_id FROM o");
 
 /// [`INSERT_ORDERS`] that also sends what the orders it inserted cause and ends the
-/// deliveries that carried them ([`sends_of!`], `$8..$19`), and, if it inserted any,
+/// deliveries that carried them ([`SENDS`], `$8..$19`), and, if it inserted any,
 /// tells other processes at commit that orders can be claimed (channel `$15`, `$20`
 /// and the origin `$16`): a submitter's batch is one statement, not three. Returns one
 /// row per order inserted (`order_id`) and one per hold completed (`seq`,
 /// `lock_token`).
-pub(crate) const INSERT_ORDERS_SENDING: &str = insert_orders!(
-    concat!(
-        sends_of!(
-            "o", "$1", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15", "$16", "$17", "$18",
-            "$19"
-        ),
-        ", claimable AS (SELECT pg_notify($15, $20 || ' ' || $16) WHERE EXISTS (SELECT 1 FROM o))"
-    ),
-    "SELECT o.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
+pub(crate) const INSERT_ORDERS_SENDING: &str = concatcp!(
+    INSERT_ORDERS_CTES,
+    SENDING_INSERT_ORDERS,
+    SENDS,
+    ", claimable AS (SELECT pg_notify(p.channel, $20 || ' ' || p.origin) FROM sending p \
+        WHERE EXISTS (SELECT 1 FROM o)) \
+    SELECT o.order_id, NULL::bigint AS seq, NULL::text AS lock_token, \
         (SELECT count(*) FROM notified) + (SELECT count(*) FROM claimable) AS notified \
     FROM o \
     UNION ALL \

@@ -20,10 +20,11 @@ mod send;
 mod tests;
 mod transport;
 
+use const_format::concatcp;
 use orderly_core::transport::{OutgoingMessage, QueueName, ReceivedMessage, TransportError};
 
 use crate::driver::{Driver, MessageRow, q};
-use crate::rows::{Cols, dead_letter_columns};
+use crate::rows::{Cols, DEAD_LETTER_COLUMNS};
 use crate::store::SqlStore;
 use crate::time::Ts;
 use crate::wakeups::Settings;
@@ -50,39 +51,35 @@ pub(crate) const Q_DEDUP_SWEEP: &str = "DELETE FROM queue_dedup WHERE (queue, me
     (SELECT queue, message_id FROM queue_dedup WHERE expires_at <= $1 ORDER BY expires_at LIMIT 100)";
 
 /// Settling checks the delivery's hold: `$1` seq, `$2` lock token, still locked at `$3`.
-macro_rules! held {
-    () => {
-        " WHERE seq = $1 AND lock_token = $2 AND locked_until > $3"
-    };
-}
+const HELD: &str = " WHERE seq = $1 AND lock_token = $2 AND locked_until > $3";
 
-pub(crate) const Q_COMPLETE: &str = concat!("DELETE FROM queue_messages", held!());
+pub(crate) const Q_COMPLETE: &str = concatcp!("DELETE FROM queue_messages", HELD);
 
-pub(crate) const Q_ABANDON: &str = concat!(
+pub(crate) const Q_ABANDON: &str = concatcp!(
     "UPDATE queue_messages SET lock_token = NULL, locked_until = NULL, visible_at = $3",
-    held!()
+    HELD
 );
 
-pub(crate) const Q_RENEW: &str = concat!(
+pub(crate) const Q_RENEW: &str = concatcp!(
     "UPDATE queue_messages SET locked_until = $4, visible_at = $4",
-    held!(),
+    HELD,
     " RETURNING locked_until"
 );
 
 /// Copies a held message to the dead letters with reason `$4`, description `$5`.
-pub(crate) const Q_DEAD_LETTER: &str = concat!(
+pub(crate) const Q_DEAD_LETTER: &str = concatcp!(
     "INSERT INTO queue_dead_letters (",
-    dead_letter_columns!(),
+    DEAD_LETTER_COLUMNS,
     ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
      $4, $5, $3 FROM queue_messages",
-    held!()
+    HELD
 );
 
 pub(crate) const Q_DELETE: &str = "DELETE FROM queue_messages WHERE seq = $1";
 
-pub(crate) const Q_DEAD_LETTERS: &str = concat!(
+pub(crate) const Q_DEAD_LETTERS: &str = concatcp!(
     "SELECT ",
-    dead_letter_columns!(),
+    DEAD_LETTER_COLUMNS,
     " FROM queue_dead_letters WHERE queue = $1 ORDER BY dead_lettered_at, seq LIMIT $2"
 );
 

@@ -33,9 +33,15 @@ pub(crate) trait Field {
     fn put(&self, out: &mut Vec<u8>);
 }
 
-/// A row of fields.
-pub(crate) trait Row {
-    fn put_row(&self, out: &mut Vec<u8>);
+/// The row of a batch being written: its fields in order ([`RowWriter::field`]).
+pub(crate) struct RowWriter<'o>(&'o mut Vec<u8>);
+
+impl RowWriter<'_> {
+    /// Appends `value` as the row's next field.
+    pub fn field(&mut self, value: impl Field) -> &mut Self {
+        value.put(self.0);
+        self
+    }
 }
 
 /// The header of an element of type `kind` whose payload is `size` bytes.
@@ -67,15 +73,15 @@ fn array(out: &mut Vec<u8>, elements: impl FnOnce(&mut Vec<u8>)) {
     out[at + 1..at + 5].copy_from_slice(&size.to_be_bytes());
 }
 
-/// A batch: an array with the row `row` makes of each item.
-pub(crate) fn rows<T, R: Row>(
+/// A batch: an array with a row per item, whose fields `row` writes.
+pub(crate) fn rows<T>(
     items: impl IntoIterator<Item = T>,
-    mut row: impl FnMut(T) -> R,
+    mut row: impl FnMut(T, &mut RowWriter<'_>),
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024);
     array(&mut out, |out| {
         for item in items {
-            row(item).put_row(out);
+            array(out, |out| row(item, &mut RowWriter(out)));
         }
     });
     out
@@ -121,23 +127,28 @@ impl Field for bool {
     }
 }
 
-macro_rules! integer_field {
-    ($($t:ty),*) => {$(
-        impl Field for $t {
-            fn put(&self, out: &mut Vec<u8>) {
-                // At most 20 characters: "-9223372036854775808".
-                let mut digits = [0u8; 20];
-                let mut cursor = std::io::Cursor::new(&mut digits[..]);
-                write!(cursor, "{self}").expect("an integer fits in 20 characters");
-                let len = cursor.position() as usize;
-                header(out, INT, len);
-                out.extend_from_slice(&digits[..len]);
-            }
-        }
-    )*};
+/// An integer as its decimal digits.
+fn put_integer(value: i64, out: &mut Vec<u8>) {
+    // At most 20 characters: "-9223372036854775808".
+    let mut digits = [0u8; 20];
+    let mut cursor = std::io::Cursor::new(&mut digits[..]);
+    write!(cursor, "{value}").expect("an integer fits in 20 characters");
+    let len = cursor.position() as usize;
+    header(out, INT, len);
+    out.extend_from_slice(&digits[..len]);
 }
 
-integer_field!(i32, i64);
+impl Field for i32 {
+    fn put(&self, out: &mut Vec<u8>) {
+        put_integer(i64::from(*self), out);
+    }
+}
+
+impl Field for i64 {
+    fn put(&self, out: &mut Vec<u8>) {
+        put_integer(*self, out);
+    }
+}
 
 /// Bytes as lowercase hex text, for `unhex()` in the statement.
 pub(crate) struct Hex<'a>(pub &'a [u8]);
@@ -154,28 +165,6 @@ impl Field for Hex<'_> {
         }
     }
 }
-
-macro_rules! tuple_row {
-    ($($name:ident),+) => {
-        impl<$($name: Field),+> Row for ($($name,)+) {
-            #[allow(non_snake_case)]
-            fn put_row(&self, out: &mut Vec<u8>) {
-                let ($($name,)+) = self;
-                array(out, |out| {
-                    $($name.put(out);)+
-                });
-            }
-        }
-    };
-}
-
-tuple_row!(A, B);
-tuple_row!(A, B, C);
-tuple_row!(A, B, C, D);
-tuple_row!(A, B, C, D, E);
-tuple_row!(A, B, C, D, E, F);
-tuple_row!(A, B, C, D, E, F, G);
-tuple_row!(A, B, C, D, E, F, G, H);
 
 #[cfg(test)]
 mod tests {
@@ -215,7 +204,9 @@ mod tests {
                 (text, Some(1i64), None::<&str>, true),
                 ("", None, Some(text), false),
             ];
-            let blob = rows(&batch, |r| *r);
+            let blob = rows(&batch, |r, row| {
+                row.field(r.0).field(r.1).field(r.2).field(r.3);
+            });
             let expected = serde_json::to_string(&batch).unwrap();
             let read = as_text(&mut conn, blob).await.unwrap();
             let read: serde_json::Value = serde_json::from_str(&read).unwrap();
@@ -233,14 +224,21 @@ mod tests {
             i64::MIN,
             i64::from(i32::MIN),
         ] {
-            let blob = rows([n], |n| (n, n as i32));
+            let blob = rows([n], |n, row| {
+                row.field(n).field(n as i32);
+            });
             let read = as_text(&mut conn, blob).await.unwrap();
             assert_eq!(read, format!("[[{n},{}]]", n as i32));
         }
         assert_eq!(
-            as_text(&mut conn, rows(Vec::<(i64, i64)>::new(), |r| r))
-                .await
-                .unwrap(),
+            as_text(
+                &mut conn,
+                rows(Vec::<i64>::new(), |n, row| {
+                    row.field(n);
+                })
+            )
+            .await
+            .unwrap(),
             "[]"
         );
     }
@@ -272,7 +270,9 @@ mod tests {
             "SELECT value ->> 0 AS a, value ->> 1 AS b, value ->> 2 AS c, value ->> 3 AS d \
              FROM jsonb_each($1) ORDER BY key",
         )
-        .bind(rows(&written, |r| *r))
+        .bind(rows(&written, |r, row| {
+            row.field(r.0).field(r.1).field(r.2).field(r.3);
+        }))
         .fetch_all(&mut conn)
         .await
         .unwrap();
@@ -294,7 +294,9 @@ mod tests {
         for len in (0..=20).chain([127, 128, 255, 256, 511, 512]) {
             let body = &bytes[..len];
             let expected: String = body.iter().map(|b| format!("{b:02x}")).collect();
-            let blob = rows([body], |b| (Hex(b), 0i64));
+            let blob = rows([body], |b, row| {
+                row.field(Hex(b)).field(0i64);
+            });
             let row = sqlx::query(
                 "SELECT value ->> 0 AS hex, unhex(value ->> 0) AS body FROM jsonb_each($1)",
             )

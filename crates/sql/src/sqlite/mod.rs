@@ -393,16 +393,14 @@ impl SqliteDriver {
         now: DateTime<Utc>,
         touches: &[Touch<'_>],
     ) -> Result<HashSet<String>> {
-        let batch = jsonb::rows(touches, |t| {
-            (
-                t.fence.order_id.as_str(),
-                t.fence.owner.as_str(),
-                t.fence.epoch.0,
-                t.expect,
-                t.new_step,
-                t.failed,
-                t.error.as_deref(),
-            )
+        let batch = jsonb::rows(touches, |t, row| {
+            row.field(t.fence.order_id.as_str())
+                .field(t.fence.owner.as_str())
+                .field(t.fence.epoch.0)
+                .field(t.expect)
+                .field(t.new_step)
+                .field(t.failed)
+                .field(t.error.as_deref());
         });
         order_ids(&run_batch(conn, sql::TOUCH_STEPS, now, batch).await?)
     }
@@ -413,29 +411,25 @@ impl SqliteDriver {
         now: DateTime<Utc>,
         rows: &[StepRow<'_>],
     ) -> Result<()> {
-        let steps = jsonb::rows(rows, |r| {
-            (
-                r.fence.order_id.as_str(),
-                r.index,
-                r.name,
-                r.status,
-                r.idempotency_key,
-                r.detail.as_deref(),
-                r.fence.epoch.0,
-                r.irreversible,
-            )
+        let steps = jsonb::rows(rows, |r, row| {
+            row.field(r.fence.order_id.as_str())
+                .field(r.index)
+                .field(r.name)
+                .field(r.status)
+                .field(r.idempotency_key)
+                .field(r.detail.as_deref())
+                .field(r.fence.epoch.0)
+                .field(r.irreversible);
         });
-        let history = jsonb::rows(rows, |r| {
-            (
-                r.fence.order_id.as_str(),
-                r.fence.owner.as_str(),
-                r.kind,
-                "Processing",
-                "Processing",
-                r.fence.epoch.0,
-                r.index,
-                r.detail.as_deref(),
-            )
+        let history = jsonb::rows(rows, |r, row| {
+            row.field(r.fence.order_id.as_str())
+                .field(r.fence.owner.as_str())
+                .field(r.kind)
+                .field("Processing")
+                .field("Processing")
+                .field(r.fence.epoch.0)
+                .field(r.index)
+                .field(r.detail.as_deref());
         });
         run_with_history(conn, sql::STEP_ROWS, now, steps, history).await
     }
@@ -448,18 +442,16 @@ fn message_batch<'r, 'm: 'r>(
 ) -> Vec<u8> {
     // Most messages are visible at once: their time is the batch's, written once.
     let now_text = now.to_text();
-    jsonb::rows(rows, |r| {
+    jsonb::rows(rows, |r, row| {
         let visible_at = match r.scheduled_at {
             Some(at) if at > now => Cow::Owned(at.to_text()),
             _ => Cow::Borrowed(now_text.as_str()),
         };
-        (
-            r.message_id,
-            r.correlation_id,
-            r.properties.as_str(),
-            Hex(r.body),
-            visible_at,
-        )
+        row.field(r.message_id)
+            .field(r.correlation_id)
+            .field(r.properties.as_str())
+            .field(Hex(r.body))
+            .field(visible_at);
     })
 }
 
@@ -583,8 +575,10 @@ impl Driver for SqliteDriver {
         fences: &[&Fence],
     ) -> Result<HashSet<String>> {
         let json = |fences: &mut dyn Iterator<Item = &&Fence>| {
-            jsonb::rows(fences, |f| {
-                (f.order_id.as_str(), f.owner.as_str(), f.epoch.0)
+            jsonb::rows(fences, |f, row| {
+                row.field(f.order_id.as_str())
+                    .field(f.owner.as_str())
+                    .field(f.epoch.0);
             })
         };
         let done = order_ids(
@@ -664,7 +658,9 @@ impl Driver for SqliteDriver {
         actor: &str,
         orders: &[NewOrderRow<'_>],
     ) -> Result<HashSet<String>> {
-        let batch = jsonb::rows(orders, |o| (o.order_id, o.details.as_str()));
+        let batch = jsonb::rows(orders, |o, row| {
+            row.field(o.order_id).field(o.details.as_str());
+        });
         let inserted = order_ids(&run_batch(conn, sql::INSERT_ORDERS, now, batch).await?)?;
         if inserted.is_empty() {
             return Ok(inserted);
@@ -675,18 +671,18 @@ impl Driver for SqliteDriver {
             .iter()
             .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
             .collect();
-        let states = jsonb::rows(&new, |o| (o.order_id, o.reply_to, o.workflow));
-        let history = jsonb::rows(&new, |o| {
-            (
-                o.order_id,
-                actor,
-                HistoryKind::Submitted.as_str(),
-                None::<&str>,
-                "Pending",
-                0,
-                None::<i32>,
-                None::<&str>,
-            )
+        let states = jsonb::rows(&new, |o, row| {
+            row.field(o.order_id).field(o.reply_to).field(o.workflow);
+        });
+        let history = jsonb::rows(&new, |o, row| {
+            row.field(o.order_id)
+                .field(actor)
+                .field(HistoryKind::Submitted.as_str())
+                .field(None::<&str>)
+                .field("Pending")
+                .field(0)
+                .field(None::<i32>)
+                .field(None::<&str>);
         });
         run_with_history(conn, sql::INSERT_STATES_AND_HISTORIES, now, states, history).await?;
         Ok(inserted)

@@ -20,27 +20,20 @@
 //! on every call. The cast is the same number to the statement and no constant to
 //! the planner, so the prepared statement is kept.
 
-use crate::driver::{LookThenTake, Receive, Statements};
-use crate::rows::{dead_letter_columns, message_columns};
+use const_format::concatcp;
 
-/// Many messages on a queue, enqueued at a time: the parameters given hold the queue,
-/// the time and a JSON array of
-/// `[message_id, correlation_id, properties, body as hex, visible_at]`, in order.
-macro_rules! q_insert_many {
-    ($queue:literal, $now:literal, $batch:literal) => {
-        concat!(
-            "INSERT INTO queue_messages \
-            (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
-            SELECT ",
-            $queue,
-            ", value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), ",
-            $now,
-            ", value ->> 4 FROM jsonb_each(",
-            $batch,
-            ") ORDER BY key"
-        )
-    };
-}
+use crate::driver::{LookThenTake, Receive, Statements};
+use crate::rows::{DEAD_LETTER_COLUMNS, MESSAGE_COLUMNS};
+
+/// Many messages on a queue, enqueued at a time, read from the one row of `m(queue,
+/// now, batch)`, a CTE that names the parameters of the statement it is part of:
+/// `batch` is a JSON array of `[message_id, correlation_id, properties, body as hex,
+/// visible_at]`, inserted in order.
+const INSERT_MESSAGES: &str = "INSERT INTO queue_messages \
+    (queue, message_id, correlation_id, properties, body, enqueued_at, visible_at) \
+    SELECT m.queue, value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), m.now, \
+        value ->> 4 \
+    FROM m, jsonb_each(m.batch) ORDER BY key";
 
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
@@ -76,86 +69,75 @@ pub(crate) const SQL: Statements = Statements {
 };
 
 /// No lock holds the message at `$2`.
-macro_rules! unlocked {
-    () => {
-        "(locked_until IS NULL OR locked_until <= $2)"
-    };
-}
+const UNLOCKED: &str = "(locked_until IS NULL OR locked_until <= $2)";
 
 /// The first visible message of queue `$1` at `$2`.
-pub(crate) const Q_ANY_READY: &str = concat!(
+pub(crate) const Q_ANY_READY: &str = concatcp!(
     "SELECT seq, delivery_count FROM queue_messages WHERE queue = $1 AND visible_at <= $2 AND ",
-    unlocked!(),
+    UNLOCKED,
     " ORDER BY visible_at, seq LIMIT 1"
 );
 
-/// The text of [`Q_TAKE`]: `$visible` what the lock does to `visible_at`.
-macro_rules! q_take {
-    ($visible:literal) => {
-        concat!(
-            "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $5, \
-             locked_until = $6",
-            $visible,
-            " WHERE seq IN (SELECT seq FROM queue_messages \
-                WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 AND ",
-            unlocked!(),
-            " ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)) RETURNING ",
-            message_columns!()
-        )
-    };
-}
+/// The lock of [`Q_TAKE`], to which it adds what the lock does to `visible_at`.
+const TAKE_LOCK: &str = "UPDATE queue_messages SET delivery_count = delivery_count + 1, \
+    lock_token = $5, locked_until = $6";
+
+/// The messages [`Q_TAKE`] locks, and what it returns of them.
+const TAKE_WHICH: &str = concatcp!(
+    " WHERE seq IN (SELECT seq FROM queue_messages \
+        WHERE queue = $1 AND visible_at <= $2 AND delivery_count < $4 AND ",
+    UNLOCKED,
+    " ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)) RETURNING ",
+    MESSAGE_COLUMNS
+);
 
 /// Locks up to `$3` visible messages of queue `$1` at `$2` delivered fewer than `$4`
 /// times, under token `$5` until `$6`, moving them out of the receivers' way until then.
-pub(crate) const Q_TAKE: &str = q_take!(", visible_at = $6");
+pub(crate) const Q_TAKE: &str = concatcp!(TAKE_LOCK, ", visible_at = $6", TAKE_WHICH);
 
 /// [`Q_TAKE`] in the transaction that acts on what it takes: `visible_at` stays (the
 /// lock's `locked_until` hides a message left held), so the queue's index of ready
 /// messages is not written for a message deleted before the transaction ends.
-pub(crate) const Q_TAKE_IN_TX: &str = q_take!("");
+pub(crate) const Q_TAKE_IN_TX: &str = concatcp!(TAKE_LOCK, TAKE_WHICH);
 
 /// Up to `$3` visible messages of queue `$1` at `$2`.
-pub(crate) const Q_CANDIDATES: &str = concat!(
+pub(crate) const Q_CANDIDATES: &str = concatcp!(
     "SELECT seq, delivery_count FROM queue_messages WHERE queue = $1 AND visible_at <= $2 AND ",
-    unlocked!(),
+    UNLOCKED,
     " ORDER BY visible_at, seq LIMIT CAST($3 AS INTEGER)"
 );
 
 /// `$1` JSON array of seqs, `$2` lock token, `$3` locked until.
-pub(crate) const Q_LOCK: &str = concat!(
+pub(crate) const Q_LOCK: &str = concatcp!(
     "UPDATE queue_messages SET delivery_count = delivery_count + 1, lock_token = $2, \
      locked_until = $3, visible_at = $3 WHERE seq IN (SELECT value FROM json_each($1)) RETURNING ",
-    message_columns!()
+    MESSAGE_COLUMNS
 );
 
 /// `$1` JSON array of seqs dead-lettered at `$2`: delivered too often.
-pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concat!(
+pub(crate) const Q_DEAD_LETTER_EXHAUSTED: &str = concatcp!(
     "INSERT INTO queue_dead_letters (",
-    dead_letter_columns!(),
+    DEAD_LETTER_COLUMNS,
     ") SELECT seq, queue, message_id, correlation_id, properties, body, enqueued_at, delivery_count, \
      'MaxDeliveryCountExceeded', 'delivered ' || delivery_count || ' times without being completed', $2 \
      FROM queue_messages WHERE seq IN (SELECT value FROM json_each($1))"
 );
 
-/// The text of [`Q_COMPLETE_MANY`].
-macro_rules! q_complete_many {
-    () => {
-        "DELETE FROM queue_messages \
-        WHERE (seq, lock_token) IN (SELECT s.value, $2 ->> s.key FROM json_each($1) s) \
-        AND locked_until > $3 RETURNING seq, lock_token"
-    };
-}
-
 /// `$1` JSON array of seqs and `$2` of their lock tokens, pairwise; `$3` now. Each
 /// seq's token is read by its index in `$2` (one pass over the batch; a join of the two
 /// arrays would cost the batch's size squared).
-pub(crate) const Q_COMPLETE_MANY: &str = q_complete_many!();
+pub(crate) const Q_COMPLETE_MANY: &str = "DELETE FROM queue_messages \
+    WHERE (seq, lock_token) IN (SELECT s.value, $2 ->> s.key FROM json_each($1) s) \
+    AND locked_until > $3 RETURNING seq, lock_token";
 
 /// [`Q_COMPLETE_MANY`] (`$1`, `$2`, `$3` now), then [`Q_INSERT_MANY`] on queue `$4`
 /// of the rows `$5`, enqueued at `$3`: one round trip where a send ends the holds of
 /// what it answers (an agent's reply, a scheduler's next request).
-pub(crate) const Q_COMPLETE_AND_INSERT: &str =
-    concat!(q_complete_many!(), "; ", q_insert_many!("$4", "$3", "$5"));
+pub(crate) const Q_COMPLETE_AND_INSERT: &str = concatcp!(
+    Q_COMPLETE_MANY,
+    "; WITH m(queue, now, batch) AS (SELECT $4, $3, $5) ",
+    INSERT_MESSAGES
+);
 
 /// `$1` relay, `$2` lease end, `$3` now, `$4` limit.
 pub(crate) const O_LEASE: &str = "UPDATE outbox SET relay = $1, leased_until = $2, attempts = attempts + 1 \
@@ -183,11 +165,8 @@ pub(crate) const Q_DELETE_MANY: &str =
 pub(crate) const SELECT_DETAILS: &str = "SELECT details FROM orders WHERE order_id = $1";
 
 /// The details of the orders `$1` (JSON array): `order_id, details`.
-macro_rules! details_of {
-    () => {
-        "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))"
-    };
-}
+const DETAILS_OF: &str =
+    "SELECT order_id, details FROM orders WHERE order_id IN (SELECT value FROM json_each($1))";
 
 /// `$1` owner, `$2` deadline, `$3` now, `$4` limit, `$5` the default workflow's
 /// name, `$6` JSON object of the workflows it starts (name to version), `$7` JSON
@@ -209,12 +188,12 @@ pub(crate) const CLAIM: &str = "UPDATE order_state SET process_state = 'Processi
 /// History for a claimed batch and the claimed orders' details, in one round trip:
 /// `$1` JSON array of order ids, `$2` now, `$3` owner, `$4` the kind. Returns
 /// `order_id, details` (the history insert returns nothing).
-pub(crate) const CLAIMED_HISTORY_AND_DETAILS: &str = concat!(
+pub(crate) const CLAIMED_HISTORY_AND_DETAILS: &str = concatcp!(
     "INSERT INTO order_history \
     (order_id, at, actor, kind, from_state, to_state, epoch) \
     SELECT order_id, $2, $3, $4, 'Pending', 'Processing', lock_epoch FROM order_state \
     WHERE order_id IN (SELECT value FROM json_each($1)); ",
-    details_of!()
+    DETAILS_OF
 );
 
 /// `$1` JSON array of `[order_id, owner, epoch]` fences, `$2` now. The `+` keeps
@@ -275,27 +254,19 @@ pub(crate) const TOUCH_STEPS: &str = "UPDATE order_state SET \
     AND (w.expect < 0 OR order_state.current_step = w.expect) \
     RETURNING order_state.order_id";
 
-/// Many history entries at `$1`: the parameter given holds a JSON array of
+/// Many history entries at `$1`: `$3` a JSON array of
 /// `[order_id, actor, kind, from_state, to_state, epoch, step, reason]`, in order.
-macro_rules! insert_histories {
-    ($batch:literal) => {
-        concat!(
-            "INSERT INTO order_history \
-            (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
-            SELECT value ->> 0, $1, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-                value ->> 5, value ->> 6, value ->> 7 \
-            FROM jsonb_each(",
-            $batch,
-            ") ORDER BY key"
-        )
-    };
-}
+const INSERT_HISTORIES: &str = "INSERT INTO order_history \
+    (order_id, at, actor, kind, from_state, to_state, epoch, step, reason) \
+    SELECT value ->> 0, $1, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+        value ->> 5, value ->> 6, value ->> 7 \
+    FROM jsonb_each($3) ORDER BY key";
 
 /// Many step records and their history entries at `$1`, in one round trip: `$2` JSON
 /// array of `[order_id, index, name, status, idempotency_key, detail, epoch,
 /// irreversible]`, applied
-/// in order; `$3` the history entries as `insert_histories!` takes them.
-pub(crate) const STEP_ROWS: &str = concat!(
+/// in order; `$3` the history entries as [`INSERT_HISTORIES`] takes them.
+pub(crate) const STEP_ROWS: &str = concatcp!(
     "INSERT INTO order_steps \
     (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at, \
      irreversible) \
@@ -308,7 +279,7 @@ pub(crate) const STEP_ROWS: &str = concat!(
     attempts = order_steps.attempts + excluded.attempts, detail = excluded.detail, \
     epoch = excluded.epoch, updated_at = excluded.updated_at, \
     irreversible = excluded.irreversible; ",
-    insert_histories!("$3")
+    INSERT_HISTORIES
 );
 
 /// Many new orders at `$1`: `$2` JSON array of `[order_id, details]`; returns the
@@ -319,12 +290,12 @@ pub(crate) const INSERT_ORDERS: &str = "INSERT INTO orders (order_id, details, c
 
 /// The Pending state rows of new orders at `$1` and their history entries, in one
 /// round trip: `$2` JSON array of `[order_id, reply_to, workflow]`, `$3` the history
-/// entries as `insert_histories!` takes them.
-pub(crate) const INSERT_STATES_AND_HISTORIES: &str = concat!(
+/// entries as [`INSERT_HISTORIES`] takes them.
+pub(crate) const INSERT_STATES_AND_HISTORIES: &str = concatcp!(
     "INSERT INTO order_state \
     (order_id, process_state, next_attempt_at, reply_to, workflow, created_at, updated_at) \
     SELECT value ->> 0, 'Pending', $1, value ->> 1, value ->> 2, $1, $1 FROM jsonb_each($2); ",
-    insert_histories!("$3")
+    INSERT_HISTORIES
 );
 
 /// Records many message ids of queue `$1` as seen until `$2`, unless seen and not
@@ -336,7 +307,10 @@ pub(crate) const Q_DEDUP_MANY: &str = "INSERT INTO queue_dedup (queue, message_i
 
 /// Many messages on queue `$1` enqueued at `$2`: `$3` JSON array of
 /// `[message_id, correlation_id, properties, body as hex, visible_at]`, in order.
-pub(crate) const Q_INSERT_MANY: &str = q_insert_many!("$1", "$2", "$3");
+pub(crate) const Q_INSERT_MANY: &str = concatcp!(
+    "WITH m(queue, now, batch) AS (SELECT $1, $2, $3) ",
+    INSERT_MESSAGES
+);
 
 #[cfg(test)]
 mod tests {
@@ -371,8 +345,7 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         let as_text: Vec<&str> = code
-            .split("pub(crate) const ")
-            .flat_map(|c| c.split("macro_rules! "))
+            .split("const ")
             .filter(|c| c.contains("value ->>") && c.contains("json_each("))
             .map(|c| c.lines().next().unwrap_or_default())
             .collect();
