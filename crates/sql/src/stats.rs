@@ -3,23 +3,16 @@
 //! orders claimed at once, messages received or settled at once, ...).
 //!
 //! Counting costs one atomic add per transaction and one short lock per batch, never
-//! per order.
+//! per order. It is a benchmark's business, so it is built only with the `counters`
+//! feature (the local runner's bench turns it on); without it [`Stats`] counts nothing,
+//! its calls compile to nothing, and every snapshot is empty.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The counters of one store handle.
-#[derive(Debug, Default)]
-pub struct Stats {
-    writes: AtomicU64,
-    transactions: AtomicU64,
-    held_micros: AtomicU64,
-    begin_micros: AtomicU64,
-    commit_micros: AtomicU64,
-    control: AtomicU64,
-    batches: Mutex<BTreeMap<String, Batches>>,
-}
+#[cfg(any(test, feature = "counters"))]
+pub use counting::Stats;
+#[cfg(not(any(test, feature = "counters")))]
+pub use silent::Stats;
 
 /// The batches one stage handed to the store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,83 +95,149 @@ impl StatsSnapshot {
     }
 }
 
-impl Stats {
-    /// One write begun.
-    pub(crate) fn write(&self) {
-        self.writes.fetch_add(1, Ordering::Relaxed);
+#[cfg(any(test, feature = "counters"))]
+mod counting {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::{Batches, StatsSnapshot};
+
+    /// The counters of one store handle.
+    #[derive(Debug, Default)]
+    pub struct Stats {
+        writes: AtomicU64,
+        transactions: AtomicU64,
+        held_micros: AtomicU64,
+        begin_micros: AtomicU64,
+        commit_micros: AtomicU64,
+        control: AtomicU64,
+        batches: Mutex<BTreeMap<String, Batches>>,
     }
 
-    /// One database transaction begun for writes.
-    pub(crate) fn transaction(&self) {
-        self.transactions.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// One write in a database transaction of its own.
-    pub(crate) fn write_alone(&self) {
-        self.write();
-        self.transaction();
-    }
-
-    /// The write lock was held for `d`.
-    pub(crate) fn held(&self, d: std::time::Duration) {
-        self.held_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// Beginning a write transaction took `d` (its turn held).
-    pub(crate) fn begun(&self, d: std::time::Duration) {
-        self.begin_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// A commit took `d`.
-    pub(crate) fn committed(&self, d: std::time::Duration) {
-        self.commit_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// One round trip of transaction control (begin, savepoint, commit, rollback).
-    pub(crate) fn control(&self) {
-        self.control.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// `stage` handed over `items` at once (an empty batch is counted as `empty`, not
-    /// as a batch).
-    pub(crate) fn batch(&self, stage: &str, items: usize) {
-        let items = items as u64;
-        let mut batches = self
-            .batches
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let b = match batches.get_mut(stage) {
-            Some(b) => b,
-            None => batches.entry(stage.to_owned()).or_default(),
-        };
-        if items == 0 {
-            b.empty += 1;
-            return;
+    impl Stats {
+        /// One write begun.
+        pub(crate) fn write(&self) {
+            self.writes.fetch_add(1, Ordering::Relaxed);
         }
-        b.calls += 1;
-        b.items += items;
-        b.max = b.max.max(items);
-    }
 
-    /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            writes: self.writes.load(Ordering::Relaxed),
-            transactions: self.transactions.load(Ordering::Relaxed),
-            write_held: std::time::Duration::from_micros(self.held_micros.load(Ordering::Relaxed)),
-            beginning: std::time::Duration::from_micros(self.begin_micros.load(Ordering::Relaxed)),
-            committing: std::time::Duration::from_micros(
-                self.commit_micros.load(Ordering::Relaxed),
-            ),
-            control_round_trips: self.control.load(Ordering::Relaxed),
-            batches: self
+        /// One database transaction begun for writes.
+        pub(crate) fn transaction(&self) {
+            self.transactions.fetch_add(1, Ordering::Relaxed);
+        }
+
+        /// One write in a database transaction of its own.
+        pub(crate) fn write_alone(&self) {
+            self.write();
+            self.transaction();
+        }
+
+        /// The write lock was held for `d`.
+        pub(crate) fn held(&self, d: std::time::Duration) {
+            self.held_micros
+                .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        }
+
+        /// Beginning a write transaction took `d` (its turn held).
+        pub(crate) fn begun(&self, d: std::time::Duration) {
+            self.begin_micros
+                .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        }
+
+        /// A commit took `d`.
+        pub(crate) fn committed(&self, d: std::time::Duration) {
+            self.commit_micros
+                .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        }
+
+        /// One round trip of transaction control (begin, savepoint, commit, rollback).
+        pub(crate) fn control(&self) {
+            self.control.fetch_add(1, Ordering::Relaxed);
+        }
+
+        /// `stage` handed over `items` at once (an empty batch is counted as `empty`, not
+        /// as a batch).
+        pub(crate) fn batch(&self, stage: &str, items: usize) {
+            let items = items as u64;
+            let mut batches = self
                 .batches
                 .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone(),
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let b = match batches.get_mut(stage) {
+                Some(b) => b,
+                None => batches.entry(stage.to_owned()).or_default(),
+            };
+            if items == 0 {
+                b.empty += 1;
+                return;
+            }
+            b.calls += 1;
+            b.items += items;
+            b.max = b.max.max(items);
+        }
+
+        /// The counters now.
+        pub fn snapshot(&self) -> StatsSnapshot {
+            StatsSnapshot {
+                writes: self.writes.load(Ordering::Relaxed),
+                transactions: self.transactions.load(Ordering::Relaxed),
+                write_held: std::time::Duration::from_micros(
+                    self.held_micros.load(Ordering::Relaxed),
+                ),
+                beginning: std::time::Duration::from_micros(
+                    self.begin_micros.load(Ordering::Relaxed),
+                ),
+                committing: std::time::Duration::from_micros(
+                    self.commit_micros.load(Ordering::Relaxed),
+                ),
+                control_round_trips: self.control.load(Ordering::Relaxed),
+                batches: self
+                    .batches
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone(),
+            }
+        }
+    }
+}
+
+/// [`Stats`] without the `counters` feature: the same calls, counting nothing.
+#[cfg(not(any(test, feature = "counters")))]
+mod silent {
+    use super::StatsSnapshot;
+
+    /// The counters of one store handle, not built: nothing is counted.
+    #[derive(Debug, Default)]
+    pub struct Stats;
+
+    impl Stats {
+        #[inline]
+        pub(crate) fn write(&self) {}
+
+        #[inline]
+        pub(crate) fn transaction(&self) {}
+
+        #[inline]
+        pub(crate) fn write_alone(&self) {}
+
+        #[inline]
+        pub(crate) fn held(&self, _: std::time::Duration) {}
+
+        #[inline]
+        pub(crate) fn begun(&self, _: std::time::Duration) {}
+
+        #[inline]
+        pub(crate) fn committed(&self, _: std::time::Duration) {}
+
+        #[inline]
+        pub(crate) fn control(&self) {}
+
+        #[inline]
+        pub(crate) fn batch(&self, _: &str, _: usize) {}
+
+        /// Nothing counted: an empty snapshot.
+        pub fn snapshot(&self) -> StatsSnapshot {
+            StatsSnapshot::default()
         }
     }
 }

@@ -1,0 +1,138 @@
+//! What the PostgreSQL server wrote, for benchmarks (the `counters` feature): read on a
+//! connection of its own, before and after a run.
+
+use orderly_core::Result;
+use sqlx::PgConnection;
+
+use crate::error::db;
+
+use super::options;
+
+/// What the server has done in the current database so far, as its cumulative
+/// statistics count it: transactions committed (every client's, reads included), the
+/// write-ahead log written and rows written by table. The server publishes each
+/// backend's counts when it goes idle, at most once a second and at the latest after
+/// ten; read them after that long to see all of a run. The log's position
+/// ([`ServerCounters::wal_position`]) is exact at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// `pg_stat_database.xact_commit` of the current database.
+    pub commits: i64,
+    /// Bytes of write-ahead log written so far (`pg_current_wal_lsn()`), the whole
+    /// server's: every database on it.
+    pub wal_position: i64,
+    /// Write-ahead log records and full-page images (`pg_stat_wal`), the whole
+    /// server's; `None` where the view cannot be read.
+    pub wal_records: Option<(i64, i64)>,
+    /// Rows written, table by table (`pg_stat_user_tables` of the current database).
+    pub tables: Vec<TableWrites>,
+}
+
+/// Rows one table had written: inserted, updated (of which in place, without new index
+/// entries: PostgreSQL's heap-only updates) and deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableWrites {
+    /// The table, schema-qualified.
+    pub table: String,
+    /// Rows inserted.
+    pub inserted: i64,
+    /// Rows updated.
+    pub updated: i64,
+    /// Updates made in place (heap-only: no index changed).
+    pub in_place: i64,
+    /// Rows deleted.
+    pub deleted: i64,
+}
+
+impl TableWrites {
+    /// Rows written in all.
+    pub fn total(&self) -> i64 {
+        self.inserted + self.updated + self.deleted
+    }
+}
+
+impl ServerCounters {
+    /// What was done between `before` and these counters: the tables with any row
+    /// written, most written first.
+    #[must_use]
+    pub fn since(&self, before: &Self) -> Self {
+        let mut tables: Vec<TableWrites> = self
+            .tables
+            .iter()
+            .map(|t| {
+                let then = before.tables.iter().find(|b| b.table == t.table);
+                let was = |f: fn(&TableWrites) -> i64| then.map_or(0, f);
+                TableWrites {
+                    table: t.table.clone(),
+                    inserted: t.inserted - was(|b| b.inserted),
+                    updated: t.updated - was(|b| b.updated),
+                    in_place: t.in_place - was(|b| b.in_place),
+                    deleted: t.deleted - was(|b| b.deleted),
+                }
+            })
+            .filter(|t| t.total() > 0)
+            .collect();
+        tables.sort_by(|a, b| {
+            b.total()
+                .cmp(&a.total())
+                .then_with(|| a.table.cmp(&b.table))
+        });
+        Self {
+            commits: self.commits - before.commits,
+            wal_position: self.wal_position - before.wal_position,
+            wal_records: self
+                .wal_records
+                .zip(before.wal_records)
+                .map(|((r, f), (r0, f0))| (r - r0, f - f0)),
+            tables,
+        }
+    }
+}
+
+/// Reads [`ServerCounters`] of the database at `url`, on a connection of its own.
+pub async fn server_counters(url: &str) -> Result<ServerCounters> {
+    use sqlx::{Connection, Row};
+    let options = options(url)?;
+    let mut conn = PgConnection::connect_with(&options).await.map_err(db)?;
+    let row = sqlx::query(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) \
+            AS commits, \
+            pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_position",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .map_err(db)?;
+    let commits: i64 = row.try_get("commits").map_err(db)?;
+    let wal_position: i64 = row.try_get("wal_position").map_err(db)?;
+    // A view a server may not have or let this role read: the rest stands without it.
+    let wal_records =
+        sqlx::query_as::<_, (i64, i64)>("SELECT wal_records, wal_fpi FROM pg_stat_wal")
+            .fetch_one(&mut conn)
+            .await
+            .ok();
+    let tables = sqlx::query_as::<_, (String, i64, i64, i64, i64)>(
+        "SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del \
+         FROM pg_stat_user_tables",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .map_err(db)?
+    .into_iter()
+    .map(
+        |(table, inserted, updated, in_place, deleted)| TableWrites {
+            table,
+            inserted,
+            updated,
+            in_place,
+            deleted,
+        },
+    )
+    .collect();
+    let _ = conn.close().await;
+    Ok(ServerCounters {
+        commits,
+        wal_position,
+        wal_records,
+        tables,
+    })
+}
