@@ -51,8 +51,8 @@ struct Args {
     /// breaker of a service.
     #[arg(long, env = "ORDERLY_BREAKER_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     breaker_failures: u32,
-    /// How long an open breaker keeps this agent off its service before one try, in ms.
-    #[arg(long, env = "ORDERLY_BREAKER_OPEN_MS", default_value = "2000", value_parser = orderly_runtime::millis)]
+    /// How long an open breaker keeps this agent off its service before one try.
+    #[arg(long = "breaker-open", env = "ORDERLY_BREAKER_OPEN", default_value = "2s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     breaker_open_ms: Duration,
     /// `on`: a service whose breaker opens is reported down to the whole fleet, so
     /// schedulers stop sending it work and the orders that need it wait (not counted
@@ -62,12 +62,12 @@ struct Args {
     /// Queues (services) left out of backpressure: their breakers stay this agent's own.
     #[arg(long, env = "ORDERLY_BACKPRESSURE_OFF", value_delimiter = ',')]
     backpressure_off: Vec<String>,
-    /// After a service goes down, the wait before the first probe, in ms (doubles
+    /// After a service goes down, the wait before the first probe (doubles
     /// after each failed probe).
-    #[arg(long, env = "ORDERLY_PROBE_AFTER_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    #[arg(long = "probe-after", env = "ORDERLY_PROBE_AFTER", default_value = "5s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     probe_after_ms: Duration,
-    /// The longest wait between probes, in ms.
-    #[arg(long, env = "ORDERLY_PROBE_MAX_MS", default_value = "60000", value_parser = orderly_runtime::millis)]
+    /// The longest wait between probes.
+    #[arg(long = "probe-max", env = "ORDERLY_PROBE_MAX", default_value = "1m", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     probe_max_ms: Duration,
     /// Once a service is back, how many of the orders waiting for it resume per second.
     #[arg(long, env = "ORDERLY_RESUME_PER_SECOND", default_value_t = 200)]
@@ -150,8 +150,8 @@ async fn run() -> anyhow::Result<()> {
     };
     fleet.policy.validate().map_err(|e| {
         let setting = match e.field.as_str() {
-            "probe_after" => "--probe-after-ms / ORDERLY_PROBE_AFTER_MS",
-            "probe_max" => "--probe-max-ms / ORDERLY_PROBE_MAX_MS",
+            "probe_after" => "--probe-after / ORDERLY_PROBE_AFTER",
+            "probe_max" => "--probe-max / ORDERLY_PROBE_MAX",
             _ => "--resume-per-second / ORDERLY_RESUME_PER_SECOND",
         };
         anyhow::anyhow!("invalid {setting}: {}", e.reason)

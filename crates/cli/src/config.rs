@@ -33,13 +33,19 @@ pub(crate) fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
             .env_remove("ORDERLY_CONFIG")
             .output()
             .with_context(|| format!("cannot run {}", bin.display()))?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Old forms of settings, still read: shown whether or not the rest is valid.
+        for warning in err.lines().filter(|l| l.starts_with("warning: ")) {
+            outln!("orderly-{role}: {warning}");
+        }
         if out.status.success() {
             out!("{}", String::from_utf8_lossy(&out.stdout));
         } else {
-            let err = String::from_utf8_lossy(&out.stderr);
             let first = err
                 .lines()
-                .find(|l| !l.trim().is_empty() && !l.contains(" INFO "))
+                .find(|l| {
+                    !l.trim().is_empty() && !l.contains(" INFO ") && !l.starts_with("warning: ")
+                })
                 .unwrap_or("failed");
             outln!("orderly-{role}: {}", first.trim_start_matches("Error: "));
             failed.push(role);

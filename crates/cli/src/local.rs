@@ -42,7 +42,7 @@ fn scratch_sqlite(what: &str) -> String {
 pub(crate) async fn run_demo(
     orders: usize,
     faults: Faults,
-    timeout_secs: u64,
+    timeout: std::time::Duration,
     store: Option<String>,
 ) -> anyhow::Result<()> {
     let url = store.unwrap_or_else(|| scratch_sqlite("demo"));
@@ -64,18 +64,16 @@ pub(crate) async fn run_demo(
     let system = System::start(backend, cfg).await?;
     let batch = sample_batch(orders);
     let sent_at = demo::submit(&system, &batch).await?;
-    let finished = demo::wait_done(
-        &system,
-        orders,
-        std::time::Duration::from_secs(timeout_secs),
-    )
-    .await?;
+    let finished = demo::wait_done(&system, orders, timeout).await?;
     let mut report = invariants::report(&system, &sent_at, &workflows, true).await?;
     system.stop(std::time::Duration::from_secs(5)).await;
     if !finished {
         report.violations.insert(
             0,
-            format!("not every order finished within {timeout_secs} s"),
+            format!(
+                "not every order finished within {}",
+                orderly_core::duration::format(timeout)
+            ),
         );
     }
     report.print();

@@ -113,7 +113,7 @@ enum Command {
     /// removed. The leading supervisor does this by itself (--retain-finished).
     Prune {
         /// Keep what finished (or was sent or dead-lettered) within this span: 7d, 36h, ...
-        #[arg(long, default_value = "7d", value_parser = orderly_runtime::span)]
+        #[arg(long, default_value = "7d", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::span)]
         older_than: std::time::Duration,
         /// Only count what would go.
         #[arg(long)]
@@ -374,9 +374,9 @@ enum Command {
         /// failures) or off.
         #[arg(long, default_value = "on")]
         faults: Faults,
-        /// Give up waiting after this many seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout_secs: u64,
+        /// Give up waiting after this long.
+        #[arg(long = "timeout", default_value = "5m", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
+        timeout: std::time::Duration,
         /// State store; by default a new SQLite file in the temporary directory.
         #[arg(long = "store")]
         store: Option<String>,
@@ -472,7 +472,15 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let cli = Cli::try_parse().unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
+    let (args, warnings) = orderly_runtime::settings::legacy_args(
+        &<Cli as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+    );
+    for w in &warnings {
+        orderly_runtime::settings::warn("orderly", w);
+    }
+    let cli = Cli::try_parse_from(args)
+        .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
     let filter = |default: &str| {
         tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
             .unwrap_or_else(|_| default.into())
@@ -530,9 +538,9 @@ async fn run() -> anyhow::Result<()> {
         Command::Demo {
             orders,
             faults,
-            timeout_secs,
+            timeout,
             store,
-        } => return local::run_demo(*orders, *faults, *timeout_secs, store.clone()).await,
+        } => return local::run_demo(*orders, *faults, *timeout, store.clone()).await,
         Command::Bench {
             orders,
             store,

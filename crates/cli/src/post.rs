@@ -34,9 +34,9 @@ pub struct PostArgs {
     /// exit non-zero unless all completed.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up after this many seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_secs: u64,
+    /// With --wait: give up after this long.
+    #[arg(long = "timeout", default_value = "60s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
+    pub timeout: Duration,
     /// Where messages travel: `sql` (the queue in the state store's database,
     /// --database-url) or `servicebus`.
     #[arg(long, env = "ORDERLY_TRANSPORT", value_enum, default_value = "sql")]
@@ -110,7 +110,7 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
     if !args.wait {
         return Ok(());
     }
-    follow(&client, &ids, Duration::from_secs(args.timeout_secs)).await
+    follow(&client, &ids, args.timeout).await
 }
 
 /// Prints each notice as it arrives until every order in `ids` has ended.

@@ -470,9 +470,9 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
         assert!(!out.status.success(), "started with {args:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let err = run(&["--renew-deadline-ms", "30000"]);
+    let err = run(&["--renew-deadline", "30s"]);
     assert!(
-        err.contains("--renew-deadline-ms / ORDERLY_LEASE_RENEW_DEADLINE_MS")
+        err.contains("--renew-deadline / ORDERLY_LEASE_RENEW_DEADLINE")
             && err.contains("before its lease can expire"),
         "{err}"
     );
@@ -481,27 +481,62 @@ fn invalid_election_settings_stop_the_supervisor_naming_the_setting_and_hiding_s
         err.contains("ORDERLY_ALERT_WEBHOOK_URL") && !err.contains("s3cr3t"),
         "{err}"
     );
+    // The old form of the flag, a bare number of milliseconds, is read with a warning.
     let err = run(&["--leader-stop-grace-ms", "15000"]);
-    assert!(err.contains("ORDERLY_LEADER_STOP_GRACE_MS"), "{err}");
+    assert!(
+        err.contains("--leader-stop-grace-ms is the old form of --leader-stop-grace")
+            && err.contains("--leader-stop-grace / ORDERLY_LEADER_STOP_GRACE"),
+        "{err}"
+    );
     let err = run(&[
         "--elector",
         "blob",
-        "--lease-ms",
-        "10000",
-        "--renew-deadline-ms",
-        "5000",
-        "--renew-interval-ms",
-        "1000",
-        "--renew-retry-ms",
-        "500",
+        "--lease",
+        "10s",
+        "--renew-deadline",
+        "5s",
+        "--renew-interval",
+        "1s",
+        "--renew-retry",
+        "500ms",
     ]);
     assert!(
-        err.contains("ORDERLY_LEASE_MS") && err.contains("15 to 60"),
+        err.contains("--lease / ORDERLY_LEASE") && err.contains("15 to 60"),
         "a 10 s lease is fine for the SQL lease, not for a blob: {err}"
     );
     assert!(
         !err.contains("applied migration"),
         "refused before touching the store: {err}"
+    );
+    // The old variable too, unless the new one is set, which wins.
+    let with_env = |env: &[(&str, &str)]| {
+        let out = Command::new(role("orderly-supervisor"))
+            .envs(env.iter().copied())
+            .env("ORDERLY_DATABASE_URL", &url)
+            .arg("--check-config")
+            .output()
+            .expect("run the binary");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = with_env(&[("ORDERLY_LEASE_RENEW_DEADLINE_MS", "30000")]);
+    assert!(
+        !ok && err.contains(
+            "ORDERLY_LEASE_RENEW_DEADLINE_MS is the old name of ORDERLY_LEASE_RENEW_DEADLINE"
+        ) && err.contains("before its lease can expire"),
+        "{err}"
+    );
+    let (ok, err) = with_env(&[
+        ("ORDERLY_LEASE_RENEW_DEADLINE_MS", "30000"),
+        ("ORDERLY_LEASE_RENEW_DEADLINE", "20s"),
+    ]);
+    assert!(ok && !err.contains("old name"), "{err}");
+    let (ok, err) = with_env(&[("ORDERLY_LEASE_RENEW_DEADLINE", "20000")]);
+    assert!(
+        !ok && err.contains("--renew-deadline") && err.contains("needs a unit"),
+        "a bare number under the new name is refused: {err}"
     );
     let blob = [
         "--elector",
@@ -689,7 +724,7 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
         "database_url = \"sqlite://orderly-never-opened.db\"\nlog_json = true\n\
          [scheduler]\nmax_in_flight = 50\n\
          [agent]\nqueues = [\"agent.inventory\", \"agent.payment\"]\nremote_url = \"http://sim:8080/actions\"\n\
-         [supervisor]\nelector = \"blob\"\nlease_ms = 15000\nrenew_deadline_ms = 10000\n\
+         [supervisor]\nelector = \"blob\"\nlease = \"15s\"\nrenew_deadline = \"10s\"\n\
          lease_storage_connection_string = \"AccountName=acct;AccountKey=c2VjcmV0LWtleQ==\"\n",
     );
     let out = orderly(&["config", "check", good.to_str().unwrap()], &[]);
@@ -722,7 +757,13 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
         text.contains("unknown setting `remote_uri` in [agent]"),
         "{text}"
     );
-    assert!(text.contains("ORDERLY_LEASE_RENEW_DEADLINE_MS"), "{text}");
+    // The old key, a bare number of milliseconds, is read with a warning.
+    assert!(
+        text.contains("renew-deadline-ms in ")
+            && text.contains("is the old form of renew-deadline")
+            && text.contains("--renew-deadline / ORDERLY_LEASE_RENEW_DEADLINE"),
+        "{text}"
+    );
     // The environment wins over the file, and a flag over the environment.
     let sup = role("orderly-supervisor");
     let run = |args: &[&str], env: &[(&str, &str)]| {
@@ -831,10 +872,10 @@ fn the_agents_backpressure_settings_are_taken_or_refused_naming_the_setting() {
         (vec![], vec![("ORDERLY_BACKPRESSURE", "off")]),
         (
             vec![
-                "--probe-after-ms",
-                "1000",
-                "--probe-max-ms",
-                "5000",
+                "--probe-after",
+                "1s",
+                "--probe-max",
+                "5s",
                 "--resume-per-second",
                 "50",
             ],
@@ -850,10 +891,11 @@ fn the_agents_backpressure_settings_are_taken_or_refused_naming_the_setting() {
             vec!["--backpressure-off", "no spaces"],
             "--backpressure-off",
         ),
-        (vec!["--probe-after-ms", "0"], "--probe-after-ms"),
+        (vec!["--probe-after", "0"], "--probe-after"),
+        (vec!["--probe-after", "5"], "--probe-after"),
         (
-            vec!["--probe-after-ms", "9000", "--probe-max-ms", "1000"],
-            "--probe-max-ms",
+            vec!["--probe-after", "9s", "--probe-max", "1s"],
+            "--probe-max",
         ),
         (vec!["--resume-per-second", "0"], "--resume-per-second"),
         (vec!["--breaker-failures", "0"], "--breaker-failures"),
@@ -914,7 +956,7 @@ fn prune_counts_first_asks_and_removes_only_finished_orders() {
     let out = db.orderly(&["prune", "--older-than", "1w"]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("the unit is d, h, m or s"),
+        String::from_utf8_lossy(&out.stderr).contains("the unit is ms, s, m, h or d"),
         "{out:?}"
     );
 }

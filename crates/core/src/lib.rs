@@ -8,6 +8,7 @@
 pub mod activity;
 pub mod clock;
 pub mod conditions;
+pub mod duration;
 pub mod error;
 pub mod history;
 pub mod id;

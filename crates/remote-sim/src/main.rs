@@ -13,8 +13,8 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "ORDERLY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Latency of every answer, in ms.
-    #[arg(long, env = "ORDERLY_SIM_LATENCY_MS", default_value = "0", value_parser = orderly_runtime::millis)]
+    /// Latency of every answer.
+    #[arg(long = "latency", env = "ORDERLY_SIM_LATENCY", default_value = "0", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     latency_ms: Duration,
     /// Share of calls failing transiently (503/429).
     #[arg(long, env = "ORDERLY_SIM_TRANSIENT_RATE", default_value_t = 0.0)]
@@ -25,8 +25,8 @@ struct Args {
     /// Share of calls that hang.
     #[arg(long, env = "ORDERLY_SIM_HANG_RATE", default_value_t = 0.0)]
     hang_rate: f64,
-    /// How long a hanging call hangs, in ms.
-    #[arg(long, env = "ORDERLY_SIM_HANG_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    /// How long a hanging call hangs.
+    #[arg(long = "hang", env = "ORDERLY_SIM_HANG", default_value = "30s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     hang_ms: Duration,
     /// Actions that always fail permanently (comma-separated).
     #[arg(long, env = "ORDERLY_SIM_PERMANENT_ACTIONS", value_delimiter = ',')]
@@ -38,9 +38,9 @@ struct Args {
     /// is lost after the effect (comma-separated).
     #[arg(long, env = "ORDERLY_SIM_LOSE_REPLY_ACTIONS", value_delimiter = ',')]
     lose_reply_actions: Vec<String>,
-    /// Forget an idempotency key this many ms after applying it (a repeat then applies
+    /// Forget an idempotency key this long after applying it (a repeat then applies
     /// again); kept for good if unset.
-    #[arg(long, env = "ORDERLY_SIM_FORGET_KEYS_AFTER_MS", value_parser = orderly_runtime::millis)]
+    #[arg(long = "forget-keys-after", env = "ORDERLY_SIM_FORGET_KEYS_AFTER", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     forget_keys_after_ms: Option<Duration>,
     /// A planned outage, ACTION@START+DURATION (e.g. `charge-payment@30s+30s`): from
     /// START after it begins serving, the action answers 503 for DURATION. Repeatable,

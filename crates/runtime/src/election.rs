@@ -39,32 +39,32 @@ pub struct ElectionArgs {
     /// Which lease elects the leader supervisor.
     #[arg(long, env = "ORDERLY_ELECTOR", value_enum, default_value = "sql")]
     pub elector: ElectorKind,
-    /// How long a lease lasts from its acquire or renewal, in ms (blob: 15000-60000, whole seconds).
-    #[arg(long, env = "ORDERLY_LEASE_MS", default_value = "30000", value_parser = crate::millis)]
+    /// How long a lease lasts from its acquire or renewal (blob: 15s to 60s, whole seconds).
+    #[arg(long = "lease", env = "ORDERLY_LEASE", default_value = "30s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub lease_ms: Duration,
-    /// Time between renewals, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_INTERVAL_MS", default_value = "5000", value_parser = crate::millis)]
+    /// Time between renewals.
+    #[arg(long = "renew-interval", env = "ORDERLY_LEASE_RENEW_INTERVAL", default_value = "5s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub renew_interval_ms: Duration,
-    /// Time before the next renewal after a failed one, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_RETRY_MS", default_value = "2000", value_parser = crate::millis)]
+    /// Time before the next renewal after a failed one.
+    #[arg(long = "renew-retry", env = "ORDERLY_LEASE_RENEW_RETRY", default_value = "2s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub renew_retry_ms: Duration,
-    /// Leader work stops this long after the send time of the last successful renewal, in ms; shorter than the lease.
-    #[arg(long, env = "ORDERLY_LEASE_RENEW_DEADLINE_MS", default_value = "20000", value_parser = crate::millis)]
+    /// Leader work stops this long after the send time of the last successful renewal; shorter than the lease.
+    #[arg(long = "renew-deadline", env = "ORDERLY_LEASE_RENEW_DEADLINE", default_value = "20s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub renew_deadline_ms: Duration,
-    /// Followers try to acquire this often, in ms (plus jitter).
-    #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_RETRY_MS", default_value = "2000", value_parser = crate::millis)]
+    /// Followers try to acquire this often (plus jitter).
+    #[arg(long = "acquire-retry", env = "ORDERLY_LEASE_ACQUIRE_RETRY", default_value = "2s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub acquire_retry_ms: Duration,
     /// Up to this fraction of the acquire retry is added at random.
     #[arg(long, env = "ORDERLY_LEASE_ACQUIRE_JITTER", default_value_t = 0.2)]
     pub acquire_jitter: f64,
-    /// Each lease call is abandoned after this long, in ms.
-    #[arg(long, env = "ORDERLY_LEASE_CALL_TIMEOUT_MS", default_value = "3000", value_parser = crate::millis)]
+    /// Each lease call is abandoned after this long.
+    #[arg(long = "lease-call-timeout", env = "ORDERLY_LEASE_CALL_TIMEOUT", default_value = "3s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub lease_call_timeout_ms: Duration,
-    /// A leader task still running this long after its cancellation ends the process, in ms.
-    #[arg(long, env = "ORDERLY_LEADER_STOP_GRACE_MS", default_value = "3000", value_parser = crate::millis)]
+    /// A leader task still running this long after its cancellation ends the process.
+    #[arg(long = "leader-stop-grace", env = "ORDERLY_LEADER_STOP_GRACE", default_value = "3s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub leader_stop_grace_ms: Duration,
-    /// A leader task whose heartbeat is older than this is wedged and loses the lease, in ms.
-    #[arg(long, env = "ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS", default_value = "15000", value_parser = crate::millis)]
+    /// A leader task whose heartbeat is older than this is wedged and loses the lease.
+    #[arg(long = "leader-heartbeat-timeout", env = "ORDERLY_LEADER_HEARTBEAT_TIMEOUT", default_value = "15s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub leader_heartbeat_timeout_ms: Duration,
     /// Blob lease: a storage connection string (AccountName/AccountKey, UseDevelopmentStorage=true, or BlobEndpoint + SharedAccessSignature).
     #[arg(
@@ -105,17 +105,15 @@ pub struct ElectionArgs {
 /// The flag and variable of each timing field, for error messages.
 fn setting_name(field: &str) -> &'static str {
     match field {
-        "lease" => "--lease-ms / ORDERLY_LEASE_MS",
-        "renew_interval" => "--renew-interval-ms / ORDERLY_LEASE_RENEW_INTERVAL_MS",
-        "renew_retry" => "--renew-retry-ms / ORDERLY_LEASE_RENEW_RETRY_MS",
-        "renew_deadline" => "--renew-deadline-ms / ORDERLY_LEASE_RENEW_DEADLINE_MS",
-        "retry" => "--acquire-retry-ms / ORDERLY_LEASE_ACQUIRE_RETRY_MS",
+        "lease" => "--lease / ORDERLY_LEASE",
+        "renew_interval" => "--renew-interval / ORDERLY_LEASE_RENEW_INTERVAL",
+        "renew_retry" => "--renew-retry / ORDERLY_LEASE_RENEW_RETRY",
+        "renew_deadline" => "--renew-deadline / ORDERLY_LEASE_RENEW_DEADLINE",
+        "retry" => "--acquire-retry / ORDERLY_LEASE_ACQUIRE_RETRY",
         "retry_jitter" => "--acquire-jitter / ORDERLY_LEASE_ACQUIRE_JITTER",
-        "call_timeout" => "--lease-call-timeout-ms / ORDERLY_LEASE_CALL_TIMEOUT_MS",
-        "stop_grace" => "--leader-stop-grace-ms / ORDERLY_LEADER_STOP_GRACE_MS",
-        "heartbeat_timeout" => {
-            "--leader-heartbeat-timeout-ms / ORDERLY_LEADER_HEARTBEAT_TIMEOUT_MS"
-        }
+        "call_timeout" => "--lease-call-timeout / ORDERLY_LEASE_CALL_TIMEOUT",
+        "stop_grace" => "--leader-stop-grace / ORDERLY_LEADER_STOP_GRACE",
+        "heartbeat_timeout" => "--leader-heartbeat-timeout / ORDERLY_LEADER_HEARTBEAT_TIMEOUT",
         _ => "the election settings",
     }
 }

@@ -70,18 +70,30 @@ impl Limits {
                         )
                     }),
             };
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let duration =
+            |name: &str, default: Duration, most: Duration| match orderly_core::duration::from_env(
+                &get, name,
+            )
+            .map_err(anyhow::Error::msg)?
+            {
+                None => Ok(default),
+                Some(d) if (Duration::from_millis(100)..=most).contains(&d) => Ok(d),
+                Some(_) => Err(anyhow::anyhow!(
+                    "invalid {name}: must be from 100ms to {}",
+                    orderly_core::duration::format(most)
+                )),
+            };
         Ok(Self {
-            header_timeout: Duration::from_millis(number(
-                "ORDERLY_HTTP_HEADER_TIMEOUT_MS",
-                ms(d.header_timeout),
-                100..=600_000,
-            )?),
-            request_timeout: Duration::from_millis(number(
-                "ORDERLY_HTTP_REQUEST_TIMEOUT_MS",
-                ms(d.request_timeout),
-                100..=3_600_000,
-            )?),
+            header_timeout: duration(
+                "ORDERLY_HTTP_HEADER_TIMEOUT",
+                d.header_timeout,
+                Duration::from_secs(600),
+            )?,
+            request_timeout: duration(
+                "ORDERLY_HTTP_REQUEST_TIMEOUT",
+                d.request_timeout,
+                Duration::from_secs(3_600),
+            )?,
             max_connections: usize::try_from(number(
                 "ORDERLY_HTTP_MAX_CONNECTIONS",
                 d.max_connections as u64,
@@ -215,10 +227,22 @@ mod tests {
                 "{bad}: {e}"
             );
         }
-        let e = Limits::from_lookup(|name: &str| {
-            (name == "ORDERLY_HTTP_HEADER_TIMEOUT_MS").then(|| "5".to_owned())
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("ORDERLY_HTTP_HEADER_TIMEOUT_MS"));
+        for bad in ["5ms", "5", "11m"] {
+            let e = Limits::from_lookup(|name: &str| {
+                (name == "ORDERLY_HTTP_HEADER_TIMEOUT").then(|| bad.to_owned())
+            })
+            .unwrap_err();
+            assert!(
+                e.to_string().contains("ORDERLY_HTTP_HEADER_TIMEOUT"),
+                "{bad}: {e}"
+            );
+        }
+        let old =
+            |name: &str| (name == "ORDERLY_HTTP_REQUEST_TIMEOUT_MS").then(|| "2500".to_owned());
+        assert_eq!(
+            Limits::from_lookup(old).unwrap().request_timeout,
+            Duration::from_millis(2500),
+            "the old name, in milliseconds, is still read"
+        );
     }
 }

@@ -82,9 +82,9 @@ pub struct Common {
     pub otel_filter: String,
 
     /// At start-up, how long to keep trying to reach the state store and Service Bus
-    /// (with back-off, each failure logged) before giving up, in ms: a role started
+    /// (with back-off, each failure logged) before giving up: a role started
     /// beside its broker or database waits for them instead of exiting.
-    #[arg(long, env = "ORDERLY_STARTUP_WAIT_MS", default_value = "60000", value_parser = millis)]
+    #[arg(long = "startup-wait", env = "ORDERLY_STARTUP_WAIT", default_value = "60s", value_name = settings::DURATION, value_parser = duration)]
     pub startup_wait_ms: std::time::Duration,
 
     /// Check the settings (flags, environment, config file) and exit without starting.
@@ -371,34 +371,20 @@ pub fn load_workflows(paths: &[std::path::PathBuf]) -> anyhow::Result<Workflows>
     Workflows::new(workflows).context("invalid workflows (setting --workflow / ORDERLY_WORKFLOW)")
 }
 
-/// Parses a duration given in milliseconds (for flags).
-pub fn millis(raw: &str) -> Result<Duration, String> {
-    raw.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|e| format!("expected milliseconds: {e}"))
+/// Parses a span of time for a setting or flag, in the one syntax every one takes
+/// ([`orderly_core::duration`]): `250ms`, `30s`, `5m`, `7d`, or `0`.
+pub fn duration(raw: &str) -> Result<Duration, String> {
+    orderly_core::duration::parse(raw)
 }
 
-/// Parses a span of time for retention flags: a whole number with a unit, `d` (days),
-/// `h`, `m` or `s` (e.g. `7d`, `36h`), between 1 s and 100 years.
+/// Parses a span of time for retention and alerts ([`duration`]), between 1 s and 100
+/// years.
 pub fn span(raw: &str) -> Result<Duration, String> {
-    let raw = raw.trim();
-    let split = raw
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{raw:?} needs a unit: d, h, m or s (e.g. 7d)"))?;
-    let (number, unit) = raw.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{raw:?} is not a whole number with a unit (e.g. 7d)"))?;
-    let seconds = match unit {
-        "d" => n.checked_mul(86_400),
-        "h" => n.checked_mul(3_600),
-        "m" => n.checked_mul(60),
-        "s" => Some(n),
-        _ => return Err(format!("{raw:?}: the unit is d, h, m or s (e.g. 7d)")),
-    };
-    match seconds {
-        Some(s) if (1..=100 * 365 * 86_400).contains(&s) => Ok(Duration::from_secs(s)),
-        _ => Err(format!("{raw:?} must be between 1s and 100 years")),
+    let d = duration(raw)?;
+    if (Duration::from_secs(1)..=Duration::from_secs(100 * 365 * 86_400)).contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!("{:?} must be between 1s and 100 years", raw.trim()))
     }
 }
 
@@ -424,7 +410,18 @@ mod tests {
         assert_eq!(span("36h"), Ok(Duration::from_secs(36 * 3_600)));
         assert_eq!(span("90m"), Ok(Duration::from_secs(5_400)));
         assert_eq!(span(" 45s "), Ok(Duration::from_secs(45)));
-        for bad in ["7", "d", "7w", "-1d", "0s", "1.5d", "999999999999d"] {
+        assert_eq!(span("1500ms"), Ok(Duration::from_millis(1_500)));
+        for bad in [
+            "7",
+            "d",
+            "7w",
+            "-1d",
+            "0s",
+            "0",
+            "999ms",
+            "1.5d",
+            "999999999999d",
+        ] {
             assert!(span(bad).is_err(), "{bad} was taken");
         }
     }

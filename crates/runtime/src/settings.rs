@@ -12,6 +12,123 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+/// The value name of every setting that takes a span of time
+/// (`#[arg(value_name = DURATION, value_parser = crate::duration)]`): their old names
+/// are still read, with a warning ([`legacy_args`], and the environment in [`parse`]).
+pub const DURATION: &str = "DURATION";
+
+/// The old forms of a duration setting: a flag suffix, a variable suffix, and the unit
+/// of the bare number they held (`--claim-poll-ms 250`, `ORDERLY_CLAIM_POLL_MS=250`).
+const OLD_FORMS: &[(&str, &str, &str)] = &[("-ms", "_MS", "ms"), ("-secs", "_SECS", "s")];
+
+/// The duration settings of `cmd` and of its subcommands: long flag, variable, id.
+fn durations(cmd: &clap::Command) -> Vec<(String, Option<String>, clap::Id)> {
+    let mut out: Vec<(String, Option<String>, clap::Id)> = cmd
+        .get_arguments()
+        .filter(|a| {
+            a.get_value_names()
+                .is_some_and(|names| names.iter().any(|n| n.as_str() == DURATION))
+        })
+        .filter_map(|a| {
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            Some((a.get_long()?.to_owned(), env, a.get_id().clone()))
+        })
+        .collect();
+    for sub in cmd.get_subcommands() {
+        out.extend(durations(sub));
+    }
+    out
+}
+
+/// `args` with the old flags of `cmd`'s duration settings in their new form
+/// (`--claim-poll-ms 250` becomes `--claim-poll 250ms`), and a warning for each.
+pub fn legacy_args(cmd: &clap::Command, args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
+    let settings = durations(cmd);
+    let old = |flag: &str| {
+        settings.iter().find_map(|(long, _, _)| {
+            OLD_FORMS.iter().find_map(|(suffix, _, unit)| {
+                (flag == format!("--{long}{suffix}")).then(|| (long.clone(), *unit))
+            })
+        })
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut warnings = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let Some(text) = arg.to_str().map(str::to_owned) else {
+            out.push(arg);
+            continue;
+        };
+        if text == "--" {
+            out.push(arg);
+            out.extend(it.by_ref());
+            break;
+        }
+        let (flag, inline) = match text.split_once('=') {
+            Some((f, v)) => (f.to_owned(), Some(v.to_owned())),
+            None => (text.clone(), None),
+        };
+        let Some((long, unit)) = old(&flag) else {
+            out.push(arg);
+            continue;
+        };
+        let value = match inline {
+            Some(v) => Some(v),
+            None => it.next().map(|v| v.to_string_lossy().into_owned()),
+        };
+        warnings.push(format!(
+            "{flag} is the old form of --{long} (a duration, e.g. 30s); it is read for now"
+        ));
+        out.push(OsString::from(format!("--{long}")));
+        if let Some(v) = value {
+            out.push(OsString::from(orderly_core::duration::legacy(&v, unit)));
+        }
+    }
+    (out, warnings)
+}
+
+/// The old variables of `cmd`'s duration settings that are set while the new one is
+/// not: the setting, its value in the new form, and a warning.
+fn legacy_env(cmd: &clap::Command) -> Vec<(clap::Id, String, String)> {
+    let mut out = Vec::new();
+    for (_, env, id) in durations(cmd) {
+        let Some(env) = env else { continue };
+        if std::env::var_os(&env).is_some() {
+            continue;
+        }
+        for (_, suffix, unit) in OLD_FORMS {
+            let old = format!("{env}{suffix}");
+            if let Ok(raw) = std::env::var(&old) {
+                out.push((
+                    id.clone(),
+                    orderly_core::duration::legacy(&raw, unit),
+                    format!(
+                        "{old} is the old name of {env} (a duration, e.g. 30s); it is read for now"
+                    ),
+                ));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Prints a start-up warning of `binary` (before its logs are set up): a JSON line like
+/// its logs when `ORDERLY_LOG_JSON` is on, else plain text.
+pub fn warn(binary: &str, message: &str) {
+    if crate::log_json_from_env() {
+        let line = serde_json::json!({
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            "level": "WARN",
+            "fields": { "message": message },
+            "target": binary,
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("warning: {message}");
+    }
+}
+
 /// The roles whose tables a file may hold.
 pub const ROLES: &[&str] = &[
     "scheduler",
@@ -127,7 +244,11 @@ pub fn refused(binary: &str, e: clap::Error) -> ! {
 /// Parses `T` (a binary's flags, with `#[arg(long, env = ...)]`) for `role` from the
 /// layers. Exits with clap's message on bad flags, as `Parser::parse` does.
 pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
-    let args: Vec<OsString> = std::env::args_os().collect();
+    let binary = format!("orderly-{role}");
+    let (args, warnings) = legacy_args(&T::command(), std::env::args_os().collect());
+    for w in &warnings {
+        warn(&binary, w);
+    }
     let mut cmd = T::command().arg(
         clap::Arg::new("config")
             .long("config")
@@ -136,11 +257,34 @@ pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
             .help("Settings file (TOML): shared keys at the top, a table per role; env and flags win over it"),
     );
     if let Some(file) = config_path(&args) {
-        let known: Vec<String> = cmd
+        let mut known: Vec<String> = cmd
             .get_arguments()
             .filter_map(|a| a.get_long().map(str::to_string))
             .collect();
+        let settings = durations(&cmd);
+        let old_keys: Vec<(String, String, &str)> = settings
+            .iter()
+            .flat_map(|(long, _, _)| {
+                OLD_FORMS
+                    .iter()
+                    .map(move |(suffix, _, unit)| (format!("{long}{suffix}"), long.clone(), *unit))
+            })
+            .collect();
+        known.extend(old_keys.iter().map(|(old, _, _)| old.clone()));
         for (flag, value) in file_settings(&file, role, &known)? {
+            let (flag, value) = match old_keys.iter().find(|(old, _, _)| *old == flag) {
+                Some((old, long, unit)) => {
+                    warn(
+                        &binary,
+                        &format!(
+                            "{old} in {} is the old form of {long} (a duration, e.g. \"30s\"); it is read for now",
+                            file.display()
+                        ),
+                    );
+                    (long.clone(), orderly_core::duration::legacy(&value, unit))
+                }
+                None => (flag, value),
+            };
             let id = cmd
                 .get_arguments()
                 .find(|a| a.get_long() == Some(flag.as_str()))
@@ -157,9 +301,15 @@ pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
             });
         }
     }
+    // The old variables come after the file (the environment wins over it) and before
+    // the new variables and the flags, which clap reads over any default.
+    for (id, value, warning) in legacy_env(&cmd) {
+        warn(&binary, &warning);
+        cmd = cmd.mut_arg(id, |a| a.default_value(value).hide_default_value(true));
+    }
     let matches = cmd
         .try_get_matches_from(args)
-        .unwrap_or_else(|e| refused(&format!("orderly-{role}"), e));
+        .unwrap_or_else(|e| refused(&binary, e));
     T::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))
 }
 

@@ -20,8 +20,8 @@ struct Args {
     /// orders left. Without any, the default order workflow.
     #[arg(long, env = "ORDERLY_WORKFLOW", value_delimiter = ',')]
     workflow: Vec<PathBuf>,
-    /// An order's deadline after its claim, in ms (default: the workflow's total budget).
-    #[arg(long, env = "ORDERLY_PROCESSING_TIMEOUT_MS", value_parser = orderly_runtime::millis)]
+    /// An order's deadline after its claim (default: the workflow's total budget).
+    #[arg(long = "processing-timeout", env = "ORDERLY_PROCESSING_TIMEOUT", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     processing_timeout_ms: Option<Duration>,
     /// Most orders claimed at once.
     #[arg(long, env = "ORDERLY_CLAIM_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -29,20 +29,20 @@ struct Args {
     /// Most replies applied in one transaction.
     #[arg(long, env = "ORDERLY_REPLY_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     reply_batch: u32,
-    /// With nothing to claim, the longest wait before looking again, in ms: new,
+    /// With nothing to claim, the longest wait before looking again: new,
     /// released and recovered orders wake it at once; this finds orders whose retry
     /// back-off ended.
-    #[arg(long, env = "ORDERLY_CLAIM_POLL_MS", default_value = "250", value_parser = orderly_runtime::millis)]
+    #[arg(long = "claim-poll", env = "ORDERLY_CLAIM_POLL", default_value = "250ms", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     claim_poll_ms: Duration,
     /// Most orders this instance holds at once.
     #[arg(long, env = "ORDERLY_MAX_IN_FLIGHT", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_in_flight: u32,
-    /// On SIGTERM: how long to keep finishing the orders it holds (claiming none) before handing the rest back, in ms.
-    #[arg(long, env = "ORDERLY_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = orderly_runtime::millis)]
+    /// On SIGTERM: how long to keep finishing the orders it holds (claiming none) before handing the rest back.
+    #[arg(long = "shutdown-grace", env = "ORDERLY_SHUTDOWN_GRACE", default_value = "10s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     shutdown_grace_ms: Duration,
     /// How often it looks for Pending orders of workflows it does not run and logs a
-    /// warning naming them, in ms.
-    #[arg(long, env = "ORDERLY_UNSERVED_CHECK_MS", default_value = "30000", value_parser = orderly_runtime::millis)]
+    /// warning naming them.
+    #[arg(long = "unserved-check", env = "ORDERLY_UNSERVED_CHECK", default_value = "30s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     unserved_check_ms: Duration,
 }
 

@@ -18,8 +18,8 @@ struct Args {
     common: orderly_runtime::Common,
     #[command(flatten)]
     election: ElectionArgs,
-    /// Time between sweeps, in ms.
-    #[arg(long, env = "ORDERLY_SWEEP_INTERVAL_MS", default_value = "1000", value_parser = orderly_runtime::millis)]
+    /// Time between sweeps.
+    #[arg(long = "interval", env = "ORDERLY_SWEEP_INTERVAL", default_value = "1s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     interval_ms: Duration,
     /// At this failure count an order goes to Error.
     #[arg(long, env = "ORDERLY_MAX_FAILURES", default_value_t = 5)]
@@ -29,17 +29,17 @@ struct Args {
     /// needing manual repair (with the back-off cap, 30 is about two hours).
     #[arg(long, env = "ORDERLY_MAX_UNDO_FAILURES", default_value_t = 30)]
     max_undo_failures: i32,
-    /// Back-off after the first failure, in ms; doubles with each further one.
-    #[arg(long, env = "ORDERLY_BACKOFF_BASE_MS", default_value = "1000", value_parser = orderly_runtime::millis)]
+    /// Back-off after the first failure; doubles with each further one.
+    #[arg(long = "backoff-base", env = "ORDERLY_BACKOFF_BASE", default_value = "1s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     backoff_base_ms: Duration,
-    /// Longest back-off, in ms.
-    #[arg(long, env = "ORDERLY_BACKOFF_MAX_MS", default_value = "300000", value_parser = orderly_runtime::millis)]
+    /// Longest back-off.
+    #[arg(long = "backoff-max", env = "ORDERLY_BACKOFF_MAX", default_value = "5m", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     backoff_max_ms: Duration,
     /// Also POST every alert as JSON to this URL (http or https; it may carry a token and is never logged).
     #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_URL", hide_env_values = true)]
     alert_webhook_url: Option<String>,
-    /// Each webhook attempt is abandoned after this long, in ms.
-    #[arg(long, env = "ORDERLY_ALERT_WEBHOOK_TIMEOUT_MS", default_value = "5000", value_parser = orderly_runtime::millis)]
+    /// Each webhook attempt is abandoned after this long.
+    #[arg(long = "alert-webhook-timeout", env = "ORDERLY_ALERT_WEBHOOK_TIMEOUT", default_value = "5s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
     alert_webhook_timeout_ms: Duration,
     /// Remove finished orders (Processed or Cancelled; with their steps, history and
     /// alerts), old dead letters and relayed outbox rows this long after they ended:
@@ -83,7 +83,7 @@ fn webhook(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
     }
     if args.alert_webhook_timeout_ms.is_zero() {
         anyhow::bail!(
-            "invalid --alert-webhook-timeout-ms / ORDERLY_ALERT_WEBHOOK_TIMEOUT_MS: must be more than 0"
+            "invalid --alert-webhook-timeout / ORDERLY_ALERT_WEBHOOK_TIMEOUT: must be more than 0"
         );
     }
     Ok(Some(WebhookConfig {

@@ -25,32 +25,31 @@ use sqlx_core::transaction::TransactionManager;
 /// How sqlx opens, commits and rolls back PostgreSQL transactions.
 pub(super) type Transactions = <Postgres as sqlx::Database>::TransactionManager;
 
-/// The setting of the answer timeout, in milliseconds.
-pub const ANSWER_TIMEOUT_SETTING: &str = "ORDERLY_DATABASE_ANSWER_TIMEOUT_MS";
+/// The setting of the answer timeout, a duration (`60s`; its old form
+/// `ORDERLY_DATABASE_ANSWER_TIMEOUT_MS`, in milliseconds, is read with a warning).
+pub const ANSWER_TIMEOUT_SETTING: &str = "ORDERLY_DATABASE_ANSWER_TIMEOUT";
 
 /// How long an answer is waited for unless [`ANSWER_TIMEOUT_SETTING`] says otherwise:
 /// twice the longest a lock is waited for (`lock_timeout`), so a statement that waits
 /// on a busy row fails on the server first.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The answer timeout: [`ANSWER_TIMEOUT_SETTING`] if set (a whole number of
-/// milliseconds, at least 100), else [`DEFAULT_ANSWER_TIMEOUT`]. A value that is not
-/// one stops start-up naming the setting.
+/// The shortest answer timeout allowed.
+const MIN_ANSWER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The answer timeout: [`ANSWER_TIMEOUT_SETTING`] if set (at least 100 ms), else
+/// [`DEFAULT_ANSWER_TIMEOUT`]. A value that is not one stops start-up naming the
+/// setting.
 pub fn answer_timeout_from_env() -> orderly_core::Result<Duration> {
-    match std::env::var(ANSWER_TIMEOUT_SETTING) {
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_ANSWER_TIMEOUT),
-        Ok(text) => parse_answer_timeout(&text),
-        Err(std::env::VarError::NotUnicode(_)) => Err(refused("is not UTF-8")),
-    }
+    answer_timeout(|name| std::env::var(name).ok())
 }
 
-fn parse_answer_timeout(text: &str) -> orderly_core::Result<Duration> {
-    match text.trim().parse::<u64>() {
-        Ok(ms) if ms >= 100 => Ok(Duration::from_millis(ms)),
-        Ok(_) => Err(refused("must be at least 100 (milliseconds)")),
-        Err(_) => Err(refused(
-            "must be a whole number of milliseconds (e.g. 60000)",
-        )),
+fn answer_timeout(get: impl Fn(&str) -> Option<String>) -> orderly_core::Result<Duration> {
+    match orderly_core::duration::from_env(get, ANSWER_TIMEOUT_SETTING) {
+        Ok(None) => Ok(DEFAULT_ANSWER_TIMEOUT),
+        Ok(Some(d)) if d >= MIN_ANSWER_TIMEOUT => Ok(d),
+        Ok(Some(_)) => Err(refused("must be at least 100ms")),
+        Err(e) => Err(refused(&e)),
     }
 }
 
@@ -277,18 +276,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_answer_timeout_setting_is_whole_milliseconds_of_at_least_100() {
+    fn the_answer_timeout_is_a_duration_of_at_least_100ms_its_old_form_still_read() {
+        let one = |name: &'static str, value: &'static str| {
+            move |n: &str| (n == name).then(|| value.to_owned())
+        };
         assert_eq!(
-            parse_answer_timeout("2500").unwrap(),
+            answer_timeout(|_: &str| None).unwrap(),
+            DEFAULT_ANSWER_TIMEOUT
+        );
+        assert_eq!(
+            answer_timeout(one(ANSWER_TIMEOUT_SETTING, "2500ms")).unwrap(),
             Duration::from_millis(2500)
         );
         assert_eq!(
-            parse_answer_timeout(" 60000 ").unwrap(),
+            answer_timeout(one("ORDERLY_DATABASE_ANSWER_TIMEOUT_MS", " 60000 ")).unwrap(),
             DEFAULT_ANSWER_TIMEOUT
         );
-        for bad in ["", "abc", "1.5", "-1", "99", "0", "60s"] {
-            let e = parse_answer_timeout(bad).unwrap_err().to_string();
+        for bad in ["", "abc", "1.5s", "-1s", "99ms", "0", "60"] {
+            let e = answer_timeout(one(ANSWER_TIMEOUT_SETTING, bad))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(ANSWER_TIMEOUT_SETTING), "{bad:?}: {e}");
         }
+        let e = answer_timeout(one("ORDERLY_DATABASE_ANSWER_TIMEOUT_MS", "99"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(ANSWER_TIMEOUT_SETTING), "{e}");
     }
 }

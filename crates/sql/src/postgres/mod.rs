@@ -17,8 +17,8 @@ use orderly_core::history::HistoryKind;
 use orderly_core::store::{ClaimRequest, ClaimedOrder};
 use orderly_core::transport::ReceivedMessage;
 use orderly_core::{Fence, Result, TimeSource};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::Postgres;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::driver::{
