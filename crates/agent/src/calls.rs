@@ -29,6 +29,16 @@ enum Verdict {
     Call(String),
 }
 
+/// What one try of a request leads to.
+enum Try {
+    /// The request is handled: replied, or given back.
+    Done(Handled),
+    /// A transient failure: try again after this wait.
+    Again(Duration),
+    /// No time (or no point) left for another try.
+    Stop,
+}
+
 /// One request's calls as they go: what the service and its breaker are, when to
 /// stop, and what the calls so far said.
 struct Tries<'a> {
@@ -71,11 +81,6 @@ impl Tries<'_> {
             Some(note) => format!("{note}: {text}"),
             None => text,
         }
-    }
-
-    /// A reply of `outcome`, with the calls made.
-    fn reply(&self, outcome: StepOutcome) -> (Handled, u32) {
-        (Handled::Replied(outcome), self.attempts)
     }
 
     /// Whether this request may call now. While the fleet sees the service down, the
@@ -189,9 +194,28 @@ impl Agent {
         queue: &QueueName,
         redelivered: bool,
     ) -> (Handled, u32) {
-        // The queue is the remote service (inventory, payment, ...): one breaker each.
+        let mut t = self.tries(req, queue, redelivered);
+        let call = RemoteCall::from_request(req);
+        while t.attempts < req.retry.max_attempts {
+            match self.try_once(req, &call, &mut t).await {
+                Try::Done(handled) => return (handled, t.attempts),
+                Try::Again(wait) => tokio::time::sleep(wait).await,
+                Try::Stop => break,
+            }
+        }
+        self.give_up(&t)
+    }
+
+    /// The calls of `req`, none made yet. The queue is the remote service (inventory,
+    /// payment, ...): one breaker each.
+    fn tries<'a>(
+        &'a self,
+        req: &StepRequest,
+        queue: &'a QueueName,
+        redelivered: bool,
+    ) -> Tries<'a> {
         let service = queue.as_str();
-        let mut t = Tries {
+        Tries {
             service,
             breaker: self.breaker(service),
             fleet: self.fleet_for(queue),
@@ -200,67 +224,85 @@ impl Agent {
             last_error: String::from("no attempt made"),
             uncertain: req.uncertain || redelivered,
             probed: None,
+        }
+    }
+
+    /// One try: through the gate, the status probe if the step is uncertain, then the
+    /// call and what its answer leads to.
+    async fn try_once(&self, req: &StepRequest, call: &RemoteCall, t: &mut Tries<'_>) -> Try {
+        let Some(left) = self.left(t.stop_at) else {
+            return Try::Stop;
         };
-        let call = RemoteCall::from_request(req);
-        while t.attempts < req.retry.max_attempts {
-            let Some(left) = self.left(t.stop_at) else {
-                break;
-            };
-            let fleet_probe = match t.gate(self.clock.now()) {
-                Ok(fleet_probe) => fleet_probe,
-                Err(deferred) => return (deferred, t.attempts),
-            };
-            if let Some(probe) = req.probe.as_ref().filter(|_| t.uncertain) {
-                match self.ask(req, probe, left).await {
-                    Verdict::Applied(answer) => {
-                        t.answered();
-                        return t.reply(StepOutcome::Succeeded {
-                            detail: format!(
-                                "status probe: applied before, not called again: {answer}"
-                            ),
-                        });
-                    }
-                    Verdict::Call(note) => t.probed = Some(note),
+        let fleet_probe = match t.gate(self.clock.now()) {
+            Ok(fleet_probe) => fleet_probe,
+            Err(deferred) => return Try::Done(deferred),
+        };
+        if let Some(probe) = req.probe.as_ref().filter(|_| t.uncertain) {
+            match self.ask(req, probe, left).await {
+                Verdict::Applied(answer) => {
+                    t.answered();
+                    return Try::Done(Handled::Replied(StepOutcome::Succeeded {
+                        detail: format!("status probe: applied before, not called again: {answer}"),
+                    }));
                 }
-                if self.left(t.stop_at).is_none() {
-                    break;
-                }
+                Verdict::Call(note) => t.probed = Some(note),
             }
-            let left = self.left(t.stop_at).unwrap_or(left);
-            t.attempts += 1;
-            match tokio::time::timeout(left, self.remote.call(&call, left)).await {
-                Ok(Ok(detail)) => {
-                    t.answered();
-                    return t.reply(StepOutcome::Succeeded {
-                        detail: t.noted(detail),
-                    });
-                }
-                Ok(Err(CallError::Permanent(error))) => {
-                    // The service answered: it is up, the request is bad.
-                    t.answered();
-                    return t.reply(StepOutcome::Failed {
-                        error: t.noted(error),
-                    });
-                }
-                Ok(Err(CallError::Transient { error, retry_after })) => {
-                    t.failed(fleet_probe, &error).await;
-                    // No clear answer: the call may have taken effect before failing.
-                    t.uncertain = true;
-                    debug!(attempt = t.attempts, error = %error, "transient failure");
-                    t.last_error = error;
-                    let wait = backoff(req, t.attempts, retry_after);
-                    if wait >= self.left(t.stop_at).unwrap_or_default() {
-                        break;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-                Err(_elapsed) => {
-                    t.last_error = "remote call outlived the deadline".into();
-                    t.failed(fleet_probe, &t.last_error).await;
-                    break;
-                }
+            if self.left(t.stop_at).is_none() {
+                return Try::Stop;
             }
         }
+        let left = self.left(t.stop_at).unwrap_or(left);
+        t.attempts += 1;
+        let answer = tokio::time::timeout(left, self.remote.call(call, left)).await;
+        self.after_call(req, t, fleet_probe, answer).await
+    }
+
+    /// What a call's answer (or its timeout) leads to.
+    async fn after_call(
+        &self,
+        req: &StepRequest,
+        t: &mut Tries<'_>,
+        fleet_probe: bool,
+        answer: Result<Result<String, CallError>, tokio::time::error::Elapsed>,
+    ) -> Try {
+        match answer {
+            Ok(Ok(detail)) => {
+                t.answered();
+                Try::Done(Handled::Replied(StepOutcome::Succeeded {
+                    detail: t.noted(detail),
+                }))
+            }
+            Ok(Err(CallError::Permanent(error))) => {
+                // The service answered: it is up, the request is bad.
+                t.answered();
+                Try::Done(Handled::Replied(StepOutcome::Failed {
+                    error: t.noted(error),
+                }))
+            }
+            Ok(Err(CallError::Transient { error, retry_after })) => {
+                t.failed(fleet_probe, &error).await;
+                // No clear answer: the call may have taken effect before failing.
+                t.uncertain = true;
+                debug!(attempt = t.attempts, error = %error, "transient failure");
+                t.last_error = error;
+                let wait = backoff(req, t.attempts, retry_after);
+                if wait >= self.left(t.stop_at).unwrap_or_default() {
+                    Try::Stop
+                } else {
+                    Try::Again(wait)
+                }
+            }
+            Err(_elapsed) => {
+                t.last_error = "remote call outlived the deadline".into();
+                t.failed(fleet_probe, &t.last_error).await;
+                Try::Stop
+            }
+        }
+    }
+
+    /// No answer within the tries or the time: silence, and the supervisor retries
+    /// the order after its deadline.
+    fn give_up(&self, t: &Tries<'_>) -> (Handled, u32) {
         let why = if self.clock.now() >= t.stop_at {
             format!(
                 "deadline reached after {} calls; last error: {}",

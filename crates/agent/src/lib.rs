@@ -24,7 +24,7 @@ use std::time::Duration;
 use orderly_core::messages::{StepOutcome, StepRequest, json_message};
 use orderly_core::transport::{QueueName, ReceivedMessage, Transport, receive_json, while_holding};
 use orderly_core::{Clock, InstanceId};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -309,17 +309,10 @@ impl Agent {
         let breaker = self.breaker(queue.as_str());
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
-            // While the service is known to be down, take none of its requests: they
-            // stay on the queue, unlocked, until a probe may go. Unless the fleet knows
-            // it is down: then each is answered at once and its order waits, parked.
-            let fleet_knows = self
-                .fleet_for(&queue)
-                .is_some_and(|f| f.knows_down(queue.as_str()));
-            if let Some(wait) = breaker.held_back_for().filter(|_| !fleet_knows) {
-                debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "circuit open: not taking requests");
+            if let Some(wait) = self.held_back(&queue, &breaker) {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(wait.min(self.cfg.idle_wait.max(Duration::from_millis(10)))) => continue,
+                    () = tokio::time::sleep(wait) => continue,
                 }
             }
             // Take only as many requests as there is room to work on: one waiting for a
@@ -336,45 +329,79 @@ impl Agent {
                 () = shutdown.cancelled() => break,
                 r = self.receive(&queue, room as u32, self.cfg.idle_wait) => r,
             };
-            let mut first = Some(first);
-            match received {
+            let wait = match received {
                 Ok(batch) => {
                     failures = 0;
-                    if !batch.is_empty() {
-                        debug!(queue = %queue, batch = batch.len(), "requests received");
+                    if self
+                        .start_all(&queue, batch, first, &permits, &shutdown)
+                        .await
+                    {
+                        continue;
                     }
-                    for (req, msg) in batch {
-                        let permit = match first.take() {
-                            Some(permit) => permit,
-                            None => match permits.clone().acquire_owned().await {
-                                Ok(permit) => permit,
-                                Err(_) => return,
-                            },
-                        };
-                        let me = self.clone();
-                        let shutdown = shutdown.clone();
-                        tokio::spawn(async move {
-                            tokio::select! {
-                                _ = me.handle(req, msg.clone()) => {}
-                                () = shutdown.cancelled() => {
-                                    let _ = me.transport.abandon(&msg).await;
-                                }
-                            }
-                            drop(permit);
-                        });
-                    }
+                    return;
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     let wait = Duration::from_millis(100u64 << failures.min(7));
                     warn!(queue = %queue, error = %e, retry_in_ms = wait.as_millis() as u64, "receive failed; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(wait) => {}
-                    }
+                    wait
                 }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// How long to take none of `queue`'s requests: while its service is known to be
+    /// down they stay on the queue, unlocked, until a probe may go. Unless the fleet
+    /// knows it is down: then each is answered at once and its order waits, parked.
+    fn held_back(&self, queue: &QueueName, breaker: &Breaker) -> Option<Duration> {
+        let fleet_knows = self
+            .fleet_for(queue)
+            .is_some_and(|f| f.knows_down(queue.as_str()));
+        let wait = breaker.held_back_for().filter(|_| !fleet_knows)?;
+        debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "circuit open: not taking requests");
+        Some(wait.min(self.cfg.idle_wait.max(Duration::from_millis(10))))
+    }
+
+    /// Starts the handling of each request of `batch`, each under a permit (`first`
+    /// is the one already held); a request still in hand at shutdown is given back.
+    /// False once the permits are closed.
+    async fn start_all(
+        &self,
+        queue: &QueueName,
+        batch: Vec<(StepRequest, ReceivedMessage)>,
+        first: OwnedSemaphorePermit,
+        permits: &Arc<Semaphore>,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        if !batch.is_empty() {
+            debug!(queue = %queue, batch = batch.len(), "requests received");
+        }
+        let mut first = Some(first);
+        for (req, msg) in batch {
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => match permits.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => return false,
+                },
+            };
+            let me = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = me.handle(req, msg.clone()) => {}
+                    () = shutdown.cancelled() => {
+                        let _ = me.transport.abandon(&msg).await;
+                    }
+                }
+                drop(permit);
+            });
+        }
+        true
     }
 
     /// Handles one request to the end: calls, replies or stays silent, and settles

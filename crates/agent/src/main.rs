@@ -95,67 +95,9 @@ async fn run() -> anyhow::Result<()> {
     let args: Args = orderly_runtime::settings::parse("agent")?;
     let instance = args.common.instance("agent")?;
     let _telemetry = orderly_runtime::telemetry::init("orderly-agent", &args.common, &instance)?;
-    let queues = args
-        .queues
-        .iter()
-        .map(|q| QueueName::parse(q.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .context("invalid --queues / ORDERLY_AGENT_QUEUES")?;
-    let mut overrides = std::collections::HashMap::new();
-    for (n, e) in args.endpoints.iter().enumerate() {
-        // The entry is not echoed: its URL may carry a key.
-        let (action, url) = e.split_once('=').with_context(|| {
-            format!(
-                "invalid --endpoint / ORDERLY_AGENT_ENDPOINTS entry {}: expected ACTION=URL",
-                n + 1
-            )
-        })?;
-        overrides.insert(action.to_owned(), url.to_owned());
-    }
-    if !args.remote_url.starts_with("http://") && !args.remote_url.starts_with("https://") {
-        anyhow::bail!(
-            "invalid --remote-url / ORDERLY_REMOTE_URL: must start with http:// or https://"
-        );
-    }
-    let trust = orderly_tls::Trust::from_env()?;
-    let remote = HttpRemote::new(
-        Endpoints {
-            base_url: args.remote_url,
-            overrides,
-        },
-        &trust,
-    )
-    .context("cannot build the HTTP client")?;
-    let mut cfg = AgentConfig::new(instance.clone(), queues);
-    cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
-    cfg.receive_batch = args.receive_batch;
-    cfg.breaker = BreakerConfig {
-        failure_threshold: args.breaker_failures,
-        open_for: args.breaker_open_ms,
-    };
-    let fleet = FleetConfig {
-        policy: OutagePolicy {
-            probe_after: args.probe_after_ms,
-            probe_max: args.probe_max_ms,
-            resume_per_second: args.resume_per_second,
-        },
-        excluded: args
-            .backpressure_off
-            .iter()
-            .filter(|q| !q.trim().is_empty())
-            .map(|q| QueueName::parse(q.trim().to_owned()))
-            .collect::<Result<_, _>>()
-            .context("invalid --backpressure-off / ORDERLY_BACKPRESSURE_OFF")?,
-        ..FleetConfig::default()
-    };
-    fleet.policy.validate().map_err(|e| {
-        let setting = match e.field.as_str() {
-            "probe_after" => "--probe-after / ORDERLY_PROBE_AFTER",
-            "probe_max" => "--probe-max / ORDERLY_PROBE_MAX",
-            _ => "--resume-per-second / ORDERLY_RESUME_PER_SECOND",
-        };
-        anyhow::anyhow!("invalid {setting}: {}", e.reason)
-    })?;
+    let cfg = config(&args, instance.clone())?;
+    let remote = remote(&args)?;
+    let fleet = fleet(&args)?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-agent")? {
         return Ok(());
@@ -193,4 +135,80 @@ async fn run() -> anyhow::Result<()> {
         let _ = ops.await;
     }
     Ok(())
+}
+
+/// The remote services' client: the base URL, each action's own URL, the trust store.
+fn remote(args: &Args) -> anyhow::Result<HttpRemote> {
+    let mut overrides = std::collections::HashMap::new();
+    for (n, e) in args.endpoints.iter().enumerate() {
+        // The entry is not echoed: its URL may carry a key.
+        let (action, url) = e.split_once('=').with_context(|| {
+            format!(
+                "invalid --endpoint / ORDERLY_AGENT_ENDPOINTS entry {}: expected ACTION=URL",
+                n + 1
+            )
+        })?;
+        overrides.insert(action.to_owned(), url.to_owned());
+    }
+    if !args.remote_url.starts_with("http://") && !args.remote_url.starts_with("https://") {
+        anyhow::bail!(
+            "invalid --remote-url / ORDERLY_REMOTE_URL: must start with http:// or https://"
+        );
+    }
+    let trust = orderly_tls::Trust::from_env()?;
+    HttpRemote::new(
+        Endpoints {
+            base_url: args.remote_url.clone(),
+            overrides,
+        },
+        &trust,
+    )
+    .context("cannot build the HTTP client")
+}
+
+/// The agent's queues, concurrency and breaker.
+fn config(args: &Args, instance: orderly_core::InstanceId) -> anyhow::Result<AgentConfig> {
+    let queues = args
+        .queues
+        .iter()
+        .map(|q| QueueName::parse(q.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .context("invalid --queues / ORDERLY_AGENT_QUEUES")?;
+    let mut cfg = AgentConfig::new(instance, queues);
+    cfg.concurrency = usize::try_from(args.concurrency).unwrap_or(64);
+    cfg.receive_batch = args.receive_batch;
+    cfg.breaker = BreakerConfig {
+        failure_threshold: args.breaker_failures,
+        open_for: args.breaker_open_ms,
+    };
+    Ok(cfg)
+}
+
+/// How the fleet shares what it knows of the services' outages, checked; errors name
+/// the setting.
+fn fleet(args: &Args) -> anyhow::Result<FleetConfig> {
+    let fleet = FleetConfig {
+        policy: OutagePolicy {
+            probe_after: args.probe_after_ms,
+            probe_max: args.probe_max_ms,
+            resume_per_second: args.resume_per_second,
+        },
+        excluded: args
+            .backpressure_off
+            .iter()
+            .filter(|q| !q.trim().is_empty())
+            .map(|q| QueueName::parse(q.trim().to_owned()))
+            .collect::<Result<_, _>>()
+            .context("invalid --backpressure-off / ORDERLY_BACKPRESSURE_OFF")?,
+        ..FleetConfig::default()
+    };
+    fleet.policy.validate().map_err(|e| {
+        let setting = match e.field.as_str() {
+            "probe_after" => "--probe-after / ORDERLY_PROBE_AFTER",
+            "probe_max" => "--probe-max / ORDERLY_PROBE_MAX",
+            _ => "--resume-per-second / ORDERLY_RESUME_PER_SECOND",
+        };
+        anyhow::anyhow!("invalid {setting}: {}", e.reason)
+    })?;
+    Ok(fleet)
 }

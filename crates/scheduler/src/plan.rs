@@ -219,69 +219,49 @@ impl Scheduler {
                 return Self::refuse_undoing(fence, context.finish_as, steps, &fixed);
             }
         }
-        let pending = steps
-            .iter()
-            .filter(|s| Some(s.index) != just_done.map(|(i, _)| i))
-            .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
-            .filter(|s| flow.step(s.index).is_some_and(|d| d.compensation.is_some()))
-            .map(|s| s.index)
-            .max();
-        let mut updates = Vec::new();
-        let key = |index: i32, name: &str| {
-            idempotency_key(&fence.order_id, context.generation, index, name)
-        };
-        if let Some((index, detail)) = just_done {
+        let pending = next_to_undo(flow, steps, just_done.map(|(i, _)| i));
+        let update = |index: i32, status: StepStatus, detail: Option<String>| {
             let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
-            updates.push(StepUpdate {
+            StepUpdate {
                 index,
-                idempotency_key: key(index, &name),
+                idempotency_key: idempotency_key(&fence.order_id, context.generation, index, &name),
                 name,
-                status: StepStatus::Compensated,
-                detail: Some(detail.to_owned()),
+                status,
+                detail,
                 irreversible: false,
-            });
-        }
+            }
+        };
+        let mut updates: Vec<StepUpdate> = just_done
+            .map(|(index, detail)| update(index, StepStatus::Compensated, Some(detail.to_owned())))
+            .into_iter()
+            .collect();
+        let write = |updates, sends| StepWrite {
+            complete: false,
+            fence: fence.clone(),
+            expect_step: None,
+            updates,
+            sends,
+        };
         match pending {
             Some(index) => {
-                let def = flow.step(index);
-                let name = def.map(|d| d.name.clone()).unwrap_or_default();
-                updates.push(StepUpdate {
+                let detail = flow
+                    .step(index)
+                    .and_then(|d| d.compensation.as_ref())
+                    .map(|c| orderly_core::step::compensating_detail(c));
+                updates.push(update(index, StepStatus::Started, detail));
+                let request = self.request(
+                    flow,
+                    fence,
                     index,
-                    idempotency_key: key(index, &name),
-                    name,
-                    status: StepStatus::Started,
-                    detail: def
-                        .and_then(|d| d.compensation.as_ref())
-                        .map(|c| orderly_core::step::compensating_detail(c)),
-                    irreversible: false,
-                });
-                Next::Write(StepWrite {
-                    complete: false,
-                    fence: fence.clone(),
-                    expect_step: None,
-                    updates,
-                    sends: self
-                        .request(
-                            flow,
-                            fence,
-                            index,
-                            StepKind::Compensate,
-                            complete_by,
-                            context,
-                            false,
-                        )
-                        .into_iter()
-                        .collect(),
-                })
+                    StepKind::Compensate,
+                    complete_by,
+                    context,
+                    false,
+                );
+                Next::Write(write(updates, request.into_iter().collect()))
             }
             None if !updates.is_empty() => Next::Finish(
-                StepWrite {
-                    complete: false,
-                    fence: fence.clone(),
-                    expect_step: None,
-                    updates,
-                    sends: Vec::new(),
-                },
+                write(updates, Vec::new()),
                 context.finish_as,
                 context.notify_to.clone(),
             ),
@@ -426,4 +406,16 @@ pub(crate) fn reply_key(reply: &StepReply) -> String {
         reply.step_index,
         &reply.step,
     )
+}
+
+/// The next step to undo: the last one that may have taken effect and has a
+/// compensation, other than `just_undone`.
+fn next_to_undo(flow: &Workflow, steps: &[StepRecord], just_undone: Option<i32>) -> Option<i32> {
+    steps
+        .iter()
+        .filter(|s| Some(s.index) != just_undone)
+        .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Succeeded))
+        .filter(|s| flow.step(s.index).is_some_and(|d| d.compensation.is_some()))
+        .map(|s| s.index)
+        .max()
 }

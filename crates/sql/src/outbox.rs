@@ -56,6 +56,14 @@ pub(crate) const O_REQUEUE_DEAD: &str = "UPDATE outbox SET dead_at = NULL, dead_
 pub(crate) const O_PRUNE: &str = "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox \
     WHERE sent_at IS NOT NULL AND sent_at < $1 ORDER BY sent_at LIMIT $2)";
 
+/// One queue's messages leased to a relay: their seqs with the attempts so far, and
+/// the messages, in the order they were written.
+struct Leased {
+    queue: QueueName,
+    seqs: Vec<(i64, i32)>,
+    messages: Vec<OutgoingMessage>,
+}
+
 impl<D: Driver> SqlStore<D> {
     /// The `n` of a one-row count.
     async fn count(&self, statement: &'static str) -> Result<i64> {
@@ -91,6 +99,109 @@ impl<D: Driver> SqlStore<D> {
                 .execute::<D>(&mut *conn)
                 .await
                 .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    /// Leases up to `limit` unsent messages to `relay`, by queue in the order they were
+    /// written.
+    async fn lease(&self, relay: &InstanceId, limit: u32) -> Result<Vec<Leased>> {
+        let (mut tx, now) = self.begin().await?;
+        let rows = q(D::SQL.o_lease)
+            .bind(relay.as_str())
+            .bind(after(now, LEASE))
+            .bind(Ts(now))
+            .bind(i64::from(
+                limit.clamp(1, orderly_core::transport::MAX_MESSAGES),
+            ))
+            .fetch_all::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        let mut leased = rows
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                let properties: String = c.get("properties")?;
+                Ok((
+                    (c.get::<i64>("seq")?, c.get::<i32>("attempts")?),
+                    c.get::<String>("queue")?,
+                    OutgoingMessage {
+                        message_id: c.get("message_id")?,
+                        correlation_id: c.get("correlation_id")?,
+                        properties: serde_json::from_str(&properties)
+                            .map_err(|e| orderly_core::Error::Corrupt(e.to_string()))?,
+                        body: c.get("body")?,
+                        scheduled_enqueue_time: c.opt_ts("scheduled_at")?,
+                    },
+                ))
+            })
+            .collect::<orderly_core::Result<Vec<_>>>()?;
+        leased.sort_by_key(|((seq, _), _, _)| *seq);
+        let mut batches: Vec<Leased> = Vec::new();
+        for (seq, queue, message) in leased {
+            let queue = QueueName::parse(queue)?;
+            match batches.iter_mut().find(|b| b.queue == queue) {
+                Some(b) => {
+                    b.seqs.push(seq);
+                    b.messages.push(message);
+                }
+                None => batches.push(Leased {
+                    queue,
+                    seqs: vec![seq],
+                    messages: vec![message],
+                }),
+            }
+        }
+        Ok(batches)
+    }
+
+    /// Sends one queue's leased messages to `target` and marks them by what happened:
+    /// sent, dead (the queue does not exist, or out of attempts) or failed (retried
+    /// after a pause).
+    async fn publish(
+        &self,
+        relay: &InstanceId,
+        target: &dyn Transport,
+        batch: Leased,
+        outcome: &mut RelayOutcome,
+    ) -> Result<()> {
+        let Leased {
+            queue,
+            seqs: leased,
+            messages,
+        } = batch;
+        let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
+        match target.send(&queue, &messages).await {
+            Ok(_) => {
+                self.mark_sent(relay, &seqs).await?;
+                outcome.sent += seqs.len();
+            }
+            Err(TransportError::QueueNotFound(_)) => {
+                let reason = format!("QueueNotFound: queue {queue} does not exist");
+                tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
+                self.mark_dead(relay, &seqs, &reason).await?;
+                outcome.dead += seqs.len();
+            }
+            Err(e) => {
+                // The lease counted this attempt: those out of attempts are set aside,
+                // the rest retried after a pause.
+                let (spent, left): (Vec<_>, Vec<_>) = leased
+                    .iter()
+                    .partition(|(_, attempts)| *attempts >= OUTBOX_MAX_ATTEMPTS);
+                let spent: Vec<i64> = spent.iter().map(|(seq, _)| *seq).collect();
+                let left: Vec<i64> = left.iter().map(|(seq, _)| *seq).collect();
+                tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox relay could not publish; will retry");
+                if !left.is_empty() {
+                    self.mark_failed(relay, &left, &e.to_string()).await?;
+                    outcome.failed += left.len();
+                }
+                if !spent.is_empty() {
+                    let reason = format!("gave up after {OUTBOX_MAX_ATTEMPTS} attempts: {e}");
+                    self.mark_dead(relay, &spent, &reason).await?;
+                    outcome.dead += spent.len();
+                }
+            }
         }
         Ok(())
     }
@@ -143,84 +254,9 @@ impl<D: Driver> Outbox for SqlStore<D> {
         target: &dyn Transport,
         limit: u32,
     ) -> Result<RelayOutcome> {
-        let (mut tx, now) = self.begin().await?;
-        let rows = q(D::SQL.o_lease)
-            .bind(relay.as_str())
-            .bind(after(now, LEASE))
-            .bind(Ts(now))
-            .bind(i64::from(
-                limit.clamp(1, orderly_core::transport::MAX_MESSAGES),
-            ))
-            .fetch_all::<D>(&mut tx)
-            .await
-            .map_err(db)?;
-        D::commit(tx).await.map_err(db)?;
-        // Group by queue, keeping the order they were written in.
-        let mut batches: Vec<(QueueName, Vec<(i64, i32)>, Vec<OutgoingMessage>)> = Vec::new();
-        let mut leased = rows
-            .iter()
-            .map(|r| {
-                let c = Cols(r);
-                let properties: String = c.get("properties")?;
-                Ok((
-                    (c.get::<i64>("seq")?, c.get::<i32>("attempts")?),
-                    c.get::<String>("queue")?,
-                    OutgoingMessage {
-                        message_id: c.get("message_id")?,
-                        correlation_id: c.get("correlation_id")?,
-                        properties: serde_json::from_str(&properties)
-                            .map_err(|e| orderly_core::Error::Corrupt(e.to_string()))?,
-                        body: c.get("body")?,
-                        scheduled_enqueue_time: c.opt_ts("scheduled_at")?,
-                    },
-                ))
-            })
-            .collect::<orderly_core::Result<Vec<_>>>()?;
-        leased.sort_by_key(|((seq, _), _, _)| *seq);
-        for (seq, queue, message) in leased {
-            let queue = QueueName::parse(queue)?;
-            match batches.iter_mut().find(|(q, _, _)| *q == queue) {
-                Some((_, seqs, messages)) => {
-                    seqs.push(seq);
-                    messages.push(message);
-                }
-                None => batches.push((queue, vec![seq], vec![message])),
-            }
-        }
         let mut outcome = RelayOutcome::default();
-        for (queue, leased, messages) in batches {
-            let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
-            match target.send(&queue, &messages).await {
-                Ok(_) => {
-                    self.mark_sent(relay, &seqs).await?;
-                    outcome.sent += seqs.len();
-                }
-                Err(TransportError::QueueNotFound(_)) => {
-                    let reason = format!("QueueNotFound: queue {queue} does not exist");
-                    tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
-                    self.mark_dead(relay, &seqs, &reason).await?;
-                    outcome.dead += seqs.len();
-                }
-                Err(e) => {
-                    // The lease counted this attempt: those out of attempts are
-                    // set aside, the rest retried after a pause.
-                    let (spent, left): (Vec<_>, Vec<_>) = leased
-                        .iter()
-                        .partition(|(_, attempts)| *attempts >= OUTBOX_MAX_ATTEMPTS);
-                    let spent: Vec<i64> = spent.iter().map(|(seq, _)| *seq).collect();
-                    let left: Vec<i64> = left.iter().map(|(seq, _)| *seq).collect();
-                    tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox relay could not publish; will retry");
-                    if !left.is_empty() {
-                        self.mark_failed(relay, &left, &e.to_string()).await?;
-                        outcome.failed += left.len();
-                    }
-                    if !spent.is_empty() {
-                        let reason = format!("gave up after {OUTBOX_MAX_ATTEMPTS} attempts: {e}");
-                        self.mark_dead(relay, &spent, &reason).await?;
-                        outcome.dead += spent.len();
-                    }
-                }
-            }
+        for batch in self.lease(relay, limit).await? {
+            self.publish(relay, target, batch, &mut outcome).await?;
         }
         Ok(outcome)
     }

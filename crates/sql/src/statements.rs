@@ -226,80 +226,19 @@ pub(crate) const DEFAULT_PAGE: u32 = 50;
 /// next page exists. Returns the SQL, its arguments and the page size.
 /// `customer_of`: the dialect's expression of an order's customer id.
 pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Vec<Arg>, u32) {
-    let mut sql = String::from(concatcp!(
-        "SELECT ",
-        STATE_COLUMNS,
-        " FROM order_state WHERE 1 = 1"
-    ));
-    let mut args = Vec::new();
-    let mut next = |sql: &mut String, clause: &str, arg: Arg| {
-        args.push(arg);
-        sql.push_str(&clause.replace('?', &format!("${}", args.len())));
+    let mut q = Query {
+        sql: String::from(concatcp!(
+            "SELECT ",
+            STATE_COLUMNS,
+            " FROM order_state WHERE 1 = 1"
+        )),
+        args: Vec::new(),
     };
-    if let Some(state) = filter.state {
-        // A literal from a closed enum (no injection possible), so that the planner can
-        // use that state's partial index, which a bound parameter would hide from it.
-        sql.push_str(&format!(" AND process_state = '{}'", state.as_str()));
-    }
-    if let Some(text) = &filter.error_contains {
-        let escaped = text
-            .to_lowercase()
-            .replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_");
-        next(
-            &mut sql,
-            " AND lower(last_error) LIKE ? ESCAPE '\\'",
-            Arg::Text(format!("%{escaped}%")),
-        );
-    }
-    if let Some(step) = filter.current_step {
-        next(&mut sql, " AND current_step = ?", Arg::Int(step));
-    }
-    if let Some(before) = filter.created_before {
-        next(&mut sql, " AND created_at < ?", Arg::Time(Ts(before)));
-    }
-    if let Some(customer) = &filter.customer {
-        next(
-            &mut sql,
-            &format!(" AND {customer_of} = ?"),
-            Arg::Text(customer.clone()),
-        );
-    }
-    if let Some(prefix) = &filter.id_prefix {
-        let escaped = prefix
-            .replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_");
-        next(
-            &mut sql,
-            " AND order_id LIKE ? ESCAPE '\\'",
-            Arg::Text(format!("{escaped}%")),
-        );
-    }
-    if let Some(service) = &filter.waiting_for {
-        // The waiting index's condition, so the planner can use it.
-        sql.push_str(" AND process_state = 'Pending' AND waiting_on IS NOT NULL");
-        next(&mut sql, " AND waiting_on = ?", Arg::Text(service.clone()));
-        next(
-            &mut sql,
-            " AND next_attempt_at >= ?",
-            Arg::Time(Ts(orderly_core::service::held())),
-        );
-    }
+    q.filter(filter, customer_of);
     if let Some(after) = &filter.after {
-        next(
-            &mut sql,
-            " AND (created_at > ?",
-            Arg::Time(Ts(after.created_at)),
-        );
-        next(
-            &mut sql,
-            " OR (created_at = ?",
-            Arg::Time(Ts(after.created_at)),
-        );
-        next(
-            &mut sql,
+        q.bind(" AND (created_at > ?", Arg::Time(Ts(after.created_at)));
+        q.bind(" OR (created_at = ?", Arg::Time(Ts(after.created_at)));
+        q.bind(
             " AND order_id > ?))",
             Arg::Text(after.order_id.as_str().to_owned()),
         );
@@ -308,11 +247,77 @@ pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Ve
         0 => DEFAULT_PAGE,
         n => n.min(MAX_BATCH),
     };
-    sql.push_str(&format!(
+    q.sql.push_str(&format!(
         " ORDER BY created_at, order_id LIMIT {}",
         limit + 1
     ));
-    (sql, args, limit)
+    (q.sql, q.args, limit)
+}
+
+/// A query built at run time and its bound values.
+struct Query {
+    sql: String,
+    args: Vec<Arg>,
+}
+
+impl Query {
+    /// Appends `clause`, its `?` the next parameter, bound to `arg`.
+    fn bind(&mut self, clause: &str, arg: Arg) {
+        self.args.push(arg);
+        self.sql
+            .push_str(&clause.replace('?', &format!("${}", self.args.len())));
+    }
+
+    /// The conditions of `filter` on the orders' fields.
+    fn filter(&mut self, filter: &OrderFilter, customer_of: &str) {
+        if let Some(state) = filter.state {
+            // A literal from a closed enum (no injection possible), so that the planner
+            // can use that state's partial index, which a bound parameter would hide
+            // from it.
+            self.sql
+                .push_str(&format!(" AND process_state = '{}'", state.as_str()));
+        }
+        if let Some(text) = &filter.error_contains {
+            let pattern = format!("%{}%", like_escaped(&text.to_lowercase()));
+            self.bind(
+                " AND lower(last_error) LIKE ? ESCAPE '\\'",
+                Arg::Text(pattern),
+            );
+        }
+        if let Some(step) = filter.current_step {
+            self.bind(" AND current_step = ?", Arg::Int(step));
+        }
+        if let Some(before) = filter.created_before {
+            self.bind(" AND created_at < ?", Arg::Time(Ts(before)));
+        }
+        if let Some(customer) = &filter.customer {
+            self.bind(
+                &format!(" AND {customer_of} = ?"),
+                Arg::Text(customer.clone()),
+            );
+        }
+        if let Some(prefix) = &filter.id_prefix {
+            let pattern = format!("{}%", like_escaped(prefix));
+            self.bind(" AND order_id LIKE ? ESCAPE '\\'", Arg::Text(pattern));
+        }
+        if let Some(service) = &filter.waiting_for {
+            // The waiting index's condition, so the planner can use it.
+            self.sql
+                .push_str(" AND process_state = 'Pending' AND waiting_on IS NOT NULL");
+            self.bind(" AND waiting_on = ?", Arg::Text(service.clone()));
+            self.bind(
+                " AND next_attempt_at >= ?",
+                Arg::Time(Ts(orderly_core::service::held())),
+            );
+        }
+    }
+}
+
+/// `text` with the characters `LIKE` reads as patterns escaped (`\` the escape).
+fn like_escaped(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
 }
 
 /// The check every leader's write makes first, in its transaction: `$1` name, `$2`

@@ -455,6 +455,41 @@ fn message_batch<'r, 'm: 'r>(
     })
 }
 
+/// The ids of `rows` not seen on `queue` within its duplicate window of `ms`
+/// milliseconds, recorded as seen until the window ends.
+async fn fresh_ids(
+    conn: &mut SqliteConnection,
+    now: Ts,
+    queue: &str,
+    ms: i64,
+    rows: &[MessageRow<'_>],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let until = Ts(now.0 + chrono::Duration::milliseconds(ms));
+    let ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
+    q(sql::Q_DEDUP_MANY)
+        .bind(queue)
+        .bind(until)
+        .bind(now)
+        .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
+        .fetch_all::<SqliteDriver>(conn)
+        .await?
+        .iter()
+        .map(|r| sqlx::Row::try_get::<String, _>(r, "message_id"))
+        .collect()
+}
+
+/// The rows to insert: all of them, or with duplicate detection (`fresh`, the ids not
+/// seen before) each fresh id once, as its first row.
+fn accepted<'r, 'm>(
+    rows: &'r [MessageRow<'m>],
+    fresh: Option<&HashSet<String>>,
+) -> Vec<&'r MessageRow<'m>> {
+    let mut taken = HashSet::new();
+    rows.iter()
+        .filter(|r| fresh.is_none_or(|f| f.contains(r.message_id) && taken.insert(r.message_id)))
+        .collect()
+}
+
 /// The holds a completion ended, from the rows it returned: seq and lock token.
 fn completions(rows: &[SqliteRow]) -> Result<HashMap<i64, String>, sqlx::Error> {
     rows.iter()
@@ -779,34 +814,11 @@ impl Driver for SqliteDriver {
                 completed,
             });
         }
-        let fresh: Option<HashSet<String>> = match dedup_ms {
-            Some(ms) => {
-                let until = Ts(now.0 + chrono::Duration::milliseconds(ms));
-                let ids: Vec<&str> = rows.iter().map(|r| r.message_id).collect();
-                let fresh = q(sql::Q_DEDUP_MANY)
-                    .bind(queue)
-                    .bind(until)
-                    .bind(now)
-                    .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
-                    .fetch_all::<Self>(conn)
-                    .await?
-                    .iter()
-                    .map(|r| sqlx::Row::try_get::<String, _>(r, "message_id"))
-                    .collect::<Result<HashSet<String>, sqlx::Error>>()?;
-                Some(fresh)
-            }
+        let fresh = match dedup_ms {
+            Some(ms) => Some(fresh_ids(conn, now, queue, ms, rows).await?),
             None => None,
         };
-        // A message id seen for the first time is taken once, as its first row.
-        let mut taken = HashSet::new();
-        let accepted: Vec<&MessageRow<'_>> = rows
-            .iter()
-            .filter(|r| {
-                fresh
-                    .as_ref()
-                    .is_none_or(|f| f.contains(r.message_id) && taken.insert(r.message_id))
-            })
-            .collect();
+        let accepted = accepted(rows, fresh.as_ref());
         if accepted.is_empty() {
             return Ok(SentAndCompleted {
                 inserted: 0,
