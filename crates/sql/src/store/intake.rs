@@ -91,14 +91,7 @@ impl<D: Driver> SqlStore<D> {
         if rows.is_empty() {
             return Ok(None);
         }
-        // Only an id's first valid row can be accepted: it alone sends and ends its
-        // delivery with the insert.
-        let mut seen = HashSet::with_capacity(orders.len());
-        let first: Vec<bool> = orders
-            .iter()
-            .zip(&checked)
-            .map(|(o, ok)| ok.is_ok() && seen.insert(o.order_id.as_str()))
-            .collect();
+        let first = first_valid(&orders, &checked);
         let firsts = || {
             batch
                 .iter()
@@ -117,15 +110,15 @@ impl<D: Driver> SqlStore<D> {
         else {
             return Ok(None);
         };
-        let holds: Vec<HoldFor<'_>> = match messages {
-            Some(messages) => firsts()
+        // The deliveries the insert ends: those of the rows it may accept.
+        let holds: Vec<HoldFor<'_>> = messages.map_or_else(Vec::new, |messages| {
+            firsts()
                 .map(|(i, s)| HoldFor {
                     order_id: s.order.order_id.as_str(),
                     held: &messages[i],
                 })
-                .collect(),
-            None => Vec::new(),
-        };
+                .collect()
+        });
         let Some(sent) = D::insert_orders_sending(
             &mut *tx,
             now,
@@ -159,6 +152,17 @@ impl<D: Driver> SqlStore<D> {
         let claimable = !sent.applied.is_empty();
         Ok(Some((Consumed { outcomes, consumed }, woken, claimable)))
     }
+}
+
+/// Which rows of `orders` can be accepted: only an id's first valid row, which alone
+/// sends and ends its delivery with the insert.
+fn first_valid<T>(orders: &[&NewOrder], checked: &[Result<(), T>]) -> Vec<bool> {
+    let mut seen = HashSet::with_capacity(orders.len());
+    orders
+        .iter()
+        .zip(checked)
+        .map(|(o, ok)| ok.is_ok() && seen.insert(o.order_id.as_str()))
+        .collect()
 }
 
 /// The rows of the valid orders of `orders`, and each order's validation.

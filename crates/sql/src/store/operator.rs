@@ -84,61 +84,14 @@ impl<D: Driver> SqlStore<D> {
             let Some(row) = Self::lock_state(&mut tx, order_id).await? else {
                 return Err(Error::OrderNotFound(order_id.clone()));
             };
-            if mv.undo_first
-                && row.process_state == ProcessState::Pending
-                && row.finish_as == Some(mv.target)
-            {
+            if !Self::admits(order_id, &row, &mv)? {
                 return Ok(row); // already asked for
             }
-            if !mv.from.contains(&row.process_state) || !row.process_state.can_become(mv.target) {
-                return Err(Error::IllegalTransition {
-                    order_id: order_id.clone(),
-                    from: row.process_state,
-                    to: mv.target,
-                });
-            }
             let undo = mv.undo_first && Self::undo_needed(&mut tx, order_id).await?;
-            let (to, kind, finish_as) = if undo {
-                (
-                    ProcessState::Pending,
-                    HistoryKind::CancelRequested,
-                    Some(mv.target.as_str()),
-                )
-            } else {
-                (mv.target, mv.kind, None)
+            let Some((moved, reason)) = Self::apply_move(&mut tx, now, &row, &mv, undo).await?
+            else {
+                continue;
             };
-            let moved = q(st::OPERATOR_MOVE)
-                .bind(order_id.as_str())
-                .bind(row.process_state.as_str())
-                .bind(Ts(now))
-                .bind(row.lock_epoch.0)
-                .bind(to.as_str())
-                .bind(finish_as)
-                .fetch_optional::<D>(&mut tx)
-                .await
-                .map_err(db)?;
-            let Some(moved) = moved else { continue };
-            let mut moved = Cols(&moved).state_row()?;
-            let mut reason = mv.reason.to_owned();
-            let mut kind = kind;
-            if kind == HistoryKind::Resubmitted {
-                (moved, kind) = Self::plan_retry(&mut tx, moved, &mut reason).await?;
-            }
-            Self::append(
-                &mut tx,
-                Event {
-                    order_id,
-                    at: now,
-                    actor: mv.actor.as_str(),
-                    kind,
-                    from: Some(row.process_state),
-                    to,
-                    epoch: moved.lock_epoch.0,
-                    step: None,
-                    reason: Some(&reason),
-                },
-            )
-            .await?;
             match self
                 .commit_move(tx, now, &moved, mv.sends, notify.then_some(&reason))
                 .await
@@ -155,6 +108,82 @@ impl<D: Driver> SqlStore<D> {
             )
             .into(),
         ))
+    }
+
+    /// Whether `mv` is to be made on the order in `row`: false if it was already asked
+    /// for (a cancel waiting for its undo); an error if the order cannot make it.
+    fn admits(order_id: &OrderId, row: &StateRow, mv: &OperatorMove<'_>) -> Result<bool> {
+        if mv.undo_first
+            && row.process_state == ProcessState::Pending
+            && row.finish_as == Some(mv.target)
+        {
+            return Ok(false);
+        }
+        if !mv.from.contains(&row.process_state) || !row.process_state.can_become(mv.target) {
+            return Err(Error::IllegalTransition {
+                order_id: order_id.clone(),
+                from: row.process_state,
+                to: mv.target,
+            });
+        }
+        Ok(true)
+    }
+
+    /// Moves the order of the locked `row` as `mv` says (or, with `undo`, back to
+    /// Pending to be undone first), with its history entry; a retry is planned as a
+    /// fresh run or a continuation. Returns the moved row and the reason recorded;
+    /// `None` if the row changed since it was read.
+    async fn apply_move(
+        tx: &mut D::Conn,
+        now: chrono::DateTime<chrono::Utc>,
+        row: &StateRow,
+        mv: &OperatorMove<'_>,
+        undo: bool,
+    ) -> Result<Option<(StateRow, String)>> {
+        let order_id = &row.order_id;
+        let (to, mut kind, finish_as) = if undo {
+            (
+                ProcessState::Pending,
+                HistoryKind::CancelRequested,
+                Some(mv.target.as_str()),
+            )
+        } else {
+            (mv.target, mv.kind, None)
+        };
+        let moved = q(st::OPERATOR_MOVE)
+            .bind(order_id.as_str())
+            .bind(row.process_state.as_str())
+            .bind(Ts(now))
+            .bind(row.lock_epoch.0)
+            .bind(to.as_str())
+            .bind(finish_as)
+            .fetch_optional::<D>(&mut *tx)
+            .await
+            .map_err(db)?;
+        let Some(moved) = moved else {
+            return Ok(None);
+        };
+        let mut moved = Cols(&moved).state_row()?;
+        let mut reason = mv.reason.to_owned();
+        if kind == HistoryKind::Resubmitted {
+            (moved, kind) = Self::plan_retry(tx, moved, &mut reason).await?;
+        }
+        Self::append(
+            tx,
+            Event {
+                order_id,
+                at: now,
+                actor: mv.actor.as_str(),
+                kind,
+                from: Some(row.process_state),
+                to,
+                epoch: moved.lock_epoch.0,
+                step: None,
+                reason: Some(&reason),
+            },
+        )
+        .await?;
+        Ok(Some((moved, reason)))
     }
 
     /// Refuses a move between versions unless both are stored and `to` is compatible

@@ -105,50 +105,7 @@ impl<D: Driver> SqlStore<D> {
         }
         let mut pruned = Pruned::default();
         // Finished orders, one batch per transaction.
-        loop {
-            let (mut tx, _) = self.begin().await?;
-            let ids: Vec<String> = Q::dynamic(format!(
-                "SELECT order_id FROM order_state WHERE {FINISHED} ORDER BY created_at, order_id LIMIT $2"
-            ))
-            .bind(Ts(cutoff))
-            .bind(batch)
-            .fetch_all::<D>(&mut tx)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Cols(r).get::<String>("order_id"))
-            .collect::<Result<_>>()?;
-            if ids.is_empty() {
-                break;
-            }
-            let mut removed = [0u64; 4];
-            for (table, n) in OF_ORDER.iter().zip(&mut removed) {
-                *n = Q::dynamic(format!(
-                    "DELETE FROM {table} WHERE order_id IN ({})",
-                    D::SQL.texts_of_1
-                ))
-                .bind(ids.clone())
-                .execute::<D>(&mut tx)
-                .await
-                .map_err(db)?;
-            }
-            let orders = Q::dynamic(format!(
-                "DELETE FROM orders WHERE order_id IN ({})",
-                D::SQL.texts_of_1
-            ))
-            .bind(ids.clone())
-            .execute::<D>(&mut tx)
-            .await
-            .map_err(db)?;
-            D::commit(tx).await.map_err(db)?;
-            pruned.history += removed[0];
-            pruned.steps += removed[1];
-            pruned.alerts += removed[2];
-            pruned.orders += orders;
-            if (ids.len() as i64) < batch {
-                break;
-            }
-        }
+        while self.prune_orders(cutoff, batch, &mut pruned).await? {}
         // The rest, each kind a batch per transaction.
         for (kind, statement) in LOOSE {
             let before = match kind {
@@ -171,6 +128,57 @@ impl<D: Driver> SqlStore<D> {
             }
         }
         Ok(pruned)
+    }
+
+    /// Removes one batch of the orders finished before `cutoff`, with everything kept
+    /// of them, in one transaction, and counts it in `pruned`. True if there may be
+    /// more.
+    async fn prune_orders(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+        pruned: &mut Pruned,
+    ) -> Result<bool> {
+        let (mut tx, _) = self.begin().await?;
+        let ids: Vec<String> = Q::dynamic(format!(
+            "SELECT order_id FROM order_state WHERE {FINISHED} ORDER BY created_at, order_id LIMIT $2"
+        ))
+        .bind(Ts(cutoff))
+        .bind(batch)
+        .fetch_all::<D>(&mut tx)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| Cols(r).get::<String>("order_id"))
+        .collect::<Result<_>>()?;
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        let mut removed = [0u64; 4];
+        for (table, n) in OF_ORDER.iter().zip(&mut removed) {
+            *n = Q::dynamic(format!(
+                "DELETE FROM {table} WHERE order_id IN ({})",
+                D::SQL.texts_of_1
+            ))
+            .bind(ids.clone())
+            .execute::<D>(&mut tx)
+            .await
+            .map_err(db)?;
+        }
+        let orders = Q::dynamic(format!(
+            "DELETE FROM orders WHERE order_id IN ({})",
+            D::SQL.texts_of_1
+        ))
+        .bind(ids.clone())
+        .execute::<D>(&mut tx)
+        .await
+        .map_err(db)?;
+        D::commit(tx).await.map_err(db)?;
+        pruned.history += removed[0];
+        pruned.steps += removed[1];
+        pruned.alerts += removed[2];
+        pruned.orders += orders;
+        Ok(ids.len() as i64 >= batch)
     }
 
     /// What [`Self::prune_now`] would remove.
