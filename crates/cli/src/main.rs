@@ -1,12 +1,11 @@
 //! `orderly`: the operator and developer command line. Thin: parse, connect, call the
 //! store (or start the embedded system), print.
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
-use orderly_cli::outln;
-use orderly_core::transport::QueueName;
-use orderly_core::{Actor, OrderId, ProcessState, TimeSource};
+use orderly_core::{ProcessState, TimeSource};
 
+mod commands;
 mod config;
 mod local;
 mod outbox;
@@ -17,7 +16,7 @@ mod triage;
 
 use config::ConfigCommand;
 use local::Faults;
-use triage::{Filter, confirm};
+use triage::Filter;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
 #[derive(Parser)]
@@ -481,384 +480,41 @@ async fn run() -> anyhow::Result<()> {
     }
     let cli = Cli::try_parse_from(args)
         .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
+    init_logging(&cli)?;
+    commands::run(cli.command, &cli.database_url).await
+}
+
+/// Logs for `cli`'s command: the in-process system (demo, bench) logs a lot, to a file,
+/// keeping the terminal for progress and the summary; `up` and `dashboard` run as
+/// services, their logs say what they do, and come as JSON lines with
+/// ORDERLY_LOG_JSON (as every role's do); the rest log warnings only.
+fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let filter = |default: &str| {
         tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
             .unwrap_or_else(|_| default.into())
     };
-    match &cli.command {
-        // The in-process system logs a lot; keep the terminal for progress and the summary.
-        Command::Demo { .. } | Command::Bench { .. } => {
-            let log = std::env::temp_dir().join(format!("orderly-{}.log", std::process::id()));
-            let file = std::fs::File::create(&log)
-                .with_context(|| format!("cannot create log file {}", log.display()))?;
-            eprintln!("logs: {}", log.display());
-            tracing_subscriber::fmt()
-                .with_env_filter(filter("info"))
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
-        }
-        _ => {
-            // `up` and `dashboard` run as services: their logs say what they do, and
-            // come as JSON lines with ORDERLY_LOG_JSON (as every role's do).
-            let service = matches!(cli.command, Command::Up { .. } | Command::Dashboard { .. });
-            let builder = tracing_subscriber::fmt()
-                .with_env_filter(filter(if service { "info" } else { "warn" }))
-                .with_writer(std::io::stderr);
-            if cli.log_json {
-                builder.json().init();
-            } else {
-                builder
-                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                    .init();
-            }
-        }
+    if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
+        let log = std::env::temp_dir().join(format!("orderly-{}.log", std::process::id()));
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create log file {}", log.display()))?;
+        eprintln!("logs: {}", log.display());
+        tracing_subscriber::fmt()
+            .with_env_filter(filter("info"))
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .init();
+        return Ok(());
     }
-    let cli = match cli.command {
-        Command::Post(args) => return post::run(args, &cli.database_url).await,
-        Command::Provision {
-            print: provision::Format::Az,
-            workflow,
-            names,
-        } => {
-            let workflows = orderly_runtime::load_workflows(&workflow)?;
-            print!("{}", provision::az(&workflows, &names));
-            return Ok(());
-        }
-        Command::Outbox { requeue, json } => {
-            return outbox::run(&cli.database_url, requeue, json).await;
-        }
-        command => Cli {
-            command,
-            database_url: cli.database_url,
-            log_json: cli.log_json,
-        },
-    };
-    match &cli.command {
-        Command::Demo {
-            orders,
-            faults,
-            timeout,
-            store,
-        } => return local::run_demo(*orders, *faults, *timeout, store.clone()).await,
-        Command::Bench {
-            orders,
-            store,
-            paced_rate,
-        } => return local::run_bench(*orders, store.clone(), *paced_rate).await,
-        Command::Up {
-            faults,
-            dashboard,
-            dashboard_token,
-        } => {
-            return local::run_up(
-                &cli.database_url,
-                *faults,
-                *dashboard,
-                dashboard_token.clone(),
-            )
-            .await;
-        }
-        Command::Config {
-            command: ConfigCommand::Check { file },
-        } => return config::check_config(file),
-
-        Command::Queues { json, on } => {
-            let (_, inspector) = on.open(&cli.database_url).await?;
-            print::depths(&inspector.count_depths().await?, *json)?;
-            if on.is_servicebus() && !json {
-                outln!(
-                    "(Service Bus: counted by peeking, at most {} per queue; `ready` includes locked and \
-                     scheduled messages. Exact counts are Azure Monitor metrics.)",
-                    orderly_azure::PEEK_COUNT_CAP
-                );
-            }
-            return Ok(());
-        }
-        Command::DeadLetters {
-            queue,
-            limit,
-            json,
-            on,
-        } => {
-            let queue = QueueName::parse(queue.clone())?;
-            let (transport, _) = on.open(&cli.database_url).await?;
-            print::dead_letters(&transport.dead_letters(&queue, *limit).await?, *json)?;
-            return Ok(());
-        }
-        Command::Requeue {
-            queue,
-            message_id,
-            all,
-            yes,
-            on,
-        }
-        | Command::Discard {
-            queue,
-            message_id,
-            all,
-            yes,
-            on,
-        } => {
-            let requeue = matches!(cli.command, Command::Requeue { .. });
-            let verb = if requeue { "requeue" } else { "discard" };
-            let queue = QueueName::parse(queue.clone())?;
-            let (transport, inspector) = on.open(&cli.database_url).await?;
-            if *all && !yes {
-                let n = transport.dead_letters(&queue, u32::MAX).await?.len();
-                if !confirm(&format!("{verb} all {n} dead letters of {queue}?"))? {
-                    bail!("nothing {}", if requeue { "requeued" } else { "discarded" });
-                }
-            }
-            let n = if requeue {
-                inspector
-                    .requeue_dead_letters(&queue, message_id.as_deref())
-                    .await?
-            } else {
-                inspector
-                    .discard_dead_letters(&queue, message_id.as_deref())
-                    .await?
-            };
-            if n == 0 {
-                bail!("no such dead letter on {queue}");
-            }
-            outln!(
-                "{} {n} message(s) on {queue}",
-                if requeue { "requeued" } else { "discarded" }
-            );
-            return Ok(());
-        }
-        Command::Dashboard {
-            listen,
-            token,
-            public_url,
-            operators_file,
-            trusted_proxy,
-            on,
-        } => {
-            let access = match operators_file {
-                Some(path) => orderly_cli::dashboard::Access::from_file(path, *trusted_proxy)?,
-                None => orderly_cli::dashboard::Access {
-                    operators: Vec::new(),
-                    trusted_proxy: *trusted_proxy,
-                },
-            };
-            let mut backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
-                .await
-                .context(
-                    "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",
-                )?;
-            if on.is_servicebus() {
-                // The store's outbox feeds Service Bus; the queues shown are Service Bus's.
-                let (transport, inspector) = on.open(&cli.database_url).await?;
-                backend.transport = transport;
-                backend.inspector = inspector;
-            }
-            let shutdown = orderly_runtime::shutdown_on_signals();
-            let ops = orderly_runtime::ops::endpoints(
-                "dashboard",
-                backend.clone(),
-                orderly_runtime::ops::install_metrics()?,
-                Vec::new(),
-            );
-            let (addr, task) = orderly_cli::dashboard::serve(
-                *listen,
-                backend,
-                token.clone(),
-                public_url.clone(),
-                access,
-                ops,
-                shutdown,
-            )
-            .await?;
-            outln!("dashboard on http://{addr}/");
-            task.await?;
-            return Ok(());
-        }
-        _ => {}
-    }
-    let backend = orderly_sql::connect(&cli.database_url, TimeSource::Database)
-        .await
-        .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
-    let store = backend.store.clone();
-
-    match cli.command {
-        // Dispatched before the store is opened (it may not need it).
-        Command::Post(_) | Command::Outbox { .. } | Command::Provision { .. } => {
-            unreachable!("dispatched above")
-        }
-        Command::Migrate { workflow } => {
-            let workflows = orderly_runtime::load_workflows(&workflow)?;
-            let wanted: Vec<QueueName> = orderly_runtime::backend::fixed_queues()
-                .into_iter()
-                .chain(workflows.queues())
-                .collect();
-            orderly_runtime::backend::ensure_queues(backend.transport.as_ref(), wanted.clone())
-                .await?;
-            let added = store
-                .record_workflows(&workflows.definitions(), "operator:orderly-migrate")
-                .await?;
-            outln!("migrations applied; the store is up to date");
-            let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
-            outln!("queues declared: {}", names.join(", "));
-            let versions: Vec<String> = workflows.references().map(ToString::to_string).collect();
-            outln!(
-                "workflow versions stored: {} ({added} new); every scheduler runs orders pinned to them",
-                versions.join(", ")
-            );
-        }
-        Command::Submit {
-            file,
-            sample,
-            operator,
-        } => triage::submit(store.as_ref(), file, sample, &operator).await?,
-        Command::Prune {
-            older_than,
-            dry_run,
-            yes,
-            json,
-        } => triage::prune(store.as_ref(), older_than, dry_run, yes, json).await?,
-        Command::Resubmit {
-            order_id,
-            all: _,
-            filter,
-            yes,
-            reason,
-            operator,
-        } => triage::resubmit(store.as_ref(), order_id, filter, yes, &reason, &operator).await?,
-        Command::Cancel {
-            order_id,
-            all: _,
-            filter,
-            yes,
-            reason,
-            operator,
-            no_compensation,
-        } => {
-            triage::cancel(
-                store.as_ref(),
-                order_id,
-                &filter,
-                yes,
-                &reason,
-                &operator,
-                no_compensation,
-            )
-            .await?
-        }
-        Command::List {
-            filter,
-            limit,
-            json,
-        } => {
-            let page = store.list(&filter.to_store(limit)).await?;
-            let services = store
-                .services()
-                .await?
-                .into_iter()
-                .map(|h| (h.service.clone(), h))
-                .collect();
-            print::orders(&page.orders, &services, json)?;
-            if page.next.is_some() && !json {
-                outln!("(more orders: raise --limit or filter)");
-            }
-        }
-        Command::Show { order_id, json } => {
-            let view = store.get(&OrderId::parse(order_id)?).await?;
-            print::order(&view, json)?;
-        }
-        Command::Counts => {
-            for (state, n) in store.count_by_state().await? {
-                outln!("{:<11} {n}", state.as_str());
-            }
-        }
-        Command::Workflows {
-            action:
-                Some(WorkflowsAction::Migrate {
-                    from,
-                    to,
-                    states,
-                    yes,
-                    reason,
-                    operator,
-                }),
-            ..
-        } => {
-            triage::move_version(store.as_ref(), &from, &to, &states, yes, &reason, &operator)
-                .await?
-        }
-        Command::Workflows { json, action: None } => {
-            print::workflows(
-                &store.workflows_in_flight().await?,
-                &store.stored_workflows().await?,
-                json,
-            )?;
-        }
-        Command::Alerts {
-            all,
-            limit,
-            ack: Some(id),
-            operator,
-            json,
-            system: _,
-        } => {
-            let _ = (all, limit);
-            let Some(alert) = store
-                .acknowledge_alert(id, &Actor::operator(&operator))
-                .await?
-            else {
-                bail!("no alert #{id}");
-            };
-            print::alerts(std::slice::from_ref(&alert), json)?;
-        }
-        Command::Alerts {
-            all,
-            limit,
-            json,
-            system: true,
-            ..
-        } => print::system_alerts(&store.system_alerts(!all, limit).await?, json)?,
-        Command::Alerts {
-            all, limit, json, ..
-        } => print::alerts(&store.alerts(!all, limit).await?, json)?,
-        Command::Services {
-            resume: Some(service),
-            operator,
-            json,
-        } => {
-            let actor = Actor::operator(&operator);
-            match store.report_success(&service, actor.as_str()).await? {
-                Some(back) => {
-                    if json {
-                        outln!("{}", serde_json::to_string_pretty(&back.health)?);
-                    } else {
-                        outln!(
-                            "{service} marked up by {actor}: {} waiting orders resume at {}/s",
-                            back.resumed,
-                            back.health.resume_per_second
-                        );
-                    }
-                }
-                None => {
-                    let waiting = store.resume_waiting(&service, actor.as_str()).await?;
-                    outln!("{service} was up already; {waiting} orders left waiting resume");
-                }
-            }
-        }
-        Command::Services { json, .. } => print::services(&store.services().await?, json)?,
-        Command::Leader { json } => {
-            let term = store.term(orderly_supervisor::LEADERSHIP).await?;
-            print::leader(term.as_ref(), json)?;
-        }
-        Command::Queues { .. }
-        | Command::DeadLetters { .. }
-        | Command::Requeue { .. }
-        | Command::Discard { .. } => unreachable!("dispatched above"),
-        Command::Demo { .. }
-        | Command::Up { .. }
-        | Command::Bench { .. }
-        | Command::Config { .. }
-        | Command::Dashboard { .. } => {}
+    let service = matches!(cli.command, Command::Up { .. } | Command::Dashboard { .. });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter(if service { "info" } else { "warn" }))
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        builder.json().init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
     }
     Ok(())
 }

@@ -1,0 +1,385 @@
+//! What each command does: the commands that need no store first (posting, the local
+//! runner, the messaging views, the dashboard), then those on the state store.
+
+use anyhow::{Context, bail};
+use orderly_cli::outln;
+use orderly_core::store::StateStore;
+use orderly_core::transport::QueueName;
+use orderly_core::{Actor, OrderId, TimeSource};
+
+use crate::config::ConfigCommand;
+use crate::triage::confirm;
+use crate::{
+    Command, QueueTransport, WorkflowsAction, config, local, outbox, post, print, provision, triage,
+};
+
+/// Runs `command` against the store at `url`.
+pub(crate) async fn run(command: Command, url: &str) -> anyhow::Result<()> {
+    match command {
+        Command::Post(args) => post::run(args, url).await,
+        Command::Provision {
+            print: provision::Format::Az,
+            workflow,
+            names,
+        } => {
+            let workflows = orderly_runtime::load_workflows(&workflow)?;
+            print!("{}", provision::az(&workflows, &names));
+            Ok(())
+        }
+        Command::Outbox { requeue, json } => outbox::run(url, requeue, json).await,
+        Command::Demo {
+            orders,
+            faults,
+            timeout,
+            store,
+        } => local::run_demo(orders, faults, timeout, store).await,
+        Command::Bench {
+            orders,
+            store,
+            paced_rate,
+        } => local::run_bench(orders, store, paced_rate).await,
+        Command::Up {
+            faults,
+            dashboard,
+            dashboard_token,
+        } => local::run_up(url, faults, dashboard, dashboard_token).await,
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => config::check_config(&file),
+        Command::Queues { json, on } => queues(url, json, &on).await,
+        Command::DeadLetters {
+            queue,
+            limit,
+            json,
+            on,
+        } => {
+            let queue = QueueName::parse(queue)?;
+            let (transport, _) = on.open(url).await?;
+            print::dead_letters(&transport.dead_letters(&queue, limit).await?, json)
+        }
+        Command::Requeue {
+            queue,
+            message_id,
+            all,
+            yes,
+            on,
+        } => settle_dead_letters(url, true, queue, message_id, all, yes, &on).await,
+        Command::Discard {
+            queue,
+            message_id,
+            all,
+            yes,
+            on,
+        } => settle_dead_letters(url, false, queue, message_id, all, yes, &on).await,
+        Command::Dashboard {
+            listen,
+            token,
+            public_url,
+            operators_file,
+            trusted_proxy,
+            on,
+        } => {
+            let access = match operators_file {
+                Some(path) => orderly_cli::dashboard::Access::from_file(&path, trusted_proxy)?,
+                None => orderly_cli::dashboard::Access {
+                    operators: Vec::new(),
+                    trusted_proxy,
+                },
+            };
+            dashboard(url, listen, token, public_url, access, &on).await
+        }
+        command => on_store(command, url).await,
+    }
+}
+
+/// The queues' depths.
+async fn queues(url: &str, json: bool, on: &QueueTransport) -> anyhow::Result<()> {
+    let (_, inspector) = on.open(url).await?;
+    print::depths(&inspector.count_depths().await?, json)?;
+    if on.is_servicebus() && !json {
+        outln!(
+            "(Service Bus: counted by peeking, at most {} per queue; `ready` includes locked and \
+             scheduled messages. Exact counts are Azure Monitor metrics.)",
+            orderly_azure::PEEK_COUNT_CAP
+        );
+    }
+    Ok(())
+}
+
+/// Requeues (or discards) one dead letter of `queue`, or all of them once confirmed.
+async fn settle_dead_letters(
+    url: &str,
+    requeue: bool,
+    queue: String,
+    message_id: Option<String>,
+    all: bool,
+    yes: bool,
+    on: &QueueTransport,
+) -> anyhow::Result<()> {
+    let verb = if requeue { "requeue" } else { "discard" };
+    let done = if requeue { "requeued" } else { "discarded" };
+    let queue = QueueName::parse(queue)?;
+    let (transport, inspector) = on.open(url).await?;
+    if all && !yes {
+        let n = transport.dead_letters(&queue, u32::MAX).await?.len();
+        if !confirm(&format!("{verb} all {n} dead letters of {queue}?"))? {
+            bail!("nothing {done}");
+        }
+    }
+    let n = if requeue {
+        inspector
+            .requeue_dead_letters(&queue, message_id.as_deref())
+            .await?
+    } else {
+        inspector
+            .discard_dead_letters(&queue, message_id.as_deref())
+            .await?
+    };
+    if n == 0 {
+        bail!("no such dead letter on {queue}");
+    }
+    outln!("{done} {n} message(s) on {queue}");
+    Ok(())
+}
+
+/// Serves the dashboard until SIGTERM or Ctrl-C.
+async fn dashboard(
+    url: &str,
+    listen: std::net::SocketAddr,
+    token: Option<String>,
+    public_url: Option<reqwest::Url>,
+    access: orderly_cli::dashboard::Access,
+    on: &QueueTransport,
+) -> anyhow::Result<()> {
+    let mut backend = orderly_sql::connect(url, TimeSource::Database)
+        .await
+        .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
+    if on.is_servicebus() {
+        // The store's outbox feeds Service Bus; the queues shown are Service Bus's.
+        let (transport, inspector) = on.open(url).await?;
+        backend.transport = transport;
+        backend.inspector = inspector;
+    }
+    let shutdown = orderly_runtime::shutdown_on_signals();
+    let ops = orderly_runtime::ops::endpoints(
+        "dashboard",
+        backend.clone(),
+        orderly_runtime::ops::install_metrics()?,
+        Vec::new(),
+    );
+    let (addr, task) =
+        orderly_cli::dashboard::serve(listen, backend, token, public_url, access, ops, shutdown)
+            .await?;
+    outln!("dashboard on http://{addr}/");
+    task.await?;
+    Ok(())
+}
+
+/// The commands on the state store.
+async fn on_store(command: Command, url: &str) -> anyhow::Result<()> {
+    let backend = orderly_sql::connect(url, TimeSource::Database)
+        .await
+        .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
+    match command {
+        Command::Migrate { workflow } => migrate(&backend, &workflow).await,
+        command @ (Command::Submit { .. }
+        | Command::Prune { .. }
+        | Command::Resubmit { .. }
+        | Command::Cancel { .. }
+        | Command::Workflows {
+            action: Some(_), ..
+        }) => change(command, backend.store.as_ref()).await,
+        command => view(command, backend.store.as_ref()).await,
+    }
+}
+
+/// The operators' changes: submit, prune, retry, cancel, move between versions.
+async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
+    match command {
+        Command::Submit {
+            file,
+            sample,
+            operator,
+        } => triage::submit(store, file, sample, &operator).await?,
+        Command::Prune {
+            older_than,
+            dry_run,
+            yes,
+            json,
+        } => triage::prune(store, older_than, dry_run, yes, json).await?,
+        Command::Resubmit {
+            order_id,
+            all: _,
+            filter,
+            yes,
+            reason,
+            operator,
+        } => triage::resubmit(store, order_id, filter, yes, &reason, &operator).await?,
+        Command::Cancel {
+            order_id,
+            all: _,
+            filter,
+            yes,
+            reason,
+            operator,
+            no_compensation,
+        } => {
+            triage::cancel(
+                store,
+                order_id,
+                &filter,
+                yes,
+                &reason,
+                &operator,
+                no_compensation,
+            )
+            .await?;
+        }
+        Command::Workflows {
+            action:
+                Some(WorkflowsAction::Migrate {
+                    from,
+                    to,
+                    states,
+                    yes,
+                    reason,
+                    operator,
+                }),
+            ..
+        } => {
+            triage::move_version(store, &from, &to, &states, yes, &reason, &operator).await?;
+        }
+        _ => unreachable!("not a change"),
+    }
+    Ok(())
+}
+
+/// The operators' views of the store, and the acknowledgements and resumes made there.
+async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
+    match command {
+        Command::List {
+            filter,
+            limit,
+            json,
+        } => {
+            let page = store.list(&filter.to_store(limit)).await?;
+            let services = store
+                .services()
+                .await?
+                .into_iter()
+                .map(|h| (h.service.clone(), h))
+                .collect();
+            print::orders(&page.orders, &services, json)?;
+            if page.next.is_some() && !json {
+                outln!("(more orders: raise --limit or filter)");
+            }
+        }
+        Command::Show { order_id, json } => {
+            let view = store.get(&OrderId::parse(order_id)?).await?;
+            print::order(&view, json)?;
+        }
+        Command::Counts => {
+            for (state, n) in store.count_by_state().await? {
+                outln!("{:<11} {n}", state.as_str());
+            }
+        }
+        Command::Workflows { json, action: None } => {
+            print::workflows(
+                &store.workflows_in_flight().await?,
+                &store.stored_workflows().await?,
+                json,
+            )?;
+        }
+        Command::Alerts {
+            ack: Some(id),
+            operator,
+            json,
+            ..
+        } => {
+            let Some(alert) = store
+                .acknowledge_alert(id, &Actor::operator(&operator))
+                .await?
+            else {
+                bail!("no alert #{id}");
+            };
+            print::alerts(std::slice::from_ref(&alert), json)?;
+        }
+        Command::Alerts {
+            all,
+            limit,
+            json,
+            system: true,
+            ..
+        } => print::system_alerts(&store.system_alerts(!all, limit).await?, json)?,
+        Command::Alerts {
+            all, limit, json, ..
+        } => print::alerts(&store.alerts(!all, limit).await?, json)?,
+        Command::Services {
+            resume: Some(service),
+            operator,
+            json,
+        } => resume_service(store, &service, &operator, json).await?,
+        Command::Services { json, .. } => print::services(&store.services().await?, json)?,
+        Command::Leader { json } => {
+            let term = store.term(orderly_supervisor::LEADERSHIP).await?;
+            print::leader(term.as_ref(), json)?;
+        }
+        _ => unreachable!("run without the store, or a change"),
+    }
+    Ok(())
+}
+
+/// Applies the migrations, declares the queues the workflows use and stores their
+/// versions.
+async fn migrate(
+    backend: &orderly_sql::Backend,
+    workflow: &[std::path::PathBuf],
+) -> anyhow::Result<()> {
+    let workflows = orderly_runtime::load_workflows(workflow)?;
+    let wanted: Vec<QueueName> = orderly_runtime::backend::fixed_queues()
+        .into_iter()
+        .chain(workflows.queues())
+        .collect();
+    orderly_runtime::backend::ensure_queues(backend.transport.as_ref(), wanted.clone()).await?;
+    let added = backend
+        .store
+        .record_workflows(&workflows.definitions(), "operator:orderly-migrate")
+        .await?;
+    outln!("migrations applied; the store is up to date");
+    let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
+    outln!("queues declared: {}", names.join(", "));
+    let versions: Vec<String> = workflows.references().map(ToString::to_string).collect();
+    outln!(
+        "workflow versions stored: {} ({added} new); every scheduler runs orders pinned to them",
+        versions.join(", ")
+    );
+    Ok(())
+}
+
+/// An operator marks `service` up: its waiting orders resume.
+async fn resume_service(
+    store: &dyn StateStore,
+    service: &str,
+    operator: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let actor = Actor::operator(operator);
+    match store.report_success(service, actor.as_str()).await? {
+        Some(back) => {
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&back.health)?);
+            } else {
+                outln!(
+                    "{service} marked up by {actor}: {} waiting orders resume at {}/s",
+                    back.resumed,
+                    back.health.resume_per_second
+                );
+            }
+        }
+        None => {
+            let waiting = store.resume_waiting(service, actor.as_str()).await?;
+            outln!("{service} was up already; {waiting} orders left waiting resume");
+        }
+    }
+    Ok(())
+}
