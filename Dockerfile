@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# Every orderly binary in one small image: orderly (operators' CLI, `up`, `dashboard`),
-# orderly-submitter, -scheduler, -agent, -supervisor, -remote-sim.
+# Every orderly binary in one small image: orderly (the operators' CLI, `dashboard`),
+# orderly-local (every role in one process: `orderly up`), orderly-submitter,
+# -scheduler, -agent, -supervisor, -remote-sim.
 #   docker build -t orderly --build-arg VERSION=$(git describe --always) \
 #     --build-arg REVISION=$(git rev-parse HEAD) .
 #   docker run orderly orderly-scheduler          # one role (configured by ORDERLY_*)
@@ -9,7 +10,7 @@
 #     orderly orderly up                           # everything on SQLite, in /data
 # TLS (rustls, the platform's roots plus ORDERLY_CA_FILE) is in every build; nothing
 # to turn on. (Not built on the project's CI machines: there is no Docker engine there;
-# crates/cli/tests/deploy.rs checks what this file names and walks what the image runs.)
+# crates/local/tests/e2e/deploy.rs checks what this file names and walks what the image runs.)
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -22,15 +23,17 @@ COPY .cargo .cargo
 COPY crates crates
 COPY migrations migrations
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
-# Each role's binary is built by its own crate; the operators' CLI by orderly-cli.
+# Each role's binary is built by its own crate; the operators' CLI by orderly-cli, the
+# local runner by orderly-local.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked --bins --features orderly-runtime/otel \
-      -p orderly-cli -p orderly-submitter -p orderly-scheduler -p orderly-agent \
-      -p orderly-supervisor -p orderly-remote-sim \
+      -p orderly-cli -p orderly-local -p orderly-submitter -p orderly-scheduler \
+      -p orderly-agent -p orderly-supervisor -p orderly-remote-sim \
  && mkdir /out \
- && cp target/release/orderly target/release/orderly-submitter target/release/orderly-scheduler \
+ && cp target/release/orderly target/release/orderly-local target/release/orderly-submitter \
+       target/release/orderly-scheduler \
        target/release/orderly-agent target/release/orderly-supervisor target/release/orderly-remote-sim /out/
 
 FROM debian:bookworm-slim

@@ -10,11 +10,11 @@ use orderly_core::{Actor, OrderId, TimeSource};
 use crate::config::ConfigCommand;
 use crate::triage::confirm;
 use crate::{
-    Command, QueueTransport, WorkflowsAction, config, local, outbox, post, print, provision, triage,
+    Command, QueueTransport, WorkflowsAction, config, outbox, post, print, provision, triage,
 };
 
 /// Runs `command` against the store at `url`.
-pub(crate) async fn run(command: Command, url: &str) -> anyhow::Result<()> {
+pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::Result<()> {
     match command {
         Command::Post(args) => post::run(args, url).await,
         Command::Provision {
@@ -27,22 +27,9 @@ pub(crate) async fn run(command: Command, url: &str) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Outbox { requeue, json } => outbox::run(url, requeue, json).await,
-        Command::Demo {
-            orders,
-            faults,
-            timeout,
-            store,
-        } => local::run_demo(orders, faults, timeout, store).await,
-        Command::Bench {
-            orders,
-            store,
-            paced_rate,
-        } => local::run_bench(orders, store, paced_rate).await,
-        Command::Up {
-            faults,
-            dashboard,
-            dashboard_token,
-        } => local::run_up(url, faults, dashboard, dashboard_token).await,
+        Command::Demo { args } => local_runner("demo", args, url, log_json),
+        Command::Bench { args } => local_runner("bench", args, url, log_json),
+        Command::Up { args } => local_runner("up", args, url, log_json),
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config::check_config(&file),
@@ -89,6 +76,50 @@ pub(crate) async fn run(command: Command, url: &str) -> anyhow::Result<()> {
             dashboard(url, listen, token, public_url, access, &on).await
         }
         command => on_store(command, url).await,
+    }
+}
+
+/// The local runner (`orderly-local`, beside this binary or on the PATH) runs `demo`,
+/// `up` and `bench`: this process becomes it, with the store and the log format this
+/// command line named. The operators' binary carries none of the roles.
+fn local_runner(
+    command: &str,
+    args: Vec<std::ffi::OsString>,
+    url: &str,
+    log_json: bool,
+) -> anyhow::Result<()> {
+    let name = format!("orderly-local{}", std::env::consts::EXE_SUFFIX);
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name(&name))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| name.clone().into());
+    let mut runner = std::process::Command::new(&program);
+    runner
+        .arg(command)
+        .args(args)
+        .env("ORDERLY_DATABASE_URL", url);
+    if log_json {
+        runner.env("ORDERLY_LOG_JSON", "true");
+    }
+    let missing = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "`orderly {command}` runs the local runner, orderly-local, which is neither beside \
+             this binary nor on the PATH ({e}): build it with `cargo build -p orderly-local`, \
+             or run `cargo run -p orderly-local -- {command}`"
+        )
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Only returns on failure: from here on this process is the runner, which gets
+        // the signals (Ctrl-C, SIGTERM) and gives the exit status.
+        Err(missing(runner.exec()))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = runner.status().map_err(missing)?;
+        std::process::exit(status.code().unwrap_or(1))
     }
 }
 
@@ -321,7 +352,7 @@ async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
         } => resume_service(store, &service, &operator, json).await?,
         Command::Services { json, .. } => print::services(&store.services().await?, json)?,
         Command::Leader { json } => {
-            let term = store.term(orderly_supervisor::LEADERSHIP).await?;
+            let term = store.term(orderly_core::leader::SUPERVISORS).await?;
             print::leader(term.as_ref(), json)?;
         }
         _ => unreachable!("run without the store, or a change"),

@@ -1,11 +1,7 @@
-//! The `orderly` command's library: the whole system in one process (`orderly up`,
-//! `orderly demo`, the end-to-end tests), the invariant checker of a run's end state,
-//! and sample orders. The binary in `main.rs` only parses and dispatches.
+//! The `orderly` command's library: the operators' dashboard, sample orders, and the
+//! output helpers its commands (and the local runner, `orderly-local`) print with. The
+//! binary in `main.rs` parses and `commands.rs` dispatches.
 
 pub mod dashboard;
-pub mod demo;
-pub mod invariants;
-pub mod measure;
 pub mod out;
 pub mod sample;
-pub mod system;

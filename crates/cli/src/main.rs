@@ -7,7 +7,6 @@ use orderly_core::{ProcessState, TimeSource};
 
 mod commands;
 mod config;
-mod local;
 mod outbox;
 mod post;
 mod print;
@@ -15,7 +14,6 @@ mod provision;
 mod triage;
 
 use config::ConfigCommand;
-use local::Faults;
 use triage::Filter;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
@@ -361,54 +359,29 @@ enum Command {
         #[command(flatten)]
         on: QueueTransport,
     },
-    /// Run the whole system in this process on one store (SQLite by default): the
-    /// remote-service simulator, two schedulers, two agents, two supervisors and a
-    /// submitter. Submit N orders through the orders queue, show progress, print a
-    /// summary, and check the invariants; exits non-zero if one fails.
+    /// Run the whole system in this process on one store and check the invariants: the
+    /// local runner's `demo` (`orderly-local demo --help` for its flags).
+    #[command(disable_help_flag = true)]
     Demo {
-        /// Orders to submit.
-        #[arg(long, default_value_t = 1_000)]
-        orders: usize,
-        /// Fault injection: on (10% transient failures, 2% hangs, 1% permanent
-        /// failures) or off.
-        #[arg(long, default_value = "on")]
-        faults: Faults,
-        /// Give up waiting after this long.
-        #[arg(long = "timeout", default_value = "5m", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
-        timeout: std::time::Duration,
-        /// State store; by default a new SQLite file in the temporary directory.
-        #[arg(long = "store")]
-        store: Option<String>,
+        /// The local runner's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
-    /// Run the whole system in this process until Ctrl-C / SIGTERM.
+    /// Run the whole system in this process until Ctrl-C / SIGTERM: the local runner's
+    /// `up` (`orderly-local up --help` for its flags).
+    #[command(disable_help_flag = true)]
     Up {
-        /// Fault injection in the simulator.
-        #[arg(long, default_value = "off")]
-        faults: Faults,
-        /// Serve the web dashboard here; anything but loopback needs --dashboard-token.
-        #[arg(
-            long,
-            env = "ORDERLY_DASHBOARD_LISTEN",
-            default_value = "127.0.0.1:8088"
-        )]
-        dashboard: std::net::SocketAddr,
-        /// The dashboard's token (required off loopback).
-        #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
-        dashboard_token: Option<String>,
+        /// The local runner's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
-    /// Measure end-to-end throughput and submit->Processed latency with the simulator
-    /// answering at once: a burst of N orders, then a paced run at half that rate.
+    /// Measure throughput and latency of the whole system in this process: the local
+    /// runner's `bench` (`orderly-local bench --help` for its flags).
+    #[command(disable_help_flag = true)]
     Bench {
-        /// Orders in the burst.
-        #[arg(long, default_value_t = 5_000)]
-        orders: usize,
-        /// State store; by default a new SQLite file in the temporary directory.
-        #[arg(long = "store")]
-        store: Option<String>,
-        /// The paced run's rate in orders/s; by default half the burst's throughput.
-        /// Give one to compare latencies at the same load across builds or stores.
-        #[arg(long, value_parser = positive_rate)]
-        paced_rate: Option<f64>,
+        /// The local runner's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -443,13 +416,6 @@ enum WorkflowsAction {
     },
 }
 
-fn positive_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
-        _ => Err(format!("{s:?} is not a rate in orders/s above 0")),
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -481,31 +447,18 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::try_parse_from(args)
         .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
     init_logging(&cli)?;
-    commands::run(cli.command, &cli.database_url).await
+    commands::run(cli.command, &cli.database_url, cli.log_json).await
 }
 
-/// Logs for `cli`'s command: the in-process system (demo, bench) logs a lot, to a file,
-/// keeping the terminal for progress and the summary; `up` and `dashboard` run as
-/// services, their logs say what they do, and come as JSON lines with
-/// ORDERLY_LOG_JSON (as every role's do); the rest log warnings only.
+/// Logs for `cli`'s command: the dashboard runs as a service, its logs say what it
+/// does, and come as JSON lines with ORDERLY_LOG_JSON (as every role's do); the rest
+/// log warnings only.
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let filter = |default: &str| {
         tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
             .unwrap_or_else(|_| default.into())
     };
-    if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
-        let log = std::env::temp_dir().join(format!("orderly-{}.log", std::process::id()));
-        let file = std::fs::File::create(&log)
-            .with_context(|| format!("cannot create log file {}", log.display()))?;
-        eprintln!("logs: {}", log.display());
-        tracing_subscriber::fmt()
-            .with_env_filter(filter("info"))
-            .with_ansi(false)
-            .with_writer(std::sync::Mutex::new(file))
-            .init();
-        return Ok(());
-    }
-    let service = matches!(cli.command, Command::Up { .. } | Command::Dashboard { .. });
+    let service = matches!(cli.command, Command::Dashboard { .. });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(if service { "info" } else { "warn" }))
         .with_writer(std::io::stderr);

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/procs.rs"]
+#[path = "../../local/tests/support/procs.rs"]
 mod procs;
 
 use std::process::{Command, Output};

@@ -142,7 +142,7 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
 /// leader stopped cleanly or was lost), or supervisors running but none leading.
 pub(super) async fn leader_panel(dash: &Dash) -> orderly_core::Result<String> {
     let store = &dash.backend.store;
-    let role = orderly_supervisor::LEADERSHIP;
+    let role = orderly_core::leader::SUPERVISORS;
     let (everyone, now) = store
         .presence(role, Duration::from_secs(86_400 * 365))
         .await?;

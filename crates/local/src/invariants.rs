@@ -3,7 +3,7 @@
 //! remote simulator's ledger; used by `orderly demo`, `orderly bench` and the
 //! end-to-end tests. [`Report`] is what it found.
 
-use crate::outln;
+use orderly_cli::outln;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -118,7 +118,7 @@ pub fn sample_orders(n: usize) -> Vec<NewOrder> {
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     (0..n as u64)
         .map(|i| {
-            let mut o = crate::sample::order(i);
+            let mut o = orderly_cli::sample::order(i);
             o.order_id = OrderId::parse(format!("demo-{run}-{i:06}")).unwrap_or(o.order_id);
             o
         })

@@ -3,15 +3,15 @@
 //! submitter, the scheduler and the agent, continued through the messages' properties,
 //! over the SQL queue and over Service Bus (the stand-in, through the outbox).
 //!
-//! Run with `cargo nextest run -p orderly-cli --features otel --test e2e -E 'test(/^otel::/)'`.
+//! Run with `cargo nextest run -p orderly-local --features otel --test e2e -E 'test(/^otel::/)'`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use orderly_cli::demo;
 use orderly_core::ProcessState;
 use orderly_core::messages::{json_message, queues};
 use orderly_core::transport::QueueName;
+use orderly_local::demo;
 use orderly_testkit::otlp::{ExportedSpan, OtlpReceiver};
 
 use crate::fixtures::{Db, Dialect};

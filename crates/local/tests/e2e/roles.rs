@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use orderly_agent::{Agent, AgentConfig, Endpoints, HttpRemote};
-use orderly_cli::system::{System, SystemConfig};
-use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::messages::{StepContext, StepKind, StepReply, StepRequest, json_message, queues};
 use orderly_core::store::NewOrder;
@@ -17,6 +15,8 @@ use orderly_core::workflow::RetryPolicy;
 use orderly_core::{
     Actor, Epoch, Fence, InstanceId, OrderId, ProcessState, StepStatus, SystemClock,
 };
+use orderly_local::system::{System, SystemConfig};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::{Sim, SimConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -602,7 +602,7 @@ async fn restarted_scheduler_resumes(dialect: Dialect) {
     let db = Db::new(dialect).await;
     let backend = db.backend().await;
     let workflow = Arc::new(orderly_core::workflow::Workflow::default());
-    orderly_cli::system::declare_queues(&backend, &workflow, Duration::from_secs(30))
+    orderly_local::system::declare_queues(&backend, &workflow, Duration::from_secs(30))
         .await
         .unwrap();
     let orders = demo::sample_orders(20);

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use orderly_cli::demo;
 use orderly_core::ProcessState;
+use orderly_local::demo;
 
 use crate::both;
 use crate::fixtures::{Db, Dialect};

@@ -78,7 +78,7 @@ async fn killed(election: Election, dialect: Dialect) {
 async fn frozen(election: Election, dialect: Dialect) {
     let (db, store) = setup(dialect).await;
     let mut ids = Vec::new();
-    for o in orderly_cli::demo::sample_orders(20) {
+    for o in orderly_local::demo::sample_orders(20) {
         store
             .submit(&o, &orderly_core::Actor::operator("test"), &[])
             .await
@@ -200,7 +200,7 @@ mod blob_lease {
         let election = Election::blob(azurite);
         let (db, store) = setup(Dialect::Sqlite).await;
         let mut ids = Vec::new();
-        for o in orderly_cli::demo::sample_orders(10) {
+        for o in orderly_local::demo::sample_orders(10) {
             store
                 .submit(&o, &orderly_core::Actor::operator("test"), &[])
                 .await

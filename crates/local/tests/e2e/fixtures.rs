@@ -70,7 +70,7 @@ impl Db {
     ) -> (Self, Backend) {
         let db = Self::new(dialect).await;
         let backend = db.backend().await;
-        orderly_cli::system::declare_queues(
+        orderly_local::system::declare_queues(
             &backend,
             &orderly_core::workflow::Workflow::default(),
             request_lock,

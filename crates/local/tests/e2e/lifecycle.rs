@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use orderly_cli::system::{System, SystemConfig};
-use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::{ProcessState, StepStatus};
+use orderly_local::system::{System, SystemConfig};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::{Effect, SimConfig};
 
 use crate::both;

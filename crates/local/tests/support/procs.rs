@@ -1,5 +1,6 @@
-//! Real processes of the role binaries for the end-to-end tests and the failover
-//! bench (included by both with `#[path]`): start, signal, kill, read their logs.
+//! Real processes of our binaries for the end-to-end tests, the operators' CLI tests
+//! and the failover bench (included by each with `#[path]`): start, signal, kill, read
+//! their logs.
 
 #![allow(dead_code)]
 
@@ -9,20 +10,22 @@ use std::time::{Duration, Instant};
 
 use orderly_testkit::azurite::Azurite;
 
-/// A binary of ours: `orderly` is this package's; each role's is its own crate's.
-/// The first call in a process builds the workspace's binaries (`cargo build
-/// --workspace --bins`, a no-op when they are up to date), so a test never runs a
-/// role binary older than its sources.
+/// A binary of ours (`orderly`, `orderly-local`, each role's), from the target
+/// directory this test was built in. The first call in a process builds the workspace's
+/// binaries (`cargo build --workspace --bins`, a no-op when they are up to date), so a
+/// test never runs a binary older than its sources.
 pub(crate) fn bin(name: &str) -> PathBuf {
-    let orderly = PathBuf::from(env!("CARGO_BIN_EXE_orderly"));
-    if name == "orderly" {
-        return orderly;
-    }
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     if let Err(e) = BUILT.get_or_init(build_binaries) {
-        panic!("cannot build the role binaries: {e}");
+        panic!("cannot build the binaries: {e}");
     }
-    let path = orderly.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    // A test runs from the profile's `deps/` directory; the binaries are beside it.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("a test binary in target/<profile>/deps");
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(path.exists(), "no binary {}", path.display());
     path
 }

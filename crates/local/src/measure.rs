@@ -5,7 +5,7 @@
 //! seconds of this process and of the local PostgreSQL server's processes; and how busy
 //! the machine's cores were.
 
-use crate::outln;
+use orderly_cli::outln;
 use std::time::Duration;
 
 use orderly_sql::postgres::{ServerCounters, TableWrites, server_counters};

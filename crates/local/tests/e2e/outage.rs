@@ -11,14 +11,14 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use orderly_cli::system::{System, SystemConfig};
-use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::service::{OutagePolicy, ServiceAlert};
 use orderly_core::store::NewOrder;
 use orderly_core::transport::QueueName;
 use orderly_core::workflow::Workflow;
 use orderly_core::{OrderId, ProcessState};
+use orderly_local::system::{System, SystemConfig};
+use orderly_local::{demo, invariants};
 
 use crate::both;
 use crate::fixtures::{Db, Dialect};

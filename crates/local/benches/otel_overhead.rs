@@ -5,7 +5,7 @@
 //! the time from posting `--orders` orders until all are Processed, per mode (median,
 //! best, worst), the on/off ratio of the medians, and the spans received.
 //!
-//! `cargo bench -p orderly-cli --features otel --bench otel_overhead [-- --orders N] [-- --rounds R]`
+//! `cargo bench -p orderly-local --features otel --bench otel_overhead [-- --orders N] [-- --rounds R]`
 //! (defaults 500 orders, 5 rounds per mode). Compare the ratio, on an idle machine.
 
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -15,9 +15,9 @@ mod procs;
 
 use std::time::{Duration, Instant};
 
-use orderly_cli::demo;
 use orderly_core::ProcessState;
 use orderly_core::TimeSource;
+use orderly_local::demo;
 use orderly_testkit::otlp::OtlpReceiver;
 use procs::{Proc, free_port};
 
@@ -50,7 +50,7 @@ async fn run(orders: usize, endpoint: Option<&str>) -> Duration {
     let backend = orderly_sql::connect(&db, TimeSource::Database)
         .await
         .unwrap();
-    orderly_cli::system::declare_queues(
+    orderly_local::system::declare_queues(
         &backend,
         &orderly_core::workflow::Workflow::default(),
         Duration::from_secs(30),

@@ -30,6 +30,7 @@ fn read(rel: &str) -> String {
 fn binaries() -> BTreeMap<&'static str, String> {
     [
         "orderly",
+        "orderly-local",
         "orderly-submitter",
         "orderly-scheduler",
         "orderly-agent",
@@ -443,6 +444,7 @@ async fn the_image_runs_orderly_up_on_sqlite_in_its_data_directory_as_its_user()
     );
     for package in [
         "orderly-cli",
+        "orderly-local",
         "orderly-submitter",
         "orderly-scheduler",
         "orderly-agent",
@@ -684,8 +686,8 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
         deployments.insert(name, (pod.clone(), env, command));
     }
     // Grace outlasts the drain: a scheduler finishes what it holds for
-    // ORDERLY_SHUTDOWN_GRACE_MS, then the outbox relay drains for up to 5 s; a
-    // supervisor stops its leader work within ORDERLY_LEADER_STOP_GRACE_MS (3 s default).
+    // ORDERLY_SHUTDOWN_GRACE, then the outbox relay drains for up to 5 s; a supervisor
+    // stops its leader work within ORDERLY_LEADER_STOP_GRACE (3s by default).
     let grace = |name: &str| {
         deployments[name].0["terminationGracePeriodSeconds"]
             .as_u64()
@@ -693,9 +695,14 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
             * 1000
     };
     let relay_drain = 5_000;
-    let scheduler_drain: u64 = deployments["orderly-scheduler"].1["ORDERLY_SHUTDOWN_GRACE_MS"]
-        .parse()
-        .unwrap();
+    let scheduler_drain = u64::try_from(
+        orderly_core::duration::parse(
+            &deployments["orderly-scheduler"].1["ORDERLY_SHUTDOWN_GRACE"],
+        )
+        .unwrap()
+        .as_millis(),
+    )
+    .unwrap();
     assert!(grace("orderly-scheduler") >= scheduler_drain + relay_drain + 5_000);
     assert!(grace("orderly-supervisor") >= 3_000 + relay_drain + 5_000);
     assert!(grace("orderly-agent") >= relay_drain + 5_000);

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use orderly_cli::{demo, invariants};
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{NewOrder, StateStore};
 use orderly_core::workflow::{Workflow, Workflows};
 use orderly_core::{OrderId, ProcessState};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::Effect;
 
 use crate::both;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orderly_azure::{Provisioned, ServiceBusSettings, ServiceBusTransport};
-use orderly_cli::demo;
 use orderly_core::messages::queues;
 use orderly_core::transport::QueueSettings;
 use orderly_core::workflow::Workflow;
 use orderly_core::{ProcessState, SystemClock};
+use orderly_local::demo;
 use orderly_testkit::servicebus_standin::Standin;
 
 use crate::fixtures::{Db, Dialect};

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use orderly_cli::{demo, invariants};
 use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::store::{OrderFilter, StateStore};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::Effect;
 use rand::Rng;
 

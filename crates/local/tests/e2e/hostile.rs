@@ -183,7 +183,7 @@ async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
     let db = Db::new(Dialect::Sqlite).await;
     let backend = db.backend().await;
     let store = backend.store.clone();
-    let orders = orderly_cli::demo::sample_orders(3);
+    let orders = orderly_local::demo::sample_orders(3);
     for o in &orders {
         store
             .submit(o, &orderly_testkit::builders::submitter(), &[])
@@ -356,8 +356,8 @@ async fn planted_secrets_never_show_in_help_logs_or_stored_errors() {
         &["--interval-ms", "200"],
         &env,
     );
-    let orders = orderly_cli::demo::sample_orders(4);
-    orderly_cli::demo::post(backend.transport.as_ref(), &orders)
+    let orders = orderly_local::demo::sample_orders(4);
+    orderly_local::demo::post(backend.transport.as_ref(), &orders)
         .await
         .unwrap();
     wait_for(

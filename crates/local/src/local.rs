@@ -1,12 +1,12 @@
 //! The whole system in this process: `orderly demo`, `orderly bench`, `orderly up`.
 
 use anyhow::{Context, bail};
-use orderly_cli::measure::Meter;
 use orderly_cli::outln;
-use orderly_cli::system::{System, SystemConfig};
-use orderly_cli::{demo, invariants};
 use orderly_core::store::NewOrder;
 use orderly_core::{ProcessState, TimeSource};
+use orderly_local::measure::Meter;
+use orderly_local::system::{System, SystemConfig};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::SimConfig;
 
 /// Fault injection presets.

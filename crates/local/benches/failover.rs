@@ -4,7 +4,7 @@
 //! leads, median and worst over `--runs` runs (default 10); and the latency of single
 //! lease calls (acquire, renew, release) against Azurite and the SQL stores.
 //!
-//! `cargo bench -p orderly-cli --bench failover [-- --runs N] [-- --only sql|blob]`
+//! `cargo bench -p orderly-local --bench failover [-- --runs N] [-- --only sql|blob]`
 //! Needs Azurite's npm package (`npm ci --prefix tests/azurite`) and, for the PostgreSQL
 //! lease calls, PostgreSQL (`ORDERLY_TEST_POSTGRES_URL`, skipped with a note if absent).
 //! Timings: production defaults but for a 15 s lease (the shortest a blob allows) and a

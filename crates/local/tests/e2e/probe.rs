@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use orderly_cli::system::{System, SystemConfig};
-use orderly_cli::{demo, invariants};
 use orderly_core::ProcessState;
 use orderly_core::history::HistoryKind;
 use orderly_core::workflow::{NotFound, StatusProbe};
+use orderly_local::system::{System, SystemConfig};
+use orderly_local::{demo, invariants};
 use orderly_remote_sim::{Sim, SimConfig, double_effects};
 use tokio_util::sync::CancellationToken;
 

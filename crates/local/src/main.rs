@@ -1,0 +1,179 @@
+//! `orderly-local`: the local runner. Every role in one process on one store: `demo`
+//! (a run of N orders, its summary and the invariants), `up` (until Ctrl-C or SIGTERM)
+//! and `bench` (throughput and latency). `orderly demo`, `orderly up` and `orderly
+//! bench` run this binary.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod local;
+
+use local::Faults;
+
+/// orderly-local: the whole orderly system in one process, for trying it, developing
+/// against it and measuring it.
+#[derive(Parser)]
+#[command(name = "orderly-local", version, about)]
+struct Cli {
+    /// State store for `up`: sqlite://FILE (embedded default) or
+    /// postgres://USER@HOST:PORT/DB.
+    #[arg(
+        long,
+        env = "ORDERLY_DATABASE_URL",
+        default_value = "sqlite://orderly.db",
+        hide_env_values = true,
+        global = true
+    )]
+    database_url: String,
+
+    /// Log as JSON lines instead of text (`up` logs what it does; an error comes as one
+    /// JSON line).
+    #[arg(long, env = "ORDERLY_LOG_JSON", global = true)]
+    log_json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole system in this process on one store (SQLite by default): the
+    /// remote-service simulator, two schedulers, two agents, two supervisors and a
+    /// submitter. Submit N orders through the orders queue, show progress, print a
+    /// summary, and check the invariants; exits non-zero if one fails.
+    Demo {
+        /// Orders to submit.
+        #[arg(long, default_value_t = 1_000)]
+        orders: usize,
+        /// Fault injection: on (10% transient failures, 2% hangs, 1% permanent
+        /// failures) or off.
+        #[arg(long, default_value = "on")]
+        faults: Faults,
+        /// Give up waiting after this long.
+        #[arg(long = "timeout", default_value = "5m", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
+        timeout: std::time::Duration,
+        /// State store; by default a new SQLite file in the temporary directory.
+        #[arg(long = "store")]
+        store: Option<String>,
+    },
+    /// Run the whole system in this process until Ctrl-C / SIGTERM.
+    Up {
+        /// Fault injection in the simulator.
+        #[arg(long, default_value = "off")]
+        faults: Faults,
+        /// Serve the web dashboard here; anything but loopback needs --dashboard-token.
+        #[arg(
+            long,
+            env = "ORDERLY_DASHBOARD_LISTEN",
+            default_value = "127.0.0.1:8088"
+        )]
+        dashboard: std::net::SocketAddr,
+        /// The dashboard's token (required off loopback).
+        #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
+        dashboard_token: Option<String>,
+    },
+    /// Measure end-to-end throughput and submit->Processed latency with the simulator
+    /// answering at once: a burst of N orders, then a paced run at half that rate.
+    Bench {
+        /// Orders in the burst.
+        #[arg(long, default_value_t = 5_000)]
+        orders: usize,
+        /// State store; by default a new SQLite file in the temporary directory.
+        #[arg(long = "store")]
+        store: Option<String>,
+        /// The paced run's rate in orders/s; by default half the burst's throughput.
+        /// Give one to compare latencies at the same load across builds or stores.
+        #[arg(long, value_parser = positive_rate)]
+        paced_rate: Option<f64>,
+    },
+}
+
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate in orders/s above 0")),
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> std::process::ExitCode {
+    // Worker threads with room for the Service Bus client's deep calls (the dashboard
+    // of `up` serves on them).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(8 << 20)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    orderly_runtime::exit("orderly-local", runtime.block_on(run()))
+}
+
+async fn run() -> anyhow::Result<()> {
+    let (args, warnings) = orderly_runtime::settings::legacy_args(
+        &<Cli as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+    );
+    for w in &warnings {
+        orderly_runtime::settings::warn("orderly-local", w);
+    }
+    let cli = Cli::try_parse_from(args)
+        .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly-local", e));
+    init_logging(&cli)?;
+    match cli.command {
+        Command::Demo {
+            orders,
+            faults,
+            timeout,
+            store,
+        } => local::run_demo(orders, faults, timeout, store).await,
+        Command::Bench {
+            orders,
+            store,
+            paced_rate,
+        } => local::run_bench(orders, store, paced_rate).await,
+        Command::Up {
+            faults,
+            dashboard,
+            dashboard_token,
+        } => local::run_up(&cli.database_url, faults, dashboard, dashboard_token).await,
+    }
+}
+
+/// Logs: the demo and the bench log a lot, to a file, keeping the terminal for progress
+/// and the summary; `up` runs as a service, its logs say what it does, and come as JSON
+/// lines with ORDERLY_LOG_JSON (as every role's do).
+fn init_logging(cli: &Cli) -> anyhow::Result<()> {
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG").unwrap_or_else(|_| "info".into())
+    };
+    if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
+        let log = std::env::temp_dir().join(format!("orderly-{}.log", std::process::id()));
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create log file {}", log.display()))?;
+        eprintln!("logs: {}", log.display());
+        tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .init();
+        return Ok(());
+    }
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        builder.json().init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
+    Ok(())
+}
