@@ -779,7 +779,7 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
     assert!(
         run(
             &["--config", bad_path],
-            &[("ORDERLY_LEASE_RENEW_DEADLINE_MS", "20000")]
+            &[("ORDERLY_LEASE_RENEW_DEADLINE", "20s")]
         )
         .status
         .success(),
@@ -788,7 +788,7 @@ fn settings_come_in_layers_and_a_bad_file_is_refused_naming_the_setting() {
     assert!(
         !run(
             &["--config", bad_path, "--renew-deadline-ms", "35000"],
-            &[("ORDERLY_LEASE_RENEW_DEADLINE_MS", "20000")]
+            &[("ORDERLY_LEASE_RENEW_DEADLINE", "20s")]
         )
         .status
         .success(),
@@ -1166,7 +1166,7 @@ fn role(name: &str) -> std::path::PathBuf {
 
 /// With `ORDERLY_LOG_JSON=true` every line a role writes is JSON, its last words
 /// included: a refused setting, and a database it could not reach within
-/// `ORDERLY_STARTUP_WAIT_MS` after retrying (each retry logged).
+/// `ORDERLY_STARTUP_WAIT` after retrying (each retry logged).
 #[test]
 fn start_up_errors_are_json_lines_when_logs_are_json() {
     let json_lines = |out: &Output| -> Vec<serde_json::Value> {
@@ -1209,7 +1209,7 @@ fn start_up_errors_are_json_lines_when_logs_are_json() {
             "ORDERLY_SERVICEBUS_CONNECTION",
             "Endpoint=sb://127.0.0.9;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0LWtleQ==",
         )
-        .env("ORDERLY_STARTUP_WAIT_MS", "3000")
+        .env("ORDERLY_STARTUP_WAIT", "3s")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

@@ -105,7 +105,7 @@ async fn the_dashboard_refuses_a_rebound_host_and_a_cross_site_form() {
 async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
     let db = Db::new(Dialect::Sqlite).await;
     // The dashboard: a half-sent request is cut after the header timeout.
-    let (_dash, port) = dashboard(&db.url, &[("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "500")]).await;
+    let (_dash, port) = dashboard(&db.url, &[("ORDERLY_HTTP_HEADER_TIMEOUT", "500ms")]).await;
     let mut slow = half_sent(port);
     let cut = closed_within(&mut slow, Duration::from_secs(10))
         .expect("a half-sent request is not held for 10 s");
@@ -118,7 +118,7 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
         "orderly-supervisor",
         &db.url,
         &["--http-listen", &listen],
-        &[("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "500")],
+        &[("ORDERLY_HTTP_HEADER_TIMEOUT", "500ms")],
     );
     wait_for(
         "the supervisor's endpoint",
@@ -141,7 +141,7 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
         &db.url,
         &[
             ("ORDERLY_HTTP_MAX_CONNECTIONS", "2"),
-            ("ORDERLY_HTTP_HEADER_TIMEOUT_MS", "30000"),
+            ("ORDERLY_HTTP_HEADER_TIMEOUT", "30s"),
         ],
     )
     .await;

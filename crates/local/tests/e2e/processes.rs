@@ -375,7 +375,7 @@ async fn a_scheduler_cut_off_from_postgres_mid_step_is_fenced_and_works_again_on
             "--processing-timeout-ms",
             "4000",
         ],
-        &[(orderly_sql::postgres::ANSWER_TIMEOUT_SETTING, "3000")],
+        &[(orderly_sql::postgres::ANSWER_TIMEOUT_SETTING, "3s")],
     );
     let orders = demo::sample_orders(20);
     let mut sent = demo::post(backend.transport.as_ref(), &orders)
@@ -478,17 +478,27 @@ async fn a_scheduler_cut_off_from_postgres_mid_step_is_fenced_and_works_again_on
 /// The answer timeout is checked with the rest of the settings: a value that is not a
 /// whole number of milliseconds stops start-up (and `--check-config`), naming it.
 #[test]
-fn an_answer_timeout_that_is_not_milliseconds_stops_start_up_naming_it() {
+fn an_answer_timeout_that_is_not_a_duration_stops_start_up_naming_it() {
     let setting = orderly_sql::postgres::ANSWER_TIMEOUT_SETTING;
-    for (value, ok) in [("2500", true), ("60s", false), ("0", false)] {
+    let old = "ORDERLY_DATABASE_ANSWER_TIMEOUT_MS";
+    for (name, value, ok) in [
+        (setting, "2500ms", true),
+        (setting, "60s", true),
+        (setting, "2500", false),
+        (setting, "99ms", false),
+        (setting, "0", false),
+        // The old name, in milliseconds, is still read (with a warning).
+        (old, "2500", true),
+        (old, "99", false),
+    ] {
         let out = std::process::Command::new(crate::procs::bin("orderly-scheduler"))
             .arg("--check-config")
             .env("ORDERLY_DATABASE_URL", crate::fixtures::postgres_url())
-            .env(setting, value)
+            .env(name, value)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.success(), ok, "{value}: {stderr}");
-        assert_eq!(stderr.contains(setting), !ok, "{value}: {stderr}");
+        assert_eq!(out.status.success(), ok, "{name}={value}: {stderr}");
+        assert_eq!(stderr.contains(setting), !ok, "{name}={value}: {stderr}");
     }
 }
