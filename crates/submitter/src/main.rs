@@ -40,22 +40,9 @@ async fn run() -> anyhow::Result<()> {
     let instance = args.common.instance("submitter")?;
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;
-    let mut cfg = SubmitterConfig::new(instance.clone());
-    cfg.batch = args.submit_batch;
-    if let Some(prefix) = &args.reply_to_prefix {
-        cfg.reply_queues = orderly_core::store::ReplyQueues::prefixed(
-            prefix,
-            "--reply-to-prefix / ORDERLY_REPLY_TO_PREFIX",
-        )?;
-    }
+    let cfg = config(&args, instance.clone())?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
-    match (args.http_intake, args.common.http_listen) {
-        (false, _) => {}
-        (true, None) => anyhow::bail!(
-            "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
-        ),
-        (true, Some(addr)) => orderly_submitter::intake::check(addr, args.intake_token.as_deref())?,
-    }
+    check_intake(&args)?;
     let ops_listen = args.common.ops_listen()?;
     let intake_on = ops_listen.clone().filter(|_| args.http_intake);
     if args.common.checked("orderly-submitter")? {
@@ -65,35 +52,7 @@ async fn run() -> anyhow::Result<()> {
     opened.ensure_queues([cfg.orders.clone()]).await?;
     let backend = opened.backend.clone();
     let shutdown = orderly_runtime::shutdown_on_signals();
-    let ops = match intake_on {
-        Some(listen) => {
-            let intake = orderly_submitter::intake::router(
-                backend.store.clone(),
-                backend.transport.clone(),
-                orderly_submitter::intake::IntakeConfig {
-                    orders: cfg.orders.clone(),
-                    token: args.intake_token.clone(),
-                    reply_queues: cfg.reply_queues.clone(),
-                },
-            );
-            tracing::info!(listen = %listen.addr, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
-            Some(
-                orderly_runtime::ops::serve(
-                    listen,
-                    "submitter",
-                    backend.clone(),
-                    None,
-                    Some(intake),
-                    shutdown.clone(),
-                )
-                .await?,
-            )
-        }
-        None => {
-            orderly_runtime::ops::maybe_serve(ops_listen, "submitter", &backend, None, &shutdown)
-                .await?
-        }
-    };
+    let ops = serve(&args, &cfg, &opened, ops_listen, intake_on, &shutdown).await?;
     Submitter::new(backend.store, backend.transport, cfg)
         .run(shutdown)
         .await;
@@ -103,4 +62,65 @@ async fn run() -> anyhow::Result<()> {
         let _ = ops.await;
     }
     Ok(())
+}
+
+/// The submitter's batch and the reply queues its orders may name.
+fn config(args: &Args, instance: orderly_core::InstanceId) -> anyhow::Result<SubmitterConfig> {
+    let mut cfg = SubmitterConfig::new(instance);
+    cfg.batch = args.submit_batch;
+    if let Some(prefix) = &args.reply_to_prefix {
+        cfg.reply_queues = orderly_core::store::ReplyQueues::prefixed(
+            prefix,
+            "--reply-to-prefix / ORDERLY_REPLY_TO_PREFIX",
+        )?;
+    }
+    Ok(cfg)
+}
+
+/// The HTTP intake's settings: it needs a listener, and off loopback a token.
+fn check_intake(args: &Args) -> anyhow::Result<()> {
+    match (args.http_intake, args.common.http_listen) {
+        (false, _) => Ok(()),
+        (true, None) => anyhow::bail!(
+            "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
+        ),
+        (true, Some(addr)) => orderly_submitter::intake::check(addr, args.intake_token.as_deref()),
+    }
+}
+
+/// The operations endpoints and, if asked for, the HTTP intake beside them.
+async fn serve(
+    args: &Args,
+    cfg: &SubmitterConfig,
+    opened: &orderly_runtime::backend::Opened,
+    ops_listen: Option<orderly_runtime::ops::Listen>,
+    intake_on: Option<orderly_runtime::ops::Listen>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let backend = &opened.backend;
+    let Some(listen) = intake_on else {
+        return orderly_runtime::ops::maybe_serve(ops_listen, "submitter", backend, None, shutdown)
+            .await;
+    };
+    let intake = orderly_submitter::intake::router(
+        backend.store.clone(),
+        backend.transport.clone(),
+        orderly_submitter::intake::IntakeConfig {
+            orders: cfg.orders.clone(),
+            token: args.intake_token.clone(),
+            reply_queues: cfg.reply_queues.clone(),
+        },
+    );
+    tracing::info!(listen = %listen.addr, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");
+    Ok(Some(
+        orderly_runtime::ops::serve(
+            listen,
+            "submitter",
+            backend.clone(),
+            None,
+            Some(intake),
+            shutdown.clone(),
+        )
+        .await?,
+    ))
 }

@@ -110,25 +110,7 @@ async fn run() -> anyhow::Result<()> {
     // Settings first: a wrong one stops start-up before any connection is made.
     let election = args.election.prepare()?;
     let webhook = webhook(&args)?;
-    let mut cfg = SupervisorConfig::new(instance.clone());
-    cfg.interval = args.interval_ms;
-    cfg.retention = args
-        .retain_finished
-        .0
-        .map(|keep| orderly_core::store::Retention {
-            keep,
-            batch: cfg.batch,
-        });
-    cfg.prune_every = args.prune_every;
-    cfg.tidy_every = args.vacuum_every.0;
-    cfg.pending_alert_after = args.alert_pending_after.0;
-    cfg.policy.max_failures = args.max_failures;
-    cfg.policy.max_undo_failures = args.max_undo_failures;
-    cfg.policy.backoff_base = args.backoff_base_ms;
-    cfg.policy.backoff_max = args.backoff_max_ms;
-    cfg.policy
-        .validate()
-        .context("invalid recovery settings (--max-failures, --max-undo-failures, --backoff-*)")?;
+    let cfg = config(&args, instance.clone())?;
     let plan = orderly_runtime::backend::Plan::new(&args.common)?;
     if args.common.checked("orderly-supervisor")? {
         return Ok(());
@@ -168,6 +150,30 @@ async fn run() -> anyhow::Result<()> {
         let _ = ops.await;
     }
     Ok(())
+}
+
+/// The sweeps, retention, tidying, alerting and recovery policy, checked.
+fn config(args: &Args, instance: orderly_core::InstanceId) -> anyhow::Result<SupervisorConfig> {
+    let mut cfg = SupervisorConfig::new(instance);
+    cfg.interval = args.interval_ms;
+    cfg.retention = args
+        .retain_finished
+        .0
+        .map(|keep| orderly_core::store::Retention {
+            keep,
+            batch: cfg.batch,
+        });
+    cfg.prune_every = args.prune_every;
+    cfg.tidy_every = args.vacuum_every.0;
+    cfg.pending_alert_after = args.alert_pending_after.0;
+    cfg.policy.max_failures = args.max_failures;
+    cfg.policy.max_undo_failures = args.max_undo_failures;
+    cfg.policy.backoff_base = args.backoff_base_ms;
+    cfg.policy.backoff_max = args.backoff_max_ms;
+    cfg.policy
+        .validate()
+        .context("invalid recovery settings (--max-failures, --max-undo-failures, --backoff-*)")?;
+    Ok(cfg)
 }
 
 /// A span that may be `off` (`None`): how long finished orders are kept, how long the
