@@ -253,17 +253,7 @@ impl<D: Driver> SqlStore<D> {
             .partition(|(_, count)| *count >= settings.max_deliveries);
         if !exhausted.is_empty() {
             let seqs: Vec<i64> = exhausted.iter().map(|(seq, _)| *seq).collect();
-            q(look.dead_letter_exhausted)
-                .bind(seqs.clone())
-                .bind(Ts(now))
-                .execute::<D>(&mut tx)
-                .await
-                .map_err(db)?;
-            q(look.delete_many)
-                .bind(seqs.clone())
-                .execute::<D>(&mut tx)
-                .await
-                .map_err(db)?;
+            Self::dead_letter_exhausted(&mut tx, &look, now, &seqs).await?;
             tracing::warn!(
                 queue = %queue,
                 count = seqs.len(),
@@ -286,6 +276,27 @@ impl<D: Driver> SqlStore<D> {
             .map_err(db)?;
         D::commit(tx).await.map_err(db)?;
         self.delivered(queue, &token, &rows)
+    }
+
+    /// Moves the messages `seqs`, delivered too often, to the dead letters.
+    async fn dead_letter_exhausted(
+        tx: &mut D::Conn,
+        look: &LookThenTake,
+        now: chrono::DateTime<chrono::Utc>,
+        seqs: &[i64],
+    ) -> Result<()> {
+        q(look.dead_letter_exhausted)
+            .bind(seqs.to_vec())
+            .bind(Ts(now))
+            .execute::<D>(&mut *tx)
+            .await
+            .map_err(db)?;
+        q(look.delete_many)
+            .bind(seqs.to_vec())
+            .execute::<D>(&mut *tx)
+            .await
+            .map_err(db)?;
+        Ok(())
     }
 
     /// Runs `sql` on a message this receiver holds; `LockLost` when it

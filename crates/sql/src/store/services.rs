@@ -178,64 +178,9 @@ impl<D: Driver> SqlStore<D> {
         let mut out = Vec::with_capacity(parks.len());
         let mut released = false;
         for p in parks {
-            // The service's row is kept from changing until this commits, so a
-            // recovery cannot slip between reading it Down and holding the order: it
-            // either ran before (the order is released) or waits and resumes it.
-            let down = Q::dynamic(format!(
-                "SELECT state FROM service_health WHERE service = $1{}",
-                D::SQL.for_share
-            ))
-            .bind(p.service.as_str())
-            .fetch_optional::<D>(&mut tx)
-            .await
-            .map_err(db)?
-            .map(|r| Cols(&r).get::<String>("state"))
-            .transpose()?
-            .is_some_and(|s| s != ServiceState::Up.as_str());
-            let (next, parked) = if down {
-                (held(), Parked::Held)
-            } else {
-                (now, Parked::Released)
-            };
-            let n = q(PARK)
-                .bind(p.fence.order_id.as_str())
-                .bind(p.fence.owner.as_str())
-                .bind(p.fence.epoch.0)
-                .bind(Ts(next))
-                .bind(Ts(now))
-                .bind(p.service.as_str())
-                .bind(p.expect_step.unwrap_or(-1))
-                .execute::<D>(&mut tx)
-                .await
-                .map_err(db)?;
-            if n == 0 {
-                out.push(Err(Self::explain_step(
-                    &mut tx,
-                    &p.fence,
-                    now,
-                    p.expect_step,
-                )
-                .await));
-                continue;
-            }
-            let reason = match parked {
-                Parked::Held => p.reason.clone(),
-                Parked::Released => format!(
-                    "{}; {} is up again by now: claimable at once",
-                    p.reason, p.service
-                ),
-            };
-            let step = Self::fetch_state(&mut tx, &p.fence.order_id)
-                .await?
-                .map(|r| r.current_step);
-            let event = Event {
-                reason: Some(&reason),
-                step,
-                ..Event::by_owner(&p.fence, now, HistoryKind::Waiting, ProcessState::Pending)
-            };
-            Self::append(&mut tx, event).await?;
-            released |= parked == Parked::Released;
-            out.push(Ok(parked));
+            let parked = Self::park_one(&mut tx, now, p).await?;
+            released |= matches!(parked, Ok(Parked::Released));
+            out.push(parked);
         }
         if released {
             self.commit_claimable(tx, now, &[]).await?;
@@ -243,6 +188,64 @@ impl<D: Driver> SqlStore<D> {
             D::commit(tx).await.map_err(db)?;
         }
         Ok(out)
+    }
+
+    /// Parks one order in the transaction `tx` at `now`: held while its service is
+    /// down, released (claimable at once) if it is up again by now, with its history
+    /// entry; an error if the owner's fence or the step no longer holds.
+    async fn park_one(tx: &mut D::Conn, now: DateTime<Utc>, p: &Park) -> Result<Result<Parked>> {
+        // The service's row is kept from changing until this commits, so a recovery
+        // cannot slip between reading it Down and holding the order: it either ran
+        // before (the order is released) or waits and resumes it.
+        let down = Q::dynamic(format!(
+            "SELECT state FROM service_health WHERE service = $1{}",
+            D::SQL.for_share
+        ))
+        .bind(p.service.as_str())
+        .fetch_optional::<D>(&mut *tx)
+        .await
+        .map_err(db)?
+        .map(|r| Cols(&r).get::<String>("state"))
+        .transpose()?
+        .is_some_and(|s| s != ServiceState::Up.as_str());
+        let (next, parked) = if down {
+            (held(), Parked::Held)
+        } else {
+            (now, Parked::Released)
+        };
+        let n = q(PARK)
+            .bind(p.fence.order_id.as_str())
+            .bind(p.fence.owner.as_str())
+            .bind(p.fence.epoch.0)
+            .bind(Ts(next))
+            .bind(Ts(now))
+            .bind(p.service.as_str())
+            .bind(p.expect_step.unwrap_or(-1))
+            .execute::<D>(&mut *tx)
+            .await
+            .map_err(db)?;
+        if n == 0 {
+            return Ok(Err(
+                Self::explain_step(tx, &p.fence, now, p.expect_step).await
+            ));
+        }
+        let reason = match parked {
+            Parked::Held => p.reason.clone(),
+            Parked::Released => format!(
+                "{}; {} is up again by now: claimable at once",
+                p.reason, p.service
+            ),
+        };
+        let step = Self::fetch_state(tx, &p.fence.order_id)
+            .await?
+            .map(|r| r.current_step);
+        let event = Event {
+            reason: Some(&reason),
+            step,
+            ..Event::by_owner(&p.fence, now, HistoryKind::Waiting, ProcessState::Pending)
+        };
+        Self::append(tx, event).await?;
+        Ok(Ok(parked))
     }
 }
 
