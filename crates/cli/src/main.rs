@@ -420,32 +420,12 @@ enum WorkflowsAction {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    // Worker threads with room for the Service Bus client's deep calls (the dashboard
-    // and `up` serve on them).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .thread_stack_size(8 << 20)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    orderly_runtime::exit("orderly", runtime.block_on(run()))
+    // Deep stacks: the dashboard serves on them.
+    orderly_runtime::run_with_deep_stacks("orderly", run())
 }
 
 async fn run() -> anyhow::Result<()> {
-    let (args, warnings) = orderly_runtime::settings::legacy_args(
-        &<Cli as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-    );
-    for w in &warnings {
-        orderly_runtime::settings::warn("orderly", w);
-    }
-    let cli = Cli::try_parse_from(args)
-        .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly", e));
+    let cli: Cli = orderly_runtime::settings::parse_command_line("orderly");
     init_logging(&cli)?;
     commands::run(cli.command, &cli.database_url, cli.log_json).await
 }

@@ -99,32 +99,12 @@ fn positive_rate(s: &str) -> Result<f64, String> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    // Worker threads with room for the Service Bus client's deep calls (the dashboard
-    // of `up` serves on them).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .thread_stack_size(8 << 20)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    orderly_runtime::exit("orderly-local", runtime.block_on(run()))
+    // Deep stacks: the dashboard of `up` serves on them.
+    orderly_runtime::run_with_deep_stacks("orderly-local", run())
 }
 
 async fn run() -> anyhow::Result<()> {
-    let (args, warnings) = orderly_runtime::settings::legacy_args(
-        &<Cli as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-    );
-    for w in &warnings {
-        orderly_runtime::settings::warn("orderly-local", w);
-    }
-    let cli = Cli::try_parse_from(args)
-        .unwrap_or_else(|e| orderly_runtime::settings::refused("orderly-local", e));
+    let cli: Cli = orderly_runtime::settings::parse_command_line("orderly-local");
     init_logging(&cli)?;
     match cli.command {
         Command::Demo {

@@ -306,6 +306,25 @@ pub fn exit(binary: &str, result: anyhow::Result<()>) -> std::process::ExitCode 
     std::process::ExitCode::FAILURE
 }
 
+/// Runs `main` to its end on a multi-threaded runtime whose worker threads have room
+/// (8 MiB stacks) for the Service Bus client's deep calls, then ends as [`exit`] does.
+pub fn run_with_deep_stacks(
+    binary: &str,
+    main: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(8 << 20)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => exit(binary, runtime.block_on(main)),
+        Err(e) => exit(
+            binary,
+            Err(anyhow::anyhow!("cannot start the async runtime: {e}")),
+        ),
+    }
+}
+
 /// A token cancelled on SIGTERM or SIGINT (Ctrl-C).
 pub fn shutdown_on_signals() -> CancellationToken {
     let token = CancellationToken::new();

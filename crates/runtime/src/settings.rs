@@ -113,6 +113,17 @@ fn legacy_env(cmd: &clap::Command) -> Vec<(clap::Id, String, String)> {
     out
 }
 
+/// Parses `T`, a command line with no config file (`orderly`, `orderly-local`), after
+/// [`legacy_args`] put the old forms of its duration flags in their new form (each
+/// with a warning); a refused command line ends the process as [`refused`] does.
+pub fn parse_command_line<T: clap::Parser>(binary: &str) -> T {
+    let (args, warnings) = legacy_args(&T::command(), std::env::args_os().collect());
+    for w in &warnings {
+        warn(binary, w);
+    }
+    T::try_parse_from(args).unwrap_or_else(|e| refused(binary, e))
+}
+
 /// Prints a start-up warning of `binary` (before its logs are set up): a JSON line like
 /// its logs when `ORDERLY_LOG_JSON` is on, else plain text.
 pub fn warn(binary: &str, message: &str) {
