@@ -1,0 +1,209 @@
+//! Between Service Bus and orderly: errors classified as transport errors, messages
+//! converted both ways, batches packed within the size limit, and calls bounded.
+
+use azservicebus::ServiceBusMessage;
+use chrono::{DateTime, Utc};
+use fe2o3_amqp_types::messaging::ApplicationProperties;
+use fe2o3_amqp_types::primitives::{OrderedMap, SimpleValue};
+use orderly_core::ValidationError;
+use orderly_core::transport::{OutgoingMessage, QueueName, TransportError};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A Service Bus failure, worded so that an operator looks at Service Bus.
+pub(super) fn unavailable(
+    queue: Option<&QueueName>,
+    what: impl std::fmt::Display,
+) -> TransportError {
+    let text = match queue {
+        Some(q) => format!("Service Bus unavailable (queue {q}): {what}"),
+        None => format!("Service Bus unavailable: {what}"),
+    };
+    TransportError::Unavailable(text.into())
+}
+
+/// The client reports a refused link or a lost lock only in its error text.
+pub(super) fn classify<E>(e: E, queue: &QueueName, message_id: Option<&str>) -> TransportError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    tracing::debug!(queue = %queue, error = ?e, "Service Bus call failed");
+    let text = format!("{e:?} {e}").to_lowercase();
+    if let Some(message_id) = message_id
+        && (text.contains("lock-lost")
+            || text.contains("locklost")
+            || text.contains("lock supplied is invalid"))
+    {
+        return TransportError::LockLost {
+            queue: queue.clone(),
+            message_id: message_id.to_owned(),
+        };
+    }
+    if text.contains("not-found")
+        || text.contains("notfound")
+        || text.contains("could not be found")
+    {
+        return TransportError::QueueNotFound(queue.clone());
+    }
+    // Too large for the entity: sending it again never succeeds.
+    if text.contains("messagesizeexceeded") || text.contains("message-size-exceeded") {
+        return TransportError::Invalid(ValidationError::new(
+            "message",
+            format!(
+                "refused by {queue} as too large ({e}); lower ORDERLY_SERVICEBUS_MAX_BATCH_BYTES to the entity's limit"
+            ),
+        ));
+    }
+    unavailable(Some(queue), format!("{e}"))
+}
+
+/// Whether a failure's text says the connection or its session is gone (as opposed to
+/// one link or one message): then the whole connection is rebuilt at once.
+pub(super) fn connection_gone(e: &TransportError) -> bool {
+    let TransportError::Unavailable(source) = e else {
+        return false;
+    };
+    let text = format!("{source:?} {source}").to_lowercase();
+    [
+        "illegalsessionstate",
+        "illegal session state",
+        "expectimmediatedetach",
+        "session",
+        "connection",
+        "broken pipe",
+        "reset by peer",
+        "closed",
+        "io error",
+        "cbs",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+/// Runs a network call with a time limit; a call that outlasts it is an error.
+pub(super) async fn bounded<T, E>(
+    limit: Duration,
+    queue: &QueueName,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<Result<T, E>, TransportError> {
+    tokio::time::timeout(limit, call).await.map_err(|_| {
+        unavailable(
+            Some(queue),
+            format!("{what} did not answer within {} ms", limit.as_millis()),
+        )
+    })
+}
+
+/// `text` with the shared access key of `connection_string` blanked out.
+pub(super) fn redact(text: &str, connection_string: &str) -> String {
+    let key = connection_string
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix("SharedAccessKey="))
+        .filter(|k| !k.is_empty());
+    match key {
+        Some(key) => text.replace(key, "<secret>"),
+        None => text.to_owned(),
+    }
+}
+
+pub(super) fn to_offset(t: DateTime<Utc>) -> time::OffsetDateTime {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(
+        t.timestamp_nanos_opt().unwrap_or(0),
+    ))
+    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+pub(super) fn from_offset(t: time::OffsetDateTime) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(i64::try_from(t.unix_timestamp_nanos()).unwrap_or(0))
+}
+
+pub(super) fn properties(p: Option<&ApplicationProperties>) -> BTreeMap<String, String> {
+    p.map(|p| {
+        p.0.iter()
+            .filter_map(|(k, v)| match v {
+                SimpleValue::String(s) => Some((k.clone(), s.clone())),
+                _ => None,
+            })
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// A fraction in [0, 1) for jitter, without a random-number dependency.
+pub(super) fn rand_fraction() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    f64::from(nanos % 1_000_000) / 1_000_000.0
+}
+
+/// What a message weighs on the wire, near enough to pack batches: its body, id,
+/// correlation id and properties, and a fixed allowance for the AMQP framing of its
+/// sections (header, properties, annotations) and its place in the batch.
+pub fn wire_size(m: &OutgoingMessage) -> usize {
+    const FRAMING: usize = 256;
+    m.body.len()
+        + m.message_id.len()
+        + m.correlation_id.as_ref().map_or(0, String::len)
+        + m.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+        + FRAMING
+}
+
+/// Splits `messages` into consecutive batches of at most `max` bytes each
+/// ([`wire_size`]); a message that alone is over `max` is refused, naming `queue` and
+/// the sizes, before anything is sent.
+pub fn batches<'m>(
+    queue: &QueueName,
+    messages: &'m [OutgoingMessage],
+    max: usize,
+) -> Result<Vec<&'m [OutgoingMessage]>, TransportError> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, m) in messages.iter().enumerate() {
+        let w = wire_size(m);
+        if w > max {
+            return Err(ValidationError::new(
+                "message",
+                format!(
+                    "{} is {w} bytes, over the {max} bytes a message to {queue} may have \
+                     (ORDERLY_SERVICEBUS_MAX_BATCH_BYTES; Service Bus Standard allows 256 KB): nothing sent",
+                    m.message_id
+                ),
+            )
+            .into());
+        }
+        if size + w > max {
+            out.push(&messages[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += w;
+    }
+    if start < messages.len() {
+        out.push(&messages[start..]);
+    }
+    Ok(out)
+}
+
+pub(super) fn to_service_bus(m: &OutgoingMessage) -> Result<ServiceBusMessage, TransportError> {
+    let mut sb = ServiceBusMessage::new(m.body.clone());
+    sb.set_message_id(m.message_id.clone()).map_err(|e| {
+        TransportError::Invalid(ValidationError::new("message_id", format!("{e:?}")))
+    })?;
+    sb.set_correlation_id(m.correlation_id.clone());
+    if !m.properties.is_empty() {
+        let mut map = OrderedMap::new();
+        for (k, v) in &m.properties {
+            map.insert(k.clone(), SimpleValue::String(v.clone()));
+        }
+        *sb.application_properties_mut() = Some(ApplicationProperties(map));
+    }
+    if let Some(at) = m.scheduled_enqueue_time {
+        sb.set_scheduled_enqueue_time(to_offset(at));
+    }
+    Ok(sb)
+}

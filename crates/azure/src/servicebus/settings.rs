@@ -1,0 +1,213 @@
+//! How to reach a namespace ([`ServiceBusSettings`]) and who provisions its queues
+//! ([`QueueAdmin`]).
+
+use async_trait::async_trait;
+use orderly_core::ValidationError;
+use orderly_core::transport::{QueueName, QueueSettings, TransportError};
+use std::time::Duration;
+
+/// How to reach a Service Bus namespace.
+#[derive(Clone)]
+pub struct ServiceBusSettings {
+    /// `Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...` (a secret:
+    /// never printed).
+    pub connection_string: String,
+    /// Plain AMQP without TLS, for local emulators and test stand-ins only.
+    pub unsecured: bool,
+    /// Timeout of one attempt of one call.
+    pub try_timeout: Duration,
+    /// Retries of a failed call.
+    pub max_retries: u32,
+    /// The most one send carries, and so the largest message: a send is split into
+    /// batches of at most this many bytes (the Standard tier's 256 KB by default;
+    /// Premium takes up to 100 MB, set by `ORDERLY_SERVICEBUS_MAX_BATCH_BYTES`).
+    pub max_batch_bytes: usize,
+}
+
+/// Service Bus Standard's limit of a message and of a batch.
+pub const STANDARD_MAX_BATCH_BYTES: usize = 256 * 1024;
+
+impl std::fmt::Debug for ServiceBusSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBusSettings")
+            .field("connection_string", &"<secret>")
+            .field("unsecured", &self.unsecured)
+            .field("try_timeout", &self.try_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("max_batch_bytes", &self.max_batch_bytes)
+            .finish()
+    }
+}
+
+impl ServiceBusSettings {
+    /// Settings for a connection string with the defaults this adapter needs.
+    pub fn new(connection_string: impl Into<String>) -> Self {
+        Self {
+            connection_string: connection_string.into(),
+            unsecured: false,
+            try_timeout: Duration::from_secs(10),
+            max_retries: 2,
+            max_batch_bytes: STANDARD_MAX_BATCH_BYTES,
+        }
+    }
+
+    /// Settings from the environment: `ORDERLY_SERVICEBUS_CONNECTION` (required, a
+    /// secret) and `ORDERLY_SERVICEBUS_UNSECURED` (`true` for plain AMQP to a local
+    /// emulator; default `false`). Errors name the variable, never its value.
+    pub fn from_env() -> Result<Self, ValidationError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Checks that `connection` looks like a Service Bus connection string; the error
+    /// names `setting`, never the value (it holds a secret).
+    pub fn check_connection(connection: &str, setting: &str) -> Result<(), ValidationError> {
+        let has = |key: &str| {
+            connection
+                .split(';')
+                .any(|part| part.trim().starts_with(key))
+        };
+        if !has("Endpoint=sb://") || !(has("SharedAccessKey=") || has("SharedAccessSignature=")) {
+            return Err(ValidationError::new(
+                setting.to_owned(),
+                "must look like Endpoint=sb://<namespace>/;SharedAccessKeyName=...;SharedAccessKey=... \
+                 (the value is not shown: it holds a secret)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ValidationError> {
+        const CONNECTION: &str = "ORDERLY_SERVICEBUS_CONNECTION";
+        const UNSECURED: &str = "ORDERLY_SERVICEBUS_UNSECURED";
+        let connection = var(CONNECTION)
+            .filter(|c| !c.trim().is_empty())
+            .ok_or_else(|| {
+                ValidationError::new(
+                    CONNECTION,
+                    "is not set: give the namespace's connection string",
+                )
+            })?;
+        Self::check_connection(&connection, CONNECTION)?;
+        let unsecured = match var(UNSECURED).as_deref().map(str::trim) {
+            None | Some("") | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(ValidationError::new(UNSECURED, "must be true or false")),
+        };
+        const MAX_BATCH: &str = "ORDERLY_SERVICEBUS_MAX_BATCH_BYTES";
+        let max_batch_bytes = match var(MAX_BATCH).as_deref().map(str::trim) {
+            None | Some("") => STANDARD_MAX_BATCH_BYTES,
+            Some(raw) => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (4096..=100 * 1024 * 1024).contains(n))
+                .ok_or_else(|| {
+                    ValidationError::new(
+                        MAX_BATCH,
+                        "must be a number of bytes from 4096 to 104857600",
+                    )
+                })?,
+        };
+        Ok(Self {
+            unsecured,
+            max_batch_bytes,
+            ..Self::new(connection)
+        })
+    }
+}
+
+/// Creates (or checks) queues with their settings.
+#[async_trait]
+pub trait QueueAdmin: Send + Sync {
+    /// Makes `queue` exist with `settings`.
+    async fn declare(
+        &self,
+        queue: &QueueName,
+        settings: &QueueSettings,
+    ) -> Result<(), TransportError>;
+
+    /// Makes `queue` exist, leaving an existing one as it is where the admin can tell;
+    /// returns whether it created it. By default the same as [`QueueAdmin::declare`].
+    async fn ensure(
+        &self,
+        queue: &QueueName,
+        settings: &QueueSettings,
+    ) -> Result<bool, TransportError> {
+        self.declare(queue, settings).await.map(|()| false)
+    }
+}
+
+/// Queues provisioned outside orderly (the production case): `declare_queue` validates
+/// the settings and otherwise trusts the infrastructure; a missing queue shows up as
+/// `QueueNotFound` on first use.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Provisioned;
+
+#[async_trait]
+impl QueueAdmin for Provisioned {
+    async fn declare(
+        &self,
+        _queue: &QueueName,
+        _settings: &QueueSettings,
+    ) -> Result<(), TransportError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::servicebus::redact;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    const GOOD: &str =
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=app;SharedAccessKey=s3cr3t=";
+
+    #[test]
+    fn settings_come_from_the_environment() {
+        let s = ServiceBusSettings::from_vars(vars(&[("ORDERLY_SERVICEBUS_CONNECTION", GOOD)]))
+            .unwrap();
+        assert!(!s.unsecured);
+        let s = ServiceBusSettings::from_vars(vars(&[
+            ("ORDERLY_SERVICEBUS_CONNECTION", GOOD),
+            ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
+        ]))
+        .unwrap();
+        assert!(s.unsecured);
+    }
+
+    #[test]
+    fn bad_settings_name_the_variable_and_never_show_the_secret() {
+        let missing = ServiceBusSettings::from_vars(vars(&[])).unwrap_err();
+        assert_eq!(missing.field, "ORDERLY_SERVICEBUS_CONNECTION");
+        let odd = ServiceBusSettings::from_vars(vars(&[(
+            "ORDERLY_SERVICEBUS_CONNECTION",
+            "s3cr3t-garbage",
+        )]))
+        .unwrap_err();
+        assert_eq!(odd.field, "ORDERLY_SERVICEBUS_CONNECTION");
+        assert!(!odd.to_string().contains("s3cr3t"));
+        let flag = ServiceBusSettings::from_vars(vars(&[
+            ("ORDERLY_SERVICEBUS_CONNECTION", GOOD),
+            ("ORDERLY_SERVICEBUS_UNSECURED", "yes"),
+        ]))
+        .unwrap_err();
+        assert_eq!(flag.field, "ORDERLY_SERVICEBUS_UNSECURED");
+        let s = ServiceBusSettings::new(GOOD);
+        assert!(
+            !format!("{s:?}").contains("s3cr3t"),
+            "Debug hides the connection string"
+        );
+        assert_eq!(
+            redact("failed for SharedAccessKey=s3cr3t=", GOOD),
+            "failed for SharedAccessKey=<secret>"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! The records operators and retention read: pages of orders, an order's whole
+//! view, what a prune or a vacuum did, and the stored workflow versions.
+
+use crate::error::{Result, ValidationError};
+use crate::history::HistoryEvent;
+use crate::id::OrderId;
+use crate::order::OrderDetails;
+use crate::state::{ProcessState, StateRow};
+use crate::step::StepRecord;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Where a page of orders starts: after this order (in creation order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The last order's creation time.
+    pub created_at: DateTime<Utc>,
+    /// The last order's id.
+    pub order_id: OrderId,
+}
+
+/// Which orders to list, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct OrderFilter {
+    /// Only orders in this state.
+    pub state: Option<ProcessState>,
+    /// Only orders whose last error contains this text (case-insensitive).
+    pub error_contains: Option<String>,
+    /// Only orders whose current step is this one.
+    pub current_step: Option<i32>,
+    /// Only orders created before this time.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only orders waiting (Pending, held) for this service to be back.
+    pub waiting_for: Option<String>,
+    /// Only orders of this customer (`customer_id` in their details).
+    pub customer: Option<String>,
+    /// Only orders whose id starts with this.
+    pub id_prefix: Option<String>,
+    /// Page size (1 to [`MAX_BATCH`]; 0 means 50).
+    pub limit: u32,
+    /// Continue after this cursor.
+    pub after: Option<Cursor>,
+}
+
+/// One page of orders.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The orders, oldest first.
+    pub orders: Vec<StateRow>,
+    /// Where the next page starts, if there may be one.
+    pub next: Option<Cursor>,
+}
+
+/// Everything known about one order.
+#[derive(Debug, Clone)]
+pub struct OrderView {
+    /// The state row.
+    pub state: StateRow,
+    /// What was ordered.
+    pub details: OrderDetails,
+    /// Its steps, by position.
+    pub steps: Vec<StepRecord>,
+    /// Its history, oldest first.
+    pub history: Vec<HistoryEvent>,
+}
+
+impl OrderView {
+    /// How many entries of its history are of `kind`.
+    pub fn history_count(&self, kind: crate::history::HistoryKind) -> usize {
+        self.history.iter().filter(|e| e.kind == kind).count()
+    }
+}
+
+/// Fewest left-behind row versions in a table for [`SupervisorStore::tidy`] to vacuum it.
+pub const TIDY_MIN_DEAD: u64 = 1_000;
+
+/// A table [`SupervisorStore::tidy`] vacuumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Vacuumed {
+    /// The table.
+    pub table: String,
+    /// Row versions left behind that the database counted before the vacuum.
+    pub dead_rows: u64,
+}
+
+/// What retention keeps: see [`SupervisorStore::prune`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// How long finished orders (and sent or dead-lettered messages) are kept.
+    pub keep: std::time::Duration,
+    /// Most orders (or rows) removed per transaction.
+    pub batch: u32,
+}
+
+/// What a prune removed (or, dry, would remove), by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Pruned {
+    /// Finished orders.
+    pub orders: u64,
+    /// Their steps.
+    pub steps: u64,
+    /// Their history entries.
+    pub history: u64,
+    /// Their alerts.
+    pub alerts: u64,
+    /// Dead letters of the SQL queues.
+    pub dead_letters: u64,
+    /// Outbox rows already sent, or dead-lettered.
+    pub outbox: u64,
+    /// Expired duplicate-detection rows.
+    pub dedup: u64,
+}
+
+impl Pruned {
+    /// Whether nothing was (or would be) removed.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A workflow version as the store keeps it: its definition (JSON), written the first
+/// time the version was used, never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredWorkflow {
+    /// Which version.
+    pub reference: crate::workflow::WorkflowRef,
+    /// The definition, as [`crate::workflow::Workflow::to_stored`] writes it.
+    pub definition: String,
+    /// When it was first stored.
+    pub first_seen_at: DateTime<Utc>,
+    /// Who stored it (a scheduler's instance id, or `operator:...` for `orderly migrate`).
+    pub first_seen_by: String,
+}
+
+impl StoredWorkflow {
+    /// The workflow it defines, checked: valid, and of the version it is stored as.
+    pub fn workflow(&self) -> Result<crate::workflow::Workflow, ValidationError> {
+        crate::workflow::Workflow::from_stored(&self.definition, &self.reference)
+    }
+}
+
+/// Live orders of one workflow version in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowCount {
+    /// The workflow asked for (`None`: the schedulers' default).
+    pub workflow: Option<String>,
+    /// The version pinned (`None`: not started yet).
+    pub version: Option<String>,
+    /// Pending or Processing.
+    pub state: ProcessState,
+    /// How many orders.
+    pub orders: i64,
+}
+
+impl WorkflowCount {
+    /// `name@version`, or the name alone before the orders started.
+    pub fn label(&self) -> String {
+        crate::workflow::label(self.workflow.as_deref(), self.version.as_deref())
+    }
+}
