@@ -5,8 +5,11 @@
 //! [`Param`]s, runs a [`Q`] on a connection, hands back rows that decode through
 //! [`SqlRow`], and runs the few hot statements whose shape differs by dialect
 //! (a claim, a batch of completions, step writes, recoveries, message inserts) from
-//! values the shared code has already decided. Each dialect's SQL text lives in its
-//! `statements.rs`, under the same names in both ([`Statements`]).
+//! values the shared code has already decided: which rows, with which values (a
+//! record's attempts, an entry's reason cut to length, each new order once). Each
+//! dialect's SQL text lives in its `statements.rs`, under the same names in both
+//! ([`Statements`]); the conformance suite (`store/conformance.rs`) runs the same calls
+//! on both and requires the same rows.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -428,8 +431,12 @@ impl SentWith {
 }
 
 /// The fenced touch of one step write, decided by the shared code: the step it must be
-/// at (-1: any), the step to move to (-1: none), whether a step failed and its error,
-/// and whether its order completes with it (its last step's record).
+/// at (-1: any), the step to move to (-1: none), whether a step failed and its error
+/// (already cut to the stored length), and whether its order completes with it (its
+/// last step's record). What a dialect does with it is one write, the same in both:
+/// the order's step becomes the greater of its own and `new_step` (an unguarded late
+/// duplicate never moves it back), and a wait (`waiting_on`) ends only when the step
+/// moves. `store/conformance.rs` holds both dialects to it.
 pub(crate) struct Touch<'a> {
     pub fence: &'a Fence,
     pub expect: i32,
@@ -457,6 +464,8 @@ pub(crate) struct StepRow<'a> {
     pub detail: Option<String>,
     pub kind: &'static str,
     pub irreversible: bool,
+    /// What the record adds to the step's attempts (a start counts one).
+    pub attempts: i32,
 }
 
 /// One timed-out order's recovery, decided by the shared code.
@@ -467,6 +476,8 @@ pub(crate) struct RecoveryRow {
     pub state: &'static str,
     pub finish_as: Option<&'static str>,
     pub next_attempt_at: Option<Ts>,
+    /// Why, already cut to the stored length: the order's last error and its history
+    /// entry's reason alike.
     pub reason: String,
     pub kind: &'static str,
 }
@@ -708,7 +719,7 @@ pub(crate) trait Driver: Send + Sync + 'static {
         Ok(None)
     }
     /// Inserts the orders whose id is new (details, Pending state row, Submitted
-    /// history entry by `actor`), each id once; returns the ids inserted.
+    /// history entry by `actor`); `orders` names each id once. Returns the ids inserted.
     async fn insert_orders(
         conn: &mut Self::Conn,
         now: DateTime<Utc>,

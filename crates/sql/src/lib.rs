@@ -21,6 +21,8 @@ pub mod sqlite;
 mod statements;
 pub mod stats;
 mod store;
+#[cfg(test)]
+mod testing;
 mod time;
 mod wakeups;
 

@@ -2,8 +2,11 @@
 
 use orderly_core::history::{HistoryEvent, HistoryKind};
 use orderly_core::step::{StepRecord, StepStatus};
+use orderly_core::store::ClaimedOrder;
 use orderly_core::transport::{DeadLetter, LockToken, QueueName, ReceivedMessage};
-use orderly_core::{Actor, Epoch, InstanceId, OrderId, ProcessState, Result, StateRow};
+use orderly_core::{
+    Actor, Epoch, Fence, InstanceId, OrderDetails, OrderId, ProcessState, Result, StateRow,
+};
 
 use crate::driver::{FromCol, SqlRow};
 use crate::error::{corrupt, db};
@@ -119,6 +122,19 @@ impl<R: SqlRow + ?Sized> Cols<'_, R> {
             }
             _ => Ok(None),
         }
+    }
+
+    /// A claimed order held by `owner`, from the columns of a claim and its stored
+    /// details (`details`, the JSON text): one decoding for every dialect, whichever
+    /// statement brought the details.
+    pub fn claimed_by(&self, owner: &InstanceId, details: &str) -> Result<ClaimedOrder> {
+        let details = OrderDetails::from_json(details).map_err(|e| corrupt("orders.details", e))?;
+        let fence = Fence {
+            order_id: self.order_id("order_id")?,
+            owner: owner.clone(),
+            epoch: Epoch(self.get("lock_epoch")?),
+        };
+        self.claimed(fence, details)
     }
 
     /// A claimed (or resumed) order held under `fence`, from the columns of a claim.

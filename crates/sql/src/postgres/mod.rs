@@ -25,7 +25,7 @@ use crate::driver::{
     Driver, HoldFor, List, MessageRow, NewOrderRow, Param, Q, Query, RecoveryRow, SendFor,
     SentAndCompleted, SentWith, StepRow, Touch, q,
 };
-use crate::error::{corrupt, db};
+use crate::error::db;
 use crate::migrate;
 use crate::rows::Cols;
 use crate::statements as st;
@@ -247,14 +247,7 @@ fn claimed_orders(rows: &[PgRow], request: &ClaimRequest) -> Result<Vec<ClaimedO
     rows.iter()
         .map(|r| {
             let c = Cols(r);
-            let details = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
-                .map_err(|e| corrupt("orders.details", e))?;
-            let fence = Fence {
-                order_id: c.order_id("order_id")?,
-                owner: request.owner.clone(),
-                epoch: orderly_core::Epoch(c.get("lock_epoch")?),
-            };
-            c.claimed(fence, details)
+            c.claimed_by(&request.owner, &c.get::<String>("details")?)
         })
         .collect()
 }
@@ -311,6 +304,7 @@ fn steps_batch(touches: &[Touch<'_>], rows: &[StepRow<'_>]) -> (Vec<String>, ser
                 "detail": r.detail,
                 "kind": r.kind,
                 "irreversible": r.irreversible,
+                "attempts": r.attempts,
             }));
     }
     let batch = batch_of(
@@ -777,7 +771,7 @@ impl Driver for PgDriver {
                     "state": r.state,
                     "finish_as": r.finish_as,
                     "next_at": r.next_attempt_at.map(Ts::to_text),
-                    "reason": orderly_core::store::bounded_text(&r.reason),
+                    "reason": r.reason,
                     "kind": r.kind,
                 })
             },

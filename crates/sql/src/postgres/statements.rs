@@ -381,14 +381,14 @@ const WRITE_STEPS_CTES: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
         SELECT t.order_id, t.owner, t.epoch, u.n, (u.step ->> 'index')::int AS idx, \
             u.step ->> 'name' AS name, u.step ->> 'status' AS status, \
             u.step ->> 'key' AS key, u.step ->> 'detail' AS detail, u.step ->> 'kind' AS kind, \
-            (u.step ->> 'irreversible')::boolean AS irreversible \
+            (u.step ->> 'irreversible')::boolean AS irreversible, \
+            (u.step ->> 'attempts')::int AS attempts \
         FROM touched t, jsonb_array_elements(t.steps) WITH ORDINALITY AS u(step, n)), \
     records AS ( \
         INSERT INTO order_steps \
             (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at, \
              irreversible) \
-        SELECT order_id, idx, name, status, key, \
-            CASE WHEN status = 'Started' THEN 1 ELSE 0 END, detail, epoch, $1, irreversible \
+        SELECT order_id, idx, name, status, key, attempts, detail, epoch, $1, irreversible \
         FROM written \
         ON CONFLICT (order_id, step_index) DO UPDATE SET \
             name = excluded.name, status = excluded.status, \
@@ -412,7 +412,8 @@ const WRITE_STEPS_CTES: &str = "WITH b AS (SELECT $3::jsonb AS batch), \
 /// expects, -1: any), `step` (the step to move to, -1: none), `failed`, `error`,
 /// `complete` (the order completes with it: Processed, its lock released, a `$4`
 /// history entry after its steps') and `steps`, its updates in order (`index`,
-/// `name`, `status`, `key`, `detail`, `kind` of history). Each order's records come
+/// `name`, `status`, `key`, `detail`, `kind` of history, `irreversible`, `attempts`:
+/// what the record adds to the step's attempts). Each order's records come
 /// from its own touched row (no join), its history entries in the order of its
 /// updates. The completion is the touch itself: one new version of the state row,
 /// not two, and no statement of its own. Returns the orders touched.
@@ -534,10 +535,9 @@ pub(crate) const RECOVER: &str = "WITH b AS (SELECT $4::jsonb AS batch), \
 /// The CTEs of [`INSERT_ORDERS`] and [`INSERT_ORDERS_SENDING`] (`u`, `o`, `s`, `h`),
 /// which each follows with its own.
 const INSERT_ORDERS_CTES: &str = "WITH u AS ( \
-        SELECT DISTINCT ON (id) id, details, reply_to, workflow, n \
+        SELECT id, details, reply_to, workflow, n \
         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
-            AS x(id, details, reply_to, workflow, n) \
-        ORDER BY id, n), \
+            AS x(id, details, reply_to, workflow, n)), \
     o AS (INSERT INTO orders (order_id, details, created_at) \
         SELECT id, details::json, $1 FROM u ORDER BY n \
         ON CONFLICT (order_id) DO NOTHING RETURNING order_id), \
@@ -558,9 +558,9 @@ const SENDING_INSERT_ORDERS: &str = ", sending AS (SELECT $8::text[] AS orders, 
     applied AS (SELECT order_id FROM o)";
 
 /// Many new orders at `$1`: `$2` ids, `$3` details, `$4` reply queues, `$5` workflows,
-/// in batch order; each new id gets its details, its Pending state row (from its first
-/// row in the batch) and a Submitted history entry by `$6` (`$7` the kind). Returns
-/// the ids inserted.
+/// in batch order, each id once (the shared code keeps an id's first row); each new id
+/// gets its details, its Pending state row and a Submitted history entry by `$6` (`$7`
+/// the kind). Returns the ids inserted.
 pub(crate) const INSERT_ORDERS: &str = concatcp!(INSERT_ORDERS_CTES, " SELECT order_id FROM o");
 
 /// [`INSERT_ORDERS`] that also sends what the orders it inserted cause and ends the

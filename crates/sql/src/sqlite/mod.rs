@@ -352,7 +352,7 @@ impl SqliteDriver {
             .iter()
             .map(|r| Cols(r).get::<String>("order_id"))
             .collect::<Result<Vec<_>>>()?;
-        let mut details = std::collections::HashMap::with_capacity(rows.len());
+        let mut details = HashMap::with_capacity(rows.len());
         for r in q(sql::CLAIMED_HISTORY_AND_DETAILS)
             .bind(ids)
             .bind(Ts(now))
@@ -363,26 +363,19 @@ impl SqliteDriver {
             .map_err(db)?
         {
             let c = Cols(&r);
-            let d = orderly_core::OrderDetails::from_json(&c.get::<String>("details")?)
-                .map_err(|e| corrupt("orders.details", e))?;
-            details.insert(c.get::<String>("order_id")?, d);
+            details.insert(c.get::<String>("order_id")?, c.get::<String>("details")?);
         }
         rows.iter()
             .map(|r| {
                 let c = Cols(r);
-                let order_id = c.order_id("order_id")?;
-                let details = details.remove(order_id.as_str()).ok_or_else(|| {
+                let order_id = c.get::<String>("order_id")?;
+                let details = details.remove(&order_id).ok_or_else(|| {
                     corrupt(
                         "orders",
                         format!("order {order_id} has a state row but no details"),
                     )
                 })?;
-                let fence = Fence {
-                    order_id,
-                    owner: request.owner.clone(),
-                    epoch: orderly_core::Epoch(c.get("lock_epoch")?),
-                };
-                c.claimed(fence, details)
+                c.claimed_by(&request.owner, &details)
             })
             .collect()
     }
@@ -419,7 +412,8 @@ impl SqliteDriver {
                 .field(r.idempotency_key)
                 .field(r.detail.as_deref())
                 .field(r.fence.epoch.0)
-                .field(r.irreversible);
+                .field(r.irreversible)
+                .field(r.attempts);
         });
         let history = jsonb::rows(rows, |r, row| {
             row.field(r.fence.order_id.as_str())
@@ -700,11 +694,10 @@ impl Driver for SqliteDriver {
         if inserted.is_empty() {
             return Ok(inserted);
         }
-        // Each inserted id once, as its first row in the batch carried it.
-        let mut first = HashSet::with_capacity(inserted.len());
+        // The shared code gives each id once.
         let new: Vec<&NewOrderRow<'_>> = orders
             .iter()
-            .filter(|o| inserted.contains(o.order_id) && first.insert(o.order_id))
+            .filter(|o| inserted.contains(o.order_id))
             .collect();
         let states = jsonb::rows(&new, |o, row| {
             row.field(o.order_id).field(o.reply_to).field(o.workflow);
@@ -756,7 +749,7 @@ impl Driver for SqliteDriver {
                 .bind(r.state)
                 .bind(r.epoch)
                 .bind(None::<i32>)
-                .bind(Some(orderly_core::store::bounded_text(&r.reason)))
+                .bind(Some(r.reason.as_str()))
                 .execute::<Self>(conn)
                 .await
                 .map_err(db)?;

@@ -264,14 +264,14 @@ const INSERT_HISTORIES: &str = "INSERT INTO order_history \
 
 /// Many step records and their history entries at `$1`, in one round trip: `$2` JSON
 /// array of `[order_id, index, name, status, idempotency_key, detail, epoch,
-/// irreversible]`, applied
+/// irreversible, attempts]`, applied
 /// in order; `$3` the history entries as [`INSERT_HISTORIES`] takes them.
 pub(crate) const STEP_ROWS: &str = concatcp!(
     "INSERT INTO order_steps \
     (order_id, step_index, name, status, idempotency_key, attempts, detail, epoch, updated_at, \
      irreversible) \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-        CASE WHEN value ->> 3 = 'Started' THEN 1 ELSE 0 END, value ->> 5, value ->> 6, $1, \
+        value ->> 8, value ->> 5, value ->> 6, $1, \
         value ->> 7 \
     FROM jsonb_each($2) WHERE true ORDER BY key \
     ON CONFLICT (order_id, step_index) DO UPDATE SET \

@@ -165,7 +165,8 @@ fn first_valid<T>(orders: &[&NewOrder], checked: &[Result<(), T>]) -> Vec<bool> 
         .collect()
 }
 
-/// The rows of the valid orders of `orders`, and each order's validation.
+/// The rows of the valid orders of `orders`, each id once (its first valid row: a
+/// repeat is a duplicate or a conflict of that one), and each order's validation.
 fn order_rows<'o>(orders: &[&'o NewOrder]) -> (Vec<Result<()>>, Vec<NewOrderRow<'o>>) {
     let checked: Vec<Result<()>> = orders
         .iter()
@@ -175,7 +176,12 @@ fn order_rows<'o>(orders: &[&'o NewOrder]) -> (Vec<Result<()>>, Vec<NewOrderRow<
         .iter()
         .zip(&checked)
         .filter(|(_, ok)| ok.is_ok())
-        .map(|(o, _)| NewOrderRow {
+        .map(|(o, _)| *o)
+        .filter({
+            let mut seen = HashSet::with_capacity(orders.len());
+            move |o| seen.insert(o.order_id.as_str())
+        })
+        .map(|o| NewOrderRow {
             order_id: o.order_id.as_str(),
             details: o.details.to_json(),
             reply_to: o.reply_to.as_deref(),

@@ -16,6 +16,8 @@
 
 mod activity;
 mod conditions;
+#[cfg(test)]
+mod conformance;
 mod intake;
 mod leadership;
 mod operator;

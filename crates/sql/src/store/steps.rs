@@ -61,6 +61,7 @@ pub(crate) fn step_row<'a>(fence: &'a Fence, step: &'a StepUpdate) -> StepRow<'a
         detail: step.detail.as_deref().map(|d| bounded_text(d).to_owned()),
         kind: step_kind(step.status).as_str(),
         irreversible: step.irreversible,
+        attempts: i32::from(step.status == StepStatus::Started),
     }
 }
 

@@ -3,12 +3,12 @@
 //! leader's term.
 
 use async_trait::async_trait;
-use orderly_core::Result;
 use orderly_core::leader::LeaderFence;
 use orderly_core::store::{
-    Alert, Expired, MAX_BATCH, RecoveryOutcome, RecoveryPolicy, SupervisorStore,
+    Alert, Expired, MAX_BATCH, Recovery, RecoveryOutcome, RecoveryPolicy, SupervisorStore,
 };
 use orderly_core::transport::Envelope;
+use orderly_core::{OrderId, Result};
 
 use super::SqlStore;
 use crate::driver::{Driver, RecoveryRow, q};
@@ -16,6 +16,22 @@ use crate::error::db;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
+
+/// The row a dialect writes for the recovery `decision` of `order_id`'s run `epoch`:
+/// the decision's values, its reason cut to the stored length for the order's last
+/// error and its history entry alike.
+pub(crate) fn recovery_row(order_id: &OrderId, epoch: i64, decision: &Recovery) -> RecoveryRow {
+    RecoveryRow {
+        order_id: order_id.as_str().to_owned(),
+        epoch,
+        failure_count: decision.failure_count,
+        state: decision.to.as_str(),
+        finish_as: decision.finish_as.map(|s| s.as_str()),
+        next_attempt_at: decision.next_attempt_at.map(Ts),
+        reason: orderly_core::store::bounded_text(&decision.reason).to_owned(),
+        kind: decision.kind.as_str(),
+    }
+}
 
 impl<D: Driver> SqlStore<D> {
     /// One sweep: lock the expired orders, decide each, apply the decisions.
@@ -49,16 +65,7 @@ impl<D: Driver> SqlStore<D> {
         }
         let recoveries: Vec<RecoveryRow> = decided
             .iter()
-            .map(|(epoch, d, order_id)| RecoveryRow {
-                order_id: order_id.as_str().to_owned(),
-                epoch: *epoch,
-                failure_count: d.failure_count,
-                state: d.to.as_str(),
-                finish_as: d.finish_as.map(|s| s.as_str()),
-                next_attempt_at: d.next_attempt_at.map(Ts),
-                reason: d.reason.clone(),
-                kind: d.kind.as_str(),
-            })
+            .map(|(epoch, d, order_id)| recovery_row(order_id, *epoch, d))
             .collect();
         // An order that goes to Error raises its alert (the `order_state_raises_alert`
         // trigger), in this transaction.
@@ -173,7 +180,7 @@ mod tests {
 
     use orderly_core::history::HistoryKind;
     use orderly_core::store::{ClaimRequest, IntakeStore, OperatorStore, SchedulerStore};
-    use orderly_core::{InstanceId, ManualClock, OrderId, ProcessState, TimeSource};
+    use orderly_core::{InstanceId, ManualClock, OrderId, ProcessState};
     use orderly_testkit::builders::{order_with_id, submitter};
 
     use super::*;
@@ -256,48 +263,16 @@ mod tests {
 
     #[tokio::test]
     async fn sqlite_a_recovery_applies_only_to_the_run_it_was_decided_for() {
-        let clock = ManualClock::starting_now();
-        let store = crate::SqliteStore::open(
-            "sqlite::memory:",
-            TimeSource::Clock(Arc::new(clock.clone())),
-        )
-        .await
-        .unwrap();
+        let (store, clock) = crate::testing::sqlite_at(crate::testing::this_second()).await;
         a_recovery_applies_only_to_the_run_it_was_decided_for(store, clock).await;
     }
 
     #[tokio::test]
     async fn postgres_a_recovery_applies_only_to_the_run_it_was_decided_for() {
-        use std::str::FromStr;
-        let url = std::env::var("ORDERLY_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let admin = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-            panic!(
-                "PostgreSQL at {url} is needed for this test: {e}. \
-                 Start it (see README.md, or run .ci/run) or point ORDERLY_TEST_POSTGRES_URL at one."
-            )
-        });
-        let schema = format!("orderly_t_{}", uuid::Uuid::new_v4().simple());
-        let create = format!("CREATE SCHEMA {schema}");
-        sqlx::query(sqlx::AssertSqlSafe(create))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let options = sqlx::postgres::PgConnectOptions::from_str(&url)
-            .unwrap()
-            .options([("search_path", schema.as_str())]);
-        // The schema goes whether the test passes or not, from its first migration on.
-        let run = tokio::spawn(async move {
-            let clock = ManualClock::starting_now();
-            let time = TimeSource::Clock(Arc::new(clock.clone()));
-            let store = crate::PgStore::connect(options, 2, time).await.unwrap();
-            a_recovery_applies_only_to_the_run_it_was_decided_for(store, clock).await;
-        })
+        crate::testing::on_postgres_at(
+            crate::testing::this_second(),
+            a_recovery_applies_only_to_the_run_it_was_decided_for,
+        )
         .await;
-        let drop = format!("DROP SCHEMA {schema} CASCADE");
-        let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&admin).await;
-        if let Err(e) = run {
-            std::panic::resume_unwind(e.into_panic());
-        }
     }
 }
