@@ -1,0 +1,167 @@
+//! Opening a PostgreSQL store: the URL's options and TLS, the limits of every
+//! session, the pool, and a begin that runs to its answer.
+
+use super::conn::{Pools, Transactions, Within};
+use super::{DEFAULT_MAX_CONNECTIONS, POLL, PgConn, PgDriver, answer_timeout_from_env};
+use crate::error::db;
+use crate::store::SqlStore;
+use crate::wakeups::Wakeups;
+use orderly_core::{Result, TimeSource};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx_core::transaction::TransactionManager;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An idle connection older than this is pinged before it is handed out.
+pub(super) const PING_IDLE: Duration = Duration::from_secs(1);
+
+/// Takes a connection and runs `begin` (`BEGIN` unless given) on it, to its answer
+/// even if the caller stops waiting. sqlx 0.9 arms the rollback of a transaction
+/// dropped unfinished only once its `BEGIN` is answered: a begin abandoned before then
+/// (a shutdown, a timeout, a `select!` that took another branch) would hand the pool a
+/// connection inside a transaction nothing ends, and its next users' statements would
+/// run in it, holding their locks and committing nothing. Run on a task of its own,
+/// the begin finishes (or its answer times out and the connection is given up); a
+/// transaction nobody takes is then dropped there, armed, and its rollback goes with
+/// the connection's next statement.
+pub(super) async fn begin_to_the_end(
+    pools: Arc<Pools>,
+    answer_timeout: Duration,
+    begin: Option<&'static str>,
+) -> Result<Box<PgConn>> {
+    let begun = tokio::spawn(async move {
+        let mut conn = Box::new(pools.acquire(answer_timeout).await?);
+        let (raw, watch) = conn.parts();
+        Transactions::begin(raw, begin.map(sqlx::SqlSafeStr::into_sql_str))
+            .within(watch)
+            .await?;
+        Ok::<_, sqlx::Error>(conn)
+    });
+    match begun.await {
+        Ok(tx) => tx.map_err(db),
+        // Its task panicked, or the runtime is shutting down.
+        Err(e) => Err(orderly_core::Error::Unavailable(Box::new(e))),
+    }
+}
+
+/// The connection options of `url`. TLS follows the URL's `sslmode` (`prefer` by
+/// default; `require`, `verify-ca`, `verify-full` as libpq), verifying the server
+/// against the platform's roots plus `sslrootcert`, or else the CA bundle
+/// `ORDERLY_CA_FILE` names. Errors name the setting, never echo the URL.
+pub fn options(url: &str) -> Result<PgConnectOptions> {
+    let mut options = PgConnectOptions::from_str(url).map_err(|e| crate::url_refused(url, e))?;
+    // Every session is bounded, so that a wedged one never hangs a role: unless the URL
+    // (`?options=-c%20lock_timeout%3D...`) or PGOPTIONS sets them.
+    let given = format!("{url} {}", std::env::var("PGOPTIONS").unwrap_or_default());
+    let limits: Vec<(&str, &str)> = SESSION_LIMITS
+        .iter()
+        .filter(|(name, _)| !given.contains(name))
+        .copied()
+        .collect();
+    if !limits.is_empty() {
+        options = options.options(limits);
+    }
+    let names_root = url.contains("sslrootcert=") || std::env::var_os("PGSSLROOTCERT").is_some();
+    if names_root {
+        return Ok(options);
+    }
+    let trust = orderly_tls::Trust::from_env()
+        .map_err(|e| orderly_core::ValidationError::new("ORDERLY_CA_FILE", e.to_string()))?;
+    Ok(match trust.ca_file() {
+        Some(file) => options.ssl_root_cert(file),
+        None => options,
+    })
+}
+
+/// The limits of every session orderly opens, unless the URL or PGOPTIONS sets them: a
+/// lock is waited for at most 30 s (a row held by a wedged session fails the statement,
+/// which is retried, instead of hanging it), a session idle inside a transaction is
+/// ended after 60 s (its locks go with it), and a statement runs at most 5 min (the
+/// leader's vacuums lift this for themselves).
+pub const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("lock_timeout", "30s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+    ("statement_timeout", "5min"),
+];
+
+impl SqlStore<PgDriver> {
+    /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
+    pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
+        Self::connect(options(url)?, DEFAULT_MAX_CONNECTIONS, time).await
+    }
+
+    /// Connects with explicit options (e.g. a `search_path` for an isolated schema) and
+    /// applies pending migrations.
+    pub async fn connect(
+        options: PgConnectOptions,
+        max_connections: u32,
+        time: TimeSource,
+    ) -> Result<Self> {
+        let answer_timeout = answer_timeout_from_env()?;
+        Self::connect_answering_within(options, max_connections, time, answer_timeout).await
+    }
+
+    /// [`Self::connect`], waiting for any answer at most `answer_timeout` (instead of
+    /// what [`ANSWER_TIMEOUT_SETTING`] says).
+    pub async fn connect_answering_within(
+        options: PgConnectOptions,
+        max_connections: u32,
+        time: TimeSource,
+        answer_timeout: Duration,
+    ) -> Result<Self> {
+        // A connection is checked with a ping only after it sat idle for a while: a
+        // ping on every acquire is a round trip per transaction under load. One that
+        // broke while busy fails its statement, which the caller retries.
+        let builder = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(15))
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    // Bounded like any answer: a connection gone silent while idle
+                    // is closed here, not waited on.
+                    if meta.idle_for >= PING_IDLE {
+                        tokio::time::timeout(answer_timeout, sqlx::Connection::ping(conn))
+                            .await
+                            .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
+                    }
+                    Ok(true)
+                })
+            })
+            // The pool checks every connection handed back with a ping of its own,
+            // unbounded: one that went silent just then would hold its place for ever.
+            // This bounded ping goes first; a connection that does not answer it is
+            // closed instead.
+            .after_release(move |conn, _| {
+                Box::pin(async move {
+                    tokio::time::timeout(answer_timeout, sqlx::Connection::ping(conn))
+                        .await
+                        .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
+                    Ok(true)
+                })
+            });
+        let options = options.application_name("orderly");
+        let pool = builder
+            .clone()
+            .connect_with(options.clone())
+            .await
+            .map_err(db)?;
+        let store = SqlStore::new(
+            PgDriver {
+                pools: Arc::new(Pools::new(pool, builder, options)),
+                time,
+                stats: Arc::default(),
+                answer_timeout,
+            },
+            Arc::new(Wakeups::new(POLL)),
+        );
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The connection pool (for tests and tools).
+    pub fn pool(&self) -> &PgPool {
+        &self.driver.pools.current().pool
+    }
+}
