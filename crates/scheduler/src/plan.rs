@@ -12,6 +12,40 @@ use orderly_core::{Fence, ProcessState, StepRecord, StepStatus};
 
 use crate::{Next, Scheduler};
 
+/// The record of step `index` of `flow` as its undoing moves it to `status`: under the
+/// key of the order's run, never irreversible (an undoing takes nothing new into
+/// effect).
+fn undo_update(
+    flow: &Workflow,
+    fence: &Fence,
+    context: &StepContext,
+    index: i32,
+    status: StepStatus,
+    detail: Option<String>,
+) -> StepUpdate {
+    let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
+    StepUpdate {
+        index,
+        idempotency_key: idempotency_key(&fence.order_id, context.generation, index, &name),
+        name,
+        status,
+        detail,
+        irreversible: false,
+    }
+}
+
+/// A write of an undoing: `updates` and `sends`, at whatever step the order stands
+/// (compensations run backwards), never completing it.
+fn undo_write(fence: &Fence, updates: Vec<StepUpdate>, sends: Vec<Envelope>) -> StepWrite {
+    StepWrite {
+        complete: false,
+        fence: fence.clone(),
+        expect_step: None,
+        updates,
+        sends,
+    }
+}
+
 impl Scheduler {
     pub(crate) fn check_reply(&self, flow: &Workflow, reply: &StepReply) -> Result<(), String> {
         let Some(def) = flow.step(reply.step_index) else {
@@ -220,28 +254,13 @@ impl Scheduler {
             }
         }
         let pending = next_to_undo(flow, steps, just_done.map(|(i, _)| i));
-        let update = |index: i32, status: StepStatus, detail: Option<String>| {
-            let name = flow.step(index).map(|d| d.name.clone()).unwrap_or_default();
-            StepUpdate {
-                index,
-                idempotency_key: idempotency_key(&fence.order_id, context.generation, index, &name),
-                name,
-                status,
-                detail,
-                irreversible: false,
-            }
-        };
+        let update =
+            |index, status, detail| undo_update(flow, fence, context, index, status, detail);
         let mut updates: Vec<StepUpdate> = just_done
             .map(|(index, detail)| update(index, StepStatus::Compensated, Some(detail.to_owned())))
             .into_iter()
             .collect();
-        let write = |updates, sends| StepWrite {
-            complete: false,
-            fence: fence.clone(),
-            expect_step: None,
-            updates,
-            sends,
-        };
+        let write = |updates, sends| undo_write(fence, updates, sends);
         match pending {
             Some(index) => {
                 let detail = flow

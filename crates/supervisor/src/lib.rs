@@ -186,48 +186,7 @@ impl Supervisor {
                 .recover_expired(leader, &self.cfg.policy, self.cfg.batch)
                 .await?;
             for r in &recovered {
-                match r {
-                    RecoveryOutcome::Retried {
-                        order_id,
-                        failure_count,
-                        next_attempt_at,
-                    } => {
-                        sweep.retried += 1;
-                        metrics::counter!("orderly_recoveries_total", "outcome" => "retried")
-                            .increment(1);
-                        metrics::histogram!("orderly_recovered_failures")
-                            .record(f64::from(*failure_count));
-                        info!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
-                    }
-                    RecoveryOutcome::GaveUp {
-                        order_id,
-                        failure_count,
-                    } => {
-                        sweep.gave_up += 1;
-                        metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up")
-                            .increment(1);
-                        metrics::histogram!("orderly_recovered_failures")
-                            .record(f64::from(*failure_count));
-                        warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: order in Error");
-                    }
-                    RecoveryOutcome::Waiting { order_id, service } => {
-                        sweep.waiting += 1;
-                        metrics::counter!("orderly_recoveries_total", "outcome" => "waiting")
-                            .increment(1);
-                        info!(order_id = %order_id, instance_id = %self.cfg.instance, service = %service, "deadline passed while its service is down: waits for it again, not counted");
-                    }
-                    RecoveryOutcome::Undoing {
-                        order_id,
-                        failure_count,
-                    } => {
-                        sweep.gave_up += 1;
-                        metrics::counter!("orderly_recoveries_total", "outcome" => "gave_up_undoing")
-                            .increment(1);
-                        metrics::histogram!("orderly_recovered_failures")
-                            .record(f64::from(*failure_count));
-                        warn!(order_id = %order_id, instance_id = %self.cfg.instance, failure_count, "deadline passed too often: undoing its completed steps, then Error");
-                    }
-                }
+                self.report(r, &mut sweep);
             }
             if (recovered.len() as u32) < self.cfg.batch {
                 break;
@@ -268,6 +227,50 @@ impl Supervisor {
         }
         .instrument(span)
         .await
+    }
+
+    /// Counts, measures and logs one recovery of a sweep.
+    fn report(&self, r: &RecoveryOutcome, sweep: &mut Sweep) {
+        let instance = &self.cfg.instance;
+        let outcome = match r {
+            RecoveryOutcome::Retried {
+                order_id,
+                failure_count,
+                next_attempt_at,
+            } => {
+                sweep.retried += 1;
+                info!(order_id = %order_id, instance_id = %instance, failure_count, next_attempt_at = %next_attempt_at, "deadline passed: order back to Pending");
+                "retried"
+            }
+            RecoveryOutcome::GaveUp {
+                order_id,
+                failure_count,
+            } => {
+                sweep.gave_up += 1;
+                warn!(order_id = %order_id, instance_id = %instance, failure_count, "deadline passed too often: order in Error");
+                "gave_up"
+            }
+            RecoveryOutcome::Waiting { order_id, service } => {
+                sweep.waiting += 1;
+                info!(order_id = %order_id, instance_id = %instance, service = %service, "deadline passed while its service is down: waits for it again, not counted");
+                "waiting"
+            }
+            RecoveryOutcome::Undoing {
+                order_id,
+                failure_count,
+            } => {
+                sweep.gave_up += 1;
+                warn!(order_id = %order_id, instance_id = %instance, failure_count, "deadline passed too often: undoing its completed steps, then Error");
+                "gave_up_undoing"
+            }
+        };
+        metrics::counter!("orderly_recoveries_total", "outcome" => outcome).increment(1);
+        if let RecoveryOutcome::Retried { failure_count, .. }
+        | RecoveryOutcome::GaveUp { failure_count, .. }
+        | RecoveryOutcome::Undoing { failure_count, .. } = r
+        {
+            metrics::histogram!("orderly_recovered_failures").record(f64::from(*failure_count));
+        }
     }
 
     /// Sweeps every `interval` until the term is cancelled or the store says another

@@ -215,6 +215,31 @@ impl<D: Driver> SqlStore<D> {
         Ok(messages)
     }
 
+    /// Up to `max` visible messages of `queue` at `now`, in queue order: their
+    /// sequence numbers and delivery counts.
+    async fn candidates(
+        tx: &mut D::Tx,
+        look: &LookThenTake,
+        queue: &QueueName,
+        now: chrono::DateTime<chrono::Utc>,
+        max: u32,
+    ) -> Result<Vec<(i64, i32)>> {
+        let rows = q(look.candidates)
+            .bind(queue.as_str())
+            .bind(Ts(now))
+            .bind(i64::from(max))
+            .fetch_all::<D>(&mut **tx)
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok((c.get::<i64>("seq")?, c.get::<i32>("delivery_count")?))
+            })
+            .collect::<orderly_core::Result<Vec<_>>>()?)
+    }
+
     /// One attempt: lock up to `max` visible messages for a new delivery.
     pub(crate) async fn receive_now(
         &self,
@@ -235,19 +260,7 @@ impl<D: Driver> SqlStore<D> {
         // the candidates, deliver the rest.
         let (mut tx, now) = self.begin().await?;
         let settings = self.queue_settings(&mut tx, queue).await?;
-        let candidates = q(look.candidates)
-            .bind(queue.as_str())
-            .bind(Ts(now))
-            .bind(i64::from(max))
-            .fetch_all::<D>(&mut tx)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| {
-                let c = Cols(r);
-                Ok((c.get::<i64>("seq")?, c.get::<i32>("delivery_count")?))
-            })
-            .collect::<orderly_core::Result<Vec<(i64, i32)>>>()?;
+        let candidates = Self::candidates(&mut tx, &look, queue, now, max).await?;
         let (exhausted, deliver): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .partition(|(_, count)| *count >= settings.max_deliveries);

@@ -186,6 +186,32 @@ pub(super) fn message_batch<'r, 'm: 'r>(
 }
 
 /// The ids of `rows` not seen on `queue` within its duplicate window of `ms`
+/// Inserts into `queue` those of `rows` its duplicate window (`dedup_ms` long; `None`:
+/// none) lets through, each fresh id once; returns how many it inserted.
+pub(super) async fn insert_fresh(
+    conn: &mut SqliteConnection,
+    now: Ts,
+    queue: &str,
+    dedup_ms: Option<i64>,
+    rows: &[MessageRow<'_>],
+) -> Result<usize, sqlx::Error> {
+    let fresh = match dedup_ms {
+        Some(ms) => Some(fresh_ids(conn, now, queue, ms, rows).await?),
+        None => None,
+    };
+    let accepted = accepted(rows, fresh.as_ref());
+    if accepted.is_empty() {
+        return Ok(0);
+    }
+    q(sql::Q_INSERT_MANY)
+        .bind(queue)
+        .bind(now)
+        .bind(message_batch(now, accepted.iter().copied()))
+        .execute::<SqliteDriver>(conn)
+        .await?;
+    Ok(accepted.len())
+}
+
 /// milliseconds, recorded as seen until the window ends.
 pub(super) async fn fresh_ids(
     conn: &mut SqliteConnection,

@@ -360,31 +360,13 @@ impl Driver for SqliteDriver {
                     .await?,
             )?
         };
-        if rows.is_empty() {
-            return Ok(SentAndCompleted {
-                inserted: 0,
-                completed,
-            });
-        }
-        let fresh = match dedup_ms {
-            Some(ms) => Some(fresh_ids(conn, now, queue, ms, rows).await?),
-            None => None,
+        let inserted = if rows.is_empty() {
+            0
+        } else {
+            insert_fresh(conn, now, queue, dedup_ms, rows).await?
         };
-        let accepted = accepted(rows, fresh.as_ref());
-        if accepted.is_empty() {
-            return Ok(SentAndCompleted {
-                inserted: 0,
-                completed,
-            });
-        }
-        q(sql::Q_INSERT_MANY)
-            .bind(queue)
-            .bind(now)
-            .bind(message_batch(now, accepted.iter().copied()))
-            .execute::<Self>(conn)
-            .await?;
         Ok(SentAndCompleted {
-            inserted: accepted.len(),
+            inserted,
             completed,
         })
     }

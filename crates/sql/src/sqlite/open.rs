@@ -105,34 +105,13 @@ impl SqlStore<SqliteDriver> {
     /// [`SqliteStore::open`] with an explicit [`WriterQueue`].
     pub async fn open_with(url: &str, time: TimeSource, queue: WriterQueue) -> Result<Self> {
         let (url, synchronous) = durability(url)?;
-        let options = SqliteConnectOptions::from_str(&url)
-            .map_err(|e| crate::url_refused(&url, e))?
-            .create_if_missing(true)
-            .synchronous(synchronous)
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT)
-            // Savepoints (group commit) and multi-row statements journal the pages they
-            // change so they can be undone; in memory rather than in a temporary file.
-            // Only the transaction's own undo data: the log on disk is unchanged.
-            .pragma("temp_store", "memory")
-            // A batch's rows come back through a channel from the connection's thread;
-            // room for a whole batch lets that thread finish the statement without
-            // waiting for this task to read them.
-            .row_buffer_size(ROW_BUFFER);
+        let options = connect_options(&url, synchronous)?;
         // An in-memory database lives in one connection; a file can serve several readers.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         if !in_memory {
             ensure_wal(&options).await?;
         }
-        // No ping before handing out a connection: the database is a local file, and a
-        // ping is a round trip to the connection's thread per transaction.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if in_memory { 1 } else { 4 })
-            .test_before_acquire(false)
-            .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
-            .connect_with(options.clone())
-            .await
-            .map_err(db)?;
+        let pool = pool_of(&options, if in_memory { 1 } else { 4 }).await?;
         // Writes take a connection of their own, kept between transactions. In WAL mode
         // a connection that begins a transaction after another connection committed
         // drops its whole page cache: writes that took turns on the readers'
@@ -142,13 +121,7 @@ impl SqlStore<SqliteDriver> {
         let write_pool = if in_memory {
             pool.clone()
         } else {
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .test_before_acquire(false)
-                .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
-                .connect_with(options.clone())
-                .await
-                .map_err(db)?
+            pool_of(&options, 1).await?
         };
         let file = options.get_filename();
         let key = std::fs::canonicalize(file)
@@ -184,6 +157,37 @@ impl SqlStore<SqliteDriver> {
     pub fn pool(&self) -> &SqlitePool {
         &self.driver.pool
     }
+}
+
+/// How every connection to the file at `url` is opened.
+fn connect_options(url: &str, synchronous: SqliteSynchronous) -> Result<SqliteConnectOptions> {
+    Ok(SqliteConnectOptions::from_str(url)
+        .map_err(|e| crate::url_refused(url, e))?
+        .create_if_missing(true)
+        .synchronous(synchronous)
+        .foreign_keys(true)
+        .busy_timeout(BUSY_TIMEOUT)
+        // Savepoints (group commit) and multi-row statements journal the pages they
+        // change so they can be undone; in memory rather than in a temporary file.
+        // Only the transaction's own undo data: the log on disk is unchanged.
+        .pragma("temp_store", "memory")
+        // A batch's rows come back through a channel from the connection's thread;
+        // room for a whole batch lets that thread finish the statement without
+        // waiting for this task to read them.
+        .row_buffer_size(ROW_BUFFER))
+}
+
+/// A pool of up to `connections` to the file. No ping before handing out a
+/// connection: the database is a local file, and a ping is a round trip to the
+/// connection's thread per transaction.
+async fn pool_of(options: &SqliteConnectOptions, connections: u32) -> Result<SqlitePool> {
+    SqlitePoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
+        .connect_with(options.clone())
+        .await
+        .map_err(db)
 }
 
 /// Reads and removes the `synchronous` parameter of a SQLite URL: `full` (the

@@ -16,14 +16,40 @@ use crate::error::db;
 use crate::rows::Cols;
 use crate::time::Ts;
 
+/// Per minute, what happened in it.
+type Minutes = BTreeMap<DateTime<Utc>, MinuteActivity>;
+
+/// The minute `at` in `minutes`, made if it is not there yet.
+fn minute_at(minutes: &mut Minutes, at: DateTime<Utc>) -> &mut MinuteActivity {
+    minutes.entry(at).or_insert_with(|| MinuteActivity::new(at))
+}
+
 impl<D: Driver> SqlStore<D> {
     /// The activity of every minute from the one `since` falls in, oldest first;
     /// minutes without any are left out.
     pub(crate) async fn activity_since(&self, since: DateTime<Utc>) -> Result<Vec<MinuteActivity>> {
         let since = orderly_core::activity::minute_of(since);
-        let minute = |col: &str| D::SQL.minute_of.replace("{}", col);
         let mut conn = self.driver.acquire().await?;
-        let mut minutes: BTreeMap<DateTime<Utc>, MinuteActivity> = BTreeMap::new();
+        let mut minutes = Minutes::new();
+        Self::add_finished(&mut conn, since, &mut minutes).await?;
+        let recovered = "order_history WHERE kind IN ('Recovered', 'GaveUp') AND";
+        for (at, n) in Self::per_minute(&mut conn, since, recovered, "at").await? {
+            minute_at(&mut minutes, at).recoveries += n;
+        }
+        let dead = "queue_dead_letters WHERE";
+        for (at, n) in Self::per_minute(&mut conn, since, dead, "dead_lettered_at").await? {
+            minute_at(&mut minutes, at).dead_letters += n;
+        }
+        Ok(minutes.into_values().collect())
+    }
+
+    /// The orders that finished from `since` on, per minute: Processed ones by latency
+    /// bucket, Error and Cancelled ones counted.
+    async fn add_finished(
+        conn: &mut D::Conn,
+        since: DateTime<Utc>,
+        minutes: &mut Minutes,
+    ) -> Result<()> {
         let finished = Q::dynamic(format!(
             "SELECT {m} AS minute, process_state, \
              CAST(CASE WHEN process_state = 'Processed' THEN {bucket} ELSE -1 END AS BIGINT) \
@@ -31,18 +57,17 @@ impl<D: Driver> SqlStore<D> {
              count(*) AS n FROM order_state \
              WHERE finished_at >= $1 \
              GROUP BY 1, 2, 3",
-            m = minute("updated_at"),
+            m = D::SQL.minute_of.replace("{}", "updated_at"),
             bucket = bucket_sql(D::SQL.latency_ms),
         ))
         .bind(Ts(since))
-        .fetch_all::<D>(&mut conn)
+        .fetch_all::<D>(conn)
         .await
         .map_err(db)?;
         for r in &finished {
             let c = Cols(r);
-            let at = c.ts("minute")?;
             let n = u64::try_from(c.get::<i64>("n")?).unwrap_or(0);
-            let m = minutes.entry(at).or_insert_with(|| MinuteActivity::new(at));
+            let m = minute_at(minutes, c.ts("minute")?);
             match c.get::<String>("process_state")?.as_str() {
                 "Processed" => {
                     m.processed += n;
@@ -53,41 +78,34 @@ impl<D: Driver> SqlStore<D> {
                 _ => m.cancelled += n,
             }
         }
-        for (sql, recoveries) in [
-            (
-                format!(
-                    "SELECT {m} AS minute, count(*) AS n FROM order_history \
-                     WHERE kind IN ('Recovered', 'GaveUp') AND at >= $1 GROUP BY 1",
-                    m = minute("at")
-                ),
-                true,
-            ),
-            (
-                format!(
-                    "SELECT {m} AS minute, count(*) AS n FROM queue_dead_letters \
-                     WHERE dead_lettered_at >= $1 GROUP BY 1",
-                    m = minute("dead_lettered_at")
-                ),
-                false,
-            ),
-        ] {
-            for r in Q::dynamic(sql)
-                .bind(Ts(since))
-                .fetch_all::<D>(&mut conn)
-                .await
-                .map_err(db)?
-            {
-                let c = Cols(&r);
-                let at = c.ts("minute")?;
-                let n = u64::try_from(c.get::<i64>("n")?).unwrap_or(0);
-                let m = minutes.entry(at).or_insert_with(|| MinuteActivity::new(at));
-                if recoveries {
-                    m.recoveries += n;
-                } else {
-                    m.dead_letters += n;
-                }
-            }
-        }
-        Ok(minutes.into_values().collect())
+        Ok(())
+    }
+
+    /// How many rows of `rows` (a table and the start of its condition, ending in
+    /// `WHERE` or `AND`) have their timestamp `at` from `since` on, per minute.
+    async fn per_minute(
+        conn: &mut D::Conn,
+        since: DateTime<Utc>,
+        rows: &'static str,
+        at: &'static str,
+    ) -> Result<Vec<(DateTime<Utc>, u64)>> {
+        let sql = format!(
+            "SELECT {m} AS minute, count(*) AS n FROM {rows} {at} >= $1 GROUP BY 1",
+            m = D::SQL.minute_of.replace("{}", at),
+        );
+        Q::dynamic(sql)
+            .bind(Ts(since))
+            .fetch_all::<D>(conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let c = Cols(r);
+                Ok((
+                    c.ts("minute")?,
+                    u64::try_from(c.get::<i64>("n")?).unwrap_or(0),
+                ))
+            })
+            .collect()
     }
 }

@@ -91,34 +91,20 @@ impl<D: Driver> SqlStore<D> {
         if rows.is_empty() {
             return Ok(None);
         }
-        let first = first_valid(&orders, &checked);
-        let firsts = || {
-            batch
-                .iter()
-                .zip(&first)
-                .enumerate()
-                .filter(|(_, (_, first))| **first)
-                .map(|(i, (s, _))| (i, s))
-        };
+        let firsts = firsts_of(batch, &first_valid(&orders, &checked));
         let Some(sends) = self
             .sends_for(
                 &mut *tx,
-                firsts().map(|(_, s)| (s.order.order_id.as_str(), s.sends.as_slice())),
+                firsts
+                    .iter()
+                    .map(|(_, s)| (s.order.order_id.as_str(), s.sends.as_slice())),
             )
             .await
             .map_err(|e| Error::Send(Box::new(e)))?
         else {
             return Ok(None);
         };
-        // The deliveries the insert ends: those of the rows it may accept.
-        let holds: Vec<HoldFor<'_>> = messages.map_or_else(Vec::new, |messages| {
-            firsts()
-                .map(|(i, s)| HoldFor {
-                    order_id: s.order.order_id.as_str(),
-                    held: &messages[i],
-                })
-                .collect()
-        });
+        let holds = holds_of(&firsts, messages);
         let Some(sent) = D::insert_orders_sending(
             &mut *tx,
             now,
@@ -133,24 +119,53 @@ impl<D: Driver> SqlStore<D> {
             return Ok(None);
         };
         let outcomes = Self::outcomes_of(&mut *tx, &orders, checked, &sent.applied).await?;
-        // A duplicate's delivery ends too; a conflict's or an invalid order's does not.
         let woken = sent.woken(&sends);
         let consumed = self
-            .settle_sent(
-                &mut *tx,
-                now,
-                &sent,
-                batch.len(),
-                messages,
-                |i| match &outcomes[i] {
-                    Ok(SubmitOutcome::Accepted) => Ending::InWrite,
-                    Ok(_) => Ending::After,
-                    Err(_) => Ending::Kept,
-                },
-            )
+            .settle_sent(&mut *tx, now, &sent, batch.len(), messages, |i| {
+                ending_of(&outcomes[i])
+            })
             .await?;
         let claimable = !sent.applied.is_empty();
         Ok(Some((Consumed { outcomes, consumed }, woken, claimable)))
+    }
+}
+
+/// The submissions of `batch` that can be accepted (`first`, by [`first_valid`]), with
+/// their positions.
+fn firsts_of<'b>(batch: &'b [Submission], first: &[bool]) -> Vec<(usize, &'b Submission)> {
+    batch
+        .iter()
+        .zip(first)
+        .enumerate()
+        .filter(|(_, (_, first))| **first)
+        .map(|(i, (s, _))| (i, s))
+        .collect()
+}
+
+/// The deliveries an insert of `firsts` ends: those of the rows it may accept (none
+/// without `messages`).
+fn holds_of<'a>(
+    firsts: &[(usize, &'a Submission)],
+    messages: Option<&'a [ReceivedMessage]>,
+) -> Vec<HoldFor<'a>> {
+    messages.map_or_else(Vec::new, |messages| {
+        firsts
+            .iter()
+            .map(|&(i, s)| HoldFor {
+                order_id: s.order.order_id.as_str(),
+                held: &messages[i],
+            })
+            .collect()
+    })
+}
+
+/// How a submission's delivery ends, by its outcome: an accepted order's in the insert
+/// itself, a duplicate's after it; a conflict's or an invalid order's not at all.
+fn ending_of(outcome: &Result<SubmitOutcome>) -> Ending {
+    match outcome {
+        Ok(SubmitOutcome::Accepted) => Ending::InWrite,
+        Ok(_) => Ending::After,
+        Err(_) => Ending::Kept,
     }
 }
 

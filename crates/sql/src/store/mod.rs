@@ -187,46 +187,48 @@ impl<D: Driver> SqlStore<D> {
             )
             .into());
         }
-        let queue_error = |e| Error::Queue(Box::new(e));
         let act = &act;
-        let act_on = |tx: D::Tx, now, messages: Vec<ReceivedMessage>| async move {
-            let all = messages.len() < max as usize;
-            match act(tx, now, messages).await {
-                Ok(taken) => Ok(Some((taken, all))),
-                Err(e) if e.is_retryable() => Err(e),
-                Err(e) => {
-                    tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
-                    let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
-                    Ok(Some((Taken::held(messages), false)))
-                }
-            }
-        };
         let found = self
-            .until_found(queue, wait, || async move {
-                let look = match D::SQL.q_receive {
-                    // The take is the transaction's first statement and reads its clock.
-                    Receive::OneStatement { in_tx, .. } => {
-                        let mut tx = self.driver.begin_write().await?;
-                        let (messages, now) = self
-                            .take_first(&mut tx, in_tx, queue, max)
-                            .await
-                            .map_err(queue_error)?;
-                        if messages.is_empty() {
-                            D::commit(tx).await.map_err(db)?;
-                            return Ok(None);
-                        }
-                        return act_on(tx, now, messages).await;
-                    }
-                    Receive::LookThenTake(look) => look,
-                };
+            .until_found(queue, wait, || self.take_once(queue, max, act))
+            .await?;
+        Ok(found.unwrap_or_else(|| Taken::held(Vec::new())))
+    }
+
+    /// One look at `queue` for [`Self::take_with`]: up to `max` messages taken in a
+    /// write transaction and acted on by `act` in it ([`Self::act_on_taken`]), or, with
+    /// messages delivered too often first in line (SQLite), those received plainly and
+    /// held for the caller. `None`: nothing to take; with it, whether the take got all
+    /// there was.
+    async fn take_once<T, F, Fut>(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        act: &F,
+    ) -> Result<Option<(Taken<T>, bool)>>
+    where
+        F: Fn(D::Tx, DateTime<Utc>, Vec<ReceivedMessage>) -> Fut,
+        Fut: std::future::Future<Output = Result<Taken<T>>>,
+    {
+        let queue_error = |e| Error::Queue(Box::new(e));
+        let (tx, now, messages) = match D::SQL.q_receive {
+            // The take is the transaction's first statement and reads its clock.
+            Receive::OneStatement { in_tx, .. } => {
+                let mut tx = self.driver.begin_write().await?;
+                let (messages, now) = self
+                    .take_first(&mut tx, in_tx, queue, max)
+                    .await
+                    .map_err(queue_error)?;
+                (tx, now, messages)
+            }
+            Receive::LookThenTake(look) => {
                 match self.head(look, queue).await.map_err(queue_error)? {
-                    Head::Empty => Ok(None),
+                    Head::Empty => return Ok(None),
                     // Delivered too often first in line: the receive's own path
                     // dead-letters them; whatever it delivers is the caller's.
                     Head::Exhausted => {
                         let messages = self.receive_now(queue, max).await.map_err(queue_error)?;
                         let all = messages.len() < max as usize;
-                        Ok((!messages.is_empty()).then(|| (Taken::held(messages), all)))
+                        return Ok((!messages.is_empty()).then(|| (Taken::held(messages), all)));
                     }
                     Head::Ready => {
                         let (mut tx, now) = self.begin().await?;
@@ -234,16 +236,50 @@ impl<D: Driver> SqlStore<D> {
                             .take_in(&mut tx, look.take_in_tx, now, queue, max)
                             .await
                             .map_err(queue_error)?;
-                        if messages.is_empty() {
-                            D::commit(tx).await.map_err(db)?;
-                            return Ok(None);
-                        }
-                        act_on(tx, now, messages).await
+                        (tx, now, messages)
                     }
                 }
-            })
-            .await?;
-        Ok(found.unwrap_or_else(|| Taken::held(Vec::new())))
+            }
+        };
+        if messages.is_empty() {
+            D::commit(tx).await.map_err(db)?;
+            return Ok(None);
+        }
+        self.act_on_taken(queue, max, act, tx, now, messages)
+            .await
+            .map(Some)
+    }
+
+    /// `act` on `messages`, taken in `tx` at `now`. A failure that may pass is the
+    /// caller's to retry (the take rolled back with it); any other rolls back and the
+    /// messages are received plainly, held for the caller. With the outcome, whether
+    /// the take got all there was.
+    async fn act_on_taken<T, F, Fut>(
+        &self,
+        queue: &QueueName,
+        max: u32,
+        act: &F,
+        tx: D::Tx,
+        now: DateTime<Utc>,
+        messages: Vec<ReceivedMessage>,
+    ) -> Result<(Taken<T>, bool)>
+    where
+        F: Fn(D::Tx, DateTime<Utc>, Vec<ReceivedMessage>) -> Fut,
+        Fut: std::future::Future<Output = Result<Taken<T>>>,
+    {
+        let all = messages.len() < max as usize;
+        match act(tx, now, messages).await {
+            Ok(taken) => Ok((taken, all)),
+            Err(e) if e.is_retryable() => Err(e),
+            Err(e) => {
+                tracing::warn!(queue = %queue, error = %e, "messages could not be acted on as they were taken; received for the caller");
+                let messages = self
+                    .receive_now(queue, max)
+                    .await
+                    .map_err(|e| Error::Queue(Box::new(e)))?;
+                Ok((Taken::held(messages), false))
+            }
+        }
     }
 
     /// A write transaction and its "now".

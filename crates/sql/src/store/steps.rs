@@ -99,6 +99,32 @@ fn bulk_and_alone(writes: &[StepWrite]) -> (Vec<usize>, Vec<usize>) {
     })
 }
 
+/// The deliveries of `writes` (`holds`, one per write; none without them), each ended
+/// if its write is applied.
+fn holds_of<'a>(writes: &'a [StepWrite], holds: Option<&'a [ReceivedMessage]>) -> Vec<HoldFor<'a>> {
+    holds
+        .unwrap_or_default()
+        .iter()
+        .zip(writes)
+        .map(|(held, w)| HoldFor {
+            order_id: w.fence.order_id.as_str(),
+            held,
+        })
+        .collect()
+}
+
+/// How a write's delivery ends, by its refusal: an applied write's in the write itself;
+/// one refused because the order moved on after it; one refused for a reason that may
+/// pass is kept, to be tried again, and one the store cannot use is kept for the
+/// caller to dead-letter with the reason.
+fn ending_of(refusal: Option<&Error>) -> Ending {
+    match refusal {
+        None => Ending::InWrite,
+        Some(e) if e.is_moved_on() => Ending::After,
+        Some(_) => Ending::Kept,
+    }
+}
+
 /// The touches and step rows of the writes `bulk`.
 fn touches_and_rows<'w>(
     writes: &'w [StepWrite],
@@ -213,15 +239,7 @@ impl<D: Driver> SqlStore<D> {
         else {
             return Ok(None);
         };
-        let holds_for: Vec<HoldFor<'_>> = holds
-            .unwrap_or_default()
-            .iter()
-            .zip(writes)
-            .map(|(held, w)| HoldFor {
-                order_id: w.fence.order_id.as_str(),
-                held,
-            })
-            .collect();
+        let holds_for = holds_of(writes, holds);
         let (touches, rows) = touches_and_rows(writes, &bulk);
         let Some(sent) = D::write_steps_sending(
             conn,
@@ -242,17 +260,10 @@ impl<D: Driver> SqlStore<D> {
                 refusals[i] = Some(Self::explain_step(conn, &w.fence, now, w.expect_step).await);
             }
         }
-        // A write refused because the order moved on ends its delivery too; one refused
-        // for a reason that may pass keeps it, to be tried again, and one the store
-        // cannot use keeps it for the caller to dead-letter with the reason.
         let woken = sent.woken(&sends);
         let ended = self
             .settle_sent(conn, now, &sent, writes.len(), holds, |i| {
-                match &refusals[i] {
-                    None => Ending::InWrite,
-                    Some(e) if e.is_moved_on() => Ending::After,
-                    Some(_) => Ending::Kept,
-                }
+                ending_of(refusals[i].as_ref())
             })
             .await?;
         Ok(Some(WrittenAndSent {
