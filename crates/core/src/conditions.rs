@@ -150,8 +150,8 @@ pub trait ConditionStore: Send + Sync {
     async fn workflow_catalogue(
         &self,
     ) -> Result<(
-        Vec<crate::store::WorkflowCount>,
-        Vec<crate::store::StoredWorkflow>,
+        Vec<crate::workflow::WorkflowCount>,
+        Vec<crate::workflow::StoredWorkflow>,
     )>;
 
     /// Records that `instance` of `role` runs (leading or not) at the store's now.
@@ -205,8 +205,8 @@ pub fn pending_too_old(
 /// scheduler ever ran it). Orders of the schedulers' default (no workflow named) are
 /// never in doubt.
 pub fn workflows_missing(
-    live: &[crate::store::WorkflowCount],
-    stored: &[crate::store::StoredWorkflow],
+    live: &[crate::workflow::WorkflowCount],
+    stored: &[crate::workflow::StoredWorkflow],
 ) -> Vec<Condition> {
     let mut out: Vec<Condition> = Vec::new();
     for c in live
@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn orders_no_scheduler_can_run_are_named_per_workflow_version() {
         use crate::ProcessState;
-        use crate::store::{StoredWorkflow, WorkflowCount};
+        use crate::workflow::{StoredWorkflow, WorkflowCount};
         use crate::workflow::{Workflow, WorkflowRef};
         let w = Workflow::default();
         let stored = |r: WorkflowRef, definition: String| StoredWorkflow {

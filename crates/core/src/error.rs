@@ -2,29 +2,10 @@
 
 use crate::id::{InstanceId, OrderId};
 use crate::state::{Epoch, ProcessState};
+pub use crate::validation::ValidationError;
 
 /// A convenient alias: every fallible operation of the domain and its ports.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Input that does not make a valid order (or id); the message names the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {field}: {reason}")]
-pub struct ValidationError {
-    /// The field at fault, as a path such as `lines[2].quantity`.
-    pub field: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl ValidationError {
-    /// A validation error for `field`.
-    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-}
 
 /// What went wrong in a state-store operation.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +199,16 @@ impl Error {
             Error::Unavailable(_) => true,
             Error::Send(inner) | Error::Queue(inner) => inner.is_retryable(),
             _ => false,
+        }
+    }
+}
+
+impl From<Error> for crate::transport::TransportError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(v) => crate::transport::TransportError::Invalid(v),
+            Error::Send(inner) | Error::Queue(inner) => *inner,
+            other => crate::transport::TransportError::Unavailable(Box::new(other)),
         }
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ValidationError;
+use crate::validation::ValidationError;
 
 /// Longest order id accepted; ids are chosen by clients and stored in every table.
 pub const MAX_ORDER_ID_LEN: usize = 64;

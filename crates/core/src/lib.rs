@@ -22,6 +22,7 @@ pub mod store;
 pub mod tracecontext;
 pub mod transport;
 pub mod triage;
+pub mod validation;
 pub mod workflow;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock, TimeSource};

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ValidationError;
+use crate::validation::ValidationError;
 
 /// Most lines one order may carry.
 pub const MAX_LINES: usize = 100;

@@ -32,9 +32,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, ValidationError};
+use crate::error::Result;
 use crate::id::{InstanceId, OrderId};
-use crate::state::Fence;
+use crate::state::{Fence, ProcessState};
+use crate::validation::ValidationError;
 
 /// `next_attempt_at` of an order parked until its service is back: never claimable by
 /// time alone (it is set to a real time when the service recovers).
@@ -47,6 +48,32 @@ pub fn held() -> DateTime<Utc> {
 /// Whether `next_attempt_at` means "held until its service is back".
 pub fn is_held(next_attempt_at: DateTime<Utc>) -> bool {
     next_attempt_at >= held()
+}
+
+impl crate::state::StateRow {
+    /// What an operator should read about an order waiting for a remote service:
+    /// `waiting: agent.payment down since 10:32:05 UTC` while it is held, or that it
+    /// resumes after the outage once the service is back (`None`: not waiting).
+    pub fn waiting_note(
+        &self,
+        services: &std::collections::HashMap<String, ServiceHealth>,
+    ) -> Option<String> {
+        let service = self.waiting_on.as_deref()?;
+        if self.process_state != ProcessState::Pending {
+            return None;
+        }
+        if is_held(self.next_attempt_at) {
+            Some(match services.get(service) {
+                Some(h) => format!("waiting: {}", h.describe()),
+                None => format!("waiting: {service} down"),
+            })
+        } else {
+            Some(format!(
+                "resuming after the {service} outage (claimable from {})",
+                self.next_attempt_at.format("%H:%M:%S%.3f UTC")
+            ))
+        }
+    }
 }
 
 /// A remote service's state, as the fleet sees it.
@@ -232,7 +259,7 @@ impl ServiceHealth {
         policy: &OutagePolicy,
     ) -> Reported {
         let mut next = self.clone();
-        next.last_error = Some(crate::store::bounded_text(error).to_owned());
+        next.last_error = Some(crate::validation::bounded_text(error).to_owned());
         next.reported_by = Some(by.to_owned());
         next.updated_at = now;
         next.resume_per_second = i32::try_from(policy.resume_per_second).unwrap_or(i32::MAX);

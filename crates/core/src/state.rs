@@ -149,7 +149,7 @@ pub struct StateRow {
     pub workflow_version: Option<String>,
     /// The remote service it waits for (an agent queue), set when it was parked
     /// because that service was down and kept until it moves past that step; with
-    /// `next_attempt_at` at [`crate::service::held`] it waits still.
+    /// `next_attempt_at` at `orderly_core::service::held` it waits still.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_on: Option<String>,
     /// When the order was accepted.
@@ -169,41 +169,6 @@ impl StateRow {
         } else {
             error.to_owned()
         })
-    }
-
-    /// What an operator should read about an order waiting for a remote service:
-    /// `waiting: agent.payment down since 10:32:05 UTC` while it is held, or that it
-    /// resumes after the outage once the service is back (`None`: not waiting).
-    pub fn waiting_note(
-        &self,
-        services: &std::collections::HashMap<String, crate::service::ServiceHealth>,
-    ) -> Option<String> {
-        let service = self.waiting_on.as_deref()?;
-        if self.process_state != ProcessState::Pending {
-            return None;
-        }
-        if crate::service::is_held(self.next_attempt_at) {
-            Some(match services.get(service) {
-                Some(h) => format!("waiting: {}", h.describe()),
-                None => format!("waiting: {service} down"),
-            })
-        } else {
-            Some(format!(
-                "resuming after the {service} outage (claimable from {})",
-                self.next_attempt_at.format("%H:%M:%S%.3f UTC")
-            ))
-        }
-    }
-
-    /// The workflow it runs, for operators: `name@version` once started, the name it
-    /// asked for before (`(default)` if none).
-    pub fn workflow_label(&self) -> String {
-        let label =
-            crate::workflow::label(self.workflow.as_deref(), self.workflow_version.as_deref());
-        match &self.workflow_version {
-            Some(_) => label,
-            None => format!("{label} (version chosen when a scheduler starts it)"),
-        }
     }
 }
 

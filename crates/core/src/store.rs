@@ -31,8 +31,8 @@ pub use scheduling::*;
 
 /// Longest reply-queue name accepted.
 pub const MAX_REPLY_TO_LEN: usize = 260;
-/// Longest free text (error, reason, step detail) stored; longer text is cut.
-pub const MAX_TEXT_LEN: usize = 4_000;
+pub use crate::validation::{MAX_TEXT_LEN, bounded_text};
+pub use crate::workflow::{StoredWorkflow, WorkflowCount};
 /// Most orders one claim, sweep or page may return.
 pub const MAX_BATCH: u32 = 10_000;
 
@@ -456,29 +456,5 @@ pub async fn move_version_all(
             return Ok(moved);
         }
         progress(moved);
-    }
-}
-
-/// Cuts free text to [`MAX_TEXT_LEN`] bytes on a character boundary.
-pub fn bounded_text(text: &str) -> &str {
-    if text.len() <= MAX_TEXT_LEN {
-        return text;
-    }
-    let mut end = MAX_TEXT_LEN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn bounded_text_cuts_on_a_character_boundary() {
-        let long = "é".repeat(MAX_TEXT_LEN);
-        let cut = bounded_text(&long);
-        assert!(cut.len() <= MAX_TEXT_LEN);
-        assert!(cut.chars().all(|c| c == 'é'));
     }
 }

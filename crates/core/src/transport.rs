@@ -13,10 +13,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::ValidationError;
+use crate::validation::ValidationError;
 
 mod consume;
 mod outbox;
+pub mod queues;
 
 pub use consume::*;
 pub use outbox::*;
@@ -265,16 +266,6 @@ pub enum TransportError {
     /// source names the system (the SQL queue, Service Bus) and, where known, the queue.
     #[error("{0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl From<crate::Error> for TransportError {
-    fn from(e: crate::Error) -> Self {
-        match e {
-            crate::Error::Invalid(v) => TransportError::Invalid(v),
-            crate::Error::Send(inner) | crate::Error::Queue(inner) => *inner,
-            other => TransportError::Unavailable(Box::new(other)),
-        }
-    }
 }
 
 impl TransportError {

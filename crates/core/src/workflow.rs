@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ValidationError;
 use crate::transport::QueueName;
+use crate::validation::ValidationError;
 
 mod steps;
 mod versions;

@@ -20,10 +20,15 @@ use orderly_core::{
 
 use crate::builders;
 
-pub use crate::store_leadership::*;
-pub use crate::store_operations::*;
-pub use crate::store_services::*;
-pub use crate::store_workflow::*;
+mod leadership;
+mod operations;
+mod services;
+mod workflow;
+
+pub use leadership::*;
+pub use operations::*;
+pub use services::*;
+pub use workflow::*;
 
 /// Opens handles on one database under test.
 #[async_trait]

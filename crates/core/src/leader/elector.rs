@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::ports::{Acquired, LeaderFence, LeadershipStore, Lease, LeaseError};
 use super::timing::ElectorTiming;
-use crate::error::{Result, ValidationError};
+use crate::error::Result;
 use crate::id::InstanceId;
 use crate::state::Epoch;
+use crate::validation::ValidationError;
 
 /// A leader task's sign of life. Clones share it.
 #[derive(Debug, Clone)]

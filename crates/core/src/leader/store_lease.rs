@@ -108,7 +108,7 @@ pub fn sql_elector(
     store: Arc<dyn LeadershipStore>,
     instance: InstanceId,
     timing: super::ElectorTiming,
-) -> std::result::Result<super::Elector, crate::ValidationError> {
+) -> std::result::Result<super::Elector, crate::validation::ValidationError> {
     let lease = Arc::new(StoreLease::new(
         store.clone(),
         name,

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::error::{Result, ValidationError};
+use crate::error::Result;
+use crate::validation::ValidationError;
 
 /// The elector's timing. Defaults: lease 30 s, renew every 5 s (2 s after a failure),
 /// renew deadline 20 s, acquire retry 2 s plus up to 20 % jitter, 3 s per call, a

@@ -2,10 +2,11 @@
 //! and the outcome of a batch whose messages the store consumes with it.
 
 use super::MAX_REPLY_TO_LEN;
-use crate::error::{Result, ValidationError};
+use crate::error::Result;
 use crate::id::OrderId;
 use crate::order::OrderDetails;
 use crate::transport::{Envelope, ReceivedMessage};
+use crate::validation::ValidationError;
 use serde::{Deserialize, Serialize};
 
 /// An order accepted from the orders queue. A field it does not know (a misspelt
@@ -120,7 +121,7 @@ impl ReplyQueues {
 /// Whether `prefix` starts every name of some of orderly's own queues (`agent`,
 /// `ord`): a reply prefix like that would let orders name them.
 fn is_internal_prefix(prefix: &str) -> bool {
-    use crate::messages::queues::{ALERTS, ORDERS, REPLIES};
+    use crate::transport::queues::{ALERTS, ORDERS, REPLIES};
     let p = prefix.to_ascii_lowercase();
     [ORDERS, REPLIES, ALERTS, "agent."]
         .iter()
@@ -130,7 +131,7 @@ fn is_internal_prefix(prefix: &str) -> bool {
 /// Whether `queue` is one of orderly's own: the fixed queues and the agents' step
 /// queues (`agent.*`, the convention every workflow here follows), compared without case.
 pub fn is_internal_queue(queue: &str) -> bool {
-    use crate::messages::queues::{ALERTS, ORDERS, REPLIES};
+    use crate::transport::queues::{ALERTS, ORDERS, REPLIES};
     let q = queue.to_ascii_lowercase();
     [ORDERS, REPLIES, ALERTS].contains(&q.as_str()) || q.starts_with("agent.")
 }

@@ -1,7 +1,6 @@
 //! The records operators and retention read: pages of orders, an order's whole
 //! view, what a prune or a vacuum did, and the stored workflow versions.
 
-use crate::error::{Result, ValidationError};
 use crate::history::HistoryEvent;
 use crate::id::OrderId;
 use crate::order::OrderDetails;
@@ -115,46 +114,5 @@ impl Pruned {
     /// Whether nothing was (or would be) removed.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
-    }
-}
-
-/// A workflow version as the store keeps it: its definition (JSON), written the first
-/// time the version was used, never changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredWorkflow {
-    /// Which version.
-    pub reference: crate::workflow::WorkflowRef,
-    /// The definition, as [`crate::workflow::Workflow::to_stored`] writes it.
-    pub definition: String,
-    /// When it was first stored.
-    pub first_seen_at: DateTime<Utc>,
-    /// Who stored it (a scheduler's instance id, or `operator:...` for `orderly migrate`).
-    pub first_seen_by: String,
-}
-
-impl StoredWorkflow {
-    /// The workflow it defines, checked: valid, and of the version it is stored as.
-    pub fn workflow(&self) -> Result<crate::workflow::Workflow, ValidationError> {
-        crate::workflow::Workflow::from_stored(&self.definition, &self.reference)
-    }
-}
-
-/// Live orders of one workflow version in one state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkflowCount {
-    /// The workflow asked for (`None`: the schedulers' default).
-    pub workflow: Option<String>,
-    /// The version pinned (`None`: not started yet).
-    pub version: Option<String>,
-    /// Pending or Processing.
-    pub state: ProcessState,
-    /// How many orders.
-    pub orders: i64,
-}
-
-impl WorkflowCount {
-    /// `name@version`, or the name alone before the orders started.
-    pub fn label(&self) -> String {
-        crate::workflow::label(self.workflow.as_deref(), self.version.as_deref())
     }
 }

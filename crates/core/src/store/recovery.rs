@@ -1,9 +1,10 @@
 //! What an expiry does to an order: the supervisor's policy, the expired order as a
 //! sweep finds it, and the recovery decided from them, once, for every dialect.
 
-use crate::error::{Result, ValidationError};
+use crate::error::Result;
 use crate::id::OrderId;
 use crate::state::{Epoch, ProcessState};
+use crate::validation::ValidationError;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! remote service about a call whose answer was lost.
 
 use super::{is_true, yes};
-use crate::error::ValidationError;
 use crate::transport::QueueName;
+use crate::validation::ValidationError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

@@ -2,13 +2,27 @@
 //! the set of versions a scheduler has loaded.
 
 use super::{Workflow, check_workflow_name};
-use crate::error::ValidationError;
+use crate::state::ProcessState;
 use crate::transport::QueueName;
+use crate::validation::ValidationError;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+impl crate::state::StateRow {
+    /// The workflow it runs, for operators: `name@version` once started, the name it
+    /// asked for before (`(default)` if none).
+    pub fn workflow_label(&self) -> String {
+        let label = label(self.workflow.as_deref(), self.workflow_version.as_deref());
+        match &self.workflow_version {
+            Some(_) => label,
+            None => format!("{label} (version chosen when a scheduler starts it)"),
+        }
+    }
+}
 
 /// How operators see an order's workflow: `name@version` once pinned, the name alone
 /// before; `(default)` for an order that named none.
@@ -226,5 +240,46 @@ impl Default for WorkflowFilter {
     /// The filter of the default workflow alone.
     fn default() -> Self {
         Workflows::default().filter()
+    }
+}
+
+/// A workflow version as the store keeps it: its definition (JSON), written the first
+/// time the version was used, never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredWorkflow {
+    /// Which version.
+    pub reference: crate::workflow::WorkflowRef,
+    /// The definition, as [`crate::workflow::Workflow::to_stored`] writes it.
+    pub definition: String,
+    /// When it was first stored.
+    pub first_seen_at: DateTime<Utc>,
+    /// Who stored it (a scheduler's instance id, or `operator:...` for `orderly migrate`).
+    pub first_seen_by: String,
+}
+
+impl StoredWorkflow {
+    /// The workflow it defines, checked: valid, and of the version it is stored as.
+    pub fn workflow(&self) -> Result<crate::workflow::Workflow, ValidationError> {
+        crate::workflow::Workflow::from_stored(&self.definition, &self.reference)
+    }
+}
+
+/// Live orders of one workflow version in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowCount {
+    /// The workflow asked for (`None`: the schedulers' default).
+    pub workflow: Option<String>,
+    /// The version pinned (`None`: not started yet).
+    pub version: Option<String>,
+    /// Pending or Processing.
+    pub state: ProcessState,
+    /// How many orders.
+    pub orders: i64,
+}
+
+impl WorkflowCount {
+    /// `name@version`, or the name alone before the orders started.
+    pub fn label(&self) -> String {
+        crate::workflow::label(self.workflow.as_deref(), self.version.as_deref())
     }
 }

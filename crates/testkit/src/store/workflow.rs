@@ -9,7 +9,7 @@ use orderly_core::step::StepStatus;
 use orderly_core::store::{StepUpdate, StepWrite};
 use orderly_core::{Actor, Error, Fence, ProcessState};
 
-use crate::store::{Ctx, MINUTE, claim_one, leader, owner, policy, row, submit_n};
+use super::{Ctx, MINUTE, claim_one, leader, owner, policy, row, submit_n};
 
 fn update(index: i32, status: StepStatus) -> StepUpdate {
     StepUpdate {

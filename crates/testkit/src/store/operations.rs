@@ -10,7 +10,7 @@ use orderly_core::service::{OutagePolicy, Park};
 use orderly_core::store::{ClaimRequest, ClaimedOrder, Completion, OrderFilter, StateStore};
 use orderly_core::{Actor, Clock, InstanceId, OrderId};
 
-use crate::store::{Ctx, MINUTE, owner};
+use super::{Ctx, MINUTE, owner};
 
 async fn claim(store: &dyn StateStore, n: u32) -> Vec<ClaimedOrder> {
     store

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use orderly_core::{Clock, Epoch, Error, ProcessState};
 
-use crate::store::{Ctx, SUPERVISOR, claim_one, leader, owner, policy, row, submit_n, supervisor};
+use super::{Ctx, SUPERVISOR, claim_one, leader, owner, policy, row, submit_n, supervisor};
 
 const LEASE: Duration = Duration::from_secs(15);
 

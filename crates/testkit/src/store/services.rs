@@ -12,7 +12,7 @@ use orderly_core::store::{
 };
 use orderly_core::{Clock, Error, InstanceId, ProcessState};
 
-use crate::store::{Ctx, MINUTE, leader, owner, policy, row, submit_n};
+use super::{Ctx, MINUTE, leader, owner, policy, row, submit_n};
 
 const PAYMENT: &str = "payment";
 
