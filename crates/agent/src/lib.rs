@@ -194,6 +194,31 @@ impl Agent {
         self
     }
 
+    /// The agent as its binary runs it, on one state store: [`Self::new`], checking
+    /// requests against the workflow versions the schedulers stored in `store`
+    /// ([`Self::with_catalogue`]) and, given `fleet` (back-pressure on), sharing what
+    /// it learns of the services' outages through it ([`Self::with_services`]). The
+    /// local runner starts it the same way.
+    pub fn wired(
+        store: Arc<dyn orderly_core::store::StateStore>,
+        transport: Arc<dyn Transport>,
+        remote: Arc<dyn RemoteService>,
+        clock: Arc<dyn Clock>,
+        cfg: AgentConfig,
+        fleet: Option<FleetConfig>,
+    ) -> Self {
+        let versions: Arc<dyn orderly_core::store::SchedulerStore> = store.clone();
+        let agent = Self::new(transport, remote, clock, cfg)
+            .with_catalogue(Arc::new(Catalogue::new(versions)));
+        match fleet {
+            Some(fleet) => agent.with_services(
+                Arc::new(orderly_core::service::ServiceView::new(store)),
+                fleet,
+            ),
+            None => agent,
+        }
+    }
+
     /// The fleet's view, if `queue`'s service takes part in it.
     fn fleet_for(&self, queue: &QueueName) -> Option<&Arc<fleet::Fleet>> {
         self.fleet.as_ref().filter(|f| f.covers(queue))

@@ -7,7 +7,7 @@ use clap::Parser;
 use std::time::Duration;
 
 use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, FleetConfig, HttpRemote};
-use orderly_core::service::{OutagePolicy, ServiceView};
+use orderly_core::service::OutagePolicy;
 use orderly_core::transport::QueueName;
 
 /// orderly-agent: consumes step requests and calls the remote services.
@@ -121,14 +121,18 @@ async fn run() -> anyhow::Result<()> {
     .await?;
     // A request's deadline is read on the store's clock, not this host's.
     let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
-    let mut agent = Agent::new(backend.transport.clone(), Arc::new(remote), clock, cfg);
     // Requests are checked against the workflow versions the schedulers stored.
-    let store: Arc<dyn orderly_core::store::SchedulerStore> = backend.store.clone();
-    agent = agent.with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));
-    if args.backpressure {
-        agent = agent.with_services(Arc::new(ServiceView::new(backend.store.clone())), fleet);
-    }
-    agent.run(shutdown).await;
+    let fleet = args.backpressure.then_some(fleet);
+    Agent::wired(
+        backend.store.clone(),
+        backend.transport.clone(),
+        Arc::new(remote),
+        clock,
+        cfg,
+        fleet,
+    )
+    .run(shutdown)
+    .await;
     // What the role wrote last still goes out (Service Bus: the outbox relay drains).
     opened.finish().await;
     if let Some(ops) = ops {

@@ -9,11 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use orderly_agent::{Agent, AgentConfig, BreakerConfig, Endpoints, FleetConfig, HttpRemote};
 use orderly_core::messages::queues;
-use orderly_core::service::{OutagePolicy, ServiceView};
+use orderly_core::service::OutagePolicy;
 use orderly_core::store::RecoveryPolicy;
 use orderly_core::transport::{QueueName, QueueSettings};
 use orderly_core::workflow::Workflow;
-use orderly_core::{Clock, InstanceId, SystemClock};
+use orderly_core::{Clock, InstanceId};
 use orderly_remote_sim::{Sim, SimConfig};
 use orderly_scheduler::{Scheduler, SchedulerConfig};
 use orderly_sql::Backend;
@@ -173,7 +173,9 @@ impl System {
         let mut tasks = Vec::new();
         let mut instances = Vec::new();
         let mut leaders = Vec::new();
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        // Deadlines on the store's clock, as the role binaries read them.
+        let clock: Arc<dyn Clock> =
+            orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
 
         let (sim, sim_addr, remote_url) = match &cfg.sim {
             Some(sim_cfg) => {
@@ -228,15 +230,12 @@ impl System {
             let mut sc = SchedulerConfig::new(id, workflows.clone());
             sc.processing_timeout = cfg.processing_timeout;
             sc.max_in_flight = cfg.max_in_flight;
-            let mut s = Scheduler::new(
+            let s = Scheduler::wired(
                 backend.store.clone(),
                 backend.transport.clone(),
                 clock.clone(),
                 sc,
             );
-            if cfg.outages.is_some() {
-                s = s.with_services(Arc::new(ServiceView::new(backend.store.clone())));
-            }
             tasks.push(tokio::spawn(s.run(shutdown.clone())));
         }
         for _ in 0..cfg.agents {
@@ -255,23 +254,18 @@ impl System {
                 failure_threshold: cfg.breaker_threshold,
                 open_for: Duration::from_millis(500),
             };
-            let mut a = Agent::new(
+            let fleet = cfg.outages.as_ref().map(|policy| FleetConfig {
+                policy: policy.clone(),
+                ..FleetConfig::default()
+            });
+            let a = Agent::wired(
+                backend.store.clone(),
                 backend.transport.clone(),
                 Arc::new(remote),
                 clock.clone(),
                 ac,
+                fleet,
             );
-            let store: Arc<dyn orderly_core::store::SchedulerStore> = backend.store.clone();
-            a = a.with_catalogue(Arc::new(orderly_agent::Catalogue::new(store)));
-            if let Some(policy) = &cfg.outages {
-                a = a.with_services(
-                    Arc::new(ServiceView::new(backend.store.clone())),
-                    FleetConfig {
-                        policy: policy.clone(),
-                        ..FleetConfig::default()
-                    },
-                );
-            }
             tasks.push(tokio::spawn(a.run(shutdown.clone())));
         }
         for _ in 0..cfg.supervisors {
@@ -286,9 +280,7 @@ impl System {
                 cfg.elector.clone(),
             )?;
             leaders.push(elector.status());
-            let s = Supervisor::new(backend.store.clone(), sc)?
-                .with_services(backend.store.clone())
-                .with_conditions(backend.store.clone());
+            let s = Supervisor::wired(backend.store.clone(), sc)?;
             tasks.push(tokio::spawn(s.run(Arc::new(elector), shutdown.clone())));
         }
         Ok(Self {

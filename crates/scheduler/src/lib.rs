@@ -219,6 +219,19 @@ impl Scheduler {
         }
     }
 
+    /// The scheduler as its binary runs it, on one state store: [`Self::new`] over
+    /// `store`, consulting the fleet's view of the services in it
+    /// ([`Self::with_services`]). The local runner starts it the same way.
+    pub fn wired(
+        store: Arc<dyn orderly_core::store::StateStore>,
+        transport: Arc<dyn Transport>,
+        clock: Arc<dyn Clock>,
+        cfg: SchedulerConfig,
+    ) -> Self {
+        let services = Arc::new(ServiceView::new(store.clone()));
+        Self::new(store, transport, clock, cfg).with_services(services)
+    }
+
     /// Consults `view` before each request: a request for a service the fleet sees
     /// down is not sent, and its order is parked until the service is back.
     #[must_use]

@@ -94,14 +94,10 @@ async fn run() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
-    // It sends no request to a service the fleet sees down (agents report it).
-    let services = Arc::new(orderly_core::service::ServiceView::new(
-        backend.store.clone(),
-    ));
     // Replies are in time by the store's clock, not this host's.
     let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
-    Scheduler::new(backend.store, backend.transport, clock, cfg)
-        .with_services(services)
+    // It sends no request to a service the fleet sees down (agents report it).
+    Scheduler::wired(backend.store, backend.transport, clock, cfg)
         .run(shutdown)
         .await;
     // What the role wrote last still goes out (Service Bus: the outbox relay drains).

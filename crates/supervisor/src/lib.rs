@@ -141,6 +141,19 @@ impl Supervisor {
         })
     }
 
+    /// The supervisor as its binary runs it, on one state store: [`Self::new`] over
+    /// `store`, announcing the services' outages ([`Self::with_services`]) and the
+    /// system's conditions ([`Self::with_conditions`]) from it. The local runner starts
+    /// it the same way.
+    pub fn wired(
+        store: Arc<dyn orderly_core::store::StateStore>,
+        cfg: SupervisorConfig,
+    ) -> orderly_core::Result<Self> {
+        Ok(Self::new(store.clone(), cfg)?
+            .with_services(store.clone())
+            .with_conditions(store))
+    }
+
     /// Also raises and resolves the alerts about the system (the oldest Pending order
     /// waiting too long, dead letters growing, no supervisor leading), recorded in
     /// `store` with the presence of every supervisor.

@@ -129,10 +129,8 @@ async fn run() -> anyhow::Result<()> {
         &shutdown,
     )
     .await?;
-    let mut supervisor = Supervisor::new(backend.store.clone(), cfg)
-        .context("invalid recovery settings (--max-failures, --backoff-*)")?
-        .with_services(backend.store.clone())
-        .with_conditions(backend.store.clone());
+    let mut supervisor = Supervisor::wired(backend.store.clone(), cfg)
+        .context("invalid recovery settings (--max-failures, --backoff-*)")?;
     let mut delivery = None;
     if let Some(cfg) = webhook {
         let (hook, task) = AlertWebhook::start(cfg, shutdown.clone())
