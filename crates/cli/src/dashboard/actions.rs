@@ -7,13 +7,14 @@
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
 use orderly_core::transport::QueueName;
 use orderly_core::{Actor, OrderId};
 use serde::Deserialize;
 
 use super::Dash;
 use super::auth::{cookie, same};
-use super::html::{esc, failed, page, url};
+use super::html::{failed, notice, page, url};
 
 /// The fields every action form carries.
 #[derive(Debug, Clone, Deserialize)]
@@ -25,15 +26,7 @@ pub(super) struct Acting {
 
 /// A refusal page.
 pub(super) fn refused(status: StatusCode, why: &str) -> Response {
-    (
-        status,
-        page(
-            "Refused",
-            "",
-            &format!("<p class=\"notice bad\">{}</p>", esc(why)),
-        ),
-    )
-        .into_response()
+    (status, page("Refused", "", notice(true, why))).into_response()
 }
 
 /// Checks the CSRF token and who acts; the actor and the reason (or a default).
@@ -96,7 +89,7 @@ fn remember(form: &Acting) -> Option<(header::HeaderName, String)> {
 }
 
 /// A page saying what was done, remembering who did it.
-pub(super) fn done_page(form: &Acting, title: &str, html: &str) -> Response {
+pub(super) fn done_page(form: &Acting, title: &str, html: Markup) -> Response {
     let page = page(title, "", html);
     match remember(form) {
         Some(cookie) => ([cookie], page).into_response(),
@@ -144,10 +137,7 @@ pub(super) async fn act(
             page(
                 "Not done",
                 "",
-                &format!(
-                    "<p class=\"notice bad\">{}</p><p><a href=\"{to}\">back</a></p>",
-                    esc(&e.to_string())
-                ),
+                html! { (notice(true, &e.to_string())) p { a href=(to) { "back" } } },
             ),
         )
             .into_response(),

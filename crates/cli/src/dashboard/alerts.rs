@@ -1,13 +1,12 @@
 //! Alerts: about the system (conditions, open and resolved) and about orders (each
 //! order that entered Error).
 
-use std::fmt::Write as _;
-
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use maud::html;
 
 use super::Dash;
-use super::html::{ago, esc, failed, page, url, when};
+use super::html::{ago, failed, page, url, when};
 
 pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
     let store = &dash.backend.store;
@@ -19,49 +18,47 @@ pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
         Ok(a) => a,
         Err(e) => return failed(e),
     };
-    let mut body = String::from(
-        "<div class=card><h2>About the system</h2><div class=scroll><table id=system-alerts>\
-         <tr><th>#</th><th>raised</th><th>what</th><th>about</th><th>state</th><th>detail</th></tr>",
-    );
-    for a in &system {
-        let state = match a.resolved_at {
-            Some(t) => format!("<span class=ok>resolved {} ago</span>", ago(t)),
-            None => "<b class=bad>open</b>".to_owned(),
-        };
-        let _ = write!(
-            body,
-            "<tr><td>{}</td><td title=\"{}\">{} ago</td><td>{}</td><td>{}</td><td>{state}</td><td>{}</td></tr>",
-            a.alert_id,
-            when(a.raised_at),
-            ago(a.raised_at),
-            a.kind.as_str(),
-            esc(&a.subject),
-            esc(&a.detail)
-        );
-    }
-    if system.is_empty() {
-        body.push_str("<tr><td colspan=6 class=muted>None.</td></tr>");
-    }
-    body.push_str("</table></div></div><div class=card><h2>Orders in Error</h2><div class=scroll><table id=order-alerts>\
-        <tr><th>#</th><th>raised</th><th>order</th><th>step</th><th>failures</th><th>error</th><th>acknowledged</th></tr>");
-    for a in &orders {
-        let _ = write!(
-            body,
-            "<tr><td>{}</td><td title=\"{}\">{} ago</td><td class=mono><a href=\"/orders/{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            a.alert_id,
-            when(a.raised_at),
-            ago(a.raised_at),
-            url(a.order_id.as_str()),
-            esc(a.order_id.as_str()),
-            esc(a.step.as_deref().unwrap_or("-")),
-            a.failure_count,
-            esc(a.last_error.as_deref().unwrap_or("-")),
-            esc(a.acknowledged_by.as_deref().unwrap_or("-"))
-        );
-    }
-    if orders.is_empty() {
-        body.push_str("<tr><td colspan=7 class=muted>None.</td></tr>");
-    }
-    body.push_str("</table></div></div>");
-    page("Alerts", "/alerts", &body).into_response()
+    let body = html! {
+        div.card {
+            h2 { "About the system" }
+            div.scroll { table #system-alerts {
+                tr { th { "#" } th { "raised" } th { "what" } th { "about" } th { "state" } th { "detail" } }
+                @for a in &system {
+                    tr {
+                        td { (a.alert_id) }
+                        td title=(when(a.raised_at)) { (ago(a.raised_at)) " ago" }
+                        td { (a.kind.as_str()) }
+                        td { (a.subject) }
+                        td {
+                            @match a.resolved_at {
+                                Some(t) => span.ok { "resolved " (ago(t)) " ago" },
+                                None => b.bad { "open" },
+                            }
+                        }
+                        td { (a.detail) }
+                    }
+                }
+                @if system.is_empty() { tr { td colspan="6" .muted { "None." } } }
+            } }
+        }
+        div.card {
+            h2 { "Orders in Error" }
+            div.scroll { table #order-alerts {
+                tr { th { "#" } th { "raised" } th { "order" } th { "step" } th { "failures" } th { "error" } th { "acknowledged" } }
+                @for a in &orders {
+                    tr {
+                        td { (a.alert_id) }
+                        td title=(when(a.raised_at)) { (ago(a.raised_at)) " ago" }
+                        td.mono { a href={"/orders/" (url(a.order_id.as_str()))} { (a.order_id.as_str()) } }
+                        td { (a.step.as_deref().unwrap_or("-")) }
+                        td { (a.failure_count) }
+                        td { (a.last_error.as_deref().unwrap_or("-")) }
+                        td { (a.acknowledged_by.as_deref().unwrap_or("-")) }
+                    }
+                }
+                @if orders.is_empty() { tr { td colspan="7" .muted { "None." } } }
+            } }
+        }
+    };
+    page("Alerts", "/alerts", body).into_response()
 }

@@ -258,7 +258,6 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dashboard::html::esc;
 
     #[test]
     fn only_addresses_localhost_and_the_public_name_are_answered() {
@@ -301,11 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn text_is_escaped_and_secrets_compared_in_full() {
-        assert_eq!(
-            esc("<a href='x'>&\"</a>"),
-            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
-        );
+    fn secrets_are_compared_in_full() {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "ab"));

@@ -3,14 +3,13 @@
 //! letters. The minutes come from the store's per-minute counts; minutes that are over
 //! are kept here, so a refresh asks the database only for the last two.
 
-use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use chrono::{DateTime, Duration, Utc};
 use orderly_core::activity::{MinuteActivity, last_minutes, minute_of};
 use orderly_core::store::StateStore;
 
-use super::html::esc;
+use maud::{Markup, html};
 
 /// Minutes shown.
 pub(super) const MINUTES: u32 = 60;
@@ -75,29 +74,28 @@ fn nice(max: f64) -> f64 {
 }
 
 /// The frame: axes, the top value, and minute labels every 10 minutes.
-fn frame(out: &mut String, minutes: &[MinuteActivity], top: f64, unit: &str) {
+fn frame(minutes: &[MinuteActivity], top: f64, unit: &str) -> Markup {
     let plot_h = H - BOTTOM;
-    let _ = write!(
-        out,
-        "<line x1=\"{LEFT}\" y1=\"{plot_h}\" x2=\"{W}\" y2=\"{plot_h}\" stroke=\"#cbd5e1\"/>\
-         <line x1=\"{LEFT}\" y1=\"0\" x2=\"{LEFT}\" y2=\"{plot_h}\" stroke=\"#cbd5e1\"/>\
-         <text x=\"{x}\" y=\"10\" font-size=\"10\" text-anchor=\"end\" fill=\"#6b7280\">{top}{unit}</text>\
-         <text x=\"{x}\" y=\"{plot_h}\" font-size=\"10\" text-anchor=\"end\" fill=\"#6b7280\">0</text>",
-        x = LEFT - 4.0,
-        top = format_value(top),
-    );
+    let x = LEFT - 4.0;
     let step = (W - LEFT) / minutes.len().max(1) as f64;
-    for (i, m) in minutes.iter().enumerate() {
-        if i % 10 == 0 {
-            let _ = write!(
-                out,
-                "<text x=\"{:.1}\" y=\"{}\" font-size=\"10\" fill=\"#6b7280\">{}</text>",
-                LEFT + i as f64 * step,
-                H - 4.0,
-                m.minute.format("%H:%M")
-            );
+    html! {
+        line x1=(LEFT) y1=(plot_h) x2=(W) y2=(plot_h) stroke="#cbd5e1" {}
+        line x1=(LEFT) y1="0" x2=(LEFT) y2=(plot_h) stroke="#cbd5e1" {}
+        text x=(x) y="10" font-size="10" text-anchor="end" fill="#6b7280" { (format_value(top)) (unit) }
+        text x=(x) y=(plot_h) font-size="10" text-anchor="end" fill="#6b7280" { "0" }
+        @for (i, m) in minutes.iter().enumerate() {
+            @if i % 10 == 0 {
+                text x=(f1(LEFT + i as f64 * step)) y=(H - 4.0) font-size="10" fill="#6b7280" {
+                    (m.minute.format("%H:%M"))
+                }
+            }
         }
     }
+}
+
+/// A coordinate, to a tenth.
+fn f1(v: f64) -> String {
+    format!("{v:.1}")
 }
 
 fn format_value(v: f64) -> String {
@@ -113,7 +111,7 @@ type Series<'a> = (&'a str, &'a str, fn(&MinuteActivity) -> u64);
 
 /// Stacked bars: each series' value per minute, in its colour; each bar says its
 /// figures when pointed at.
-fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]) -> String {
+fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]) -> Markup {
     let max = minutes
         .iter()
         .map(|m| series.iter().map(|(_, _, f)| f(m)).sum::<u64>())
@@ -122,42 +120,41 @@ fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]
     let top = nice(max as f64);
     let plot_h = H - BOTTOM;
     let step = (W - LEFT) / minutes.len().max(1) as f64;
-    let mut svg = format!(
-        "<svg id=\"{id}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{t}\">",
-        t = esc(title)
-    );
-    frame(&mut svg, minutes, top, "");
-    for (i, m) in minutes.iter().enumerate() {
+    let stacked = |m: &MinuteActivity| {
         let mut y = plot_h;
-        let tip: Vec<String> = series
+        series
             .iter()
-            .map(|(name, _, f)| format!("{name} {}", f(m)))
-            .collect();
-        for (name, colour, f) in series {
-            let v = f(m);
-            if v == 0 {
-                continue;
+            .filter(|(_, _, f)| f(m) > 0)
+            .map(|(name, colour, f)| {
+                let h = f(m) as f64 / top * plot_h;
+                y -= h;
+                (*name, *colour, y, h)
+            })
+            .collect::<Vec<_>>()
+    };
+    html! {
+        svg id=(id) viewBox={"0 0 " (W) " " (H)} role="img" aria-label=(title) {
+            (frame(minutes, top, ""))
+            @for (i, m) in minutes.iter().enumerate() {
+                @let tip = series
+                    .iter()
+                    .map(|(name, _, f)| format!("{name} {}", f(m)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                @for (name, colour, y, h) in stacked(m) {
+                    rect class=(name) x=(f1(LEFT + i as f64 * step + 0.5)) y=(f1(y))
+                        width=(f1((step - 1.0).max(0.5))) height=(f1(h)) fill=(colour) {
+                        title { (m.minute.format("%H:%M")) " " (tip) }
+                    }
+                }
             }
-            let h = v as f64 / top * plot_h;
-            y -= h;
-            let _ = write!(
-                svg,
-                "<rect class=\"{name}\" x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{colour}\">\
-                 <title>{} {}</title></rect>",
-                LEFT + i as f64 * step + 0.5,
-                (step - 1.0).max(0.5),
-                m.minute.format("%H:%M"),
-                tip.join(", ")
-            );
         }
     }
-    svg.push_str("</svg>");
-    svg
 }
 
 /// Lines of the latency percentiles per minute (minutes without Processed orders are
 /// gaps).
-fn latency(minutes: &[MinuteActivity]) -> String {
+fn latency(minutes: &[MinuteActivity]) -> Markup {
     let lines: [(&str, &str, f64); 3] = [
         ("p50", "#15803d", 0.5),
         ("p95", "#d97706", 0.95),
@@ -171,55 +168,64 @@ fn latency(minutes: &[MinuteActivity]) -> String {
     let top = nice(max as f64);
     let plot_h = H - BOTTOM;
     let step = (W - LEFT) / minutes.len().max(1) as f64;
-    let mut svg = format!(
-        "<svg id=\"chart-latency\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"submit to Processed latency\">"
-    );
-    frame(&mut svg, minutes, top, " ms");
-    for (name, colour, q) in lines {
-        let mut path = String::new();
-        let mut pen_up = true;
-        for (i, m) in minutes.iter().enumerate() {
-            match m.latency_quantile(q) {
-                Some(ms) => {
+    // Per line, its points (minute, x, y, milliseconds) and the path through them.
+    let points = |q: f64| -> Vec<Option<(&MinuteActivity, f64, f64, u64)>> {
+        minutes
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                m.latency_quantile(q).map(|ms| {
                     let x = LEFT + (i as f64 + 0.5) * step;
-                    let y = plot_h - ms as f64 / top * plot_h;
-                    let _ = write!(path, "{}{x:.1},{y:.1} ", if pen_up { "M" } else { "L" });
+                    (m, x, plot_h - ms as f64 / top * plot_h, ms)
+                })
+            })
+            .collect()
+    };
+    let path = |points: &[Option<(&MinuteActivity, f64, f64, u64)>]| {
+        let mut d = String::new();
+        let mut pen_up = true;
+        for p in points {
+            match p {
+                Some((_, x, y, _)) => {
+                    d.push_str(&format!("{}{x:.1},{y:.1} ", if pen_up { "M" } else { "L" }));
                     pen_up = false;
-                    let _ = write!(
-                        svg,
-                        "<circle class=\"{name}\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"1.8\" fill=\"{colour}\">\
-                         <title>{} {name} under {ms} ms</title></circle>",
-                        m.minute.format("%H:%M")
-                    );
                 }
                 None => pen_up = true,
             }
         }
-        if !path.is_empty() {
-            let _ = write!(
-                svg,
-                "<path class=\"{name}\" d=\"{path}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\"/>"
-            );
+        d
+    };
+    html! {
+        svg id="chart-latency" viewBox={"0 0 " (W) " " (H)} role="img" aria-label="submit to Processed latency" {
+            (frame(minutes, top, " ms"))
+            @for (name, colour, q) in lines {
+                @let points = points(q);
+                @for (m, x, y, ms) in points.iter().flatten() {
+                    circle class=(name) cx=(f1(*x)) cy=(f1(*y)) r="1.8" fill=(colour) {
+                        title { (m.minute.format("%H:%M")) " " (name) " under " (ms) " ms" }
+                    }
+                }
+                @let d = path(&points);
+                @if !d.is_empty() {
+                    path class=(name) d=(d) fill="none" stroke=(colour) stroke-width="1.5" {}
+                }
+            }
         }
     }
-    svg.push_str("</svg>");
-    svg
 }
 
-fn legend(items: &[(&str, &str)]) -> String {
-    let mut out = String::from("<div class=legend>");
-    for (label, colour) in items {
-        let _ = write!(
-            out,
-            "<span><i style=\"background:{colour}\"></i>{label}</span>"
-        );
+fn legend(items: &[(&str, &str)]) -> Markup {
+    html! {
+        div.legend {
+            @for (label, colour) in items {
+                span { i style={"background:" (colour)} {} (label) }
+            }
+        }
     }
-    out.push_str("</div>");
-    out
 }
 
 /// The three charts as HTML (what `/charts` answers and the overview embeds).
-pub(super) fn render(minutes: &[MinuteActivity]) -> String {
+pub(super) fn render(minutes: &[MinuteActivity]) -> Markup {
     let finished = bars(
         "chart-finished",
         "orders finished per minute by outcome",
@@ -243,24 +249,25 @@ pub(super) fn render(minutes: &[MinuteActivity]) -> String {
         .iter()
         .map(|m| m.processed + m.error + m.cancelled)
         .sum();
-    format!(
-        "<div class=\"grid charts\">\
-         <div class=\"card chart\"><h2>Finished per minute <span class=muted>({total} in the last hour)</span></h2>{finished}{}</div>\
-         <div class=\"card chart\"><h2>Submit to Processed latency</h2>{}{}</div>\
-         <div class=\"card chart\"><h2>Recoveries and dead letters</h2>{trouble}{}</div>\
-         </div>",
-        legend(&[
-            ("Processed", "#15803d"),
-            ("Error", "#b91c1c"),
-            ("Cancelled", "#6b7280")
-        ]),
-        latency(minutes),
-        legend(&[("p50", "#15803d"), ("p95", "#d97706"), ("p99", "#b91c1c")]),
-        legend(&[
-            ("recovered or given up", "#d97706"),
-            ("dead-lettered", "#7c3aed")
-        ]),
-    )
+    html! {
+        div class="grid charts" {
+            div class="card chart" {
+                h2 { "Finished per minute " span.muted { "(" (total) " in the last hour)" } }
+                (finished)
+                (legend(&[("Processed", "#15803d"), ("Error", "#b91c1c"), ("Cancelled", "#6b7280")]))
+            }
+            div class="card chart" {
+                h2 { "Submit to Processed latency" }
+                (latency(minutes))
+                (legend(&[("p50", "#15803d"), ("p95", "#d97706"), ("p99", "#b91c1c")]))
+            }
+            div class="card chart" {
+                h2 { "Recoveries and dead letters" }
+                (trouble)
+                (legend(&[("recovered or given up", "#d97706"), ("dead-lettered", "#7c3aed")]))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -276,7 +283,7 @@ mod tests {
         busy.error = 2;
         busy.add_latency(3, 40);
         let minutes = last_minutes(&[busy], now, MINUTES);
-        let html = render(&minutes);
+        let html = render(&minutes).into_string();
         assert_eq!(html.matches("<rect class=\"processed\"").count(), 1);
         assert_eq!(html.matches("<rect class=\"error\"").count(), 1);
         assert!(

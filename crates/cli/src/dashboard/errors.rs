@@ -6,11 +6,11 @@
 //! order's history under the operator's name. Below, the Error orders one by one.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use axum::extract::{Form, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use maud::html;
 use orderly_core::store::{OrderFilter, StateStore};
 use orderly_core::triage::{ErrorGroup, GroupKey, group_errors};
 use orderly_core::{ProcessState, RetryPlan, StateRow};
@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::Dash;
 use super::actions::{Acting, acting, done_page, refused};
 use super::auth::{cookie, operator};
-use super::html::{action_fields, ago, esc, failed, page, url, when};
+use super::html::{action_fields, ago, failed, notice, page, url, when};
 
 /// Most Error orders read for grouping.
 const MOST: usize = 20_000;
@@ -82,41 +82,9 @@ pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQu
         Err(e) => return failed(e),
     };
     let groups = group_errors(&rows);
-    let mut body = String::new();
-    if rows.is_empty() {
-        body.push_str("<p class=\"notice\" id=no-errors>No order is in Error.</p>");
-    } else {
-        let _ = write!(
-            body,
-            "<div class=card><h2>{} orders in Error, {} causes</h2><div class=scroll><table id=groups>\
-             <tr><th>orders</th><th>step</th><th>cause</th><th>first seen</th><th>last seen</th><th></th></tr>",
-            rows.len(),
-            groups.len()
-        );
-        for (i, g) in groups.iter().enumerate() {
-            let name = step_name(store, g).await;
-            let k = key_query(&g.key);
-            let _ = write!(
-                body,
-                "<tr class=group id=\"group-{i}\"><td class=n><b>{n}</b></td><td>{step} <b>{name}</b><br><span class=muted>{wf}</span></td>\
-                 <td><span class=mono>{pattern}</span><br><span class=muted>e.g. {example}</span></td>\
-                 <td title=\"{first_at}\">{first} ago</td><td title=\"{last_at}\">{last} ago</td>\
-                 <td><a class=\"act retry-all\" href=\"/errors/group?action=retry&{k}\">Retry all {n}</a> \
-                 <a class=\"act danger cancel-all\" href=\"/errors/group?action=cancel&{k}\">Cancel all {n}</a> \
-                 <a href=\"/orders?state=Error&step={step}\">list</a></td></tr>",
-                n = g.count(),
-                step = g.key.step,
-                name = esc(&name),
-                wf = esc(&g.key.workflow),
-                pattern = esc(&g.key.pattern),
-                example = esc(&g.example),
-                first_at = when(g.first_seen),
-                first = ago(g.first_seen),
-                last_at = when(g.last_seen),
-                last = ago(g.last_seen),
-            );
-        }
-        body.push_str("</table></div></div>");
+    let mut names = Vec::with_capacity(groups.len());
+    for g in &groups {
+        names.push(step_name(store, g).await);
     }
     // The orders one by one, searchable by error text and step.
     let text = query.q.unwrap_or_default();
@@ -136,28 +104,57 @@ pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQu
         .filter(|r| step.is_none_or(|s| r.current_step == s))
         .take(200)
         .collect();
-    let _ = write!(
-        body,
-        "<div class=card><h2>Error orders</h2><form class=filters method=get action=\"/errors\">\
-         <label>Error text<input name=q value=\"{}\"></label>\
-         <label>Step<input name=step size=3 value=\"{}\"></label><button>Search</button></form>\
-         <div class=scroll><table id=errors><tr><th>order</th><th>step</th><th>failures</th><th>created</th><th>last error</th></tr>",
-        esc(&text),
-        step.map(|s| s.to_string()).unwrap_or_default()
-    );
-    for r in listed {
-        let _ = write!(
-            body,
-            "<tr><td class=mono><a href=\"/orders/{id}\">{id}</a></td><td>{}</td><td>{}</td><td>{} ago</td><td>{}</td></tr>",
-            r.current_step,
-            r.failure_count,
-            ago(r.created_at),
-            esc(r.last_error.as_deref().unwrap_or("")),
-            id = esc(r.order_id.as_str()),
-        );
-    }
-    body.push_str("</table></div></div>");
-    page("Errors", "/errors", &body).into_response()
+    let body = html! {
+        @if rows.is_empty() {
+            p.notice #no-errors { "No order is in Error." }
+        } @else {
+            div.card {
+                h2 { (rows.len()) " orders in Error, " (groups.len()) " causes" }
+                div.scroll { table #groups {
+                    tr { th { "orders" } th { "step" } th { "cause" } th { "first seen" } th { "last seen" } th {} }
+                    @for (i, (g, name)) in groups.iter().zip(&names).enumerate() {
+                        @let k = key_query(&g.key);
+                        @let n = g.count();
+                        tr.group id={"group-" (i)} {
+                            td.n { b { (n) } }
+                            td { (g.key.step) " " b { (name) } br; span.muted { (g.key.workflow) } }
+                            td { span.mono { (g.key.pattern) } br; span.muted { "e.g. " (g.example) } }
+                            td title=(when(g.first_seen)) { (ago(g.first_seen)) " ago" }
+                            td title=(when(g.last_seen)) { (ago(g.last_seen)) " ago" }
+                            td {
+                                a class="act retry-all" href={"/errors/group?action=retry&" (k)} { "Retry all " (n) }
+                                " "
+                                a class="act danger cancel-all" href={"/errors/group?action=cancel&" (k)} { "Cancel all " (n) }
+                                " "
+                                a href={"/orders?state=Error&step=" (g.key.step)} { "list" }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+        div.card {
+            h2 { "Error orders" }
+            form.filters method="get" action="/errors" {
+                label { "Error text" input name="q" value=(text); }
+                label { "Step" input name="step" size="3" value=(step.map(|s| s.to_string()).unwrap_or_default()); }
+                button { "Search" }
+            }
+            div.scroll { table #errors {
+                tr { th { "order" } th { "step" } th { "failures" } th { "created" } th { "last error" } }
+                @for r in listed {
+                    tr {
+                        td.mono { a href={"/orders/" (url(r.order_id.as_str()))} { (r.order_id.as_str()) } }
+                        td { (r.current_step) }
+                        td { (r.failure_count) }
+                        td { (ago(r.created_at)) " ago" }
+                        td { (r.last_error.as_deref().unwrap_or("")) }
+                    }
+                }
+            } }
+        }
+    };
+    page("Errors", "/errors", body).into_response()
 }
 
 /// A group and what to do with it.
@@ -209,7 +206,11 @@ pub(super) async fn confirm(
 ) -> Response {
     let store = dash.backend.store.as_ref();
     let Some(retry) = q.retry() else {
-        return (StatusCode::BAD_REQUEST, page("Bad action", "/errors", "")).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            page("Bad action", "/errors", html! {}),
+        )
+            .into_response();
     };
     let (group, rows) = match group_now(store, &q.key()).await {
         Ok(Some(g)) => g,
@@ -217,7 +218,7 @@ pub(super) async fn confirm(
             return page(
                 "Nothing to do",
                 "/errors",
-                "<p class=notice>No order is in Error for this cause any more. <a href=\"/errors\">Back</a></p>",
+                html! { p.notice { "No order is in Error for this cause any more. " a href="/errors" { "Back" } } },
             )
             .into_response();
         }
@@ -237,40 +238,35 @@ pub(super) async fn confirm(
                 RetryPlan::UndoFirst { .. } => undo_first += 1,
             }
         }
-        format!(
-            "<p id=confirm-what>Retry <b id=confirm-count>{n}</b> orders: <b>{continuing}</b> continue from the failed step \
-             (the steps done before still stand), <b>{afresh}</b> run afresh from the first step under new idempotency keys \
-             (some of their steps had been undone), <b>{undo_first}</b> finish undoing first and then run afresh \
-             (they stopped half undone).</p>"
-        )
+        html! { p #confirm-what {
+            "Retry " b #confirm-count { (n) } " orders: " b { (continuing) } " continue from the failed step \
+             (the steps done before still stand), " b { (afresh) } " run afresh from the first step under new idempotency keys \
+             (some of their steps had been undone), " b { (undo_first) } " finish undoing first and then run afresh \
+             (they stopped half undone)."
+        } }
     } else {
-        format!(
-            "<p id=confirm-what>Cancel <b id=confirm-count>{n}</b> orders: the steps they completed are undone first \
-             (their compensations), then each ends Cancelled. This cannot be taken back.</p>"
-        )
+        html! { p #confirm-what {
+            "Cancel " b #confirm-count { (n) } " orders: the steps they completed are undone first \
+             (their compensations), then each ends Cancelled. This cannot be taken back."
+        } }
     };
     let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
-    let body = format!(
-        "<div class=card><p>Cause: <span class=mono>{pattern}</span> at step {step} of {wf}</p>{what}\
-         <form method=post action=\"/errors/group\">{fields}\
-         <input type=hidden name=action value=\"{action}\"><input type=hidden name=workflow value=\"{wf}\">\
-         <input type=hidden name=step value=\"{step}\"><input type=hidden name=pattern value=\"{pattern}\">\
-         <input type=hidden name=expected value=\"{n}\">\
-         <input name=reason size=40 value=\"{reason}\" aria-label=\"reason\"> \
-         <button id=confirm class=\"{class}\">{label} {n} orders</button> <a href=\"/errors\">Back</a></form></div>",
-        pattern = esc(&group.key.pattern),
-        step = group.key.step,
-        wf = esc(&group.key.workflow),
-        fields = action_fields(csrf, &operator(&headers)),
-        action = esc(&q.action),
-        reason = if retry {
-            "retried from the dashboard"
-        } else {
-            "cancelled from the dashboard"
-        },
-        class = if retry { "" } else { "danger" },
-        label = if retry { "Retry" } else { "Cancel" },
-    );
+    let body = html! { div.card {
+        p { "Cause: " span.mono { (group.key.pattern) } " at step " (group.key.step) " of " (group.key.workflow) }
+        (what)
+        form method="post" action="/errors/group" {
+            (action_fields(csrf, &operator(&headers)))
+            input type="hidden" name="action" value=(q.action);
+            input type="hidden" name="workflow" value=(group.key.workflow);
+            input type="hidden" name="step" value=(group.key.step);
+            input type="hidden" name="pattern" value=(group.key.pattern);
+            input type="hidden" name="expected" value=(n);
+            input name="reason" size="40" value=(if retry { "retried from the dashboard" } else { "cancelled from the dashboard" }) aria-label="reason";
+            " "
+            button #confirm class=(if retry { "" } else { "danger" }) { (if retry { "Retry" } else { "Cancel" }) " " (n) " orders" }
+            " " a href="/errors" { "Back" }
+        }
+    } };
     page(
         if retry {
             "Retry a cause"
@@ -278,7 +274,7 @@ pub(super) async fn confirm(
             "Cancel a cause"
         },
         "/errors",
-        &body,
+        body,
     )
     .into_response()
 }
@@ -360,27 +356,16 @@ pub(super) async fn act(
         }
     }
     let verb = if retry { "Retried" } else { "Cancelled" };
-    let mut text = format!(
-        "<p class=notice id=group-done>{verb} <b id=moved>{moved}</b> orders of this cause \
-         (as {}).</p>",
-        esc(actor.as_str())
-    );
-    if let Some(expected) = form.expected
-        && expected != group.count()
-    {
-        let _ = write!(
-            text,
-            "<p class=muted>The cause had {expected} orders when you confirmed and {} when it was done.</p>",
-            group.count()
-        );
-    }
-    if !refused_n.is_empty() {
-        let _ = write!(
-            text,
-            "<p class=\"notice bad\">Not moved: {}</p>",
-            esc(&refused_n.join("; "))
-        );
-    }
-    text.push_str("<p><a href=\"/errors\">Back to the errors</a></p>");
-    done_page(&fields, verb, &text)
+    let changed = form.expected.filter(|expected| *expected != group.count());
+    let text = html! {
+        p.notice #group-done { (verb) " " b #moved { (moved) } " orders of this cause (as " (actor.as_str()) ")." }
+        @if let Some(expected) = changed {
+            p.muted { "The cause had " (expected) " orders when you confirmed and " (group.count()) " when it was done." }
+        }
+        @if !refused_n.is_empty() {
+            (notice(true, &format!("Not moved: {}", refused_n.join("; "))))
+        }
+        p { a href="/errors" { "Back to the errors" } }
+    };
+    done_page(&fields, verb, text)
 }

@@ -1,26 +1,12 @@
-//! The HTML the pages share: escaping, the page frame (navigation, the embedded style
+//! The HTML the pages share, written as compile-time templates (maud) that escape
+//! every value they are given: the page frame (navigation, the embedded style
 //! sheet and script: nothing is fetched from anywhere else), state badges, forms'
 //! hidden fields, error pages, ages and links.
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 use orderly_core::ProcessState;
-
-/// HTML-escapes `s`.
-pub(super) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Percent-encodes `s` for a query string.
 pub(super) fn url(s: &str) -> String {
@@ -127,51 +113,66 @@ const SCRIPT: &str = r#"
 "#;
 
 /// A page: the navigation bar (with `active` marked and the order search), the title
-/// and `body`.
-pub(super) fn page(title: &str, active: &str, body: &str) -> Html<String> {
-    let nav: String = NAV
-        .iter()
-        .map(|(path, label)| {
-            let on = if *path == active { " class=on" } else { "" };
-            format!("<a href=\"{path}\"{on}>{label}</a>")
-        })
-        .collect();
-    Html(format!(
-        "<!doctype html><html lang=en><head><meta charset=utf-8>\
-         <meta name=viewport content=\"width=device-width,initial-scale=1\">\
-         <title>{t} - orderly</title><style>{STYLE}</style></head><body>\
-         <header><b>orderly</b>{nav}<form action=\"/orders\" method=get role=search>\
-         <input name=id placeholder=\"Find an order by id\" aria-label=\"order id\">\
-         <button>Find</button></form></header>\
-         <main><h1>{t}</h1>{body}</main><script>{SCRIPT}</script></body></html>",
-        t = esc(title)
-    ))
+/// and `body`. Every text in it is escaped by the template; only the style sheet and
+/// the script, constants of this file, go in as they are.
+pub(super) fn page(title: &str, active: &str, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    meta name="viewport" content="width=device-width,initial-scale=1";
+                    title { (title) " - orderly" }
+                    style { (PreEscaped(STYLE)) }
+                }
+                body {
+                    header {
+                        b { "orderly" }
+                        @for (path, label) in NAV {
+                            a href=(path) class=[(path == active).then_some("on")] { (label) }
+                        }
+                        form action="/orders" method="get" role="search" {
+                            input name="id" placeholder="Find an order by id" aria-label="order id";
+                            button { "Find" }
+                        }
+                    }
+                    main {
+                        h1 { (title) }
+                        (body)
+                    }
+                    script { (PreEscaped(SCRIPT)) }
+                }
+            }
+        }
+        .into_string(),
+    )
 }
 
 /// The badge of a state, coloured.
-pub(super) fn badge(state: ProcessState) -> String {
-    format!("<span class=\"badge {0}\">{0}</span>", state.as_str())
+pub(super) fn badge(state: ProcessState) -> Markup {
+    html! { span class={"badge " (state.as_str())} { (state.as_str()) } }
 }
 
 /// The hidden and visible fields every action form carries: the CSRF token, and who
 /// acts (remembered from the last action).
-pub(super) fn action_fields(csrf: &str, operator: &str) -> String {
-    format!(
-        "<input type=hidden name=csrf value=\"{}\">\
-         <input name=operator value=\"{}\" size=10 required aria-label=\"your name\" title=\"your name, recorded with the action\">",
-        esc(csrf),
-        esc(operator)
-    )
+pub(super) fn action_fields(csrf: &str, operator: &str) -> Markup {
+    html! {
+        input type="hidden" name="csrf" value=(csrf);
+        input name="operator" value=(operator) size="10" required aria-label="your name"
+            title="your name, recorded with the action";
+    }
+}
+
+/// A notice that something went wrong (`bad`) or was done.
+pub(super) fn notice(bad: bool, text: &str) -> Markup {
+    html! { p class=(if bad { "notice bad" } else { "notice" }) { (text) } }
 }
 
 pub(super) fn failed(e: impl std::fmt::Display) -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        page(
-            "Unavailable",
-            "",
-            &format!("<p class=\"notice bad\">{}</p>", esc(&e.to_string())),
-        ),
+        page("Unavailable", "", notice(true, &e.to_string())),
     )
         .into_response()
 }

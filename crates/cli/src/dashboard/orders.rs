@@ -2,16 +2,15 @@
 //! search by id (an exact id opens the order), and pages by cursor (stable while
 //! orders come and go).
 
-use std::fmt::Write as _;
-
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
 use orderly_core::store::{Cursor, OrderFilter};
 use orderly_core::{OrderId, ProcessState};
 use serde::Deserialize;
 
 use super::Dash;
-use super::html::{ago, badge, esc, failed, page, url, when};
+use super::html::{ago, badge, failed, notice, page, url, when};
 
 /// The list's filters, as the form sends them (empty fields are no filter).
 #[derive(Debug, Default, Deserialize)]
@@ -107,12 +106,8 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
     let filter = match query.filter() {
         Ok(f) => f,
         Err(e) => {
-            return page(
-                "Orders",
-                "/orders",
-                &format!("<p class=\"notice bad\">{}</p>{}", esc(&e), form(&query)),
-            )
-            .into_response();
+            let body = html! { (notice(true, &e)) (form(&query)) };
+            return page("Orders", "/orders", body).into_response();
         }
     };
     let page_of = match store.list(&filter).await {
@@ -126,36 +121,10 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
         .into_iter()
         .map(|h| (h.service.clone(), h))
         .collect();
-    let mut body = form(&query);
-    body.push_str("<div class=card><div class=scroll><table id=orders><tr><th>order</th><th>state</th><th>step</th><th>failures</th><th>created</th><th>updated</th><th>last error / waiting</th></tr>");
-    for r in &page_of.orders {
-        let note = r
-            .waiting_note(&services)
-            .or_else(|| r.error_note())
-            .unwrap_or_default();
-        let _ = write!(
-            body,
-            "<tr><td class=mono><a href=\"/orders/{id}\">{id}</a></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td title=\"{}\">{} ago</td><td>{} ago</td><td>{}</td></tr>",
-            badge(r.process_state),
-            r.current_step,
-            r.failure_count,
-            when(r.created_at),
-            ago(r.created_at),
-            ago(r.updated_at),
-            esc(&note),
-            id = esc(r.order_id.as_str()),
-        );
-    }
-    body.push_str("</table></div>");
-    if page_of.orders.is_empty() {
-        body.push_str("<p class=muted id=no-orders>No order matches.</p>");
-    }
-    if let Some(next) = &page_of.next {
+    let next = page_of.next.as_ref().map(|next| {
         let link = query.link();
-        let _ = write!(
-            body,
-            "<p><a id=next href=\"/orders?{link}{sep}after={}\">Next page</a></p>",
+        format!(
+            "/orders?{link}{sep}after={}",
             url(&format!(
                 "{}|{}",
                 next.created_at
@@ -163,45 +132,59 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
                 next.order_id
             )),
             sep = if link.is_empty() { "" } else { "&" },
-        );
-    }
-    body.push_str("</div>");
-    page("Orders", "/orders", &body).into_response()
+        )
+    });
+    let body = html! {
+        (form(&query))
+        div.card {
+            div.scroll { table #orders {
+                tr { th { "order" } th { "state" } th { "step" } th { "failures" } th { "created" }
+                     th { "updated" } th { "last error / waiting" } }
+                @for r in &page_of.orders {
+                    @let note = r.waiting_note(&services).or_else(|| r.error_note()).unwrap_or_default();
+                    tr {
+                        td.mono { a href={"/orders/" (url(r.order_id.as_str()))} { (r.order_id.as_str()) } }
+                        td { (badge(r.process_state)) }
+                        td { (r.current_step) }
+                        td { (r.failure_count) }
+                        td title=(when(r.created_at)) { (ago(r.created_at)) " ago" }
+                        td { (ago(r.updated_at)) " ago" }
+                        td { (note) }
+                    }
+                }
+            } }
+            @if page_of.orders.is_empty() { p.muted #no-orders { "No order matches." } }
+            @if let Some(next) = &next { p { a #next href=(next) { "Next page" } } }
+        }
+    };
+    page("Orders", "/orders", body).into_response()
 }
 
 /// The filter form, filled with the current filters.
-fn form(q: &OrdersQuery) -> String {
-    let value = |v: &Option<String>| esc(filled(v).unwrap_or(""));
-    let mut states = String::from("<option value=\"\">any</option>");
-    for s in [
+fn form(q: &OrdersQuery) -> Markup {
+    let value = |v: &Option<String>| filled(v).unwrap_or("").to_owned();
+    let states = [
         ProcessState::Pending,
         ProcessState::Processing,
         ProcessState::Processed,
         ProcessState::Error,
         ProcessState::Cancelled,
-    ] {
-        let selected = if filled(&q.state) == Some(s.as_str()) {
-            " selected"
-        } else {
-            ""
-        };
-        let _ = write!(states, "<option{selected}>{}</option>", s.as_str());
+    ];
+    html! {
+        div.card { form.filters method="get" action="/orders" #filters {
+            label { "State" select name="state" {
+                option value="" { "any" }
+                @for s in states {
+                    option selected[filled(&q.state) == Some(s.as_str())] { (s.as_str()) }
+                }
+            } }
+            label { "Step" input name="step" size="3" value=(value(&q.step)) placeholder="0, 1..."; }
+            label { "Error text" input name="q" value=(value(&q.q)) placeholder="declined"; }
+            label { "Customer" input name="customer" value=(value(&q.customer)) placeholder="c-1"; }
+            label { "Older than (min)" input name="older" size="5" value=(value(&q.older)); }
+            label { "Order id" input name="id" value=(value(&q.id)) placeholder="id or its start"; }
+            label { "Waiting for" input name="waiting" value=(value(&q.waiting)) placeholder="agent.payment"; }
+            button { "Filter" } " " a href="/orders" { "clear" }
+        } }
     }
-    format!(
-        "<div class=card><form class=filters method=get action=\"/orders\" id=filters>\
-         <label>State<select name=state>{states}</select></label>\
-         <label>Step<input name=step size=3 value=\"{}\" placeholder=\"0, 1...\"></label>\
-         <label>Error text<input name=q value=\"{}\" placeholder=\"declined\"></label>\
-         <label>Customer<input name=customer value=\"{}\" placeholder=\"c-1\"></label>\
-         <label>Older than (min)<input name=older size=5 value=\"{}\"></label>\
-         <label>Order id<input name=id value=\"{}\" placeholder=\"id or its start\"></label>\
-         <label>Waiting for<input name=waiting value=\"{}\" placeholder=\"agent.payment\"></label>\
-         <button>Filter</button> <a href=\"/orders\">clear</a></form></div>",
-        value(&q.step),
-        value(&q.q),
-        value(&q.customer),
-        value(&q.older),
-        value(&q.id),
-        value(&q.waiting),
-    )
 }

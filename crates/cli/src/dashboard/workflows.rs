@@ -3,11 +3,10 @@
 //! version with Pending or Error orders, a form that moves them to a compatible
 //! version of the same workflow (the store refuses an incompatible one).
 
-use std::fmt::Write as _;
-
 use axum::extract::{Form, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
 use orderly_core::ProcessState;
 use orderly_core::workflow::{Workflow, WorkflowRef};
 use serde::Deserialize;
@@ -15,7 +14,7 @@ use serde::Deserialize;
 use super::Dash;
 use super::actions::{Acting, acting, done_page, refused};
 use super::auth::{cookie, operator};
-use super::html::{action_fields, esc, failed, page, when};
+use super::html::{action_fields, failed, page, when};
 
 pub(super) async fn workflows(State(dash): State<Dash>, headers: HeaderMap) -> Response {
     let store = &dash.backend.store;
@@ -44,65 +43,6 @@ pub(super) async fn workflows(State(dash): State<Dash>, headers: HeaderMap) -> R
         .iter()
         .map(|s| (s.reference.clone(), s.workflow().ok()))
         .collect();
-    let mut body = String::from(
-        "<div class=card><p class=muted>Every version stored is run by any scheduler. Orders keep the \
-         version they started on; Pending and Error orders can be moved to a compatible version \
-         (the same steps, queues, order and compensations; budgets, retries and probes may differ).</p>\
-         <div class=scroll><table id=workflows><tr><th>version</th><th>stored</th><th>by</th>\
-         <th>Pending</th><th>Processing</th><th>Error</th><th>move to a compatible version</th></tr>",
-    );
-    for s in &stored {
-        let r = &s.reference;
-        let (p, w, e) = (
-            live(r, ProcessState::Pending),
-            live(r, ProcessState::Processing),
-            live(r, ProcessState::Error),
-        );
-        let this = flows
-            .iter()
-            .find(|(f, _)| f == r)
-            .and_then(|(_, w)| w.as_ref());
-        let targets: Vec<&WorkflowRef> = match this {
-            Some(this) => flows
-                .iter()
-                .filter(|(f, w)| {
-                    f != r && w.as_ref().is_some_and(|w| this.compatible_with(w).is_ok())
-                })
-                .map(|(f, _)| f)
-                .collect(),
-            None => Vec::new(),
-        };
-        let action = if this.is_none() {
-            "<b class=bad>definition does not check</b>".to_owned()
-        } else if p + e == 0 {
-            "<span class=muted>no Pending or Error orders</span>".to_owned()
-        } else if targets.is_empty() {
-            "<span class=muted>no compatible version stored</span>".to_owned()
-        } else {
-            let options: String = targets
-                .iter()
-                .map(|t| format!("<option value=\"{0}\">{0}</option>", esc(&t.to_string())))
-                .collect();
-            format!(
-                "<form method=post action=\"/workflows/move\" class=inline>\
-                 <input type=hidden name=from value=\"{from}\">\
-                 <select name=to aria-label=\"version to move to\">{options}</select> \
-                 <input name=reason placeholder=reason size=12 aria-label=reason>{fields}\
-                 <button>Move {n} orders</button></form>",
-                from = esc(&r.to_string()),
-                fields = action_fields(csrf, &operator),
-                n = p + e,
-            )
-        };
-        let _ = write!(
-            body,
-            "<tr><td class=mono>{}</td><td>{}</td><td>{}</td>\
-             <td>{p}</td><td>{w}</td><td>{e}</td><td>{action}</td></tr>",
-            esc(&r.to_string()),
-            when(s.first_seen_at),
-            esc(&s.first_seen_by),
-        );
-    }
     // Versions orders are pinned to that nobody stored: no scheduler runs them.
     let mut missing = std::collections::BTreeSet::new();
     for c in &counts {
@@ -116,19 +56,88 @@ pub(super) async fn workflows(State(dash): State<Dash>, headers: HeaderMap) -> R
             missing.insert(c.label());
         }
     }
-    for label in &missing {
-        let _ = write!(
-            body,
-            "<tr><td class=mono>{}</td><td colspan=6><b class=bad>not stored</b>: no scheduler can run its \
-             orders; <code>orderly migrate --workflow FILE</code> with its file stores it</td></tr>",
-            esc(label)
-        );
+    let body = html! {
+        div.card {
+            p.muted { "Every version stored is run by any scheduler. Orders keep the \
+                version they started on; Pending and Error orders can be moved to a compatible version \
+                (the same steps, queues, order and compensations; budgets, retries and probes may differ)." }
+            div.scroll { table #workflows {
+                tr { th { "version" } th { "stored" } th { "by" } th { "Pending" } th { "Processing" }
+                     th { "Error" } th { "move to a compatible version" } }
+                @for s in &stored {
+                    @let r = &s.reference;
+                    @let (p, w, e) = (
+                        live(r, ProcessState::Pending),
+                        live(r, ProcessState::Processing),
+                        live(r, ProcessState::Error),
+                    );
+                    tr {
+                        td.mono { (r.to_string()) }
+                        td { (when(s.first_seen_at)) }
+                        td { (s.first_seen_by) }
+                        td { (p) } td { (w) } td { (e) }
+                        td { (move_cell(&flows, r, p + e, csrf, &operator)) }
+                    }
+                }
+                @for label in &missing {
+                    tr {
+                        td.mono { (label) }
+                        td colspan="6" {
+                            b.bad { "not stored" } ": no scheduler can run its orders; "
+                            code { "orderly migrate --workflow FILE" } " with its file stores it"
+                        }
+                    }
+                }
+                @if stored.is_empty() && missing.is_empty() {
+                    tr { td colspan="7" .muted { "No version stored yet." } }
+                }
+            } }
+        }
+    };
+    page("Workflows", "/workflows", body).into_response()
+}
+
+/// What can be done with version `r`'s `movable` Pending and Error orders: a form
+/// moving them to a compatible version, or why there is none.
+fn move_cell(
+    flows: &[(WorkflowRef, Option<Workflow>)],
+    r: &WorkflowRef,
+    movable: i64,
+    csrf: &str,
+    operator: &str,
+) -> Markup {
+    let this = flows
+        .iter()
+        .find(|(f, _)| f == r)
+        .and_then(|(_, w)| w.as_ref());
+    let targets: Vec<&WorkflowRef> = match this {
+        Some(this) => flows
+            .iter()
+            .filter(|(f, w)| f != r && w.as_ref().is_some_and(|w| this.compatible_with(w).is_ok()))
+            .map(|(f, _)| f)
+            .collect(),
+        None => Vec::new(),
+    };
+    html! {
+        @if this.is_none() {
+            b.bad { "definition does not check" }
+        } @else if movable == 0 {
+            span.muted { "no Pending or Error orders" }
+        } @else if targets.is_empty() {
+            span.muted { "no compatible version stored" }
+        } @else {
+            form method="post" action="/workflows/move" class="inline" {
+                input type="hidden" name="from" value=(r.to_string());
+                select name="to" aria-label="version to move to" {
+                    @for t in &targets { option value=(t.to_string()) { (t.to_string()) } }
+                }
+                " "
+                input name="reason" placeholder="reason" size="12" aria-label="reason";
+                (action_fields(csrf, operator))
+                button { "Move " (movable) " orders" }
+            }
+        }
     }
-    if stored.is_empty() && missing.is_empty() {
-        body.push_str("<tr><td colspan=7 class=muted>No version stored yet.</td></tr>");
-    }
-    body.push_str("</table></div></div>");
-    page("Workflows", "/workflows", &body).into_response()
 }
 
 /// The move form.
@@ -180,11 +189,9 @@ pub(super) async fn move_orders(
     done_page(
         &fields,
         "Orders moved",
-        &format!(
-            "<p class=notice id=moved><b>{moved}</b> orders moved from <b>{}</b> to <b>{}</b>.</p>\
-             <p><a href=\"/workflows\">Back to the workflows</a></p>",
-            esc(&from.to_string()),
-            esc(&to.to_string())
-        ),
+        html! {
+            p.notice #moved { b { (moved) } " orders moved from " b { (from.to_string()) } " to " b { (to.to_string()) } "." }
+            p { a href="/workflows" { "Back to the workflows" } }
+        },
     )
 }

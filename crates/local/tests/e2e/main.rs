@@ -9,6 +9,7 @@ mod console;
 mod deploy;
 mod fixtures;
 mod hostile;
+mod hostile_text;
 mod leader;
 mod lifecycle;
 mod newcomer;

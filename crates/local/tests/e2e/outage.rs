@@ -363,7 +363,7 @@ async fn operator_journey(dialect: Dialect) {
     let csrf = crate::procs::csrf_cookie(&page);
     let html = page.text().await.unwrap();
     assert!(
-        html.contains(r#"id="service-agent.payment" class=Error>Down"#)
+        html.contains(r#"id="service-agent.payment" class="Error">Down"#)
             && html.contains(r#"id="waiting-agent.payment">20<"#)
             && html.contains("Resume its 20 waiting orders"),
         "{html}"

@@ -557,7 +557,7 @@ async fn compatible_version_move(dialect: Dialect) {
     let html = page.text().await.unwrap();
     let v1_row = html
         .split("<tr>")
-        .find(|r| r.contains(&format!("name=from value=\"{}\"", v1.reference())))
+        .find(|r| r.contains(&format!("name=\"from\" value=\"{}\"", v1.reference())))
         .unwrap_or_else(|| panic!("a move form for v1: {html}"));
     assert!(
         v1_row.contains(&format!("<option value=\"{}\">", v2.reference()))
