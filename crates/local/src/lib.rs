@@ -4,6 +4,7 @@
 //! dispatches.
 
 pub mod demo;
+pub mod fleet;
 pub mod invariants;
 pub mod measure;
 pub mod system;

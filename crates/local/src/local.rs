@@ -2,9 +2,8 @@
 
 use anyhow::{Context, bail};
 use orderly_cli::outln;
+use orderly_core::TimeSource;
 use orderly_core::store::NewOrder;
-use orderly_core::{ProcessState, TimeSource};
-use orderly_local::measure::Meter;
 use orderly_local::system::{System, SystemConfig};
 use orderly_local::{demo, invariants};
 use orderly_remote_sim::SimConfig;
@@ -31,7 +30,7 @@ impl Faults {
 }
 
 /// A fresh SQLite file for one run, in the temporary directory.
-fn scratch_sqlite(what: &str) -> String {
+pub(crate) fn scratch_sqlite(what: &str) -> String {
     let file = std::env::temp_dir().join(format!(
         "orderly-{what}-{}.db",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -89,113 +88,6 @@ pub(crate) async fn run_demo(
 
 fn sample_batch(n: usize) -> Vec<NewOrder> {
     demo::sample_orders(n)
-}
-
-pub(crate) async fn run_bench(
-    orders: usize,
-    store: Option<String>,
-    paced_rate: Option<f64>,
-) -> anyhow::Result<()> {
-    let url = store.unwrap_or_else(|| scratch_sqlite("bench"));
-    let backend = orderly_sql::connect(&url, TimeSource::Database)
-        .await
-        .context("cannot open the benchmark's state store (--store)")?;
-    let dialect = if url.starts_with("sqlite:") {
-        "SQLite"
-    } else {
-        "PostgreSQL"
-    };
-    let mut cfg = SystemConfig::new();
-    cfg.sim = Some(SimConfig::default());
-    let workflows = orderly_core::workflow::Workflows::single(cfg.workflow.clone())?;
-    let stats = backend.stats.clone();
-    let pg_url = (!url.starts_with("sqlite:")).then_some(url.as_str());
-    let system = System::start(backend, cfg).await?;
-    // Burst: everything at once; throughput at saturation.
-    let burst = demo::sample_orders(orders);
-    let meter = Meter::start(stats.clone(), pg_url).await;
-    let sent_at = demo::submit(&system, &burst).await?;
-    if !demo::wait_done(&system, orders, std::time::Duration::from_secs(600)).await? {
-        bail!("the burst did not finish within 600 s");
-    }
-    let burst_cost = meter.finish(orders).await;
-    let peak = invariants::report(&system, &sent_at, &workflows, true).await?;
-    outln!(
-        "== {dialect}: burst of {orders} orders (three steps each, simulator answering at once)"
-    );
-    peak.print();
-    peak.print_hops();
-    burst_cost.print();
-    // Paced: half the burst's throughput (or the rate asked for), for latency under a
-    // steady load; then a low load, for the latency floor users see.
-    let rate = paced_rate.unwrap_or((peak.throughput() / 2.0).max(1.0));
-    let pace = if paced_rate.is_some() {
-        "as asked"
-    } else {
-        "half the burst's"
-    };
-    let mut done = peak.count(ProcessState::Processed) + peak.count(ProcessState::Error);
-    let mut clean = peak.violations.is_empty();
-    for (rate, pace) in [(rate, pace), (LOW_LOAD, "low load")] {
-        let phase = Phase {
-            system: &system,
-            workflows: &workflows,
-            stats: &stats,
-            pg_url,
-        };
-        let n = orders.min((rate * 10.0) as usize).max(100);
-        let steady = phase.paced(rate, n, done).await?;
-        outln!("== {dialect}: paced at {rate:.0} orders/s ({pace}), {n} orders");
-        steady.report.print();
-        steady.report.print_hops();
-        steady.cost.print();
-        done += n;
-        clean &= steady.report.violations.is_empty();
-    }
-    system.stop(std::time::Duration::from_secs(5)).await;
-    if !clean {
-        bail!("invariant violations during the benchmark");
-    }
-    Ok(())
-}
-
-/// The rate of the bench's low-load phase, in orders per second.
-const LOW_LOAD: f64 = 100.0;
-
-/// What a paced phase of the bench runs on.
-struct Phase<'a> {
-    system: &'a System,
-    workflows: &'a orderly_core::workflow::Workflows,
-    stats: &'a std::sync::Arc<orderly_sql::stats::Stats>,
-    pg_url: Option<&'a str>,
-}
-
-/// A paced phase's end state and what it cost.
-struct Steady {
-    report: invariants::Report,
-    cost: orderly_local::measure::Cost,
-}
-
-impl Phase<'_> {
-    /// Submits `n` orders at `rate` per second, in tens, and waits for them (`before`
-    /// orders were done already).
-    async fn paced(&self, rate: f64, n: usize, before: usize) -> anyhow::Result<Steady> {
-        let paced = demo::sample_orders(n);
-        let mut sent_at = std::collections::HashMap::new();
-        let meter = Meter::start(self.stats.clone(), self.pg_url).await;
-        let started = std::time::Instant::now();
-        for (i, chunk) in paced.chunks(10).enumerate() {
-            let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
-            tokio::time::sleep_until(due.into()).await;
-            sent_at.extend(demo::submit(self.system, chunk).await?);
-        }
-        if !demo::wait_done(self.system, before + n, std::time::Duration::from_secs(600)).await? {
-            bail!("the paced run at {rate:.0} orders/s did not finish within 600 s");
-        }
-        let cost = meter.finish(n).await;
-        let report = invariants::report(self.system, &sent_at, self.workflows, true).await?;
-        Ok(Steady { report, cost })
-    }
 }
 
 pub(crate) async fn run_up(

@@ -6,6 +6,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod local;
 
 use local::Faults;
@@ -85,6 +86,12 @@ enum Command {
         /// Give one to compare latencies at the same load across builds or stores.
         #[arg(long, value_parser = positive_rate)]
         paced_rate: Option<f64>,
+        /// Then run the same phases with every role its own process, as deployed (one
+        /// submitter, two schedulers, two agents, one supervisor and the simulator,
+        /// from the binaries beside this one: `cargo build --release` builds them), and
+        /// print both side by side.
+        #[arg(long)]
+        processes: bool,
     },
 }
 
@@ -117,7 +124,8 @@ async fn run() -> anyhow::Result<()> {
             orders,
             store,
             paced_rate,
-        } => local::run_bench(orders, store, paced_rate).await,
+            processes,
+        } => bench::run_bench(orders, store, paced_rate, processes).await,
         Command::Up {
             faults,
             dashboard,

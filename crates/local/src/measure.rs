@@ -21,6 +21,17 @@ pub struct Meter {
     machine: Option<MachineCpu>,
     server: Option<ServerCounters>,
     started: std::time::Instant,
+    /// The role processes whose CPU time counts with this one's (none in process).
+    pids: Vec<u32>,
+}
+
+/// CPU time of this process and of `pids`.
+fn orderly_cpu(pids: &[u32]) -> Option<Duration> {
+    let mut total = process_cpu("self")?;
+    for pid in pids {
+        total += process_cpu(&pid.to_string()).unwrap_or_default();
+    }
+    Some(total)
 }
 
 /// What one phase cost.
@@ -32,7 +43,7 @@ pub struct Cost {
     pub elapsed: Duration,
     /// The store's counters over the phase.
     pub store: StatsSnapshot,
-    /// CPU time of this process (all its threads).
+    /// CPU time of orderly: this process (all its threads) and the role processes, if any.
     pub own_cpu: Option<Duration>,
     /// CPU time of the PostgreSQL server's processes on this machine, if it runs here.
     pub pg_cpu: Option<Duration>,
@@ -42,6 +53,9 @@ pub struct Cost {
     /// What the PostgreSQL server did over the phase: transactions committed in the
     /// database (reads included), its log written, rows written by table.
     pub server: Option<ServerCounters>,
+    /// Whether the roles ran in other processes: the store's own counts (transactions,
+    /// the write lock, batch sizes) are then theirs, not read here.
+    pub roles_elsewhere: bool,
 }
 
 /// How long the server may take to publish a backend's transaction counts: a backend
@@ -55,6 +69,16 @@ impl Meter {
     /// phase's checks of every order) is published before the server's counts are
     /// read, and not counted in this phase.
     pub async fn start(stats: std::sync::Arc<Stats>, pg_url: Option<&str>) -> Self {
+        Self::start_with(stats, pg_url, Vec::new()).await
+    }
+
+    /// [`Meter::start`] that counts the CPU time of the role processes `pids` as
+    /// orderly's too (the roles deployed as processes).
+    pub async fn start_with(
+        stats: std::sync::Arc<Stats>,
+        pg_url: Option<&str>,
+        pids: Vec<u32>,
+    ) -> Self {
         let server = match pg_url {
             Some(url) => {
                 tokio::time::sleep(PG_STATS_SETTLE).await;
@@ -66,11 +90,12 @@ impl Meter {
             store: stats.snapshot(),
             stats,
             pg_url: pg_url.map(str::to_owned),
-            own_cpu: process_cpu("self"),
+            own_cpu: orderly_cpu(&pids),
             pg_cpu: pg_url.and_then(|_| postgres_cpu()),
             machine: machine_cpu(),
             server,
             started: std::time::Instant::now(),
+            pids,
         }
     }
 
@@ -80,7 +105,7 @@ impl Meter {
     pub async fn finish(self, orders: usize) -> Cost {
         let elapsed = self.started.elapsed();
         let store = self.stats.snapshot().since(&self.store);
-        let own_cpu = process_cpu("self")
+        let own_cpu = orderly_cpu(&self.pids)
             .zip(self.own_cpu)
             .map(|(now, then)| now.saturating_sub(then));
         let pg_cpu = self
@@ -118,6 +143,7 @@ impl Meter {
             pg_cpu,
             machine_busy,
             server,
+            roles_elsewhere: !self.pids.is_empty(),
         }
     }
 }
@@ -126,6 +152,11 @@ impl Cost {
     /// Prints the figures, per order where that is how they are compared.
     pub fn print(&self) {
         let per = |n: f64| n / self.orders.max(1) as f64;
+        if self.roles_elsewhere {
+            self.print_server_and_cpu();
+            outln!("store's own counts   in the roles' processes (not read here)");
+            return;
+        }
         outln!(
             "write transactions   {:.2} per order ({} in all for {} writes, store's count)",
             per(self.store.transactions as f64),
@@ -145,6 +176,20 @@ impl Cost {
                 self.store.control_round_trips as f64 / (self.store.writes.max(1) as f64)
             );
         }
+        self.print_server_and_cpu();
+        let stages: Vec<String> = self
+            .store
+            .batches
+            .iter()
+            .map(|(stage, b)| format!("{stage} {:.1} (max {}, {} empty)", b.mean(), b.max, b.empty))
+            .collect();
+        outln!("batch sizes, mean    {}", stages.join(", "));
+    }
+
+    /// What the server wrote and the CPU time spent, by orderly, the server and the
+    /// machine.
+    fn print_server_and_cpu(&self) {
+        let per = |n: f64| n / self.orders.max(1) as f64;
         if let Some(server) = &self.server {
             let n = server.commits;
             outln!(
@@ -190,13 +235,6 @@ impl Cost {
                 100.0 * busy
             );
         }
-        let stages: Vec<String> = self
-            .store
-            .batches
-            .iter()
-            .map(|(stage, b)| format!("{stage} {:.1} (max {}, {} empty)", b.mean(), b.max, b.empty))
-            .collect();
-        outln!("batch sizes, mean    {}", stages.join(", "));
     }
 }
 

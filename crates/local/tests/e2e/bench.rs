@@ -63,7 +63,11 @@ async fn the_bench_on_postgres_tells_the_rows_and_log_the_server_wrote_per_order
     db.drop_it().await;
     assert!(ok, "the bench failed:\n{out}\n{err}");
     let phases: Vec<&str> = out.split("== PostgreSQL: ").skip(1).collect();
-    assert_eq!(phases.len(), 2, "a burst and a paced phase:\n{out}");
+    assert_eq!(
+        phases.len(),
+        3,
+        "a burst, a paced phase and a low-load one:\n{out}"
+    );
     for phase in phases {
         assert!(phase.contains("invariants           all hold"), "{phase}");
         let line = |start: &str| {
@@ -117,5 +121,38 @@ async fn the_bench_on_postgres_tells_the_rows_and_log_the_server_wrote_per_order
             (1..=57).contains(&in_place) && rest.starts_with("7.0 deleted"),
             "{rows}"
         );
+    }
+}
+
+/// `bench --processes` runs the phases again with every role its own process, from the
+/// binaries beside the runner, checks the same invariants, and prints both runs side
+/// by side.
+#[tokio::test]
+async fn the_bench_as_deployed_runs_every_role_as_a_process_and_compares() {
+    let (ok, out, err) = orderly(
+        "sqlite::memory:",
+        &["bench", "--orders", "100", "--paced-rate", "100", "--processes"],
+        &[],
+    );
+    assert!(ok, "the bench failed:\n{out}\n{err}");
+    let deployed: Vec<&str> = out.split("== SQLite, as deployed: ").skip(1).collect();
+    assert_eq!(deployed.len(), 3, "three phases as deployed:\n{out}");
+    for phase in &deployed {
+        assert!(phase.contains("invariants           all hold"), "{phase}");
+        assert!(
+            phase.contains("  Processed          100"),
+            "every order Processed: {phase}"
+        );
+    }
+    let table = out
+        .split("== SQLite: in process | as deployed (one process per role)")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no side-by-side table:\n{out}"));
+    let rows: Vec<&str> = table.lines().skip(2).take(3).collect();
+    for (row, phase) in rows.iter().zip(["burst of 100", "paced at 100", "paced at 100"]) {
+        assert!(row.starts_with(phase), "{row:?} in\n{table}");
+        // Three figures each side: orders/s, p50, p99.
+        let figures = row.split('|').map(|side| side.split_whitespace().rev().take(3).count());
+        assert!(figures.clone().all(|n| n == 3), "{row:?}");
     }
 }

@@ -1,0 +1,270 @@
+//! `orderly-local bench`: three-step orders through the whole system, the simulator
+//! answering at once. A burst (everything at once: throughput at saturation), then a
+//! steady load at half the burst's throughput (or the rate asked for), then a low load
+//! of 100 orders/s (the latency floor). In process by default; with `--processes`,
+//! the same phases again with every role its own process (as deployed), and the two
+//! side by side.
+
+use anyhow::{Context, bail};
+use orderly_cli::outln;
+use orderly_core::store::StateStore;
+use orderly_core::workflow::Workflows;
+use orderly_core::{ProcessState, TimeSource};
+use orderly_local::demo;
+use orderly_local::fleet::Fleet;
+use orderly_local::invariants::{self, Report};
+use orderly_local::measure::{Cost, Meter};
+use orderly_local::system::{System, SystemConfig};
+use orderly_remote_sim::{Effect, SimConfig};
+
+use crate::local::scratch_sqlite;
+
+/// The rate of the low-load phase, in orders per second.
+const LOW_LOAD: f64 = 100.0;
+
+/// How long any phase may take to finish.
+const PHASE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Where the orders go and how the run is read back: the system in this process, or
+/// the roles' processes.
+enum Under {
+    InProcess(System),
+    Processes(Fleet),
+}
+
+/// One run of the phases on one store.
+struct Run {
+    under: Under,
+    backend: orderly_sql::Backend,
+    workflows: Workflows,
+    pg_url: Option<String>,
+}
+
+/// What a phase measured.
+struct Figures {
+    phase: String,
+    report: Report,
+    cost: Cost,
+}
+
+impl Run {
+    fn store(&self) -> &dyn StateStore {
+        self.backend.store.as_ref()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        match &self.under {
+            Under::InProcess(_) => Vec::new(),
+            Under::Processes(fleet) => fleet.pids(),
+        }
+    }
+
+    async fn ledger(&self) -> anyhow::Result<Option<Vec<Effect>>> {
+        Ok(match &self.under {
+            Under::InProcess(system) => system.sim.as_ref().map(|s| s.effects()),
+            Under::Processes(fleet) => Some(fleet.ledger().await?),
+        })
+    }
+
+    /// Orders finished so far.
+    async fn done(&self) -> anyhow::Result<usize> {
+        let counts = self.store().count_by_state().await?;
+        Ok(counts
+            .iter()
+            .filter(|(s, _)| {
+                matches!(
+                    s,
+                    ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled
+                )
+            })
+            .map(|(_, n)| usize::try_from(*n).unwrap_or(0))
+            .sum())
+    }
+
+    /// Posts `n` orders (all at once without `rate`, else at `rate` per second in
+    /// tens) and waits for them; the phase's report and cost.
+    async fn phase(
+        &mut self,
+        name: String,
+        n: usize,
+        rate: Option<f64>,
+    ) -> anyhow::Result<Figures> {
+        let before = self.done().await?;
+        let orders = demo::sample_orders(n);
+        let transport = self.backend.transport.clone();
+        let meter = Meter::start_with(
+            self.backend.stats.clone(),
+            self.pg_url.as_deref(),
+            self.pids(),
+        )
+        .await;
+        let mut sent_at = std::collections::HashMap::with_capacity(n);
+        match rate {
+            None => sent_at.extend(demo::post(transport.as_ref(), &orders).await?),
+            Some(rate) => {
+                let started = std::time::Instant::now();
+                for (i, chunk) in orders.chunks(10).enumerate() {
+                    let due = started + std::time::Duration::from_secs_f64((i * 10) as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                    sent_at.extend(demo::post(transport.as_ref(), chunk).await?);
+                }
+            }
+        }
+        if !demo::wait_done_on(self.store(), before + n, PHASE_LIMIT).await? {
+            bail!(
+                "the {name} did not finish within {} s",
+                PHASE_LIMIT.as_secs()
+            );
+        }
+        let cost = meter.finish(n).await;
+        if let Under::Processes(fleet) = &mut self.under {
+            fleet.check_running()?;
+        }
+        let effects = self.ledger().await?;
+        let report =
+            invariants::report_on(self.store(), effects, &sent_at, &self.workflows, true).await?;
+        Ok(Figures {
+            phase: name,
+            report,
+            cost,
+        })
+    }
+
+    fn stop_processes(self) {
+        if let Under::Processes(fleet) = self.under {
+            fleet.stop();
+        }
+    }
+}
+
+/// Opens the store at `url` (migrated) and starts the system on it: in this process,
+/// or as the roles' processes.
+async fn start(url: &str, processes: bool) -> anyhow::Result<Run> {
+    let backend = orderly_sql::connect(url, TimeSource::Database)
+        .await
+        .context("cannot open the benchmark's state store (--store)")?;
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(SimConfig::default());
+    let workflows = Workflows::single(cfg.workflow.clone())?;
+    let pg_url = (!url.starts_with("sqlite:")).then(|| url.to_owned());
+    let under = if processes {
+        let queues: Vec<String> = cfg
+            .workflow
+            .queues()
+            .iter()
+            .map(|q| q.as_str().to_owned())
+            .collect();
+        orderly_local::system::declare_queues(&backend, &cfg.workflow, cfg.request_lock).await?;
+        Under::Processes(Fleet::start(url, &queues).await?)
+    } else {
+        Under::InProcess(System::start(backend.clone(), cfg).await?)
+    };
+    Ok(Run {
+        under,
+        backend,
+        workflows,
+        pg_url,
+    })
+}
+
+/// The three phases on `run`; the steady rate is `paced_rate` or half the burst's.
+async fn phases(
+    run: &mut Run,
+    orders: usize,
+    paced_rate: Option<f64>,
+) -> anyhow::Result<Vec<Figures>> {
+    let burst = run
+        .phase(format!("burst of {orders} orders"), orders, None)
+        .await?;
+    let rate = paced_rate.unwrap_or((burst.report.throughput() / 2.0).max(1.0));
+    let pace = if paced_rate.is_some() {
+        "as asked"
+    } else {
+        "half the burst's"
+    };
+    let mut all = vec![burst];
+    for (rate, pace) in [(rate, pace), (LOW_LOAD, "low load")] {
+        let n = orders.min((rate * 10.0) as usize).max(100);
+        let name = format!("paced at {rate:.0} orders/s ({pace}), {n} orders");
+        all.push(run.phase(name, n, Some(rate)).await?);
+    }
+    Ok(all)
+}
+
+fn print(dialect: &str, mode: &str, figures: &[Figures]) {
+    for f in figures {
+        outln!("== {dialect}{mode}: {}", f.phase);
+        f.report.print();
+        f.report.print_hops();
+        f.cost.print();
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The in-process and deployed figures of each phase, side by side.
+fn side_by_side(dialect: &str, here: &[Figures], deployed: &[Figures]) {
+    outln!("== {dialect}: in process | as deployed (one process per role)");
+    outln!(
+        "{:<50} {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10}",
+        "phase",
+        "orders/s",
+        "p50 ms",
+        "p99 ms",
+        "orders/s",
+        "p50 ms",
+        "p99 ms"
+    );
+    for (a, b) in here.iter().zip(deployed) {
+        outln!(
+            "{:<50} {:>10.0} {:>10.1} {:>10.1} | {:>10.0} {:>10.1} {:>10.1}",
+            a.phase,
+            a.report.throughput(),
+            ms(a.report.percentile(50.0)),
+            ms(a.report.percentile(99.0)),
+            b.report.throughput(),
+            ms(b.report.percentile(50.0)),
+            ms(b.report.percentile(99.0)),
+        );
+    }
+}
+
+pub(crate) async fn run_bench(
+    orders: usize,
+    store: Option<String>,
+    paced_rate: Option<f64>,
+    processes: bool,
+) -> anyhow::Result<()> {
+    let url = store.clone().unwrap_or_else(|| scratch_sqlite("bench"));
+    let dialect = if url.starts_with("sqlite:") {
+        "SQLite"
+    } else {
+        "PostgreSQL"
+    };
+    let mut run = start(&url, false).await?;
+    let here = phases(&mut run, orders, paced_rate).await?;
+    if let Under::InProcess(system) = run.under {
+        system.stop(std::time::Duration::from_secs(5)).await;
+    }
+    print(dialect, "", &here);
+    let mut clean = here.iter().all(|f| f.report.violations.is_empty());
+    if processes {
+        // A new SQLite file; on PostgreSQL the same database, counted from where the
+        // in-process run left it. The same steady rate as in process.
+        let url = store.unwrap_or_else(|| scratch_sqlite("bench-processes"));
+        let rate = paced_rate.unwrap_or((here[0].report.throughput() / 2.0).max(1.0));
+        let mut run = start(&url, true).await?;
+        let deployed = phases(&mut run, orders, Some(rate)).await;
+        run.stop_processes();
+        let deployed = deployed?;
+        print(dialect, ", as deployed", &deployed);
+        side_by_side(dialect, &here, &deployed);
+        clean &= deployed.iter().all(|f| f.report.violations.is_empty());
+    }
+    if !clean {
+        bail!("invariant violations during the benchmark");
+    }
+    Ok(())
+}
