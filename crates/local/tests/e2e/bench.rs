@@ -131,7 +131,14 @@ async fn the_bench_on_postgres_tells_the_rows_and_log_the_server_wrote_per_order
 async fn the_bench_as_deployed_runs_every_role_as_a_process_and_compares() {
     let (ok, out, err) = orderly(
         "sqlite::memory:",
-        &["bench", "--orders", "100", "--paced-rate", "100", "--processes"],
+        &[
+            "bench",
+            "--orders",
+            "100",
+            "--paced-rate",
+            "100",
+            "--processes",
+        ],
         &[],
     );
     assert!(ok, "the bench failed:\n{out}\n{err}");
@@ -149,10 +156,15 @@ async fn the_bench_as_deployed_runs_every_role_as_a_process_and_compares() {
         .nth(1)
         .unwrap_or_else(|| panic!("no side-by-side table:\n{out}"));
     let rows: Vec<&str> = table.lines().skip(2).take(3).collect();
-    for (row, phase) in rows.iter().zip(["burst of 100", "paced at 100", "paced at 100"]) {
+    for (row, phase) in rows
+        .iter()
+        .zip(["burst of 100", "paced at 100", "paced at 100"])
+    {
         assert!(row.starts_with(phase), "{row:?} in\n{table}");
         // Three figures each side: orders/s, p50, p99.
-        let figures = row.split('|').map(|side| side.split_whitespace().rev().take(3).count());
+        let figures = row
+            .split('|')
+            .map(|side| side.split_whitespace().rev().take(3).count());
         assert!(figures.clone().all(|n| n == 3), "{row:?}");
     }
 }
