@@ -1,7 +1,7 @@
 //! Wake-ups inside one process: per-queue signals that a message may be waiting,
 //! the claimers' signal that orders became claimable, and the outbox relay's; raised
-//! by this process's commits and (PostgreSQL) by other processes' notifications. Used
-//! by the SQL queue, the claims and the outbox.
+//! by this process's commits and by other processes' (PostgreSQL's notifications, the
+//! SQLite file's watcher). Used by the SQL queue, the claims and the outbox.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -74,7 +74,8 @@ pub(crate) struct Wakeups {
     /// Whether the cross-process listener was started.
     pub listening: std::sync::atomic::AtomicBool,
     /// Whether other processes' sends are heard now (PostgreSQL, while its `LISTEN`
-    /// stands): only then may a receive skip its first look (`until_found`).
+    /// stands; SQLite, while the file's watcher runs): only then may a receive skip its
+    /// first look (`until_found`).
     pub hearing: std::sync::atomic::AtomicBool,
     /// Names this store in its notifications, so its listener ignores its own: this
     /// process's receivers were woken at commit already, and waking them again only
@@ -152,6 +153,15 @@ impl Wakeups {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.entry(queue.to_owned()).or_default().clone()
+    }
+
+    /// The queues receivers of this process waited on so far.
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        let queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.keys().cloned().collect()
     }
 
     /// Messages were sent to `queue`: wakes one waiting receiver. It takes what it can;

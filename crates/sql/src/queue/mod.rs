@@ -6,7 +6,8 @@
 //! `start_listening` (wake-ups from other processes).
 //!
 //! Receivers do not busy-poll: they wait on a per-queue in-process signal, raised by
-//! sends in this process and (PostgreSQL) by `LISTEN`/`NOTIFY` from others, and poll
+//! sends in this process and by others' (PostgreSQL's `LISTEN`/`NOTIFY`, SQLite's
+//! watcher of the file's `data_version`), and poll
 //! at a slow interval as a fallback that works behind any proxy.
 //!
 //! [`send`] writes messages (on their own or with a state change), [`receive`] takes

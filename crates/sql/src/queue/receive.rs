@@ -131,11 +131,11 @@ impl<D: Driver> SqlStore<D> {
     /// sent since a look began (one still running, or one that took all it saw): it
     /// waits for a send, the poll or the end of its wait, and looks then (always once
     /// at least). Woken for a send that such a look answers, it waits again. It skips
-    /// only while other processes' sends are heard too (PostgreSQL's `LISTEN`); on SQLite they are
-    /// not, and every receive begins with a look. Messages that come back without a
-    /// send (a lock that ran out, a scheduled time reached) are found by the poll, as by
-    /// a receiver that was waiting. One that took a whole batch wakes another
-    /// receiver: more may be there.
+    /// only while other processes' sends are heard too (PostgreSQL's `LISTEN`, SQLite's
+    /// watcher); while they are not, every receive begins with a look. Messages that
+    /// come back without a send (a lock that ran out, a scheduled time reached) are
+    /// found by the poll, as by a receiver that was waiting. One that took a whole
+    /// batch wakes another receiver: more may be there.
     pub(crate) async fn until_found<T, E, F, Fut>(
         &self,
         queue: &QueueName,

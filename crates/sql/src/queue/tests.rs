@@ -83,8 +83,9 @@ fn sends_count_as_answered_only_until_the_next_send() {
     assert!(!s.all_answered());
 }
 
-/// A store whose receives may skip a look, as on PostgreSQL while its `LISTEN`
-/// stands (other processes' sends are heard), on the paused clock; and its queue.
+/// A store whose receives may skip a look, as while other processes' sends are heard
+/// (PostgreSQL's `LISTEN` stands, a SQLite file's watcher runs), on the paused clock;
+/// and its queue.
 async fn hearing_store() -> (crate::SqliteStore, QueueName) {
     let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
         .await

@@ -46,6 +46,7 @@ mod batches;
 use batches::*;
 
 mod open;
+mod watch;
 
 pub use open::*;
 
@@ -64,6 +65,9 @@ pub struct SqliteDriver {
     time: TimeSource,
     writers: Arc<Writers>,
     stats: Arc<crate::stats::Stats>,
+    /// How the watcher of other processes' commits opens its connection (none in
+    /// memory: no other process sees that database).
+    watch: Option<sqlx::sqlite::SqliteConnectOptions>,
 }
 
 #[async_trait]
@@ -371,12 +375,26 @@ impl Driver for SqliteDriver {
         })
     }
 
-    /// Receivers in this process are woken after the commit; other processes poll.
+    /// Receivers in this process are woken after the commit; other processes' by their
+    /// watcher of the file (`watch.rs`).
     async fn notify_sent(_conn: &mut SqliteConnection, _what: &str) -> Result<(), sqlx::Error> {
         Ok(())
     }
 
-    fn start_listening(&self, _wakeups: &Arc<Wakeups>) {}
+    /// Starts, once per file in this process, the task that watches the file for other
+    /// processes' commits and wakes this process's receivers (`watch.rs`).
+    fn start_listening(&self, wakeups: &Arc<Wakeups>) {
+        use std::sync::atomic::Ordering;
+        let Some(options) = &self.watch else { return };
+        if wakeups.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(watch::watch(
+            options.clone(),
+            self.time.clone(),
+            Arc::downgrade(wakeups),
+        ));
+    }
 }
 
 #[cfg(test)]

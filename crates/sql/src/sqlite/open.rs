@@ -65,7 +65,9 @@ fn file_wakeups(file: &str) -> Arc<Wakeups> {
     per_file(&WAKEUPS, file, || Wakeups::new(POLL))
 }
 
-/// Other processes' sends are seen by polling this often.
+/// What no commit announces (a lock that ran out, a scheduled time reached) is found
+/// by polling this often; so are other processes' sends while the file's watcher is
+/// not running.
 const POLL: Duration = Duration::from_millis(200);
 
 type Registry<T> = LazyLock<std::sync::Mutex<HashMap<String, Weak<T>>>>;
@@ -146,6 +148,7 @@ impl SqlStore<SqliteDriver> {
                 time,
                 writers,
                 stats: Arc::default(),
+                watch: (!in_memory).then(|| options.clone()),
             },
             wakeups,
         );

@@ -78,6 +78,18 @@ pub(crate) const Q_ANY_READY: &str = concatcp!(
     " ORDER BY visible_at, seq LIMIT 1"
 );
 
+/// What another process's commit may have filled: those of the queues `$1` (a JSON
+/// array of names) holding a message visible at `$2`, and `$3` when an order is
+/// claimable at `$2`. Each a seek on an index.
+pub(crate) const FILLED: &str = concatcp!(
+    "SELECT j.value AS what FROM json_each($1) j WHERE EXISTS (SELECT 1 FROM queue_messages \
+    WHERE queue = j.value AND visible_at <= $2 AND ",
+    UNLOCKED,
+    ") UNION ALL SELECT $3 AS what WHERE EXISTS (SELECT 1 FROM order_state \
+    INDEXED BY order_state_claimable WHERE process_state = 'Pending' AND locked_by IS NULL \
+    AND next_attempt_at <= $2)"
+);
+
 /// The lock of [`Q_TAKE`], to which it adds what the lock does to `visible_at`.
 const TAKE_LOCK: &str = "UPDATE queue_messages SET delivery_count = delivery_count + 1, \
     lock_token = $5, locked_until = $6";
