@@ -206,6 +206,22 @@ impl Wakeups {
         }
     }
 
+    /// Other processes' sends are heard from now on (a listener stands): receives may
+    /// skip their first look, and what was sent before, every receiver looks for once.
+    pub(crate) fn hearing_began(&self) {
+        self.hearing
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.wake_all();
+    }
+
+    /// Other processes' sends are no longer heard (the listener was lost): every
+    /// receive begins with a look again, and every receiver looks now.
+    pub(crate) fn hearing_lost(&self) {
+        self.hearing
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.wake_all();
+    }
+
     /// Wakes every waiting receiver (after a lost listener connection, say).
     pub fn wake_all(&self) {
         let queues = self

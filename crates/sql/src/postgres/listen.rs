@@ -20,7 +20,6 @@ pub(super) async fn listen(
     wakeups: &std::sync::Weak<Wakeups>,
 ) -> std::ops::ControlFlow<()> {
     use std::ops::ControlFlow;
-    use std::sync::atomic::Ordering;
     let generation = pools.current();
     let mut listener = match sqlx::postgres::PgListener::connect_with(&generation.pool).await {
         Ok(listener) => listener,
@@ -38,8 +37,7 @@ pub(super) async fn listen(
     let Some(w) = wakeups.upgrade() else {
         return ControlFlow::Break(());
     };
-    w.hearing.store(true, Ordering::Release);
-    w.wake_all();
+    w.hearing_began();
     drop(w);
     loop {
         let heard = next_notice(&mut listener, answer_timeout).await;

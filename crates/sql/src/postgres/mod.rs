@@ -457,8 +457,7 @@ impl Driver for PgDriver {
                 .is_continue()
             {
                 let Some(w) = wakeups.upgrade() else { return };
-                w.hearing.store(false, Ordering::Release);
-                w.wake_all();
+                w.hearing_lost();
                 drop(w);
                 tokio::time::sleep(POLL).await;
             }

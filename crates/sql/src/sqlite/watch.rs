@@ -12,7 +12,6 @@
 
 use std::ops::ControlFlow;
 use std::sync::Weak;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use orderly_core::TimeSource;
@@ -44,8 +43,7 @@ pub(super) async fn watch(options: SqliteConnectOptions, time: TimeSource, wakeu
         let Some(w) = wakeups.upgrade() else { return };
         // Not heard meanwhile: every receive looks first, and whatever was sent is
         // looked for once.
-        w.hearing.store(false, Ordering::Release);
-        w.wake_all();
+        w.hearing_lost();
         drop(w);
         tracing::warn!(error = %error, "cannot watch the SQLite file for other processes' commits; receivers poll until it can");
         tokio::time::sleep(AGAIN).await;
@@ -72,8 +70,7 @@ async fn watch_on(
         let Some(w) = wakeups.upgrade() else {
             return ControlFlow::Break(());
         };
-        w.hearing.store(true, Ordering::Release);
-        w.wake_all();
+        w.hearing_began();
     }
     let mut nap = BUSY;
     loop {
