@@ -238,10 +238,12 @@ impl Group {
     async fn fail(mut self, cause: &sqlx::Error) {
         self.ended = true;
         self.stats.control();
-        let rolled_back = Tm::rollback(self.conn()).await.is_ok();
-        if (!rolled_back || Tm::get_transaction_depth(self.conn()) != 0)
-            && let Some(mut conn) = self.conn.take()
-        {
+        // Rolled back or not, the connection is not kept: the error may have come from
+        // the connection itself (SQLite rolls back on its own after an I/O error or a
+        // full disk, and a rollback of no transaction may then pass or fail depending
+        // on the driver's version), and a new one costs one open.
+        let _ = Tm::rollback(self.conn()).await;
+        if let Some(mut conn) = self.conn.take() {
             conn.close_on_drop();
         }
         let message: Arc<str> = cause.to_string().into();
