@@ -46,6 +46,12 @@ const stats = { oversized: 0 };
 let frozenAt = null;
 const now = () => (frozenAt === null ? Date.now() : frozenAt);
 
+// How long a new message takes to reach its receivers, in real milliseconds
+// (STANDIN_DELIVERY_DELAY_MS, 0 by default): the latency a remote broker's network adds
+// between a send being accepted and its delivery. scripts/test's stress mode turns it on,
+// so a case that expects a sent message at once, instead of waiting for it, fails here.
+const DELIVERY_DELAY_MS = Number(process.env.STANDIN_DELIVERY_DELAY_MS || 0);
+
 const queues = new Map();   // name -> queue
 const connections = new Set(); // open AMQP connections (dropped on request)
 const hungAttach = new Set();  // entities whose attaches are never answered
@@ -85,9 +91,13 @@ function accept(q, msg) {
     msg,
     enqueuedAt: t,
     visibleAt: scheduled ? Math.max(t, new Date(scheduled).getTime()) : t,
+    // Real time, not the broker's clock (which tests freeze): new messages are ready
+    // in the order they came, so the queue stays first in, first out.
+    readyAt: Date.now() + DELIVERY_DELAY_MS,
     deliveries: 0,
     lock: null,
   });
+  if (DELIVERY_DELAY_MS > 0) setTimeout(() => pump(q), DELIVERY_DELAY_MS + 1);
 }
 
 function deadLetter(q, rec, reason, description) {
@@ -136,7 +146,8 @@ function pump(q) {
   }
   for (const link of q.consumers) {
     while (budget(link) > 0) {
-      const rec = q.messages.find((r) => !r.lock && r.visibleAt <= t);
+      const ready = Date.now();
+      const rec = q.messages.find((r) => !r.lock && r.visibleAt <= t && r.readyAt <= ready);
       if (!rec) break;
       if (rec.deliveries >= q.maxDeliveries) {
         deadLetter(q, rec, 'MaxDeliveryCountExceeded',

@@ -169,11 +169,12 @@ async fn outbox_messages_reach_service_bus_through_the_relay_once() {
         1
     );
 
-    let got = servicebus
-        .receive(&replies, 10, std::time::Duration::from_secs(2))
+    let got = orderly_testkit::transport::receive_n(&*servicebus, &replies, 1).await;
+    let again = servicebus
+        .receive(&replies, 10, std::time::Duration::from_millis(300))
         .await
         .unwrap();
-    assert_eq!(got.len(), 1, "delivered once");
+    assert!(again.is_empty(), "delivered once: {again:?}");
     assert_eq!(got[0].message_id, "received-1");
     assert_eq!(got[0].body, br#"{"status":"received"}"#);
     servicebus.complete(&got[0]).await.unwrap();
@@ -238,16 +239,9 @@ async fn a_relay_batch_of_large_rows_goes_out_within_the_entitys_size() {
     assert_eq!(pass.sent, 100, "{pass:?}");
     assert_eq!(store.outbox_backlog().await.unwrap(), 0);
     let mut got = std::collections::BTreeSet::new();
-    while got.len() < 100 {
-        let batch = servicebus
-            .receive(&replies, 100, std::time::Duration::from_secs(2))
-            .await
-            .unwrap();
-        assert!(!batch.is_empty(), "only {} arrived", got.len());
-        for m in batch {
-            assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
-            servicebus.complete(&m).await.unwrap();
-        }
+    for m in orderly_testkit::transport::receive_n(&*servicebus, &replies, 100).await {
+        assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
+        servicebus.complete(&m).await.unwrap();
     }
     drop(store);
     for suffix in ["", "-wal", "-shm"] {
@@ -303,11 +297,8 @@ async fn operators_count_requeue_and_discard() {
         m.properties.insert("kind".into(), "order".into());
         sb.send(&orders, &[m]).await.unwrap();
     }
-    let got = sb
-        .receive(&orders, 3, Duration::from_secs(2))
-        .await
-        .unwrap();
-    assert_eq!(got.len(), 3);
+    // Sent is not yet delivered: wait (bounded) for the three asked for.
+    let got = orderly_testkit::transport::receive_n(&sb, &orders, 3).await;
     for m in &got {
         sb.dead_letter(m, "BodyUndecodable", "not an order")
             .await
@@ -353,14 +344,15 @@ async fn operators_count_requeue_and_discard() {
     assert_eq!(dead_ids().await, vec![dead[2].clone()]);
     // The two never dead-lettered (their first locks ran out) and the requeued one.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    let mut live = Vec::new();
-    for wait in [Duration::from_secs(2), Duration::from_millis(500)] {
-        let batch = sb.receive(&orders, 10, wait).await.unwrap();
-        for m in &batch {
-            sb.complete(m).await.unwrap();
-        }
-        live.extend(batch);
+    let live = orderly_testkit::transport::receive_n(&sb, &orders, 3).await;
+    for m in &live {
+        sb.complete(m).await.unwrap();
     }
+    let more = sb
+        .receive(&orders, 10, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(more.is_empty(), "a fourth message: {more:?}");
     let requeued = live
         .iter()
         .find(|m| m.message_id.starts_with(&format!("{}~requeued-", dead[0])))
@@ -502,13 +494,9 @@ mod misbehaving_broker {
         let out = t.send(&q, &replies).await.unwrap();
         assert_eq!(out.accepted, 256);
         let mut got = std::collections::BTreeSet::new();
-        while got.len() < 256 {
-            let batch = t.receive(&q, 256, Duration::from_secs(2)).await.unwrap();
-            assert!(!batch.is_empty(), "only {} arrived", got.len());
-            for m in batch {
-                assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
-                t.complete(&m).await.unwrap();
-            }
+        for m in orderly_testkit::transport::receive_n(&t, &q, 256).await {
+            assert!(got.insert(m.message_id.clone()), "{} twice", m.message_id);
+            t.complete(&m).await.unwrap();
         }
 
         // Without the split (a limit above the broker's) the broker refuses it whole.

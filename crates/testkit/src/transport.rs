@@ -137,8 +137,51 @@ fn msg(id: &str, body: &str) -> OutgoingMessage {
     OutgoingMessage::new(id, body.as_bytes().to_vec())
 }
 
+/// How long a case waits for messages it knows were sent. A transport may hand a sent
+/// message to its receiver asynchronously (Service Bus delivers it over the receiver's
+/// own link, on the client's own tasks), so a receive right after a send can come back
+/// empty on a loaded machine. A case that expects messages waits for them, up to this
+/// bound, and fails naming what it still missed; only a case that expects *nothing*
+/// receives without waiting.
+pub const DELIVERY_BOUND: Duration = Duration::from_secs(15);
+
+/// Receives from `q` until `enough` says the messages collected so far are all that
+/// was expected, within [`DELIVERY_BOUND`]; past it the case fails naming what came.
+/// Each receive asks for what is left of `max` in all (at least one).
+async fn receive_until(
+    t: &dyn Transport,
+    q: &QueueName,
+    max: u32,
+    what: &str,
+    mut enough: impl FnMut(&[ReceivedMessage]) -> bool,
+) -> Vec<ReceivedMessage> {
+    let deadline = tokio::time::Instant::now() + DELIVERY_BOUND;
+    let mut got: Vec<ReceivedMessage> = Vec::new();
+    while !enough(&got) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{what} was sent but not received within {DELIVERY_BOUND:?} on {q}; received: {:?}",
+            ids(&got)
+        );
+        let want = max.saturating_sub(u32::try_from(got.len()).unwrap_or(u32::MAX));
+        got.extend(t.receive(q, want.max(1), left).await.unwrap());
+    }
+    got
+}
+
+/// Exactly `n` messages, known to be sent, received within [`DELIVERY_BOUND`].
+pub async fn receive_n(t: &dyn Transport, q: &QueueName, n: usize) -> Vec<ReceivedMessage> {
+    let max = u32::try_from(n).unwrap_or(u32::MAX);
+    let got = receive_until(t, q, max, &format!("{n} messages"), |got| got.len() >= n).await;
+    assert_eq!(got.len(), n, "more than the {n} expected: {:?}", ids(&got));
+    got
+}
+
 async fn receive_one(t: &dyn Transport, q: &QueueName) -> ReceivedMessage {
-    let mut got = t.receive(q, 1, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(got.len(), 1, "expected one message");
-    got.remove(0)
+    receive_n(t, q, 1).await.remove(0)
+}
+
+fn ids(got: &[ReceivedMessage]) -> Vec<&str> {
+    got.iter().map(|m| m.message_id.as_str()).collect()
 }

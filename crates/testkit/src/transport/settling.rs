@@ -2,12 +2,17 @@
 //! locks, renewals, duplicates, scheduled messages, bad requests, batched settling,
 //! poison messages, long work, and queues made on demand.
 
-use super::{NO_WAIT, TransportCtx, declared, msg, queue, receive_one, settings};
+use super::{
+    DELIVERY_BOUND, NO_WAIT, TransportCtx, declared, msg, queue, receive_n, receive_one,
+    receive_until, settings,
+};
 use orderly_core::Clock;
 use orderly_core::transport::{
     MAX_BODY_BYTES, OutgoingMessage, QueueSettings, ReceivedMessage, TransportError,
 };
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Competing consumers: every message to exactly one of them.
@@ -17,22 +22,34 @@ pub async fn concurrent_consumers_receive_disjoint_messages(ctx: &TransportCtx) 
     for chunk in sent.chunks(50) {
         t.send(&q, chunk).await.unwrap();
     }
+    // Each consumer takes until all 300 are consumed (by anyone), waiting a little
+    // when it finds none: a transport may deliver what was sent a moment later.
+    let consumed = Arc::new(AtomicUsize::new(0));
+    let deadline = tokio::time::Instant::now() + DELIVERY_BOUND;
     let mut consumers = Vec::new();
     for _ in 0..4 {
         let handle = ctx.factory.open().await;
         let q = q.clone();
+        let consumed = consumed.clone();
         consumers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
-            loop {
-                let got = handle.receive(&q, 7, NO_WAIT).await.unwrap();
-                if got.is_empty() {
-                    break mine;
-                }
+            while consumed.load(Ordering::SeqCst) < 300 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} of 300 consumed within {DELIVERY_BOUND:?}",
+                    consumed.load(Ordering::SeqCst)
+                );
+                let got = handle
+                    .receive(&q, 7, Duration::from_millis(200))
+                    .await
+                    .unwrap();
                 for m in got {
                     handle.complete(&m).await.unwrap();
+                    consumed.fetch_add(1, Ordering::SeqCst);
                     mine.push(m.message_id);
                 }
             }
+            mine
         }));
     }
     let mut all = Vec::new();
@@ -112,19 +129,27 @@ pub async fn renewing_the_lock_keeps_the_message_held(ctx: &TransportCtx) {
 /// them as accepted.
 pub async fn duplicate_message_ids_are_dropped_within_the_window(ctx: &TransportCtx) {
     let (t, q) = declared(ctx, "orders", QueueSettings::default()).await;
-    let delivered = |want: &'static [&'static str]| {
+    // What is delivered up to and including a marker sent after the messages in
+    // question (a message of another id, so never a duplicate): on a queue delivered in
+    // send order, a repeat that was let through comes before its marker. Waited for,
+    // so a transport that hands deliveries over asynchronously is judged by what it
+    // delivered, not by how soon.
+    let delivered_before = |marker: &'static str| {
         let t = t.clone();
         let q = q.clone();
         async move {
-            let got = t.receive(&q, 10, NO_WAIT).await.unwrap();
-            let bodies: Vec<String> = got
-                .iter()
-                .map(|m| String::from_utf8_lossy(&m.body).into_owned())
-                .collect();
-            assert_eq!(bodies, want);
+            t.send(&q, &[msg(marker, marker)]).await.unwrap();
+            let got = receive_until(&*t, &q, 10, marker, |got| {
+                got.iter().any(|m| m.message_id == marker)
+            })
+            .await;
             for m in &got {
                 t.complete(m).await.unwrap();
             }
+            got.iter()
+                .filter(|m| m.message_id != marker)
+                .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+                .collect::<Vec<String>>()
         }
     };
     let first = t
@@ -133,12 +158,19 @@ pub async fn duplicate_message_ids_are_dropped_within_the_window(ctx: &Transport
         .unwrap();
     assert_eq!(first.accepted + first.duplicates, 2);
     t.send(&q, &[msg("same", "3")]).await.unwrap();
-    delivered(&["1"]).await;
+    assert_eq!(delivered_before("marker-1").await, ["1"]);
     t.send(&q, &[msg("same", "4")]).await.unwrap();
-    delivered(&[]).await;
+    assert!(
+        delivered_before("marker-2").await.is_empty(),
+        "a repeat within the window is dropped"
+    );
     ctx.clock.advance(Duration::from_secs(601));
     t.send(&q, &[msg("same", "5")]).await.unwrap();
-    delivered(&["5"]).await;
+    assert_eq!(
+        delivered_before("marker-3").await,
+        ["5"],
+        "past the window the id is new again"
+    );
 }
 
 /// A scheduled message waits for its time.
@@ -207,18 +239,11 @@ pub async fn complete_messages_settles_each_message_it_still_holds(ctx: &Transpo
     t.send(&q, &[msg("a", "1"), msg("b", "2"), msg("c", "3")])
         .await
         .unwrap();
-    let first = t.receive(&q, 1, NO_WAIT).await.unwrap().remove(0);
+    let first = receive_one(&*t, &q).await;
     ctx.clock.advance(Duration::from_secs(31));
     // `a` is delivered again (new hold), and `b` and `c` (a receive returns what is
     // there once its first message is: collect up to three).
-    let mut batch = Vec::new();
-    for _ in 0..20 {
-        batch.extend(t.receive(&q, 10, NO_WAIT).await.unwrap());
-        if batch.len() >= 3 {
-            break;
-        }
-    }
-    assert_eq!(batch.len(), 3);
+    let batch = receive_n(&*t, &q, 3).await;
     let mut settle: Vec<ReceivedMessage> = batch
         .iter()
         .filter(|m| m.message_id != "c")
@@ -272,8 +297,7 @@ async fn send_and_complete_case(ctx: &TransportCtx, name: &str, replies_settings
     t.send(&work, &[msg("w1", "1"), msg("w2", "2"), msg("w3", "3")])
         .await
         .unwrap();
-    let held = t.receive(&work, 2, NO_WAIT).await.unwrap();
-    assert_eq!(held.len(), 2);
+    let held = receive_n(&*t, &work, 2).await;
     let reply = |id: &str| Envelope {
         queue: replies.clone(),
         message: msg(id, "done"),
@@ -283,27 +307,16 @@ async fn send_and_complete_case(ctx: &TransportCtx, name: &str, replies_settings
         .await
         .unwrap();
     assert!(verdicts.iter().all(Result::is_ok), "{verdicts:?}");
-    let mut got = t
-        .receive(&replies, 10, Duration::from_secs(2))
-        .await
-        .unwrap();
-    while got.len() < 2 {
-        let more = t
-            .receive(&replies, 10, Duration::from_secs(2))
-            .await
-            .unwrap();
-        assert!(!more.is_empty(), "the replies were sent: {got:?}");
-        got.extend(more);
-    }
+    let got = receive_n(&*t, &replies, 2).await;
     t.complete_messages(&got).await.unwrap();
     let mut ids: Vec<_> = got.iter().map(|m| m.message_id.clone()).collect();
     ids.sort();
     assert_eq!(ids, ["r1", "r2"]);
     // A hold that lost its lock: the send still goes out, the verdict says LockLost.
-    let stale = t.receive(&work, 1, NO_WAIT).await.unwrap().remove(0);
+    let stale = receive_one(&*t, &work).await;
     assert_eq!(stale.message_id, "w3");
     ctx.clock.advance(Duration::from_secs(31));
-    let fresh = t.receive(&work, 1, NO_WAIT).await.unwrap().remove(0);
+    let fresh = receive_one(&*t, &work).await;
     let verdicts = t
         .send_and_complete(&[reply("r3")], std::slice::from_ref(&stale))
         .await
@@ -312,12 +325,8 @@ async fn send_and_complete_case(ctx: &TransportCtx, name: &str, replies_settings
         matches!(verdicts[0], Err(TransportError::LockLost { .. })),
         "{verdicts:?}"
     );
-    let r3 = t
-        .receive(&replies, 10, Duration::from_secs(2))
-        .await
-        .unwrap();
-    assert_eq!(r3.len(), 1);
-    assert_eq!(r3[0].message_id, "r3");
+    let r3 = receive_one(&*t, &replies).await;
+    assert_eq!(r3.message_id, "r3");
     t.complete(&fresh).await.unwrap();
     ctx.clock.advance(Duration::from_secs(3600));
     assert!(
@@ -351,10 +360,24 @@ pub async fn poison_messages_are_dead_lettered_with_the_problem_and_consuming_go
     )
     .await
     .unwrap();
-    let (decoded, poisoned) =
-        receive_json::<orderly_core::OrderDetails>(&*t, &q, 10, NO_WAIT, 1_024)
+    // All five were sent: receive until each is decoded or dead-lettered (a transport
+    // may hand them over in more than one batch).
+    let (mut decoded, mut poisoned) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + DELIVERY_BOUND;
+    while decoded.len() + poisoned.len() < 5 {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "5 sent, {} decoded and {} dead-lettered within {DELIVERY_BOUND:?}",
+            decoded.len(),
+            poisoned.len()
+        );
+        let (more, bad) = receive_json::<orderly_core::OrderDetails>(&*t, &q, 10, left, 1_024)
             .await
             .unwrap();
+        decoded.extend(more);
+        poisoned.extend(bad);
+    }
     assert_eq!(
         decoded
             .iter()
