@@ -13,6 +13,7 @@ use orderly_core::{ProcessState, TimeSource};
 use orderly_local::demo;
 use orderly_local::fleet::Fleet;
 use orderly_local::invariants::{self, Report};
+use orderly_local::limits::Limits;
 use orderly_local::measure::{Cost, Meter};
 use orderly_local::system::{System, SystemConfig};
 use orderly_remote_sim::{Effect, SimConfig};
@@ -231,25 +232,69 @@ fn side_by_side(dialect: &str, here: &[Figures], deployed: &[Figures]) {
     }
 }
 
+/// What a bench runs.
+pub(crate) enum Mode {
+    /// The burst, the paced phase (at `paced_rate`, or half the burst's throughput)
+    /// and the low-load phase, in process and then, with `processes`, as deployed.
+    Full {
+        paced_rate: Option<f64>,
+        processes: bool,
+    },
+    /// A burst and a short low-load phase, for the counters only.
+    Counters,
+}
+
+/// Orders in the low-load phase of a counters run.
+const COUNTERS_LOW_ORDERS: usize = 500;
+
 pub(crate) async fn run_bench(
-    orders: usize,
+    orders: Option<usize>,
     store: Option<String>,
-    paced_rate: Option<f64>,
-    processes: bool,
+    mode: Mode,
+    limits: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
-    let url = store.clone().unwrap_or_else(|| scratch_sqlite("bench"));
-    let dialect = if url.starts_with("sqlite:") {
-        "SQLite"
-    } else {
-        "PostgreSQL"
+    let limits = match &limits {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --limits {}", path.display()))?;
+            Some(
+                Limits::parse(&text)
+                    .map_err(|e| anyhow::anyhow!("--limits {}: {e}", path.display()))?,
+            )
+        }
+        None => None,
     };
+    let url = store.clone().unwrap_or_else(|| scratch_sqlite("bench"));
+    let (dialect, key) = if url.starts_with("sqlite:") {
+        ("SQLite", "sqlite")
+    } else {
+        ("PostgreSQL", "postgres")
+    };
+    let (paced_rate, processes) = match mode {
+        Mode::Full {
+            paced_rate,
+            processes,
+        } => (paced_rate, processes),
+        Mode::Counters => {
+            let orders = orders.unwrap_or(1_000);
+            let mut run = start(&url, false).await?;
+            let figures = counters_phases(&mut run, orders).await;
+            if let Under::InProcess(system) = run.under {
+                system.stop(std::time::Duration::from_secs(5)).await;
+            }
+            let figures = figures?;
+            print_counters(dialect, &figures);
+            return judge(&figures, key, limits.as_ref());
+        }
+    };
+    let orders = orders.unwrap_or(5_000);
     let mut run = start(&url, false).await?;
     let here = phases(&mut run, orders, paced_rate).await?;
     if let Under::InProcess(system) = run.under {
         system.stop(std::time::Duration::from_secs(5)).await;
     }
     print(dialect, "", &here);
-    let mut clean = here.iter().all(|f| f.report.violations.is_empty());
+    let mut deployed_clean = true;
     if processes {
         // A new SQLite file; on PostgreSQL the same database, counted from where the
         // in-process run left it. The same steady rate as in process.
@@ -261,10 +306,74 @@ pub(crate) async fn run_bench(
         let deployed = deployed?;
         print(dialect, ", as deployed", &deployed);
         side_by_side(dialect, &here, &deployed);
-        clean &= deployed.iter().all(|f| f.report.violations.is_empty());
+        deployed_clean = deployed.iter().all(|f| f.report.violations.is_empty());
     }
-    if !clean {
+    // The invariants of every run; the limits on the in-process phases (the store's
+    // own count is read there).
+    judge(&here, key, limits.as_ref())?;
+    if !deployed_clean {
         bail!("invariant violations during the benchmark");
     }
+    Ok(())
+}
+
+/// A counters run's phases: the burst of `orders`, then the low-load phase.
+async fn counters_phases(run: &mut Run, orders: usize) -> anyhow::Result<Vec<Figures>> {
+    let burst = run
+        .phase(format!("burst of {orders} orders"), orders, None)
+        .await?;
+    let name = format!("paced at {LOW_LOAD:.0} orders/s (low load), {COUNTERS_LOW_ORDERS} orders");
+    let low = run.phase(name, COUNTERS_LOW_ORDERS, Some(LOW_LOAD)).await?;
+    Ok(vec![burst, low])
+}
+
+/// The phase's name in a limits file: `burst`, `low`, or none (the paced phase).
+fn limits_phase(name: &str) -> Option<&'static str> {
+    if name.starts_with("burst") {
+        Some("burst")
+    } else if name.contains("(low load)") {
+        Some("low")
+    } else {
+        None
+    }
+}
+
+fn print_counters(dialect: &str, figures: &[Figures]) {
+    for f in figures {
+        outln!("== {dialect}, counters: {}", f.phase);
+        for (figure, value) in f.cost.per_order() {
+            outln!("{figure:<32} {value:>10.2}");
+        }
+        outln!(
+            "invariants                       {}",
+            if f.report.violations.is_empty() {
+                "all hold".to_owned()
+            } else {
+                format!("{} violated", f.report.violations.len())
+            }
+        );
+    }
+}
+
+/// The invariants of every phase, and the counters against `limits` if given.
+fn judge(figures: &[Figures], store: &str, limits: Option<&Limits>) -> anyhow::Result<()> {
+    if figures.iter().any(|f| !f.report.violations.is_empty()) {
+        bail!("invariant violations during the benchmark");
+    }
+    let Some(limits) = limits else {
+        return Ok(());
+    };
+    if !limits.covers(store) {
+        bail!("--limits has no limits for {store}: nothing would be checked");
+    }
+    let over: Vec<String> = figures
+        .iter()
+        .filter_map(|f| limits_phase(&f.phase).map(|phase| (phase, f)))
+        .flat_map(|(phase, f)| limits.check(store, phase, &f.cost.per_order()))
+        .collect();
+    if !over.is_empty() {
+        bail!("work per order over its limits:\n  {}", over.join("\n  "));
+    }
+    outln!("counters             within the limits ({store})");
     Ok(())
 }

@@ -6,5 +6,6 @@
 pub mod demo;
 pub mod fleet;
 pub mod invariants;
+pub mod limits;
 pub mod measure;
 pub mod system;

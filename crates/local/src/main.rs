@@ -76,9 +76,9 @@ enum Command {
     /// Measure end-to-end throughput and submit->Processed latency with the simulator
     /// answering at once: a burst of N orders, then a paced run at half that rate.
     Bench {
-        /// Orders in the burst.
-        #[arg(long, default_value_t = 5_000)]
-        orders: usize,
+        /// Orders in the burst (5,000; 1,000 with --counters).
+        #[arg(long)]
+        orders: Option<usize>,
         /// State store; by default a new SQLite file in the temporary directory.
         #[arg(long = "store")]
         store: Option<String>,
@@ -92,6 +92,16 @@ enum Command {
         /// print both side by side.
         #[arg(long)]
         processes: bool,
+        /// A quick run for the counters that do not move with the machine: a burst,
+        /// then the low-load phase of 500 orders, printing per order the store's
+        /// transactions and, on PostgreSQL, the server's transactions, log and rows.
+        #[arg(long, conflicts_with_all = ["paced_rate", "processes"])]
+        counters: bool,
+        /// Check those counters against the limits in this file (as
+        /// crates/local/bench-limits.toml); exits non-zero naming each figure over its
+        /// limit.
+        #[arg(long, value_name = "FILE")]
+        limits: Option<std::path::PathBuf>,
     },
 }
 
@@ -125,7 +135,19 @@ async fn run() -> anyhow::Result<()> {
             store,
             paced_rate,
             processes,
-        } => bench::run_bench(orders, store, paced_rate, processes).await,
+            counters,
+            limits,
+        } => {
+            let mode = if counters {
+                bench::Mode::Counters
+            } else {
+                bench::Mode::Full {
+                    paced_rate,
+                    processes,
+                }
+            };
+            bench::run_bench(orders, store, mode, limits).await
+        }
         Command::Up {
             faults,
             dashboard,

@@ -149,6 +149,30 @@ impl Meter {
 }
 
 impl Cost {
+    /// The counters that do not move with the machine, per order, by the names
+    /// [`crate::limits::FIGURES`] gives them: the store's write transactions (when the
+    /// roles ran here) and, on PostgreSQL, the server's transactions, log and rows.
+    pub fn per_order(&self) -> std::collections::BTreeMap<&'static str, f64> {
+        let per = |n: f64| n / self.orders.max(1) as f64;
+        let mut figures = std::collections::BTreeMap::new();
+        if !self.roles_elsewhere {
+            figures.insert(
+                "write_transactions_per_order",
+                per(self.store.transactions as f64),
+            );
+        }
+        if let Some(server) = &self.server {
+            figures.insert("server_transactions_per_order", per(server.commits as f64));
+            figures.insert("log_bytes_per_order", per(server.wal_position as f64));
+            if let Some((records, _)) = server.wal_records {
+                figures.insert("log_records_per_order", per(records as f64));
+            }
+            let rows: i64 = server.tables.iter().map(TableWrites::total).sum();
+            figures.insert("rows_per_order", per(rows as f64));
+        }
+        figures
+    }
+
     /// Prints the figures, per order where that is how they are compared.
     pub fn print(&self) {
         let per = |n: f64| n / self.orders.max(1) as f64;

@@ -168,3 +168,58 @@ async fn the_bench_as_deployed_runs_every_role_as_a_process_and_compares() {
         assert!(figures.clone().all(|n| n == 3), "{row:?}");
     }
 }
+
+/// `bench --counters --limits FILE`, as the test command runs it: within the limits it
+/// says so and succeeds; over one it fails naming the store, phase, figure, value and
+/// limit; a file that limits nothing on this store is refused rather than passing.
+#[test]
+fn the_quick_bench_checks_its_counters_against_a_limits_file() {
+    let dir =
+        std::env::temp_dir().join(format!("orderly-limits-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let roomy = file(
+        "roomy.toml",
+        "[sqlite.burst]\nwrite_transactions_per_order = 50.0\n[sqlite.low]\nwrite_transactions_per_order = 50.0\n",
+    );
+    let tight = file(
+        "tight.toml",
+        "[sqlite.low]\nwrite_transactions_per_order = 0.01\n",
+    );
+    let other = file("other.toml", "[postgres.low]\nrows_per_order = 44.5\n");
+    let bench = |limits: &str| {
+        orderly(
+            "sqlite::memory:",
+            &["bench", "--counters", "--orders", "100", "--limits", limits],
+            &[],
+        )
+    };
+
+    let (ok, out, err) = bench(&roomy);
+    assert!(ok, "within roomy limits:\n{out}\n{err}");
+    assert!(
+        out.contains("counters             within the limits (sqlite)"),
+        "{out}"
+    );
+    assert!(out.contains("write_transactions_per_order"), "{out}");
+
+    let (ok, out, err) = bench(&tight);
+    assert!(!ok, "over a limit yet it passed:\n{out}");
+    assert!(
+        err.contains("sqlite.low.write_transactions_per_order = ")
+            && err.contains("over its limit of 0.01"),
+        "{err}"
+    );
+
+    let (ok, _, err) = bench(&other);
+    assert!(
+        !ok,
+        "a file with no SQLite limits checked nothing, yet passed"
+    );
+    assert!(err.contains("no limits for sqlite"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
