@@ -7,7 +7,7 @@ use crate::error::db;
 use crate::store::SqlStore;
 use crate::wakeups::Wakeups;
 use orderly_core::{Result, TimeSource};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx_core::transaction::TransactionManager;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -45,12 +45,20 @@ pub(super) async fn begin_to_the_end(
     }
 }
 
-/// The connection options of `url`. TLS follows the URL's `sslmode` (`prefer` by
-/// default; `require`, `verify-ca`, `verify-full` as libpq), verifying the server
+/// The connection options of `url`. TLS follows the URL's `sslmode` (or `PGSSLMODE`):
+/// `disable`, `prefer`, `require`, `verify-ca`, `verify-full` as libpq. Where neither
+/// names one, a server on this machine (loopback or a Unix socket) gets `prefer`, and any
+/// other `verify-full`: a server across a network is checked against its certificate and
+/// name, never silently reached in clear or through an impostor. The server is verified
 /// against the platform's roots plus `sslrootcert`, or else the CA bundle
 /// `ORDERLY_CA_FILE` names. Errors name the setting, never echo the URL.
 pub fn options(url: &str) -> Result<PgConnectOptions> {
     let mut options = PgConnectOptions::from_str(url).map_err(|e| crate::url_refused(url, e))?;
+    let sslmode_chosen = query_names(url, &["sslmode", "ssl-mode"])
+        || std::env::var_os("PGSSLMODE").is_some_and(|v| !v.is_empty());
+    if !sslmode_chosen && !on_this_machine(&options) {
+        options = options.ssl_mode(PgSslMode::VerifyFull);
+    }
     // Every session is bounded, so that a wedged one never hangs a role: unless the URL
     // (`?options=-c%20lock_timeout%3D...`) or PGOPTIONS sets them.
     let given = format!("{url} {}", std::env::var("PGOPTIONS").unwrap_or_default());
@@ -72,6 +80,31 @@ pub fn options(url: &str) -> Result<PgConnectOptions> {
         Some(file) => options.ssl_root_cert(file),
         None => options,
     })
+}
+
+/// Whether the query of `url` names one of `keys`.
+fn query_names(url: &str, keys: &[&str]) -> bool {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    query
+        .split('&')
+        .filter_map(|pair| pair.split('=').next())
+        .any(|key| keys.contains(&key))
+}
+
+/// Whether the server of `options` is on this machine: a Unix socket, `localhost` or a
+/// loopback address.
+fn on_this_machine(options: &PgConnectOptions) -> bool {
+    if options.get_socket().is_some() {
+        return true;
+    }
+    let host = options.get_host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare.starts_with('/')
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The limits of every session orderly opens, unless the URL or PGOPTIONS sets them: a
@@ -163,5 +196,51 @@ impl SqlStore<PgDriver> {
     /// The connection pool (for tests and tools).
     pub fn pool(&self) -> &PgPool {
         &self.driver.pools.current().pool
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn mode(url: &str) -> PgSslMode {
+        options(url).unwrap().get_ssl_mode()
+    }
+
+    #[test]
+    fn a_server_across_the_network_is_verified_unless_the_url_says_otherwise() {
+        if std::env::var_os("PGSSLMODE").is_some() {
+            // The environment chose for every URL; what this case checks does not apply.
+            return;
+        }
+        for url in [
+            "postgres://orderly@db.example.com:5432/orderly",
+            "postgres://orderly@10.0.0.4/orderly",
+            "postgres://orderly@postgres/orderly?application_name=x",
+            "postgres://orderly@[2001:db8::1]/orderly",
+        ] {
+            assert!(matches!(mode(url), PgSslMode::VerifyFull), "{url}");
+        }
+        for url in [
+            "postgres://postgres@127.0.0.1:5432/test",
+            "postgres://postgres@localhost/test",
+            "postgres://postgres@[::1]/test",
+            "postgres://postgres@%2Fvar%2Frun%2Fpostgresql/test",
+        ] {
+            assert!(matches!(mode(url), PgSslMode::Prefer), "{url}");
+        }
+        assert!(matches!(
+            mode("postgres://orderly@postgres/orderly?sslmode=disable"),
+            PgSslMode::Disable
+        ));
+        assert!(matches!(
+            mode("postgres://orderly@db.example.com/orderly?ssl-mode=require"),
+            PgSslMode::Require
+        ));
+        assert!(matches!(
+            mode("postgres://postgres@127.0.0.1/test?sslmode=verify-full"),
+            PgSslMode::VerifyFull
+        ));
     }
 }
