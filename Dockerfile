@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # Every orderly binary in one small image: orderly (the operators' CLI, `dashboard`),
 # orderly-local (every role in one process: `orderly up`), orderly-submitter,
 # -scheduler, -agent, -supervisor, -remote-sim.
@@ -14,9 +13,9 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-# The registry and the target directory are cache mounts: an edit to the sources
-# rebuilds only the crates of this workspace, not the dependencies (BuildKit keeps the
-# caches between builds; `--locked` pins every version to Cargo.lock).
+# Plain instructions only (no BuildKit cache mounts, no heredocs): `docker build`,
+# `docker buildx build` and `az acr build` (which does not run BuildKit) build it alike;
+# `--locked` pins every version to Cargo.lock.
 COPY Cargo.toml Cargo.lock ./
 # The workspace's build settings (how the bundled SQLite is compiled).
 COPY .cargo .cargo
@@ -25,10 +24,7 @@ COPY migrations migrations
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
 # Each role's binary is built by its own crate; the operators' CLI by orderly-cli, the
 # local runner by orderly-local.
-RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
-    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bins --features orderly-runtime/otel \
+RUN cargo build --release --locked --bins --features orderly-runtime/otel \
       -p orderly-cli -p orderly-local -p orderly-submitter -p orderly-scheduler \
       -p orderly-agent -p orderly-supervisor -p orderly-remote-sim \
  && mkdir /out \
@@ -63,6 +59,9 @@ USER 10001:10001
 ENV ORDERLY_LOG_JSON=true \
     ORDERLY_HTTP_LISTEN=0.0.0.0:9090
 EXPOSE 9090
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s \
-  CMD curl -fsS http://127.0.0.1:9090/healthz || exit 1
+# Healthy when the started command answers /healthz where it serves it: a role on
+# ORDERLY_HTTP_LISTEN, `orderly up` and `orderly dashboard` on ORDERLY_DASHBOARD_LISTEN
+# (127.0.0.1:8088 unless set). Each container serves one of the two.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s \
+  CMD for listen in "${ORDERLY_HTTP_LISTEN:-}" "${ORDERLY_DASHBOARD_LISTEN:-127.0.0.1:8088}"; do [ -n "$listen" ] && curl -fsS -m 2 -o /dev/null "http://127.0.0.1:${listen##*:}/healthz" && exit 0; done; exit 1
 CMD ["orderly", "--help"]

@@ -427,8 +427,14 @@ async fn the_image_runs_orderly_up_on_sqlite_in_its_data_directory_as_its_user()
     ] {
         assert!(dockerfile.contains(label), "label {label}");
     }
-    assert!(dockerfile.contains("--mount=type=cache,target=/usr/local/cargo/registry"));
-    assert!(dockerfile.contains("--mount=type=cache,target=/src/target"));
+    // Builders without BuildKit (`az acr build`, the classic builder) take no mounts,
+    // heredocs or frontend directive.
+    for buildkit_only in ["--mount=", "<<", "# syntax="] {
+        assert!(
+            !dockerfile.contains(buildkit_only),
+            "the Dockerfile needs BuildKit: {buildkit_only}"
+        );
+    }
     assert!(
         dockerfile.contains("COPY .cargo .cargo") && root().join(".cargo/config.toml").is_file()
     );
@@ -530,6 +536,37 @@ async fn the_image_runs_orderly_up_on_sqlite_in_its_data_directory_as_its_user()
             .is_ok_and(|r| r.status() == 200)
     })
     .await;
+    // The image's HEALTHCHECK, run as Docker runs it (`sh -c`, the image's environment):
+    // healthy while `orderly up` serves, unhealthy once it is gone. The role port of the
+    // image's environment is moved to one nothing here serves, so that no other test's
+    // listener can answer for it.
+    let healthcheck = dockerfile
+        .split("\nHEALTHCHECK ")
+        .nth(1)
+        .and_then(|h| h.split_once("CMD "))
+        .map(|(_, cmd)| cmd.lines().next().unwrap().to_owned())
+        .expect("a HEALTHCHECK with a CMD");
+    let quiet_port = free_port();
+    let probe = || {
+        Command::new("sh")
+            .args(["-c", &healthcheck])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(image_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("ORDERLY_HTTP_LISTEN", format!("0.0.0.0:{quiet_port}"))
+            .env("ORDERLY_DASHBOARD_LISTEN", format!("127.0.0.1:{port}"))
+            .output()
+            .unwrap()
+    };
+    assert!(
+        image_env.iter().any(|(k, _)| k == "ORDERLY_HTTP_LISTEN"),
+        "the image sets the roles' listen address: {image_env:?}"
+    );
+    let healthy = probe();
+    assert!(
+        healthy.status.success(),
+        "orderly up is unhealthy: {healthy:?}"
+    );
     let posted = run(&["post", "--sample", "20"]).output().unwrap();
     assert!(
         posted.status.success(),
@@ -548,6 +585,7 @@ async fn the_image_runs_orderly_up_on_sqlite_in_its_data_directory_as_its_user()
         .status();
     let status = up.wait().unwrap();
     assert!(status.success(), "orderly up exits 0 on SIGTERM: {status}");
+    assert!(!probe().status.success(), "healthy with nothing serving");
     assert!(data.join("orderly.db").is_file(), "the store is in /data");
     let logged = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = logged.lines().filter(|l| !l.trim().is_empty()).collect();
