@@ -119,6 +119,38 @@ pub struct Elector {
     timing: ElectorTiming,
     status: watch::Sender<LeaderStatus>,
     on_stuck: OnStuck,
+    /// The failure of the last tries to acquire, so that one that repeats is logged
+    /// once, not at every retry.
+    failing: std::sync::Mutex<Failing>,
+}
+
+/// Failed tries in a row, and what the last one said: a deployer sees each new failure
+/// once, with its cause, then how many tries it took until it passed, instead of the
+/// same line at every retry.
+#[derive(Debug, Default)]
+pub(crate) struct Failing {
+    said: Option<String>,
+    tries: u64,
+}
+
+impl Failing {
+    /// A try failed saying `what`: whether to log it (the first failure, or one that
+    /// says something else than the one before).
+    pub(crate) fn failed(&mut self, what: &str) -> bool {
+        self.tries += 1;
+        if self.said.as_deref() == Some(what) {
+            return false;
+        }
+        self.said = Some(what.to_owned());
+        true
+    }
+
+    /// A try got an answer: how many failed in a row before it, if any.
+    pub(crate) fn passed(&mut self) -> Option<u64> {
+        self.said = None;
+        let tries = std::mem::take(&mut self.tries);
+        (tries > 0).then_some(tries)
+    }
 }
 
 impl fmt::Debug for Elector {
@@ -158,6 +190,7 @@ impl Elector {
             store,
             timing,
             status,
+            failing: std::sync::Mutex::default(),
             on_stuck: Arc::new(|fence| {
                 tracing::error!(%fence, "leader task did not stop after its cancellation; exiting so that no stale leader work survives");
                 std::process::exit(70);
@@ -221,7 +254,28 @@ impl Elector {
     /// One attempt: the lease, then the term. `None` while following.
     async fn acquire(&self, span: &tracing::Span) -> Option<(LeaderFence, Instant)> {
         let sent = Instant::now();
-        let fence = match timeout(self.timing.call_timeout, self.lease.try_acquire()).await {
+        let answer = timeout(self.timing.call_timeout, self.lease.try_acquire()).await;
+        let failure = match &answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!(
+                "no answer within {} ms",
+                self.timing.call_timeout.as_millis()
+            )),
+        };
+        let first = {
+            let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+            match &failure {
+                Some(what) => failing.failed(what),
+                None => {
+                    if let Some(tries) = failing.passed() {
+                        tracing::info!(parent: span, failed_tries = tries, "the lease answers again");
+                    }
+                    false
+                }
+            }
+        };
+        let fence = match answer {
             Ok(Ok(Acquired::Yes(Some(fence)))) => fence,
             Ok(Ok(Acquired::Yes(None))) => {
                 match timeout(
@@ -246,16 +300,30 @@ impl Elector {
                 self.note_holder().await;
                 return None;
             }
+            // Each failure is logged when it begins or changes (with its cause chain),
+            // at debug while it repeats, and its end at info with the tries it took.
             Ok(Err(e @ LeaseError::Misconfigured(_))) => {
-                tracing::error!(parent: span, error = %e, "acquiring the lease is refused: check the lease settings and credentials; will retry");
+                if first {
+                    tracing::error!(parent: span, error = %e, "acquiring the lease is refused: check the lease settings and credentials; retrying, logged again when this changes");
+                } else {
+                    tracing::debug!(parent: span, error = %e, "acquiring the lease is still refused");
+                }
                 return None;
             }
             Ok(Err(e)) => {
-                tracing::warn!(parent: span, error = %e, "acquiring the lease failed; will retry");
+                if first {
+                    tracing::warn!(parent: span, error = %e, "acquiring the lease failed; retrying, logged again when this changes");
+                } else {
+                    tracing::debug!(parent: span, error = %e, "acquiring the lease still fails");
+                }
                 return None;
             }
             Err(_) => {
-                tracing::warn!(parent: span, timeout_ms = self.timing.call_timeout.as_millis() as u64, "acquiring the lease timed out; will retry");
+                if first {
+                    tracing::warn!(parent: span, timeout_ms = self.timing.call_timeout.as_millis() as u64, "acquiring the lease timed out; retrying, logged again when this changes");
+                } else {
+                    tracing::debug!(parent: span, "acquiring the lease still times out");
+                }
                 return None;
             }
         };

@@ -468,3 +468,17 @@ fn timings_under_which_a_leader_could_outlive_its_lease_are_refused_naming_the_s
     assert_eq!(blob(15_500).unwrap_err().field, "lease");
     assert!(blob(15_000).is_ok());
 }
+
+#[test]
+fn a_failure_is_said_when_it_begins_or_changes_and_its_end_counts_the_tries() {
+    let mut failing = elector::Failing::default();
+    assert_eq!(failing.passed(), None, "nothing failed");
+    assert!(failing.failed("refused"));
+    assert!(!failing.failed("refused"));
+    assert!(!failing.failed("refused"));
+    assert!(failing.failed("certificate"), "a new cause is said");
+    assert!(failing.failed("refused"), "and so is the old one, back");
+    assert_eq!(failing.passed(), Some(5));
+    assert_eq!(failing.passed(), None);
+    assert!(failing.failed("refused"), "a failure after a pass is new");
+}

@@ -316,7 +316,15 @@ mod blob_lease {
         let (db, _store) = setup(Dialect::Sqlite).await;
 
         let election = Election::blob(azurite);
-        let untrusting = election.start(&db.url, "supervisor-untrusting");
+        // Its elector's debug lines count the tries that failed the same way again.
+        let args = election.args("supervisor-untrusting");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let untrusting = crate::procs::Proc::start_with(
+            "orderly-supervisor",
+            &db.url,
+            &args,
+            &[("ORDERLY_LOG", "info,orderly_core::leader=debug")],
+        );
         crate::procs::wait_for(
             "the untrusting supervisor to report the certificate",
             Duration::from_secs(20),
@@ -340,6 +348,24 @@ mod blob_lease {
         a.signal("TERM");
         let (_, took_over) = wait_change(&b, 1, Duration::from_secs(10)).await;
         assert!(took_over.acquired && took_over.epoch > first.epoch);
+        // Over all those seconds, retrying every 500 ms: the failure was said once, as
+        // it began, with its cause (the certificate), and each repeat only at debug.
+        let said = untrusting.output();
+        let warned: Vec<&str> = said
+            .lines()
+            .filter(|l| l.contains("acquiring the lease failed"))
+            .collect();
+        assert_eq!(warned.len(), 1, "said once: {said}");
+        assert!(
+            warned[0].to_lowercase().contains("certificate") && warned[0].contains("\"WARN\""),
+            "with its cause: {}",
+            warned[0]
+        );
+        let repeats = said
+            .lines()
+            .filter(|l| l.contains("acquiring the lease still fails"))
+            .count();
+        assert!(repeats >= 3, "{repeats} repeats at debug: {said}");
         drop(untrusting);
         b.signal("TERM");
     }
