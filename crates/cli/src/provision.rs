@@ -82,7 +82,39 @@ pub(crate) fn iso8601(d: Duration) -> String {
 /// order's deadline (an expired message is dead-lettered, not dropped).
 const MESSAGE_TTL: Duration = Duration::from_secs(14 * 86_400);
 
-/// The script.
+/// The script's helpers: existence checks, role grants that look before they assign,
+/// percent-encoding, and a Secret value kept across runs.
+const HELPERS: &str = r#"# True when what `az ... show` names exists (a second run skips its create).
+exists() { "$@" --output none >/dev/null 2>&1; }
+# ROLE to PRINCIPAL on SCOPE, unless that assignment exists.
+grant() {
+  if [ -z "$(az role assignment list --assignee "$2" --role "$1" --scope "$3" --query '[0].id' -o tsv)" ]; then
+    az role assignment create --role "$1" --assignee-object-id "$2" --assignee-principal-type ServicePrincipal --scope "$3" --output none
+  fi
+}
+# $1 percent-encoded for a URL (a password may hold @ : / % or any other character).
+urlencode() {
+  local LC_ALL=C s="$1" out="" c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c=${s:i:1}
+    case "$c" in
+      [A-Za-z0-9._~-]) out+="$c" ;;
+      *) printf -v c '%%%02X' "'$c"; out+="$c" ;;
+    esac
+  done
+  printf '%s' "$out"
+}
+# The Secret's value under key $1 if the Secret has one, else a new random token: a
+# second run keeps the tokens clients already hold (delete the Secret for new ones).
+kept_or_new() {
+  local v
+  v="$(kubectl --namespace orderly get secret orderly-secrets -o "jsonpath={.data.$1}" 2>/dev/null | base64 --decode 2>/dev/null || true)"
+  if [ -n "$v" ]; then printf '%s' "$v"; else openssl rand -hex 32; fi
+}
+"#;
+
+/// The script: every resource created before anything reads it, each step safe to run
+/// again (a create that Azure treats as create-or-update, or an existence check first).
 pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     let mut out = String::new();
     let mut line = |s: &str| {
@@ -98,12 +130,13 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         "# orderly on Azure: what the roles need, for the workflows {}.",
         versions.join(", ")
     ));
+    line("# Printed by `orderly provision --print az`; review, then run it with the Azure CLI");
+    line("# logged in (az login) and kubectl installed. Every step may run again: a second run");
+    line("# creates nothing new and keeps the Secret's tokens.");
     line(
-        "# Printed by `orderly provision --print az`; review, then run it with the Azure CLI logged in.",
+        "# Secrets are read from the environment and never printed: set ORDERLY_PG_ADMIN_PASSWORD",
     );
-    line(
-        "# Secrets are read from the environment and never printed: set ORDERLY_PG_ADMIN_PASSWORD first.",
-    );
+    line("# and ORDERLY_REMOTE_URL first.");
     line("set -euo pipefail");
     line(&format!(
         "RG={} LOCATION={} NAMESPACE={} STORAGE={} CONTAINER={} PG={} AKS={}",
@@ -118,14 +151,50 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     line(
         ": \"${ORDERLY_PG_ADMIN_PASSWORD:?set ORDERLY_PG_ADMIN_PASSWORD to the database's password}\"",
     );
+    line(": \"${ORDERLY_REMOTE_URL:?set ORDERLY_REMOTE_URL to the remote services' base URL}\"");
+    out.push_str(HELPERS);
+    let mut line = |s: &str| {
+        out.push_str(s);
+        out.push('\n');
+    };
     line("");
-    line("az group create --name \"$RG\" --location \"$LOCATION\"");
+    line("az group create --name \"$RG\" --location \"$LOCATION\" --output none");
+    line("");
+    line("# The cluster: AKS with its OIDC issuer and workload identity (pods get Entra ID tokens");
+    line("# for their service account) and the KEDA add-on (the ScaledObjects). An existing");
+    line("# cluster gets what it lacks.");
+    line("if ! exists az aks show --resource-group \"$RG\" --name \"$AKS\"; then");
+    line(
+        "  az aks create --resource-group \"$RG\" --name \"$AKS\" --location \"$LOCATION\" --node-count 2 --node-vm-size Standard_D2ds_v5 --enable-oidc-issuer --enable-workload-identity --enable-keda --no-ssh-key --output none",
+    );
+    line("fi");
+    for (query, flag) in [
+        ("oidcIssuerProfile.enabled", "--enable-oidc-issuer"),
+        (
+            "securityProfile.workloadIdentity.enabled",
+            "--enable-workload-identity",
+        ),
+        ("workloadAutoScalerProfile.keda.enabled", "--enable-keda"),
+    ] {
+        line(&format!(
+            "if [ \"$(az aks show --resource-group \"$RG\" --name \"$AKS\" --query {query} -o tsv)\" != true ]; then"
+        ));
+        line(&format!(
+            "  az aks update --resource-group \"$RG\" --name \"$AKS\" {flag} --output none"
+        ));
+        line("fi");
+    }
+    line("az aks get-credentials --resource-group \"$RG\" --name \"$AKS\" --overwrite-existing");
+    line(
+        "ISSUER=\"$(az aks show --resource-group \"$RG\" --name \"$AKS\" --query oidcIssuerProfile.issuerUrl -o tsv)\"",
+    );
     line("");
     line("# Service Bus (Standard: duplicate detection needs it). Queues are infrastructure:");
     line("# the roles never create them. Every queue detects duplicates (the outbox relay may");
     line("# publish a message twice); a message is dead-lettered after its deliveries run out.");
+    line("# Each create is a create-or-update: a second run changes nothing.");
     line(
-        "az servicebus namespace create --resource-group \"$RG\" --name \"$NAMESPACE\" --location \"$LOCATION\" --sku Standard --minimum-tls-version 1.2",
+        "az servicebus namespace create --resource-group \"$RG\" --name \"$NAMESPACE\" --location \"$LOCATION\" --sku Standard --minimum-tls-version 1.2 --output none",
     );
     for q in needed_queues(workflows) {
         let s = queues::provisioned(&q);
@@ -133,7 +202,7 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
             "az servicebus queue create --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name {} \
              --lock-duration {} --max-delivery-count {} --enable-duplicate-detection {} \
              --duplicate-detection-history-time-window {} --default-message-time-to-live {} \
-             --enable-dead-lettering-on-message-expiration true",
+             --enable-dead-lettering-on-message-expiration true --output none",
             q.as_str(),
             iso8601(s.lock_duration),
             s.max_delivery_count,
@@ -146,76 +215,122 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         "# The roles' key (send and listen, no manage): its connection string goes in the Secret.",
     );
     line(
-        "az servicebus namespace authorization-rule create --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name orderly-roles --rights Send Listen",
+        "az servicebus namespace authorization-rule create --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name orderly-roles --rights Send Listen --output none",
+    );
+    line(
+        "SB_ID=\"$(az servicebus namespace show --resource-group \"$RG\" --name \"$NAMESPACE\" --query id -o tsv)\"",
     );
     line("");
     line("# The supervisors' lease: one blob in its own container, reached with an Entra ID");
-    line("# token (no account key): the identity below may read and write that container only.");
+    line("# token (no account key). The container is made through the control plane");
+    line("# (container-rm), which needs no data role of the deployer.");
     line(
-        "az storage account create --resource-group \"$RG\" --name \"$STORAGE\" --location \"$LOCATION\" --sku Standard_LRS --kind StorageV2 --min-tls-version TLS1_2 --allow-blob-public-access false --allow-shared-key-access false",
+        "az storage account create --resource-group \"$RG\" --name \"$STORAGE\" --location \"$LOCATION\" --sku Standard_LRS --kind StorageV2 --min-tls-version TLS1_2 --allow-blob-public-access false --allow-shared-key-access false --output none",
     );
     line(
-        "az storage container create --account-name \"$STORAGE\" --name \"$CONTAINER\" --auth-mode login",
+        "az storage container-rm create --resource-group \"$RG\" --storage-account \"$STORAGE\" --name \"$CONTAINER\" --output none",
     );
     line(
-        "az identity create --resource-group \"$RG\" --name orderly-supervisor --location \"$LOCATION\"",
+        "CONTAINER_ID=\"$(az storage account show --resource-group \"$RG\" --name \"$STORAGE\" --query id -o tsv)/blobServices/default/containers/$CONTAINER\"",
     );
-    line("az role assignment create --role \"Storage Blob Data Contributor\" \\");
+    line("");
+    line("# Identities, each with the least it needs, trusted for one Kubernetes service account");
+    line("# (workload identity, after the cluster's issuer exists): the supervisors' may read and");
+    line("# write the lease container only; KEDA's reads queue depths (the Service Bus scaler");
+    line("# needs Data Owner on the namespace).");
     line(
-        "  --assignee-object-id \"$(az identity show --resource-group \"$RG\" --name orderly-supervisor --query principalId -o tsv)\" --assignee-principal-type ServicePrincipal \\",
-    );
-    line(
-        "  --scope \"$(az storage account show --resource-group \"$RG\" --name \"$STORAGE\" --query id -o tsv)/blobServices/default/containers/$CONTAINER\"",
-    );
-    line(
-        "# Workload identity: the pods of the service account orderly/orderly get that identity's tokens.",
+        "az identity create --resource-group \"$RG\" --name orderly-supervisor --location \"$LOCATION\" --output none",
     );
     line(
-        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-supervisor --name orderly-aks \\",
+        "az identity create --resource-group \"$RG\" --name orderly-keda --location \"$LOCATION\" --output none",
     );
     line(
-        "  --issuer \"$(az aks show --resource-group \"$RG\" --name \"$AKS\" --query oidcIssuerProfile.issuerUrl -o tsv)\" \\",
+        "SUPERVISOR_PRINCIPAL=\"$(az identity show --resource-group \"$RG\" --name orderly-supervisor --query principalId -o tsv)\"",
     );
     line(
-        "  --subject system:serviceaccount:orderly:orderly --audiences api://AzureADTokenExchange",
+        "KEDA_PRINCIPAL=\"$(az identity show --resource-group \"$RG\" --name orderly-keda --query principalId -o tsv)\"",
+    );
+    line("grant \"Storage Blob Data Contributor\" \"$SUPERVISOR_PRINCIPAL\" \"$CONTAINER_ID\"");
+    line("grant \"Azure Service Bus Data Owner\" \"$KEDA_PRINCIPAL\" \"$SB_ID\"");
+    line(
+        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-supervisor --name orderly-aks \
+         --issuer \"$ISSUER\" --subject system:serviceaccount:orderly:orderly --audiences api://AzureADTokenExchange --output none",
+    );
+    line(
+        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-keda --name keda-operator \
+         --issuer \"$ISSUER\" --subject system:serviceaccount:kube-system:keda-operator --audiences api://AzureADTokenExchange --output none",
     );
     line("");
     line(&format!(
-        "# PostgreSQL: TLS is required by the server (require_secure_transport, on by default) and \
-         verified by the roles (sslmode=verify-full; Azure's certificates chain to public roots, \
-         which the image trusts). Each role process holds up to {} connections.",
+        "# PostgreSQL: TLS is required by the server (require_secure_transport) and verified by \
+         the roles (sslmode=verify-full; Azure's certificates chain to public roots, which the \
+         image trusts). Each role process holds up to {} connections. Reached over its public \
+         endpoint from the cluster's egress address only (a firewall rule: it works with any \
+         AKS network; for a private one, create the server with --vnet/--subnet in the \
+         cluster's virtual network instead).",
         orderly_sql::postgres::DEFAULT_MAX_CONNECTIONS
     ));
     line(
-        "az postgres flexible-server create --resource-group \"$RG\" --name \"$PG\" --location \"$LOCATION\" --version 16 --tier GeneralPurpose --sku-name Standard_D2ds_v5 --storage-size 128 --admin-user orderly --admin-password \"$ORDERLY_PG_ADMIN_PASSWORD\" --public-access None",
+        "if ! exists az postgres flexible-server show --resource-group \"$RG\" --name \"$PG\"; then",
     );
     line(
-        "az postgres flexible-server parameter set --resource-group \"$RG\" --server-name \"$PG\" --name require_secure_transport --value on",
+        "  az postgres flexible-server create --resource-group \"$RG\" --name \"$PG\" --location \"$LOCATION\" --version 16 --tier GeneralPurpose --sku-name Standard_D2ds_v5 --storage-size 128 --admin-user orderly --admin-password \"$ORDERLY_PG_ADMIN_PASSWORD\" --public-access None --yes --output none",
+    );
+    line("fi");
+    line(
+        "az postgres flexible-server parameter set --resource-group \"$RG\" --server-name \"$PG\" --name require_secure_transport --value on --output none",
     );
     line(
-        "az postgres flexible-server db create --resource-group \"$RG\" --server-name \"$PG\" --database-name orderly",
+        "EGRESS_ID=\"$(az aks show --resource-group \"$RG\" --name \"$AKS\" --query 'networkProfile.loadBalancerProfile.effectiveOutboundIPs[0].id' -o tsv)\"",
     );
+    line(
+        "EGRESS_IP=\"$(az network public-ip show --ids \"$EGRESS_ID\" --query ipAddress -o tsv)\"",
+    );
+    line(
+        "az postgres flexible-server firewall-rule create --resource-group \"$RG\" --server-name \"$PG\" --name aks-egress --start-ip-address \"$EGRESS_IP\" --end-ip-address \"$EGRESS_IP\" --output none",
+    );
+    line(
+        "if ! exists az postgres flexible-server db show --resource-group \"$RG\" --server-name \"$PG\" --name orderly; then",
+    );
+    line(
+        "  az postgres flexible-server db create --resource-group \"$RG\" --server-name \"$PG\" --name orderly --output none",
+    );
+    line("fi");
+    line("");
+    line("# KEDA's operator takes the identity its TriggerAuthentication names (identityId) once");
+    line("# restarted after the federated credential exists.");
+    line(
+        "KEDA_CLIENT=\"$(az identity show --resource-group \"$RG\" --name orderly-keda --query clientId -o tsv)\"",
+    );
+    line("kubectl --namespace kube-system rollout restart deployment keda-operator");
     line("");
     line(
-        "# What the manifests read (deploy/kubernetes): the Secret orderly-secrets. The tokens are new random values.",
+        "# What the manifests read (deploy/kubernetes): the Secret orderly-secrets, applied (a second run",
     );
+    line("# updates it in place; its tokens are kept).");
     line(
         "SB=\"$(az servicebus namespace authorization-rule keys list --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name orderly-roles --query primaryConnectionString -o tsv)\"",
     );
     line("kubectl create namespace orderly --dry-run=client -o yaml | kubectl apply -f -");
+    line("PG_PASSWORD=\"$(urlencode \"$ORDERLY_PG_ADMIN_PASSWORD\")\"");
+    line(
+        "INTAKE_TOKEN=\"$(kept_or_new intake-token)\" DASHBOARD_TOKEN=\"$(kept_or_new dashboard-token)\" METRICS_TOKEN=\"$(kept_or_new metrics-token)\"",
+    );
     line("kubectl --namespace orderly create secret generic orderly-secrets \\");
     line(
-        "  --from-literal=database-url=\"postgres://orderly:${ORDERLY_PG_ADMIN_PASSWORD}@${PG}.postgres.database.azure.com:5432/orderly?sslmode=verify-full\" \\",
+        "  --from-literal=database-url=\"postgres://orderly:${PG_PASSWORD}@${PG}.postgres.database.azure.com:5432/orderly?sslmode=verify-full\" \\",
     );
     line("  --from-literal=servicebus-connection=\"$SB\" \\");
-    line(
-        "  --from-literal=remote-url=\"${ORDERLY_REMOTE_URL:?set ORDERLY_REMOTE_URL to the remote services' base URL}\" \\",
-    );
-    line("  --from-literal=intake-token=\"$(openssl rand -hex 32)\" \\");
-    line("  --from-literal=dashboard-token=\"$(openssl rand -hex 32)\" \\");
-    line("  --from-literal=metrics-token=\"$(openssl rand -hex 32)\"");
+    line("  --from-literal=remote-url=\"$ORDERLY_REMOTE_URL\" \\");
+    line("  --from-literal=intake-token=\"$INTAKE_TOKEN\" \\");
+    line("  --from-literal=dashboard-token=\"$DASHBOARD_TOKEN\" \\");
+    line("  --from-literal=metrics-token=\"$METRICS_TOKEN\" \\");
+    line("  --dry-run=client -o yaml | kubectl apply -f -");
     line(
         "echo \"set azure.workload.identity/client-id in deploy/kubernetes/base/identity.yaml to: $(az identity show --resource-group \"$RG\" --name orderly-supervisor --query clientId -o tsv)\"",
+    );
+    line(
+        "echo \"set identityId of the TriggerAuthentication in deploy/kubernetes/servicebus/scaling.yaml to: $KEDA_CLIENT\"",
     );
     out
 }
