@@ -42,6 +42,15 @@ async fn every_role_reaches_a_tls_only_postgresql_verified_against_its_ca() {
     );
     assert!(!ok, "a certificate for another name was accepted: {err}");
 
+    // A URL that chooses no sslmode, on this machine: plain is refused by this server,
+    // so the store takes TLS (prefer) rather than failing.
+    let (ok, out, err) = orderly(
+        &pg.url("localhost", "application_name=orderly"),
+        &["migrate"],
+        &[],
+    );
+    assert!(ok, "no sslmode, TLS-only server on localhost: {out}\n{err}");
+
     let (ok, out, err) = orderly(&url, &["migrate"], &trust);
     assert!(ok, "orderly migrate over verify-full: {out}\n{err}");
 
