@@ -263,11 +263,18 @@ fn configured_instance(raw: &str) -> anyhow::Result<InstanceId> {
     InstanceId::parse(raw).with_context(|| format!("invalid {SETTING}"))
 }
 
-/// Logs to stderr, filtered by `ORDERLY_LOG` (default `info`), as text or JSON lines.
+/// What the logs show unless `ORDERLY_LOG` says otherwise: `info`, but for the Azure
+/// SDK's line per failed HTTP try ("failed to execute `reqwest` request", at info, with
+/// no cause), which would repeat at every retry: orderly logs each failure itself, once
+/// per change, with its cause chain (the certificate, DNS, refused, the HTTP status).
+pub const DEFAULT_LOG_FILTER: &str = "info,typespec_client_core::http::policies::logging=warn";
+
+/// Logs to stderr, filtered by `ORDERLY_LOG` (default [`DEFAULT_LOG_FILTER`]), as text or
+/// JSON lines.
 /// For tools; the role binaries use [`telemetry::init`], which can also export spans.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ORDERLY_LOG")
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -59,7 +59,8 @@ impl Drop for Telemetry {
 /// and `--otel-endpoint` (or the standard `OTEL_EXPORTER_OTLP_ENDPOINT`) exports spans.
 /// Errors name the setting.
 pub fn init(service: &str, common: &Common, instance: &InstanceId) -> anyhow::Result<Telemetry> {
-    let log_filter = EnvFilter::try_from_env("ORDERLY_LOG").unwrap_or_else(|_| "info".into());
+    let log_filter =
+        EnvFilter::try_from_env("ORDERLY_LOG").unwrap_or_else(|_| crate::DEFAULT_LOG_FILTER.into());
     // Colours only for a person at a terminal: a log file or a collector gets plain text.
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
