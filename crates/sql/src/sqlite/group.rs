@@ -28,7 +28,7 @@
 //! Under load the writers queue anyway; grouped, they pay that cost once per group.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use sqlx::pool::PoolConnection;
@@ -69,6 +69,37 @@ pub(crate) struct Writers {
     turn: Arc<Mutex<Option<Group>>>,
     waiting: AtomicUsize,
     window: std::time::Duration,
+    /// What these writers tell the file's watcher (`watch.rs`) about other connections'
+    /// commits.
+    pub(crate) others: Arc<Others>,
+}
+
+/// This process's commits to the file, counted for its watcher (`watch.rs`): the
+/// watcher's `PRAGMA data_version` moves with every commit, this process's included,
+/// and only a change while this process committed nothing is surely another's.
+#[derive(Debug, Default)]
+pub(crate) struct Others {
+    /// Commits this process began (counted before each is asked for).
+    begun: AtomicU64,
+    /// Commits this process finished, made or failed (counted after each).
+    done: AtomicU64,
+    /// Reads of the file the watcher finished with, what they found acted on.
+    pub(crate) reads: AtomicU64,
+}
+
+impl Others {
+    /// Commits begun so far: read after a look at the file, every commit it saw is
+    /// counted.
+    pub(crate) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
+    }
+
+    /// Commits finished so far: read before a look at the file, none counted is
+    /// missing from it. A later [`Self::begun`] equal to this means no commit of this
+    /// process came in between.
+    pub(crate) fn done(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
+    }
 }
 
 impl Default for Writers {
@@ -83,12 +114,22 @@ type Outcome = Option<Result<(), Arc<str>>>;
 /// Where a handle keeps its write connection between groups: the next group begins on
 /// it at once, with its page cache still valid, instead of waiting for the pool to take
 /// the connection back (a task of its own) and acquiring it again.
-pub(crate) type Home = Arc<std::sync::Mutex<Option<PoolConnection<Sqlite>>>>;
+pub(crate) type Home = Arc<std::sync::Mutex<Option<Kept>>>;
+
+/// A write connection kept at home, with its `PRAGMA data_version` as last read (it
+/// moves only when another connection commits).
+#[derive(Debug)]
+pub(crate) struct Kept {
+    conn: PoolConnection<Sqlite>,
+    version: Option<i64>,
+}
 
 /// One SQLite transaction shared by a group of writers.
 struct Group {
     /// Always present; taken only on the way out (home, or closed).
     conn: Option<PoolConnection<Sqlite>>,
+    /// The connection's `PRAGMA data_version` as last read, if it was.
+    version: Option<i64>,
     /// Where the connection goes once the group ended with no transaction left open,
     /// if anywhere.
     home: Option<Home>,
@@ -103,6 +144,8 @@ struct Group {
     flushing: bool,
     /// Where the group's commit is counted.
     stats: Arc<Stats>,
+    /// Where its commit is counted for the file's watcher.
+    others: Arc<Others>,
     /// Set once the group committed or failed; a group dropped before that closes its
     /// connection, which rolls the transaction back.
     ended: bool,
@@ -134,7 +177,10 @@ impl Drop for Group {
         if let Some(home) = &self.home
             && Tm::get_transaction_depth(&conn) == 0
         {
-            *home.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+            *home.lock().unwrap_or_else(|p| p.into_inner()) = Some(Kept {
+                conn,
+                version: self.version,
+            });
         }
     }
 }
@@ -145,11 +191,12 @@ impl Group {
         pool: &SqlitePool,
         home: Option<&Home>,
         stats: &Arc<Stats>,
+        others: &Arc<Others>,
     ) -> Result<Self, sqlx::Error> {
         let kept = home.and_then(|h| h.lock().unwrap_or_else(|p| p.into_inner()).take());
-        let mut conn = match kept {
-            Some(conn) => conn,
-            None => pool.acquire().await?,
+        let (mut conn, version) = match kept {
+            Some(Kept { conn, version }) => (conn, version),
+            None => (pool.acquire().await?, None),
         };
         stats.transaction();
         // sqlx counts this as a transaction of depth one; the savepoint is ours.
@@ -163,6 +210,7 @@ impl Group {
         let (outcome, _) = watch::channel(None);
         Ok(Group {
             conn: Some(conn),
+            version,
             home: home.cloned(),
             began: Instant::now(),
             outcome,
@@ -170,6 +218,7 @@ impl Group {
             kept: 0,
             flushing: false,
             stats: stats.clone(),
+            others: others.clone(),
             ended: false,
         })
     }
@@ -218,7 +267,10 @@ impl Group {
         let result = if self.kept == 0 {
             Tm::rollback(self.conn()).await
         } else {
-            Tm::commit(self.conn()).await
+            self.others.begun.fetch_add(1, Ordering::AcqRel);
+            let result = Tm::commit(self.conn()).await;
+            self.others.done.fetch_add(1, Ordering::AcqRel);
+            result
         };
         self.stats.committed(started.elapsed());
         match result {
@@ -314,7 +366,7 @@ impl Writers {
         stats.write();
         let mut group = match turn.take() {
             Some(group) => group,
-            None => Group::open(pool, home, stats).await?,
+            None => Group::open(pool, home, stats, &self.others).await?,
         };
         group.join();
         stats.begun(since.elapsed());
@@ -337,7 +389,32 @@ impl Writers {
             turn: Arc::default(),
             waiting: AtomicUsize::new(0),
             window,
+            others: Arc::default(),
         }
+    }
+
+    /// Whether a connection other than this process's writer committed to the file
+    /// since the writer's connection was last asked: its `PRAGMA data_version` moves
+    /// only with other connections' commits. Read in the turn, on the connection of the
+    /// group left open in it or on the one kept at `home`; `None` when neither is there
+    /// (it went back to the pool) or the read failed.
+    pub(crate) async fn others_committed(&self, home: Option<&Home>) -> Option<bool> {
+        let mut turn = self.turn.lock().await;
+        if let Some(group) = turn.as_mut() {
+            let now = data_version(group.conn()).await;
+            let moved = now.is_none() || now != group.version;
+            group.version = now;
+            return now.map(|_| moved);
+        }
+        // No writer at work and no group open: the connection is at home, if kept.
+        let home = home?;
+        let mut kept = home.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        let now = data_version(&mut kept.conn).await;
+        let moved = now.is_none() || now != kept.version;
+        kept.version = now;
+        *home.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+        drop(turn);
+        now.map(|_| moved)
     }
 
     /// Writers waiting for the turn now.
@@ -463,6 +540,14 @@ async fn flush(turn: Arc<Mutex<Option<Group>>>) {
         let _ = group.commit().await;
         stats.held(since.elapsed());
     }
+}
+
+/// The connection's `PRAGMA data_version`, if it answers.
+async fn data_version(conn: &mut sqlx::SqliteConnection) -> Option<i64> {
+    sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+        .fetch_one(conn)
+        .await
+        .ok()
 }
 
 fn group_failed(cause: &str) -> sqlx::Error {

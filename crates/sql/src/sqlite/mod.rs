@@ -393,6 +393,10 @@ impl Driver for SqliteDriver {
             options.clone(),
             self.time.clone(),
             Arc::downgrade(wakeups),
+            watch::Own {
+                writers: self.writers.clone(),
+                home: self.write_home.clone(),
+            },
         ));
     }
 }
