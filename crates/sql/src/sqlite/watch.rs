@@ -109,7 +109,9 @@ async fn watch_on(
         };
         if version == seen {
             nap = (nap * 2).min(IDLE);
-            others.reads.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            others
+                .reads
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             continue;
         }
         seen = version;
@@ -252,9 +254,12 @@ mod tests {
     /// A store on a new file, its watcher started and hearing.
     async fn watched() -> (SqliteStore, std::path::PathBuf) {
         let file = std::env::temp_dir().join(format!("orderly-watch-{}.db", uuid::Uuid::new_v4()));
-        let store = SqliteStore::open(&format!("sqlite://{}", file.display()), TimeSource::Database)
-            .await
-            .expect("the file opens");
+        let store = SqliteStore::open(
+            &format!("sqlite://{}", file.display()),
+            TimeSource::Database,
+        )
+        .await
+        .expect("the file opens");
         for q in [queue(), busy()] {
             store
                 .declare_queue(&q, &QueueSettings::default())
@@ -288,7 +293,10 @@ mod tests {
         let target = reads() + 2;
         let until = Instant::now() + Duration::from_secs(20);
         while reads() < target {
-            assert!(Instant::now() < until, "the watcher read the file no more within 20 s");
+            assert!(
+                Instant::now() < until,
+                "the watcher read the file no more within 20 s"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -312,7 +320,10 @@ mod tests {
         for i in 1..=5 {
             let (sent, claims) = (signal.sent(), store.wakeups.claims.sent());
             store
-                .send(&queue(), &[OutgoingMessage::new(format!("m-{i}"), b"x".to_vec())])
+                .send(
+                    &queue(),
+                    &[OutgoingMessage::new(format!("m-{i}"), b"x".to_vec())],
+                )
                 .await
                 .expect("a send");
             store
@@ -320,8 +331,16 @@ mod tests {
                 .await
                 .expect("an order is accepted");
             watcher_caught_up(&store).await;
-            assert_eq!(signal.sent(), sent + 1, "send {i}: the queue's receivers were woken once, at commit");
-            assert_eq!(store.wakeups.claims.sent(), claims + 1, "order {i}: the schedulers were woken once, at commit");
+            assert_eq!(
+                signal.sent(),
+                sent + 1,
+                "send {i}: the queue's receivers were woken once, at commit"
+            );
+            assert_eq!(
+                store.wakeups.claims.sent(),
+                claims + 1,
+                "order {i}: the schedulers were woken once, at commit"
+            );
         }
         drop(store);
         remove(&file);
@@ -346,7 +365,10 @@ mod tests {
                 while !stop.load(Ordering::Acquire) {
                     n += 1;
                     store
-                        .send(&busy(), &[OutgoingMessage::new(format!("b-{n}"), b"x".to_vec())])
+                        .send(
+                            &busy(),
+                            &[OutgoingMessage::new(format!("b-{n}"), b"x".to_vec())],
+                        )
                         .await
                         .expect("a send");
                 }
