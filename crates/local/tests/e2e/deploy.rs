@@ -18,6 +18,20 @@ use serde_json::Value;
 use crate::fixtures::{Db, Dialect};
 use crate::procs::{bin, free_port, get, wait_for};
 
+/// What a scheduler scales on besides the replies queue: the orders it claims.
+const CLAIMABLE: &str = "claimable orders";
+
+/// KEDA's query for the orders waiting to be claimed (the same in both overlays).
+fn claimable_query() -> String {
+    read("deploy/kubernetes/sql-queue/scaling.yaml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("query: "))
+        .find(|q| q.contains("FROM order_state"))
+        .expect("a query of the claimable orders")
+        .trim_matches('"')
+        .to_owned()
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -626,10 +640,18 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
             .map(|(_, o)| o)
             .collect()
     };
-    let config = of("ConfigMap", "/base/")[0]["data"]
-        .as_object()
-        .unwrap()
-        .clone();
+    // Each ConfigMap of the base by name: `orderly-config`, which every role reads, and
+    // `orderly-lease`, the supervisors'.
+    let configs: BTreeMap<String, serde_json::Map<String, Value>> = of("ConfigMap", "/base/")
+        .into_iter()
+        .map(|c| {
+            (
+                c["metadata"]["name"].as_str().unwrap().to_owned(),
+                c["data"].as_object().unwrap().clone(),
+            )
+        })
+        .collect();
+    let config = configs["orderly-config"].clone();
     let script = provision(&[]);
     let secret_keys: BTreeSet<String> = script
         .split("--from-literal=")
@@ -648,10 +670,26 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
             .map(|v| v.as_str().unwrap().to_owned())
             .collect();
         let help = help(&command);
-        let mut env: BTreeMap<String, String> = config
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-            .collect();
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        for from in c["envFrom"].as_array().unwrap() {
+            let map = from["configMapRef"]["name"].as_str().unwrap();
+            let data = configs
+                .get(map)
+                .unwrap_or_else(|| panic!("{name}: no ConfigMap {map} in the base"));
+            for (k, v) in data {
+                if map != "orderly-config" {
+                    assert!(
+                        help.contains(&format!("[env: {k}")),
+                        "{name}: {k} from the ConfigMap {map} is read by no binary it runs"
+                    );
+                }
+                env.insert(k.clone(), v.as_str().unwrap().to_owned());
+            }
+        }
+        assert!(
+            env.contains_key("ORDERLY_TRANSPORT"),
+            "{name}: reads orderly-config"
+        );
         for e in c["env"].as_array().unwrap() {
             let var = e["name"].as_str().unwrap();
             assert!(
@@ -721,7 +759,7 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
             c["resources"]["limits"]["memory"].is_string(),
             "{name}: a memory limit"
         );
-        deployments.insert(name, (pod.clone(), env, command));
+        deployments.insert(name, (pod.clone(), env, command, d["spec"].clone()));
     }
     // Grace outlasts the drain: a scheduler finishes what it holds for
     // ORDERLY_SHUTDOWN_GRACE, then the outbox relay drains for up to 5 s; a supervisor
@@ -750,6 +788,14 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
     assert_eq!(sup.1["ORDERLY_LEASE_CREDENTIAL"], "workload-identity");
     assert!(sup.1["ORDERLY_LEASE_ACCOUNT_URL"].starts_with("https://"));
     assert_eq!(sup.0["serviceAccountName"], "orderly");
+    // On different nodes where there are several.
+    let apart = &sup.0["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    assert_eq!(apart["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        apart["labelSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "orderly-supervisor"
+    );
     let pdb = of("PodDisruptionBudget", "/base/")[0];
     assert_eq!(pdb["spec"]["minAvailable"], 1);
     assert_eq!(
@@ -760,7 +806,7 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
         && o["metadata"]["annotations"]["azure.workload.identity/client-id"].is_string()));
 
     // KEDA: each role on the queues it reads (default workflow), on Service Bus and on
-    // the SQL queue.
+    // the SQL queue, and the schedulers on the orders they claim from the store.
     let step_queues: BTreeSet<String> =
         Workflows::single(orderly_core::workflow::Workflow::default())
             .unwrap()
@@ -772,7 +818,7 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
         ("orderly-agent", step_queues),
         (
             "orderly-scheduler",
-            [queues::REPLIES, queues::ORDERS].map(String::from).into(),
+            [queues::REPLIES, CLAIMABLE].map(String::from).into(),
         ),
         (
             "orderly-submitter",
@@ -792,7 +838,19 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
                 "{dir}: {target} is no Deployment"
             );
             let mut read = BTreeSet::new();
+            // KEDA owns the count: a `replicas` in the Deployment would reset it.
+            assert!(
+                deployments[target].3.get("replicas").is_none(),
+                "{target}: sets replicas, which its ScaledObject owns"
+            );
             for t in so["spec"]["triggers"].as_array().unwrap() {
+                let query = t["metadata"]["query"].as_str().unwrap_or_default();
+                if query.contains("FROM order_state") {
+                    assert_eq!(t["type"], "postgresql", "{dir} {target}");
+                    assert_eq!(query, claimable_query(), "{dir} {target}");
+                    read.insert(CLAIMABLE.to_owned());
+                    continue;
+                }
                 assert_eq!(t["type"], trigger, "{dir} {target}");
                 let auth = t["authenticationRef"]["name"].as_str().unwrap();
                 assert!(
@@ -907,6 +965,27 @@ async fn the_keda_queries_on_the_sql_queue_count_what_waits_and_what_is_in_work(
         backend.transport.complete(m).await.unwrap();
     }
     assert_eq!(count().await, 6, "completed ones do not");
+
+    // The schedulers' query: orders submitted and not yet claimed.
+    let claimable = async || -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(claimable_query()))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(claimable().await, 0);
+    for n in 1..=3 {
+        backend
+            .store
+            .submit(
+                &orderly_testkit::builders::order(n),
+                &orderly_testkit::builders::submitter(),
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(claimable().await, 3, "submitted orders wait to be claimed");
     pool.close().await;
 }
 
@@ -981,7 +1060,10 @@ fn provisioning_creates_every_queue_the_roles_declare_with_the_settings_they_rel
     }
     // The lease container is the one the supervisors' manifest names.
     assert!(script.contains("CONTAINER=orderly-leases"));
-    assert!(read("deploy/kubernetes/base/supervisor.yaml").contains("value: orderly-leases"));
+    assert!(
+        read("deploy/kubernetes/base/config.yaml")
+            .contains("ORDERLY_LEASE_CONTAINER: orderly-leases")
+    );
 
     // A workflow with a step on a queue of its own: provisioning follows it.
     let file = std::env::temp_dir().join(format!(
