@@ -327,11 +327,14 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     line("  --from-literal=metrics-token=\"$METRICS_TOKEN\" \\");
     line("  --dry-run=client -o yaml | kubectl apply -f -");
     line(
-        "echo \"set azure.workload.identity/client-id in deploy/kubernetes/base/identity.yaml to: $(az identity show --resource-group \"$RG\" --name orderly-supervisor --query clientId -o tsv)\"",
+        "echo \"Your overlay (a copy of deploy/kubernetes/example, docs/containers.md) takes these values:\"",
     );
     line(
-        "echo \"set identityId of the TriggerAuthentication in deploy/kubernetes/servicebus/scaling.yaml to: $KEDA_CLIENT\"",
+        "echo \"  the ServiceAccount's azure.workload.identity/client-id: $(az identity show --resource-group \"$RG\" --name orderly-supervisor --query clientId -o tsv)\"",
     );
+    line("echo \"  the TriggerAuthentication's identityId: $KEDA_CLIENT\"");
+    line("echo \"  ORDERLY_LEASE_ACCOUNT_URL: https://$STORAGE.blob.core.windows.net\"");
+    line("echo \"  the Service Bus namespace: $NAMESPACE\"");
     out
 }
 
