@@ -186,45 +186,27 @@ mod tests {
         if std::env::var_os(CHILD).is_some() {
             return;
         }
-        let file = std::env::temp_dir().join(format!("orderly-watch-{}.db", uuid::Uuid::new_v4()));
-        let url = format!("sqlite://{}", file.display());
-        let store = SqliteStore::open(&url, TimeSource::Database)
-            .await
-            .expect("the file opens");
-        store
-            .declare_queue(&queue(), &QueueSettings::default())
-            .await
-            .expect("the queue is declared");
+        let (store, file) = watched().await;
         let signal = store.wakeups.of(queue().as_str());
-        store.driver.start_listening(&store.wakeups);
-        let hearing = || {
-            store
-                .wakeups
-                .hearing
-                .load(std::sync::atomic::Ordering::Acquire)
-        };
-        // The watcher runs on this runtime: let it start.
-        let until = Instant::now() + Duration::from_secs(20);
-        while !hearing() {
-            assert!(Instant::now() < until, "the watcher never started");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
         let (sent, claimable) = (signal.sent(), store.wakeups.claims.sent());
-        let (exe, child_url) = (std::env::current_exe().expect("this binary"), url.clone());
-        let child = tokio::task::spawn_blocking(move || {
-            std::process::Command::new(exe)
-                .args([
-                    "--exact",
-                    "sqlite::watch::tests::child_sends_and_submits",
-                    "--ignored",
-                ])
-                .env(CHILD, child_url)
-                .status()
-        })
-        .await
-        .expect("the child's wait")
-        .expect("the child runs");
-        assert!(child.success(), "the child process failed: {child}");
+        run_child(&file).await;
+        heard(&store, sent, claimable).await;
+        assert!(
+            !store
+                .receive(&queue(), 1, Duration::ZERO)
+                .await
+                .expect("a receive")
+                .is_empty(),
+            "the message the child sent is there"
+        );
+        drop(store);
+        remove(&file);
+    }
+
+    /// Waits (bounded) until the watched queue's receivers and the schedulers were
+    /// woken since their counts were `sent` and `claimable`.
+    async fn heard(store: &SqliteStore, sent: u64, claimable: u64) {
+        let signal = store.wakeups.of(queue().as_str());
         let until = Instant::now() + Duration::from_secs(20);
         while signal.sent() == sent || store.wakeups.claims.sent() == claimable {
             assert!(
@@ -236,18 +218,6 @@ mod tests {
                 store.wakeups.claims.sent()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(
-            !store
-                .receive(&queue(), 1, Duration::ZERO)
-                .await
-                .expect("a receive")
-                .is_empty(),
-            "the message the child sent is there"
-        );
-        drop(store);
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
         }
     }
 
@@ -376,18 +346,7 @@ mod tests {
             })
         };
         run_child(&file).await;
-        let until = Instant::now() + Duration::from_secs(20);
-        while signal.sent() == sent || store.wakeups.claims.sent() == claimable {
-            assert!(
-                Instant::now() < until,
-                "not heard within 20 s: the queue's signal {} -> {}, the claimers' {} -> {}",
-                sent,
-                signal.sent(),
-                claimable,
-                store.wakeups.claims.sent()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        heard(&store, sent, claimable).await;
         stop.store(true, Ordering::Release);
         let sends = writer.await.expect("the writer");
         assert!(sends > 1, "this process kept committing ({sends} sends)");
