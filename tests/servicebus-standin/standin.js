@@ -20,7 +20,9 @@
 // {"now_ms"} sets the broker's clock (tests move time with a manual clock).
 // Misbehaviour on request, for the transport's robustness tests: POST /drop-connections
 // cuts every AMQP connection (no close frame); POST /hang-attach/<entity> leaves every
-// later attach to that entity unanswered; POST /hang-renew with {"on": true|false}
+// later attach to that entity unanswered; POST /late-attach/<entity> with {"ms", "times"}
+// answers the next `times` attaches to it (every one without `times`) only after that
+// many real milliseconds (POST /late-attach-stats says how many such answers went out); POST /hang-renew with {"on": true|false}
 // leaves renew-lock requests unanswered.
 // TLS: with STANDIN_TLS_CERT and STANDIN_TLS_KEY (PEM files) it also listens for AMQPS
 // on port 5671, as Service Bus does; POST /tls-stats answers how many TLS handshakes
@@ -55,6 +57,8 @@ const DELIVERY_DELAY_MS = Number(process.env.STANDIN_DELIVERY_DELAY_MS || 0);
 const queues = new Map();   // name -> queue
 const connections = new Set(); // open AMQP connections (dropped on request)
 const hungAttach = new Set();  // entities whose attaches are never answered
+const lateAttach = new Map();  // entity -> { ms, times } before its attaches are answered
+const lateStats = { answered: 0 };
 let hangRenew = false;         // renew-lock requests left unanswered while set
 const replyLinks = new WeakMap(); // connection -> (reply address -> sender link)
 const deliveries = new Map(); // rhea delivery -> { queue, seq, token }
@@ -271,6 +275,15 @@ Session.prototype.on_attach = function (frame) {
   // role true: the peer is a receiver, so the entity is the source's address.
   const t = terminus.unwrap(p.role ? p.source : p.target);
   if (hungAttach.size && t && hungAttach.has(entityOf(t.address))) return;
+  const late = t && lateAttach.get(entityOf(t.address));
+  if (late && late.times > 0) {
+    late.times -= 1;
+    // Answered after the client may have given up on it (a slow broker).
+    setTimeout(() => {
+      try { onAttach.call(this, frame); } finally { lateStats.answered += 1; }
+    }, late.ms);
+    return;
+  }
   return onAttach.call(this, frame);
 };
 
@@ -469,6 +482,12 @@ const control = http.createServer((req, res) => {
         connections.clear();
       } else if (req.method === 'POST' && req.url.startsWith('/hang-attach/')) {
         hungAttach.add(decodeURIComponent(req.url.slice('/hang-attach/'.length)));
+      } else if (req.method === 'POST' && req.url.startsWith('/late-attach/')) {
+        lateAttach.set(decodeURIComponent(req.url.slice('/late-attach/'.length)),
+          { ms: Number(body.ms), times: body.times === undefined ? Infinity : Number(body.times) });
+      } else if (req.method === 'POST' && req.url === '/late-attach-stats') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify(lateStats));
       } else if (req.method === 'POST' && req.url === '/hang-renew') {
         hangRenew = body.on !== false;
       } else if (req.method === 'POST' && req.url === '/tls-stats') {

@@ -445,9 +445,23 @@ mod misbehaving_broker {
     use super::StandinAdmin;
 
     async fn transport(standin: &Standin, try_timeout: Duration) -> ServiceBusTransport {
+        transport_with(
+            standin,
+            try_timeout,
+            ServiceBusSettings::new(String::new()).max_retries,
+        )
+        .await
+    }
+
+    async fn transport_with(
+        standin: &Standin,
+        try_timeout: Duration,
+        max_retries: u32,
+    ) -> ServiceBusTransport {
         let mut settings = ServiceBusSettings::new(standin.connection_string());
         settings.unsecured = true;
         settings.try_timeout = try_timeout;
+        settings.max_retries = max_retries;
         ServiceBusTransport::connect(
             &settings,
             Arc::new(StandinAdmin(standin.control)),
@@ -703,6 +717,106 @@ mod misbehaving_broker {
         );
     }
 
+    /// An attach the broker answers only after the try-timeout (a slow broker, or a
+    /// loaded machine) fails the call that asked for it, and its late answer harms
+    /// nothing: the connection and its session stay up, a message held on another
+    /// queue is still settled, and the slow queue works once it answers in time.
+    /// (Giving up on the attach half-way used to leave the client's session with an
+    /// answer for a link nobody waited for; the session then ended with
+    /// amqp:session:unattached-handle and took every hold with it.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_attach_answered_after_its_timeout_ends_nothing_else() {
+        let standin = Standin::start();
+        // One attach, not one per retry: two failures in a row would (rightly) retire
+        // the connection, which is not what this case is about.
+        let t = transport_with(&standin, Duration::from_secs(1), 0).await;
+        let good = declared(&t, "good").await;
+        let slow = declared(&t, "slow").await;
+        t.send(&good, &[msg("g-1")]).await.unwrap();
+        let held = t.receive(&good, 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(held.len(), 1);
+        let reconnects = t.reconnects();
+
+        // The sender link's attach is answered late (its management node's in time).
+        standin
+            .late_attach("slow", Duration::from_millis(1500), 1)
+            .unwrap();
+        let err = t.send(&slow, &[msg("s-1")]).await.unwrap_err();
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        // The late answer has gone out, and the client has had time to take it in.
+        let started = Instant::now();
+        while standin.late_attaches_answered().unwrap() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the stand-in never answered the late attach"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // The hold taken before is still good on the same connection.
+        t.abandon(&held[0]).await.unwrap();
+        assert_eq!(
+            t.reconnects(),
+            reconnects,
+            "the connection was not replaced"
+        );
+        assert!(t.is_connected().await);
+        let again = t.receive(&good, 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].message_id, "g-1");
+        assert_eq!(again[0].delivery_count, 2);
+        t.complete(&again[0]).await.unwrap();
+        // The slow queue works now that its attaches are answered in time.
+        t.send(&slow, &[msg("s-2")]).await.unwrap();
+        let got = t.receive(&slow, 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message_id, "s-2");
+        t.complete(&got[0]).await.unwrap();
+        assert_eq!(t.reconnects(), reconnects);
+    }
+
+    /// An attach never answered fails its caller within the try-timeout; the
+    /// connection stays in use meanwhile, and is retired (its holds lost, as the broker
+    /// has lost them) once the attach has gone unanswered for three try-timeouts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_attach_never_answered_retires_its_connection_in_the_end() {
+        let standin = Standin::start();
+        let try_timeout = Duration::from_millis(600);
+        let t = transport_with(&standin, try_timeout, 0).await;
+        let good = declared(&t, "good").await;
+        let stuck = declared(&t, "stuck").await;
+        t.send(&good, &[msg("g-1"), msg("g-2")]).await.unwrap();
+        let held = t.receive(&good, 2, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(held.len(), 2);
+        let reconnects = t.reconnects();
+
+        standin.hang_attach("stuck").unwrap();
+        let started = Instant::now();
+        let err = t.send(&stuck, &[msg("s-1")]).await.unwrap_err();
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        // Still the same connection: what it holds can be settled.
+        t.complete(&held[0]).await.unwrap();
+        assert!(t.is_connected().await);
+        while t.is_connected().await {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the connection of a never-answered attach was never retired"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let retired_after = started.elapsed();
+        eprintln!("retired {} ms after the attach", retired_after.as_millis());
+        assert!(retired_after >= try_timeout * 3, "{retired_after:?}");
+        assert!(matches!(
+            t.complete(&held[1]).await,
+            Err(TransportError::LockLost { .. })
+        ));
+        // The next call builds a new connection and messaging goes on.
+        t.send(&good, &[msg("g-3")]).await.unwrap();
+        assert_eq!(t.reconnects(), reconnects + 1);
+    }
+
     /// A receive of up to 32 returns as soon as its first message is there, not after
     /// its whole wait.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -752,8 +866,9 @@ mod misbehaving_broker {
         assert!(settled_in < Duration::from_millis(500), "{settled_in:?}");
     }
 
-    /// A renewal the broker never answers delays nothing on another queue, and fails
-    /// within the try-timeout.
+    /// A renewal the broker never answers delays nothing on another queue, fails
+    /// within the try-timeout, and the links it takes out of use leave the connection
+    /// up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_hanging_renewal_does_not_delay_another_queue() {
         let standin = Standin::start();
@@ -790,6 +905,20 @@ mod misbehaving_broker {
         assert!(b_took < Duration::from_secs(1), "{b_took:?}");
         assert!(renewed.is_err(), "an unanswered renewal fails");
         assert!(started.elapsed() < Duration::from_secs(10));
+        // The failure took queue a's links out of use; closing them ends nothing else
+        // (dropped without waiting for the broker's detach, they used to end the
+        // session with amqp:session:unattached-handle, and queue b with it).
+        let reconnects = t.reconnects();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        t.send(&b, &[msg("b-2")]).await.unwrap();
+        let got = t.receive(&b, 32, Duration::from_secs(5)).await.unwrap();
+        let ids: Vec<_> = got
+            .iter()
+            .map(|m| (m.message_id.clone(), m.delivery_count))
+            .collect();
+        assert_eq!(ids, [("b-2".to_owned(), 1)]);
+        t.complete(&got[0]).await.unwrap();
+        assert_eq!(t.reconnects(), reconnects);
     }
 }
 

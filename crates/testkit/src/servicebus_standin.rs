@@ -47,6 +47,28 @@ impl Standin {
         post(self.control, &format!("/hang-attach/{entity}"), "{}")
     }
 
+    /// The next `times` attaches of links to `entity` (not to its `$management` node)
+    /// are answered only after `late` (real time), as a slow broker
+    /// does: after a client with a shorter try-timeout gave up on them.
+    pub fn late_attach(&self, entity: &str, late: Duration, times: u32) -> Result<(), String> {
+        post(
+            self.control,
+            &format!("/late-attach/{entity}"),
+            &format!("{{\"ms\":{},\"times\":{times}}}", late.as_millis()),
+        )
+    }
+
+    /// How many late attaches ([`Standin::late_attach`]) have been answered so far.
+    pub fn late_attaches_answered(&self) -> Result<u64, String> {
+        let body = post_for_body(self.control, "/late-attach-stats", "{}")?;
+        // `{"answered":N}`
+        body.trim()
+            .strip_prefix("{\"answered\":")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("no count in {body}"))
+    }
+
     /// While `on`, lock renewals are never answered.
     pub fn hang_renew(&self, on: bool) -> Result<(), String> {
         post(self.control, "/hang-renew", &format!("{{\"on\":{on}}}"))

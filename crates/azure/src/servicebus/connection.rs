@@ -22,8 +22,86 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// A receiver link shared by the receives and settlements of one queue.
-pub(super) type Link<T> = Arc<Mutex<T>>;
+/// The Service Bus client of one connection.
+pub(super) type Client = ServiceBusClient<azservicebus::core::BasicRetryPolicy>;
+
+/// A link shared by the calls of one queue (a receiver's also by the settlements of
+/// what it delivered).
+pub(super) type Link<T> = Arc<Mutex<Closing<T>>>;
+
+/// Where a connection keeps one kind of its links, by queue.
+pub(super) type LinkCache<T> = fn(&Connection) -> &StdMutex<HashMap<String, Link<T>>>;
+
+/// How long a link taken out of use may take to close.
+const LINK_CLOSE: Duration = Duration::from_secs(5);
+
+/// A link that is closed, not just dropped, when it goes out of use. Dropping an
+/// fe2o3-amqp link sends its detach but stops listening, so the broker's answering
+/// detach finds nobody and the client ends the whole session
+/// (amqp:session:unattached-handle), taking every other link and hold with it. Closing
+/// waits for that answer, in a task of its own, bounded.
+pub(super) struct Closing<T: Close>(Option<T>);
+
+/// A link that can close itself, waiting for the broker's answer.
+pub(super) trait Close: Send + 'static {
+    fn close(self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+impl Close for ServiceBusSender {
+    fn close(self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let _ = self.dispose().await;
+        })
+    }
+}
+
+impl Close for ServiceBusReceiver {
+    fn close(self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let _ = self.dispose().await;
+        })
+    }
+}
+
+impl<T: Close> Closing<T> {
+    pub(super) fn new(link: T) -> Self {
+        Self(Some(link))
+    }
+
+    /// Closes `link` now if this is its last user (else its last user's drop does).
+    pub(super) async fn close_now(link: Link<T>) {
+        if let Ok(mut closing) = Arc::try_unwrap(link).map(Mutex::into_inner)
+            && let Some(link) = closing.0.take()
+        {
+            let _ = tokio::time::timeout(LINK_CLOSE, link.close()).await;
+        }
+    }
+}
+
+impl<T: Close> std::ops::Deref for Closing<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("a link is taken only when dropped")
+    }
+}
+
+impl<T: Close> std::ops::DerefMut for Closing<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0.as_mut().expect("a link is taken only when dropped")
+    }
+}
+
+impl<T: Close> Drop for Closing<T> {
+    fn drop(&mut self) {
+        let Some(link) = self.0.take() else { return };
+        // Outside a runtime (the process is ending) there is no session left to end.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(LINK_CLOSE, link.close()).await;
+            });
+        }
+    }
+}
 
 /// One delivery this process holds: settled on the link it came from, and only while
 /// that link's connection is the current one.
@@ -64,7 +142,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn links<T>(
+    pub(super) fn links<T: Close>(
         map: &StdMutex<HashMap<String, Link<T>>>,
     ) -> std::sync::MutexGuard<'_, HashMap<String, Link<T>>> {
         map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -93,6 +171,9 @@ pub(super) const RECONNECT_MAX: Duration = Duration::from_secs(30);
 /// A receive waits for its first message in slices of this long, letting settlements
 /// of the same queue in between (the link needs exclusive use for both).
 pub(super) const RECEIVE_SLICE: Duration = Duration::from_millis(50);
+/// How many try-timeouts an attach may go unanswered before its connection is retired
+/// (30 s by default). Its caller stops waiting after one.
+pub(super) const ATTACH_GIVE_UP_TRIES: u32 = 3;
 /// Failures in a row after which a connection is taken for dead even if no error said so.
 pub(super) const FAILURES_BEFORE_RECONNECT: u32 = 2;
 
@@ -325,43 +406,44 @@ impl ServiceBusTransport {
 
     pub(super) async fn sender(
         &self,
-        conn: &Connection,
+        conn: &Arc<Connection>,
         queue: &QueueName,
     ) -> Result<Link<ServiceBusSender>, TransportError> {
         if let Some(s) = Connection::links(&conn.senders).get(queue.as_str()) {
             return Ok(s.clone());
         }
-        let limit = self.settings.try_timeout;
-        let attached = bounded(limit, queue, "the attach of a sender", async {
-            let mut client = conn.client.lock().await;
-            match client.as_mut() {
-                Some(c) => c
-                    .create_sender(queue.as_str(), ServiceBusSenderOptions::default())
-                    .await
-                    .map_err(|e| classify(e, queue, None)),
-                None => Err(unavailable(Some(queue), "the connection is closing")),
-            }
-        })
+        let q = queue.clone();
+        let cache: LinkCache<ServiceBusSender> = |c| &c.senders;
+        self.attach(
+            conn,
+            queue,
+            "the attach of a sender",
+            Some(cache),
+            move |client| {
+                Box::pin(async move {
+                    client
+                        .create_sender(q.as_str(), ServiceBusSenderOptions::default())
+                        .await
+                        .map_err(|e| classify(e, &q, None))
+                })
+            },
+        )
         .await
-        .and_then(|r| r)?;
-        let sender = Arc::new(Mutex::new(attached));
-        Connection::links(&conn.senders).insert(queue.as_str().to_owned(), sender.clone());
-        Ok(sender)
     }
 
     pub(super) async fn receiver(
         &self,
-        conn: &Connection,
+        conn: &Arc<Connection>,
         queue: &QueueName,
         sub_queue: SubQueue,
     ) -> Result<Link<ServiceBusReceiver>, TransportError> {
         let dead_letters = matches!(sub_queue, SubQueue::DeadLetter);
-        let cache = if dead_letters {
-            &conn.dead_letter_receivers
+        let cache: LinkCache<ServiceBusReceiver> = if dead_letters {
+            |c| &c.dead_letter_receivers
         } else {
-            &conn.receivers
+            |c| &c.receivers
         };
-        if let Some(r) = Connection::links(cache).get(queue.as_str()) {
+        if let Some(r) = Connection::links(cache(conn)).get(queue.as_str()) {
             return Ok(r.clone());
         }
         let options = ServiceBusReceiverOptions {
@@ -372,22 +454,91 @@ impl ServiceBusTransport {
             sub_queue,
             ..Default::default()
         };
-        let limit = self.settings.try_timeout;
-        let attached = bounded(limit, queue, "the attach of a receiver", async {
-            let mut client = conn.client.lock().await;
-            match client.as_mut() {
-                Some(c) => c
-                    .create_receiver_for_queue(queue.as_str(), options)
-                    .await
-                    .map_err(|e| classify(e, queue, None)),
-                None => Err(unavailable(Some(queue), "the connection is closing")),
-            }
-        })
+        let q = queue.clone();
+        self.attach(
+            conn,
+            queue,
+            "the attach of a receiver",
+            Some(cache),
+            move |client| {
+                Box::pin(async move {
+                    client
+                        .create_receiver_for_queue(q.as_str(), options)
+                        .await
+                        .map_err(|e| classify(e, &q, None))
+                })
+            },
+        )
         .await
-        .and_then(|r| r)?;
-        let receiver = Arc::new(Mutex::new(attached));
-        Connection::links(cache).insert(queue.as_str().to_owned(), receiver.clone());
-        Ok(receiver)
+    }
+
+    /// Opens a link of `queue` on `conn` with `open`, kept in `cache` if one is given
+    /// (a link of the caller's own otherwise). The caller waits the try-timeout; the
+    /// attach itself always runs to its end in a task of its own: given up half-way, it
+    /// would leave the client's session an answer for a link nobody waits for, and the
+    /// session (fe2o3-amqp) then ends with amqp:session:unattached-handle, taking every
+    /// link and hold on it along. A cached link attached after its caller left is kept
+    /// for the next call; an uncached one is closed. An attach still unanswered after
+    /// [`ATTACH_GIVE_UP_TRIES`] try-timeouts retires the connection: a broker that
+    /// silent has lost the session anyway.
+    pub(super) async fn attach<T, F>(
+        &self,
+        conn: &Arc<Connection>,
+        queue: &QueueName,
+        what: &'static str,
+        cache: Option<LinkCache<T>>,
+        open: F,
+    ) -> Result<Link<T>, TransportError>
+    where
+        T: Close,
+        F: for<'c> FnOnce(
+                &'c mut Client,
+            ) -> std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<T, TransportError>> + Send + 'c>,
+            > + Send
+            + 'static,
+    {
+        let limit = self.settings.try_timeout;
+        let give_up = limit * ATTACH_GIVE_UP_TRIES;
+        let task = tokio::spawn({
+            let conn = conn.clone();
+            let queue = queue.clone();
+            async move {
+                let attached = tokio::time::timeout(give_up, async {
+                    // Attaches take turns on the client; the one before may have opened
+                    // this very link while this one waited.
+                    let mut client = conn.client.lock().await;
+                    if let Some(cache) = cache
+                        && let Some(link) = Connection::links(cache(&conn)).get(queue.as_str())
+                    {
+                        return Ok(link.clone());
+                    }
+                    let Some(c) = client.as_mut() else {
+                        return Err(unavailable(Some(&queue), "the connection is closing"));
+                    };
+                    let link = Arc::new(Mutex::new(Closing::new(open(c).await?)));
+                    if let Some(cache) = cache {
+                        Connection::links(cache(&conn))
+                            .insert(queue.as_str().to_owned(), link.clone());
+                    }
+                    Ok(link)
+                })
+                .await;
+                attached.unwrap_or_else(|_| {
+                    if !conn.dead.swap(true, Ordering::Relaxed) {
+                        metrics::gauge!("orderly_servicebus_connected").set(0.0);
+                        tracing::warn!(queue = %queue, generation = conn.generation, waited_ms = give_up.as_millis() as u64, "{what} was never answered; retiring the Service Bus connection");
+                    }
+                    Err(unavailable(
+                        Some(&queue),
+                        format!("{what} did not answer within {} ms", give_up.as_millis()),
+                    ))
+                })
+            }
+        });
+        bounded(limit, queue, what, task)
+            .await?
+            .map_err(|e| unavailable(Some(queue), format!("{what} failed: {e}")))?
     }
 
     pub(super) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Held>> {

@@ -11,7 +11,8 @@ use azservicebus::{
 };
 use orderly_core::transport::{OutgoingMessage, QueueDepth, QueueName, TransportError};
 
-use super::{ServiceBusTransport, bounded, classify, properties, unavailable};
+use super::connection::Closing;
+use super::{ServiceBusTransport, bounded, classify, properties};
 
 /// Most messages counted per queue (and per dead-letter sub-queue) by peeking.
 pub const PEEK_COUNT_CAP: usize = 5_000;
@@ -64,28 +65,30 @@ impl ServiceBusTransport {
             ..Default::default()
         };
         let result = Box::pin(async {
-            let mut receiver = bounded(limit, queue, "the attach of a peeker", async {
-                let mut client = conn.client.lock().await;
-                match client.as_mut() {
-                    Some(c) => c
-                        .create_receiver_for_queue(queue.as_str(), options)
-                        .await
-                        .map_err(|e| classify(e, queue, None)),
-                    None => Err(unavailable(Some(queue), "the connection is closing")),
-                }
-            })
-            .await
-            .and_then(|r| r)?;
+            let q = queue.clone();
+            let receiver = self
+                .attach(
+                    &conn,
+                    queue,
+                    "the attach of a peeker",
+                    None,
+                    move |client| {
+                        Box::pin(async move {
+                            client
+                                .create_receiver_for_queue(q.as_str(), options)
+                                .await
+                                .map_err(|e| classify(e, &q, None))
+                        })
+                    },
+                )
+                .await?;
             let mut got: Vec<ServiceBusPeekedMessage> = Vec::new();
             let mut next = from;
             let peeked = loop {
                 let want = PEEK_PAGE.min(u32::try_from(cap - got.len()).unwrap_or(PEEK_PAGE));
-                let page = bounded(
-                    limit,
-                    queue,
-                    "a peek",
-                    receiver.peek_messages(want, Some(next)),
-                )
+                let page = bounded(limit, queue, "a peek", async {
+                    receiver.lock().await.peek_messages(want, Some(next)).await
+                })
                 .await
                 .and_then(|r| r.map_err(|e| classify(e, queue, None)));
                 let page = match page {
@@ -102,7 +105,7 @@ impl ServiceBusTransport {
                     break Ok((got, capped));
                 }
             };
-            let _ = tokio::time::timeout(limit, receiver.dispose()).await;
+            Closing::close_now(receiver).await;
             peeked
         })
         .await;
@@ -202,25 +205,25 @@ impl ServiceBusTransport {
             sub_queue: SubQueue::DeadLetter,
             ..Default::default()
         };
-        let attached = bounded(
-            limit,
-            queue,
-            "the attach of a dead-letter receiver",
-            async {
-                let mut client = conn.client.lock().await;
-                match client.as_mut() {
-                    Some(c) => c
-                        .create_receiver_for_queue(queue.as_str(), options)
-                        .await
-                        .map_err(|e| classify(e, queue, None)),
-                    None => Err(unavailable(Some(queue), "the connection is closing")),
-                }
-            },
-        )
-        .await
-        .and_then(|r| r);
+        let q = queue.clone();
+        let attached = self
+            .attach(
+                &conn,
+                queue,
+                "the attach of a dead-letter receiver",
+                None,
+                move |client| {
+                    Box::pin(async move {
+                        client
+                            .create_receiver_for_queue(q.as_str(), options)
+                            .await
+                            .map_err(|e| classify(e, &q, None))
+                    })
+                },
+            )
+            .await;
         let receiver = match attached {
-            Ok(r) => tokio::sync::Mutex::new(r),
+            Ok(r) => r,
             Err(e) => {
                 let failed = Err::<(), _>(e);
                 self.judge(&conn, queue, &failed);
@@ -304,7 +307,7 @@ impl ServiceBusTransport {
                 tracing::debug!(queue = %queue, error = %e, "a dead letter passed over is held until its lock runs out");
             }
         }
-        let _ = tokio::time::timeout(limit, receiver.into_inner().dispose()).await;
+        Closing::close_now(receiver).await;
         self.judge(&conn, queue, &outcome);
         outcome.map(|()| handled)
     }
