@@ -100,7 +100,7 @@ impl Transport for ServiceBusTransport {
         // a sender's attach is the check, and consumes nothing.
         let conn = self.connection().await?;
         let result = self.sender(&conn, queue).await.map(|_| ());
-        self.judge(&conn, queue, &result);
+        self.judge(&conn, queue, Links::Sender, &result);
         result.map(|()| created)
     }
 
@@ -154,7 +154,7 @@ impl Transport for ServiceBusTransport {
             Ok(r) => r,
             Err(e) => {
                 let failed = Err::<(), _>(e);
-                self.judge(&conn, queue, &failed);
+                self.judge(&conn, queue, Links::Receiver, &failed);
                 return failed.map(|()| Vec::new());
             }
         };
@@ -199,7 +199,7 @@ impl Transport for ServiceBusTransport {
             }
         }
         .await;
-        self.judge(&conn, queue, &result);
+        self.judge(&conn, queue, Links::Receiver, &result);
         // What was received before a failure is still handed out: settling it on a
         // dead link fails as a lost lock, and the broker delivers it again.
         if got.is_empty() {
@@ -298,7 +298,7 @@ impl Transport for ServiceBusTransport {
         })
         .await
         .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))));
-        self.judge(&conn, &message.queue, &result);
+        self.judge(&conn, &message.queue, Links::Receiver, &result);
         if result.is_err() {
             self.held().remove(&key);
         }

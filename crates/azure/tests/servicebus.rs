@@ -435,6 +435,7 @@ mod misbehaving_broker {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    use azservicebus::SubQueue;
     use orderly_azure::{ServiceBusSettings, ServiceBusTransport};
     use orderly_core::SystemClock;
     use orderly_core::transport::{
@@ -768,7 +769,7 @@ mod misbehaving_broker {
         assert_eq!(again[0].delivery_count, 2);
         t.complete(&again[0]).await.unwrap();
         // The slow queue works now that its attaches are answered in time.
-        t.send(&slow, &[msg("s-2")]).await.unwrap();
+        send_until_through(&t, &slow, "s-2").await;
         let got = t.receive(&slow, 1, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].message_id, "s-2");
@@ -815,6 +816,48 @@ mod misbehaving_broker {
         // The next call builds a new connection and messaging goes on.
         t.send(&good, &[msg("g-3")]).await.unwrap();
         assert_eq!(t.reconnects(), reconnects + 1);
+    }
+
+    /// Failures on different queues do not add up to retire a connection that works
+    /// (a queue's second failure in a row does): a renewal left unanswered on one queue
+    /// and then on another leave the connection in use; a second on the first retires
+    /// it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn failures_on_two_queues_do_not_retire_the_connection() {
+        let standin = Standin::start();
+        let t = transport_with(&standin, Duration::from_millis(600), 0).await;
+        let mut held = Vec::new();
+        for (name, ids) in [("a", &["a-1", "a-2"][..]), ("b", &["b-1"]), ("c", &["c-1"])] {
+            let q = declared(&t, name).await;
+            t.send(&q, &ids.iter().map(|id| msg(id)).collect::<Vec<_>>())
+                .await
+                .unwrap();
+            let mut got = Vec::new();
+            while got.len() < ids.len() {
+                got.extend(t.receive(&q, 2, Duration::from_secs(5)).await.unwrap());
+            }
+            held.extend(got);
+        }
+        let of = |wanted: &str| {
+            held.iter()
+                .find(|m| m.message_id == wanted)
+                .unwrap()
+                .clone()
+        };
+        let reconnects = t.reconnects();
+
+        standin.hang_renew(true).unwrap();
+        assert!(t.renew_lock(&of("a-1")).await.is_err());
+        assert!(t.renew_lock(&of("b-1")).await.is_err());
+        assert!(t.is_connected().await, "one failure on each of two queues");
+        assert_eq!(t.reconnects(), reconnects);
+        // A second failure in a row on one queue does retire it, and its holds with it.
+        assert!(t.renew_lock(&of("a-2")).await.is_err());
+        assert!(!t.is_connected().await, "two failures in a row on queue a");
+        assert!(matches!(
+            t.complete(&of("c-1")).await,
+            Err(TransportError::LockLost { .. })
+        ));
     }
 
     /// A receive of up to 32 returns as soon as its first message is there, not after
@@ -882,6 +925,11 @@ mod misbehaving_broker {
         let held = t.receive(&a, 1, Duration::from_secs(5)).await.unwrap();
         assert_eq!(held.len(), 1);
 
+        // Queue b's next message is waiting (prefetched) before the renewal hangs: what
+        // is timed below is b's receive, settlement and a peek (an attach and a request
+        // on b's management node: broker round trips), not a send, whose outcome
+        // fe2o3-amqp 0.14 can lose on a loaded machine (see `judge`).
+        t.send(&b, &[msg("b-1")]).await.unwrap();
         standin.hang_renew(true).unwrap();
         let started = Instant::now();
         let renewal = tokio::spawn({
@@ -891,14 +939,15 @@ mod misbehaving_broker {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         let during = Instant::now();
-        t.send(&b, &[msg("b-1")]).await.unwrap();
         let got = t.receive(&b, 32, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1);
         t.complete(&got[0]).await.unwrap();
+        let (left, _) = t.count_by_peeking(&b, SubQueue::None).await.unwrap();
+        assert_eq!(left, 0);
         let b_took = during.elapsed();
         let renewed = renewal.await.unwrap();
         eprintln!(
-            "queue b round trip {} ms during the hung renewal; renewal ended after {} ms: {renewed:?}",
+            "queue b receive, completion and peek {} ms during the hung renewal; renewal ended after {} ms: {renewed:?}",
             b_took.as_millis(),
             started.elapsed().as_millis()
         );
@@ -910,7 +959,7 @@ mod misbehaving_broker {
         // session with amqp:session:unattached-handle, and queue b with it).
         let reconnects = t.reconnects();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        t.send(&b, &[msg("b-2")]).await.unwrap();
+        send_until_through(&t, &b, "b-2").await;
         let got = t.receive(&b, 32, Duration::from_secs(5)).await.unwrap();
         let ids: Vec<_> = got
             .iter()

@@ -18,7 +18,7 @@ use orderly_core::transport::{
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -122,8 +122,9 @@ pub(super) struct Connection {
     pub(super) dead_letter_receivers: StdMutex<HashMap<String, Link<ServiceBusReceiver>>>,
     /// Set when a failure says the connection or its session is gone.
     pub(super) dead: AtomicBool,
-    /// Calls that failed in a row on this connection (any success resets it).
-    pub(super) failures: AtomicU32,
+    /// Calls that failed in a row, by queue (any success on the connection resets
+    /// them all: it is alive).
+    pub(super) failures: StdMutex<HashMap<String, u32>>,
 }
 
 impl Connection {
@@ -138,7 +139,7 @@ impl Connection {
             receivers: StdMutex::default(),
             dead_letter_receivers: StdMutex::default(),
             dead: AtomicBool::new(false),
-            failures: AtomicU32::new(0),
+            failures: StdMutex::default(),
         }
     }
 
@@ -150,10 +151,33 @@ impl Connection {
 
     /// Takes a queue's links out of use: the next call opens fresh ones.
     pub(super) fn drop_links(&self, queue: &QueueName) {
-        Self::links(&self.senders).remove(queue.as_str());
-        Self::links(&self.receivers).remove(queue.as_str());
-        Self::links(&self.dead_letter_receivers).remove(queue.as_str());
+        for links in [Links::Sender, Links::Receiver, Links::DeadLetters] {
+            self.drop_link(queue, links);
+        }
     }
+
+    /// Takes one of a queue's links out of use (a receiver's prefetched messages go
+    /// back to the broker with it: kept when only the sender failed).
+    pub(super) fn drop_link(&self, queue: &QueueName, links: Links) {
+        match links {
+            Links::Sender => drop(Self::links(&self.senders).remove(queue.as_str())),
+            Links::Receiver => drop(Self::links(&self.receivers).remove(queue.as_str())),
+            Links::DeadLetters => {
+                drop(Self::links(&self.dead_letter_receivers).remove(queue.as_str()))
+            }
+            Links::Own => {}
+        }
+    }
+}
+
+/// Which of a queue's links a call used, for [`ServiceBusTransport::judge`].
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Links {
+    Sender,
+    Receiver,
+    DeadLetters,
+    /// A link of the call's own, closed by the call itself.
+    Own,
 }
 
 /// The current connection, and when to try again after a failed attempt.
@@ -332,26 +356,40 @@ impl ServiceBusTransport {
         }
     }
 
-    /// Records the outcome of a call on `conn`: a success resets its failure count; a
-    /// failure that says the connection or session is gone, or the second in a row,
-    /// takes the connection out of use (holds on it become lost locks: those messages
-    /// come back by themselves when their locks expire).
+    /// Records the outcome of a call on `conn`: a success resets its failure counts; a
+    /// failure that says the connection or session is gone, or the second in a row on
+    /// one queue, takes the connection out of use (holds on it become lost locks: those
+    /// messages come back by themselves when their locks expire). Failures are counted
+    /// by queue so that one queue's trouble (a renewal the broker does not answer, or a
+    /// send whose outcome the client lost) does not add up with another's to retire a
+    /// connection that works: fe2o3-amqp 0.14 writes a transfer before it records it as
+    /// unsettled, so a broker's quick answer can overtake that record on a loaded
+    /// machine, and the send then waits out its try-timeout although it went through.
     pub(super) fn judge<T>(
         &self,
         conn: &Connection,
         queue: &QueueName,
+        used: Links,
         result: &Result<T, TransportError>,
     ) {
         match result {
             Ok(_) | Err(TransportError::LockLost { .. }) | Err(TransportError::Invalid(_)) => {
-                conn.failures.store(0, Ordering::Relaxed);
+                let mut failures = conn.failures.lock().unwrap_or_else(|p| p.into_inner());
+                if !failures.is_empty() {
+                    failures.clear();
+                }
             }
             Err(TransportError::QueueNotFound(_)) => {
                 conn.drop_links(queue);
             }
             Err(e) => {
-                conn.drop_links(queue);
-                let failures = conn.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                conn.drop_link(queue, used);
+                let failures = {
+                    let mut counts = conn.failures.lock().unwrap_or_else(|p| p.into_inner());
+                    let count = counts.entry(queue.as_str().to_owned()).or_insert(0);
+                    *count += 1;
+                    *count
+                };
                 if (connection_gone(e) || failures >= FAILURES_BEFORE_RECONNECT)
                     && !conn.dead.swap(true, Ordering::Relaxed)
                 {
@@ -387,7 +425,7 @@ impl ServiceBusTransport {
                 }
                 Err(e) => Err(e),
             };
-            self.judge(&conn, queue, &result);
+            self.judge(&conn, queue, Links::Sender, &result);
             match result {
                 // Service Bus drops duplicates silently: it cannot say how many there were.
                 Ok(()) => return Ok(()),
@@ -659,7 +697,7 @@ impl ServiceBusTransport {
         })
         .await
         .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))));
-        self.judge(&conn, &message.queue, &result);
+        self.judge(&conn, &message.queue, Links::Receiver, &result);
         result
     }
 }

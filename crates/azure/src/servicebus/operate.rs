@@ -11,7 +11,7 @@ use azservicebus::{
 };
 use orderly_core::transport::{OutgoingMessage, QueueDepth, QueueName, TransportError};
 
-use super::connection::Closing;
+use super::connection::{Closing, Links};
 use super::{ServiceBusTransport, bounded, classify, properties};
 
 /// Most messages counted per queue (and per dead-letter sub-queue) by peeking.
@@ -109,7 +109,7 @@ impl ServiceBusTransport {
             peeked
         })
         .await;
-        self.judge(&conn, queue, &result);
+        self.judge(&conn, queue, Links::Own, &result);
         result
     }
 
@@ -226,7 +226,7 @@ impl ServiceBusTransport {
             Ok(r) => r,
             Err(e) => {
                 let failed = Err::<(), _>(e);
-                self.judge(&conn, queue, &failed);
+                self.judge(&conn, queue, Links::Own, &failed);
                 return failed.map(|()| 0);
             }
         };
@@ -308,7 +308,7 @@ impl ServiceBusTransport {
             }
         }
         Closing::close_now(receiver).await;
-        self.judge(&conn, queue, &outcome);
+        self.judge(&conn, queue, Links::Own, &outcome);
         outcome.map(|()| handled)
     }
 }
