@@ -211,6 +211,32 @@ pub fn shown(url: &str) -> String {
     }
 }
 
+/// Why a redirect answer is a failed call, naming where it pointed (as [`shown`]: no
+/// key), or `None` for any other answer. Redirects are not followed (see
+/// `orderly_tls::Trust::http_client`): the service's URL is set to where it answers.
+pub fn redirected(response: &reqwest::Response) -> Option<String> {
+    let status = response.status();
+    if !status.is_redirection() {
+        return None;
+    }
+    let to = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|to| {
+            // A relative Location is resolved against the call's URL.
+            response
+                .url()
+                .join(to)
+                .map(|u| shown(u.as_str()))
+                .unwrap_or_else(|_| "(an invalid URL)".to_owned())
+        })
+        .unwrap_or_else(|| "nowhere (no Location)".to_owned());
+    Some(format!(
+        "HTTP {status}: redirected to {to}; redirects are not followed (set the service's URL to where it answers)"
+    ))
+}
+
 /// A client error in words without the URL it names (which may hold a key): its kind
 /// and cause, after the URL as [`shown`].
 fn unreached(url: &str, e: reqwest::Error) -> String {
@@ -275,7 +301,11 @@ impl RemoteService for HttpRemote {
             })?;
         let status = response.status();
         let wait = retry_after(response.headers());
+        let moved = redirected(&response);
         let text = answer(response).await;
+        if let Some(moved) = moved {
+            return Err(CallError::Permanent(moved));
+        }
         match status.as_u16() {
             200..=299 => Ok(text),
             408 | 429 | 500..=599 => Err(CallError::Transient {
@@ -300,7 +330,11 @@ impl RemoteService for HttpRemote {
             Err(e) => return ProbeAnswer::Unknown(unreached(url, e)),
         };
         let status = response.status();
+        let moved = redirected(&response);
         let text = answer(response).await;
+        if let Some(moved) = moved {
+            return ProbeAnswer::Unknown(moved);
+        }
         match status.as_u16() {
             200..=299 => ProbeAnswer::Applied(text),
             404 => ProbeAnswer::NotFound,

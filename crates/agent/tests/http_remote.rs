@@ -173,3 +173,95 @@ async fn a_urls_key_never_shows_in_an_error() {
     assert!(!format!("{probe:?}").contains(secret), "{probe:?}");
     assert!(!format!("{remote:?}").contains(secret), "{remote:?}");
 }
+
+/// A service that answers every request with `307` to `to` (which keeps the method and
+/// body, so a follower would resend the call there), and counts what it was sent.
+async fn redirecting_to(to: String) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8192];
+                let _ = s.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: {to}\r\ncontent-length: 0\r\n\r\n"
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A host that counts the requests it is sent and answers each `200`.
+async fn counting_host() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8192];
+                if s.read(&mut buf).await.unwrap_or(0) > 0 {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nstolen")
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A redirect is a failed call with its reason, never followed: the call's body and
+/// Idempotency-Key go nowhere else, and the other host's answer never becomes the
+/// step's detail (followed, as reqwest does by default, the call succeeded with the
+/// other host's "stolen").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_a_failed_call_and_is_not_followed() {
+    let (elsewhere, seen) = counting_host().await;
+    let secret = "k3y-in-the-location";
+    let addr = redirecting_to(format!("http://{elsewhere}/steal?code={secret}")).await;
+    let remote = remote_at(format!("http://{addr}/actions"), Default::default());
+    let e = remote
+        .call(&call(1, 0), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, orderly_agent::CallError::Permanent(_)),
+        "a redirect does not go away by retrying: {e:?}"
+    );
+    assert!(text.contains("307"), "{text}");
+    assert!(
+        text.contains(&format!("redirected to http://{elsewhere}/steal")),
+        "{text}"
+    );
+    assert!(!text.contains(secret), "{text}");
+    let probe = remote
+        .probe(
+            &format!("http://{addr}/status/k"),
+            "k",
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(&probe, orderly_agent::ProbeAnswer::Unknown(t) if t.contains("redirect")),
+        "{probe:?}"
+    );
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing reached the other host"
+    );
+}

@@ -181,6 +181,9 @@ mod otel {
         std::thread::spawn(move || {
             reqwest::blocking::Client::builder()
                 .tls_backend_preconfigured(config)
+                // As every client of ours (orderly_tls::Trust::http_client): spans go
+                // only where the endpoint says.
+                .redirect(reqwest::redirect::Policy::none())
                 .timeout(timeout)
                 .build()
         })

@@ -217,6 +217,19 @@ async fn deliver(
                 info!(notice = %alert, attempt, "alert delivered to the webhook");
                 return;
             }
+            Ok(r) if r.status().is_redirection() => {
+                // Not followed: the alert (and its Idempotency-Key) goes only where the
+                // webhook's URL says.
+                let to = r
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|to| r.url().join(to).ok())
+                    .and_then(|u| u.host_str().map(str::to_owned))
+                    .unwrap_or_else(|| "nowhere".to_owned());
+                warn!(notice = %alert, webhook = %cfg.host(), status = r.status().as_u16(), redirected_to = %to, attempt, "the webhook answered with a redirect, which is not followed: set ORDERLY_ALERT_WEBHOOK_URL to where it answers");
+                false
+            }
             Ok(r) => {
                 let s = r.status();
                 let retry = s.is_server_error() || s.as_u16() == 408 || s.as_u16() == 429;

@@ -199,3 +199,58 @@ async fn a_webhook_that_never_answers_does_not_hold_up_the_sweep() {
     task.await.unwrap();
     let _ = std::fs::remove_file(path);
 }
+
+/// A webhook that redirects (307, which keeps the method and body) is not followed:
+/// the alerts and their keys reach no other host, and each is tried once (a redirect
+/// does not go away by retrying). Followed, as reqwest does by default, every alert
+/// was delivered to the other host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirecting_webhook_is_not_followed() {
+    let (elsewhere, seen_elsewhere) = webhook(0, false).await;
+    let redirects = Arc::new(Mutex::new(0u32));
+    let counted = redirects.clone();
+    let to = elsewhere.to_string();
+    let app = axum::Router::new().route(
+        "/hook",
+        post(move || {
+            let counted = counted.clone();
+            let to = to.clone();
+            async move {
+                *counted.lock().unwrap() += 1;
+                (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, to)],
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let (store, path) = errors(5).await;
+    let shutdown = CancellationToken::new();
+    let url: reqwest::Url = format!("http://{addr}/hook").parse().unwrap();
+    let (hook, task) = AlertWebhook::start(fast(url), shutdown.clone()).unwrap();
+    let id = InstanceId::parse("supervisor-1").unwrap();
+    let sup = Supervisor::new(store.clone(), SupervisorConfig::new(id.clone()))
+        .unwrap()
+        .with_webhook(hook);
+    let term = store.begin_term("supervisor", &id).await.unwrap();
+    assert_eq!(sup.run_once(&term).await.unwrap().alerts, 5);
+    let t = std::time::Instant::now();
+    while *redirects.lock().unwrap() < 5 {
+        assert!(t.elapsed() < Duration::from_secs(10), "not all tried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Room for retries or followed redirects to show, were there any.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*redirects.lock().unwrap(), 5, "each alert tried once");
+    assert!(
+        seen_elsewhere.attempts.lock().unwrap().is_empty(),
+        "nothing reached the other host"
+    );
+    shutdown.cancel();
+    task.await.unwrap();
+    let _ = std::fs::remove_file(path);
+}

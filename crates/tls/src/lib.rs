@@ -144,10 +144,15 @@ impl Trust {
         Ok(config)
     }
 
-    /// A `reqwest` client builder whose TLS is this trust's.
+    /// A `reqwest` client builder whose TLS is this trust's, and which follows no
+    /// redirect: a redirect would resend a call's body and headers (its
+    /// Idempotency-Key, a token) to wherever the answer points, and make that host's
+    /// answer the call's. A 3xx is answered to the caller as it came.
     #[cfg(feature = "http")]
     pub fn http_client(&self) -> Result<reqwest::ClientBuilder, Error> {
-        Ok(reqwest::Client::builder().tls_backend_preconfigured(self.client_config()?))
+        Ok(reqwest::Client::builder()
+            .tls_backend_preconfigured(self.client_config()?)
+            .redirect(reqwest::redirect::Policy::none()))
     }
 }
 
