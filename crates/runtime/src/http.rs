@@ -189,6 +189,88 @@ fn timed_out(limit: Duration) -> Response {
         .into_response()
 }
 
+/// The names a server answers to, against DNS rebinding: a page from another site whose
+/// name was rebound to this address sends that site's name as `Host`.
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    /// The host of the server's public URL, if it has one.
+    pub public: Option<String>,
+    /// Any name (off loopback without a public URL: the token it then requires keeps
+    /// a rebound page out).
+    pub any: bool,
+}
+
+impl Hosts {
+    /// Whether `authority` (`host[:port]`, as in `Host` or an origin) names this
+    /// server: an IP address (a browser at an address, not a name, cannot be
+    /// rebound), `localhost`, or the public URL's host.
+    pub fn allows(&self, authority: &str) -> bool {
+        if self.any {
+            return true;
+        }
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => authority.rsplit_once(':').map_or(authority, |(h, port)| {
+                if port.chars().all(|c| c.is_ascii_digit()) {
+                    h
+                } else {
+                    authority
+                }
+            }),
+        };
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        host.parse::<std::net::IpAddr>().is_ok()
+            || host == "localhost"
+            || self.public.as_deref() == Some(host.as_str())
+    }
+}
+
+/// Why [`same_site`] refuses a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteRefusal {
+    /// Addressed to a name this server does not answer to (421): DNS rebinding, or a
+    /// public name not configured.
+    Host(String),
+    /// A state-changing request sent by a page of another site (403): an `Origin` of
+    /// another host, or `Sec-Fetch-Site: cross-site`.
+    CrossSite(String),
+}
+
+/// Checks that a request is addressed to this server (`Host`, or the URI's authority)
+/// and, if it changes state, that no page of another site sent it. Non-browser
+/// clients send no `Origin` and pass.
+pub fn same_site(
+    hosts: &Hosts,
+    headers: &axum::http::HeaderMap,
+    uri: &axum::http::Uri,
+    changes_state: bool,
+) -> Result<(), SiteRefusal> {
+    use axum::http::header;
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    if !hosts.allows(host) {
+        return Err(SiteRefusal::Host(host.to_owned()));
+    }
+    if changes_state {
+        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        let cross_origin = origin.is_some_and(|o| {
+            let authority = o.split_once("://").map_or("", |(_, a)| a);
+            !authority.eq_ignore_ascii_case(host) || !hosts.allows(authority)
+        });
+        let cross_site = headers
+            .get("sec-fetch-site")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("cross-site"));
+        if cross_origin || cross_site {
+            return Err(SiteRefusal::CrossSite(origin.unwrap_or("-").to_owned()));
+        }
+    }
+    Ok(())
+}
+
 /// Whether two secrets are equal, compared in constant time (a token, a CSRF value).
 pub fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()

@@ -12,6 +12,11 @@
 //!
 //! A token (`--intake-token` / `ORDERLY_INTAKE_TOKEN`, given as `Authorization: Bearer`)
 //! is required on any address but loopback, and checked on every request when set.
+//! Without one, a web page the operator opens must not be able to post orders to the
+//! loopback intake: a post must say `Content-Type: application/json` (which a page of
+//! another site cannot send without the browser asking first, and this server never
+//! allows), must be addressed to an address or `localhost` (not to a rebound name), and
+//! must not come with another site's `Origin`.
 
 use std::sync::Arc;
 
@@ -36,6 +41,8 @@ pub struct IntakeConfig {
     pub token: Option<String>,
     /// Which queues an order may name as its `reply_to`.
     pub reply_queues: orderly_core::store::ReplyQueues,
+    /// The names it answers to (without a token: addresses and `localhost` only).
+    pub hosts: orderly_runtime::http::Hosts,
 }
 
 #[derive(Clone)]
@@ -181,9 +188,56 @@ fn parse_order(
     Ok(order)
 }
 
-async fn post_order(State(intake): State<Intake>, headers: HeaderMap, body: Bytes) -> Response {
+/// The refusal of a request not addressed to this intake or sent by another site.
+fn foreign(refusal: orderly_runtime::http::SiteRefusal) -> Response {
+    match refusal {
+        orderly_runtime::http::SiteRefusal::Host(host) => {
+            tracing::warn!(
+                host,
+                "intake: refused a Host it does not answer to (DNS rebinding?)"
+            );
+            problem(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this intake answers to its address or localhost only; with --intake-token / ORDERLY_INTAKE_TOKEN set it answers to any name",
+            )
+        }
+        orderly_runtime::http::SiteRefusal::CrossSite(origin) => {
+            tracing::warn!(origin, "intake: refused a post from another site");
+            problem(
+                StatusCode::FORBIDDEN,
+                "refused: this request comes from another site",
+            )
+        }
+    }
+}
+
+/// Whether the body is declared JSON (`application/json`, parameters allowed).
+fn declared_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+async fn post_order(
+    State(intake): State<Intake>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(refusal) = orderly_runtime::http::same_site(&intake.cfg.hosts, &headers, &uri, true)
+    {
+        return foreign(refusal);
+    }
     if !intake.authorized(&headers) {
         return unauthorized();
+    }
+    if !declared_json(&headers) {
+        return problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "an order is posted as Content-Type: application/json",
+        );
     }
     let order = match parse_order(&headers, &body, &intake.cfg.reply_queues) {
         Ok(order) => order,
@@ -242,9 +296,15 @@ async fn post_order(State(intake): State<Intake>, headers: HeaderMap, body: Byte
 
 async fn get_order(
     State(intake): State<Intake>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
+    // A rebound page could read what it asks for: the Host is checked on reads too.
+    if let Err(refusal) = orderly_runtime::http::same_site(&intake.cfg.hosts, &headers, &uri, false)
+    {
+        return foreign(refusal);
+    }
     if !intake.authorized(&headers) {
         return unauthorized();
     }

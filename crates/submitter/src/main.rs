@@ -109,6 +109,12 @@ async fn serve(
             orders: cfg.orders.clone(),
             token: args.intake_token.clone(),
             reply_queues: cfg.reply_queues.clone(),
+            // With a token, any name: a page cannot send the token, which keeps a
+            // rebound one out. Without (loopback only), addresses and localhost.
+            hosts: orderly_runtime::http::Hosts {
+                public: None,
+                any: args.intake_token.is_some(),
+            },
         },
     );
     tracing::info!(listen = %listen.addr, "accepting orders over HTTP: POST /orders, GET /orders/{{id}}");

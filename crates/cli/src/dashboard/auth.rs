@@ -35,81 +35,35 @@ pub(super) fn operator(headers: &HeaderMap) -> String {
 pub(super) use orderly_runtime::http::same_secret as same;
 
 /// The names the dashboard answers to.
-#[derive(Debug, Clone)]
-pub(super) struct Hosts {
-    /// The host of its public URL, if it has one.
-    pub(super) public: Option<String>,
-    /// Any name (off loopback without a public URL).
-    pub(super) any: bool,
-}
-
-impl Hosts {
-    /// Whether `authority` (`host[:port]`, as in `Host` or an origin) names this
-    /// dashboard: an IP address (a browser at an address, not a name, cannot be
-    /// rebound), `localhost`, or the public URL's host.
-    pub(super) fn allows(&self, authority: &str) -> bool {
-        if self.any {
-            return true;
-        }
-        let host = match authority.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or(""),
-            None => authority.rsplit_once(':').map_or(authority, |(h, port)| {
-                if port.chars().all(|c| c.is_ascii_digit()) {
-                    h
-                } else {
-                    authority
-                }
-            }),
-        };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        host.parse::<std::net::IpAddr>().is_ok()
-            || host == "localhost"
-            || self.public.as_deref() == Some(host.as_str())
-    }
-}
+pub(super) use orderly_runtime::http::Hosts;
 
 /// Refuses requests not addressed to this dashboard (a `Host` it does not answer to:
 /// 421) and state-changing requests sent by another site (an `Origin` of another host,
 /// or `Sec-Fetch-Site: cross-site`: 403). The probes are served apart and not checked.
 pub(super) async fn same_site(State(dash): State<Dash>, req: Request, next: Next) -> Response {
-    let headers = req.headers();
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("");
-    if !dash.hosts.allows(host) {
-        tracing::warn!(host, path = %req.uri().path(), "refused: a Host this dashboard does not answer to (DNS rebinding?)");
-        return (
-            StatusCode::MISDIRECTED_REQUEST,
-            "this dashboard does not answer to that host name; set --public-url / ORDERLY_DASHBOARD_PUBLIC_URL to the name it is reached by\n",
-        )
-            .into_response();
-    }
     let reads = matches!(
         *req.method(),
         axum::http::Method::GET | axum::http::Method::HEAD
     );
-    if !reads {
-        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-        let cross_origin = origin.is_some_and(|o| {
-            let authority = o.split_once("://").map_or("", |(_, a)| a);
-            !authority.eq_ignore_ascii_case(host) || !dash.hosts.allows(authority)
-        });
-        let cross_site = headers
-            .get("sec-fetch-site")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("cross-site"));
-        if cross_origin || cross_site {
-            tracing::warn!(origin = origin.unwrap_or("-"), host, path = %req.uri().path(), "refused: a state-changing request from another site");
-            return (
+    match orderly_runtime::http::same_site(&dash.hosts, req.headers(), req.uri(), !reads) {
+        Ok(()) => next.run(req).await,
+        Err(orderly_runtime::http::SiteRefusal::Host(host)) => {
+            tracing::warn!(host, path = %req.uri().path(), "refused: a Host this dashboard does not answer to (DNS rebinding?)");
+            (
+                StatusCode::MISDIRECTED_REQUEST,
+                "this dashboard does not answer to that host name; set --public-url / ORDERLY_DASHBOARD_PUBLIC_URL to the name it is reached by\n",
+            )
+                .into_response()
+        }
+        Err(orderly_runtime::http::SiteRefusal::CrossSite(origin)) => {
+            tracing::warn!(origin, path = %req.uri().path(), "refused: a state-changing request from another site");
+            (
                 StatusCode::FORBIDDEN,
                 "refused: this request comes from another site\n",
             )
-                .into_response();
+                .into_response()
         }
     }
-    next.run(req).await
 }
 
 /// The name of the operator signed in, set by [`guard`] (a client's own is dropped).

@@ -462,3 +462,112 @@ async fn metrics_off_loopback_need_the_metrics_token_and_probes_stay_open() {
         "Prometheus text"
     );
 }
+
+/// A web page the operator opens cannot post orders to the submitter's loopback intake
+/// (no token there): a "simple" cross-site post (`text/plain`, no preflight) is refused
+/// 415, a post with another site's `Origin` 403, and a request addressed to a rebound
+/// name 421, reads included; none of them becomes an order, while a client's JSON post
+/// does. Before, the text/plain post and the rebound one were accepted (202).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_cannot_post_orders_to_the_loopback_intake() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _submitter = Proc::start(
+        "orderly-submitter",
+        &db.url,
+        &["--http-listen", &listen, "--http-intake"],
+    );
+    crate::newcomer::wait_listening(port).await;
+    let http = crate::procs::http();
+    let base = format!("http://{listen}");
+    let order = |id: &str| crate::newcomer::order_json(Some(id), "c-forged").to_string();
+    let post = |id: &'static str, headers: Vec<(&'static str, String)>| {
+        let (http, base, body) = (http.clone(), base.clone(), order(id));
+        async move {
+            let mut r = http.post(format!("{base}/orders")).body(body);
+            for (name, value) in headers {
+                r = r.header(name, value);
+            }
+            let answer = r.send().await.unwrap();
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        }
+    };
+    let json = || ("content-type", "application/json".to_owned());
+    // A form or fetch of another site, as a browser sends it without asking first.
+    let (status, text) = post(
+        "forged-1",
+        vec![
+            ("content-type", "text/plain;charset=UTF-8".into()),
+            ("origin", "null".into()),
+        ],
+    )
+    .await;
+    assert_eq!(status, 403, "{text}");
+    let (status, text) = post(
+        "forged-2",
+        vec![("content-type", "text/plain;charset=UTF-8".into())],
+    )
+    .await;
+    assert_eq!(status, 415, "{text}");
+    assert!(text.contains("application/json"), "{text}");
+    let (status, _) = post(
+        "forged-3",
+        vec![json(), ("origin", "http://evil.example".into())],
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, text) = post(
+        "forged-4",
+        vec![json(), ("host", format!("rebind.example:{port}"))],
+    )
+    .await;
+    assert_eq!(status, 421, "{text}");
+    let read = http
+        .get(format!("{base}/orders/anything"))
+        .header("host", format!("rebind.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 421);
+    // A client's post, by address or by localhost, with or without its own origin.
+    let (status, text) = post("client-1", vec![json()]).await;
+    assert_eq!(status, 202, "{text}");
+    let (status, text) = post(
+        "client-2",
+        vec![
+            json(),
+            ("host", format!("localhost:{port}")),
+            ("origin", format!("http://localhost:{port}")),
+        ],
+    )
+    .await;
+    assert_eq!(status, 202, "{text}");
+    wait_for(
+        "the client's orders recorded",
+        Duration::from_secs(30),
+        async || {
+            let mut found = 0;
+            for id in ["client-1", "client-2"] {
+                if http
+                    .get(format!("{base}/orders/{id}"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+                {
+                    found += 1;
+                }
+            }
+            found == 2
+        },
+    )
+    .await;
+    for id in ["forged-1", "forged-2", "forged-3", "forged-4"] {
+        let r = http
+            .get(format!("{base}/orders/{id}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{id} became an order");
+    }
+}

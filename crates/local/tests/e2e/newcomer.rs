@@ -42,7 +42,7 @@ pub(crate) fn posted_ids(stdout: &str) -> Vec<OrderId> {
 }
 
 /// A sample order as JSON, for HTTP clients.
-fn order_json(id: Option<&str>, customer: &str) -> Value {
+pub(crate) fn order_json(id: Option<&str>, customer: &str) -> Value {
     let mut v = json!({
         "details": {
             "customer_id": customer,
