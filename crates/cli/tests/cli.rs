@@ -253,6 +253,22 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
     );
     let err = run(role("orderly-agent"), &["--remote-url", "ftp://x"]);
     assert!(err.contains("--remote-url"), "{err}");
+    // A period of 0 is refused at start-up (the sweep's timer used to start and then
+    // panic in tokio's interval; a poll or renewal of 0 never waits).
+    for (bin, var, flag) in [
+        ("orderly-supervisor", "ORDERLY_SWEEP_INTERVAL", "--interval"),
+        ("orderly-scheduler", "ORDERLY_CLAIM_POLL", "--claim-poll"),
+        (
+            "orderly-supervisor",
+            "ORDERLY_LEASE_RENEW_INTERVAL",
+            "--renew-interval",
+        ),
+    ] {
+        let out = start(&role(bin), &["--check-config"], &[(var, "0")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bin} with {var}=0 started");
+        assert!(err.contains(flag) && err.contains("no period"), "{err}");
+    }
     let err = run(role("orderly-agent"), &["--queues", "bad queue!"]);
     assert!(err.contains("ORDERLY_AGENT_QUEUES"), "{err}");
     let wf =

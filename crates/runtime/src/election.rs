@@ -43,7 +43,7 @@ pub struct ElectionArgs {
     #[arg(long = "lease", env = "ORDERLY_LEASE", default_value = "30s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
     pub lease_ms: Duration,
     /// Time between renewals.
-    #[arg(long = "renew-interval", env = "ORDERLY_LEASE_RENEW_INTERVAL", default_value = "5s", value_name = crate::settings::DURATION, value_parser = crate::duration)]
+    #[arg(long = "renew-interval", env = "ORDERLY_LEASE_RENEW_INTERVAL", default_value = "5s", value_name = crate::settings::DURATION, value_parser = crate::period)]
     pub renew_interval_ms: Duration,
     /// Time before the next renewal after a failed one.
     #[arg(long = "renew-retry", env = "ORDERLY_LEASE_RENEW_RETRY", default_value = "2s", value_name = crate::settings::DURATION, value_parser = crate::duration)]

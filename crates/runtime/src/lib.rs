@@ -403,6 +403,20 @@ pub fn duration(raw: &str) -> Result<Duration, String> {
     orderly_core::duration::parse(raw)
 }
 
+/// Parses how often something runs ([`duration`]): longer than 0, since a period of 0
+/// is a loop that never waits (or, for a timer, a panic at start).
+pub fn period(raw: &str) -> Result<Duration, String> {
+    let d = duration(raw)?;
+    if d.is_zero() {
+        Err(format!(
+            "{:?} is no period: give how long to wait between two runs, e.g. 1s",
+            raw.trim()
+        ))
+    } else {
+        Ok(d)
+    }
+}
+
 /// Parses a span of time for retention and alerts ([`duration`]), between 1 s and 100
 /// years.
 pub fn span(raw: &str) -> Result<Duration, String> {
@@ -417,6 +431,15 @@ pub fn span(raw: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_period_of_zero_is_refused() {
+        assert_eq!(period("250ms"), Ok(Duration::from_millis(250)));
+        for zero in ["0", "0s", "0ms"] {
+            let e = period(zero).unwrap_err();
+            assert!(e.contains("no period"), "{e}");
+        }
+    }
 
     #[test]
     fn an_instance_id_posing_as_an_operator_is_refused_naming_the_setting() {

@@ -32,7 +32,7 @@ struct Args {
     /// With nothing to claim, the longest wait before looking again: new,
     /// released and recovered orders wake it at once; this finds orders whose retry
     /// back-off ended.
-    #[arg(long = "claim-poll", env = "ORDERLY_CLAIM_POLL", default_value = "250ms", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
+    #[arg(long = "claim-poll", env = "ORDERLY_CLAIM_POLL", default_value = "250ms", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::period)]
     claim_poll_ms: Duration,
     /// Most orders this instance holds at once.
     #[arg(long, env = "ORDERLY_MAX_IN_FLIGHT", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

@@ -19,7 +19,7 @@ struct Args {
     #[command(flatten)]
     election: ElectionArgs,
     /// Time between sweeps.
-    #[arg(long = "interval", env = "ORDERLY_SWEEP_INTERVAL", default_value = "1s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::duration)]
+    #[arg(long = "interval", env = "ORDERLY_SWEEP_INTERVAL", default_value = "1s", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::period)]
     interval_ms: Duration,
     /// At this failure count an order goes to Error.
     #[arg(long, env = "ORDERLY_MAX_FAILURES", default_value_t = 5)]
