@@ -33,8 +33,8 @@ pub enum CredentialKind {
     Developer,
 }
 
-/// Election settings.
-#[derive(Debug, Clone, clap::Args)]
+/// Election settings. Its `Debug` shows whether the lease's secrets are set, never them.
+#[derive(Clone, clap::Args)]
 pub struct ElectionArgs {
     /// Which lease elects the leader supervisor.
     #[arg(long, env = "ORDERLY_ELECTOR", value_enum, default_value = "sql")]
@@ -100,6 +100,40 @@ pub struct ElectionArgs {
     /// Blob lease: the blob (created if missing, used for nothing else).
     #[arg(long, env = "ORDERLY_LEASE_BLOB", default_value = "supervisor-leader")]
     pub lease_blob: String,
+}
+
+impl std::fmt::Debug for ElectionArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |v: &Option<String>| v.as_ref().map(|_| "<set>");
+        f.debug_struct("ElectionArgs")
+            .field("elector", &self.elector)
+            .field("lease", &self.lease_ms)
+            .field("renew_interval", &self.renew_interval_ms)
+            .field("renew_retry", &self.renew_retry_ms)
+            .field("renew_deadline", &self.renew_deadline_ms)
+            .field("acquire_retry", &self.acquire_retry_ms)
+            .field("acquire_jitter", &self.acquire_jitter)
+            .field("lease_call_timeout", &self.lease_call_timeout_ms)
+            .field("leader_stop_grace", &self.leader_stop_grace_ms)
+            .field(
+                "leader_heartbeat_timeout",
+                &self.leader_heartbeat_timeout_ms,
+            )
+            .field(
+                "lease_storage_connection_string",
+                &set(&self.lease_storage_connection_string),
+            )
+            .field(
+                "lease_storage_connection_string_file",
+                &self.lease_storage_connection_string_file,
+            )
+            .field("lease_sas_url", &set(&self.lease_sas_url))
+            .field("lease_account_url", &self.lease_account_url)
+            .field("lease_credential", &self.lease_credential)
+            .field("lease_container", &self.lease_container)
+            .field("lease_blob", &self.lease_blob)
+            .finish()
+    }
 }
 
 /// The flag and variable of each timing field, for error messages.
@@ -237,5 +271,31 @@ impl PreparedElection {
                 self.timing,
             )?),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ElectionArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        election: ElectionArgs,
+    }
+
+    #[test]
+    fn the_debug_form_says_a_lease_secret_is_set_without_showing_it() {
+        let cli = Cli::parse_from([
+            "x",
+            "--lease-storage-connection-string",
+            "AccountName=a;AccountKey=s3cr3tKey==",
+            "--lease-sas-url",
+            "https://a.blob.core.windows.net/c?sv=1&sig=s3cr3tSig",
+        ]);
+        let shown = format!("{:?}", cli.election);
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("lease_sas_url: Some(\"<set>\")"), "{shown}");
     }
 }

@@ -52,10 +52,22 @@ struct Intake {
     cfg: Arc<IntakeConfig>,
 }
 
-/// Refuses a listen address off loopback without a token; the error names the settings.
+/// The shortest intake token taken (as for the console's operators).
+pub const MIN_TOKEN: usize = 16;
+
+/// Refuses a listen address off loopback without a token, and a token shorter than
+/// [`MIN_TOKEN`]; the error names the settings.
 pub fn check(listen: std::net::SocketAddr, token: Option<&str>) -> anyhow::Result<()> {
     if token.is_some_and(|t| t.trim().is_empty()) {
         anyhow::bail!("--intake-token / ORDERLY_INTAKE_TOKEN is empty");
+    }
+    if let Some(t) = token
+        && t.trim().chars().count() < MIN_TOKEN
+    {
+        anyhow::bail!(
+            "--intake-token / ORDERLY_INTAKE_TOKEN is {} characters: at least {MIN_TOKEN} (a guessable token lets anyone post orders)",
+            t.trim().chars().count()
+        );
     }
     if !listen.ip().is_loopback() && token.is_none() {
         anyhow::bail!(

@@ -14,8 +14,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-/// Where and how alerts are POSTed.
-#[derive(Debug, Clone)]
+/// Where and how alerts are POSTed. Its `Debug` shows the URL's scheme and host only
+/// (the path or query may carry a token).
+#[derive(Clone)]
 pub struct WebhookConfig {
     /// The URL (it may carry a token: it is never logged).
     pub url: reqwest::Url,
@@ -33,6 +34,20 @@ pub struct WebhookConfig {
     pub concurrency: usize,
     /// Whose certificates an https webhook may present.
     pub trust: orderly_tls::Trust,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &self.host())
+            .field("timeout", &self.timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("queue", &self.queue)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebhookConfig {
@@ -258,4 +273,21 @@ async fn deliver(
         }
     }
     error!(notice = %alert, webhook = %cfg.host(), "giving up on the webhook for this alert; it stays in the alerts table and queue");
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::WebhookConfig;
+
+    #[test]
+    fn the_debug_form_shows_the_host_not_the_token_in_the_url() {
+        let cfg = WebhookConfig::new(
+            "https://hooks.example/services/T0/B0/s3cr3tPath?token=s3cr3tQuery"
+                .parse()
+                .unwrap(),
+        );
+        let shown = format!("{cfg:?}");
+        assert!(shown.contains("https://hooks.example"), "{shown}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+    }
 }

@@ -95,16 +95,27 @@ pub(super) async fn bounded<T, E>(
     })
 }
 
-/// `text` with the shared access key of `connection_string` blanked out.
+/// `text` with the secrets of `connection_string` blanked out: its shared access key,
+/// or its shared access signature (whole, and its `sig=` value on its own, which is
+/// what a client quotes back).
 pub(super) fn redact(text: &str, connection_string: &str) -> String {
-    let key = connection_string
-        .split(';')
-        .find_map(|part| part.trim().strip_prefix("SharedAccessKey="))
-        .filter(|k| !k.is_empty());
-    match key {
-        Some(key) => text.replace(key, "<secret>"),
-        None => text.to_owned(),
+    let mut out = text.to_owned();
+    for part in connection_string.split(';') {
+        let part = part.trim();
+        for name in ["SharedAccessKey=", "SharedAccessSignature="] {
+            if let Some(secret) = part.strip_prefix(name).filter(|v| !v.is_empty()) {
+                out = out.replace(secret, "<secret>");
+                if let Some(sig) = secret
+                    .split(['&', ' '])
+                    .find_map(|kv| kv.strip_prefix("sig="))
+                    .filter(|v| !v.is_empty())
+                {
+                    out = out.replace(sig, "<secret>");
+                }
+            }
+        }
     }
+    out
 }
 
 pub(super) fn to_offset(t: DateTime<Utc>) -> time::OffsetDateTime {
@@ -206,4 +217,23 @@ pub(super) fn to_service_bus(m: &OutgoingMessage) -> Result<ServiceBusMessage, T
         sb.set_scheduled_enqueue_time(to_offset(at));
     }
     Ok(sb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_key_or_a_signature_in_the_connection_string_never_shows() {
+        let key = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=k3yValue=";
+        assert_eq!(
+            redact("failed with k3yValue= in it", key),
+            "failed with <secret> in it"
+        );
+        let sas = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessSignature=SharedAccessSignature sr=amqp%3A%2F%2Fns&sig=s1gnatureValue%3D&se=1900000000&skn=Root";
+        let text = "token SharedAccessSignature sr=amqp%3A%2F%2Fns&sig=s1gnatureValue%3D&se=1900000000&skn=Root refused; sig=s1gnatureValue%3D";
+        let shown = redact(text, sas);
+        assert!(!shown.contains("s1gnatureValue"), "{shown}");
+        assert_eq!(redact("nothing secret", sas), "nothing secret");
+    }
 }

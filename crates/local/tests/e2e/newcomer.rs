@@ -374,6 +374,26 @@ async fn the_http_intake_needs_its_token() {
     };
     assert!(!ok);
     assert!(stderr.contains("ORDERLY_INTAKE_TOKEN"), "{stderr}");
+    // A short token is refused too, naming the setting and never echoing it.
+    let out = Command::new(bin("orderly-submitter"))
+        .args([
+            "--http-listen",
+            "0.0.0.0:0",
+            "--http-intake",
+            "--check-config",
+        ])
+        .env("ORDERLY_DATABASE_URL", &db.url)
+        .env("ORDERLY_INTAKE_TOKEN", "short-9")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("ORDERLY_INTAKE_TOKEN")
+            && stderr.contains("at least 16")
+            && !stderr.contains("short-9"),
+        "{stderr}"
+    );
 
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -381,7 +401,7 @@ async fn the_http_intake_needs_its_token() {
         "orderly-submitter",
         &db.url,
         &["--http-listen", &listen, "--http-intake"],
-        &[("ORDERLY_INTAKE_TOKEN", "s3cret-intake")],
+        &[("ORDERLY_INTAKE_TOKEN", "s3cret-intake-token")],
     );
     wait_listening(port).await;
     let http = crate::procs::http();
@@ -403,7 +423,7 @@ async fn the_http_intake_needs_its_token() {
     assert_eq!(wrong.status(), 401);
     let right = http
         .post(&url)
-        .bearer_auth("s3cret-intake")
+        .bearer_auth("s3cret-intake-token")
         .json(&order_json(Some("t-1"), "c"))
         .send()
         .await
