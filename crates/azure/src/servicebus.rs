@@ -291,13 +291,29 @@ impl Transport for ServiceBusTransport {
             return Err(lost());
         }
         let limit = self.settings.try_timeout;
-        let result = bounded(limit, &message.queue, "a lock renewal", async {
-            let mut m = held_message.lock().await;
-            let renewed = receiver.lock().await.renew_message_lock(&mut m).await;
-            renewed.map(|()| m.locked_until().map(from_offset).unwrap_or_default())
-        })
-        .await
-        .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))));
+        let renew = || async {
+            bounded(limit, &message.queue, "a lock renewal", async {
+                let mut m = held_message.lock().await;
+                let renewed = receiver.lock().await.renew_message_lock(&mut m).await;
+                renewed.map(|()| m.locked_until().map(from_offset).unwrap_or_default())
+            })
+            .await
+            .and_then(|r| r.map_err(|e| classify(e, &message.queue, Some(&message.message_id))))
+        };
+        // A renewal is safe to repeat, and one whose answer the client lost (see
+        // `timed_out`) is repeated once while the lock still holds.
+        let mut result = renew().await;
+        if result.as_ref().is_err_and(timed_out)
+            && held_message
+                .lock()
+                .await
+                .locked_until()
+                .map(from_offset)
+                .is_some_and(|until| until > self.clock.now())
+        {
+            tracing::debug!(queue = %message.queue, message_id = %message.message_id, "a lock renewal went unanswered; trying once more");
+            result = renew().await;
+        }
         self.judge(&conn, &message.queue, Links::Receiver, &result);
         if result.is_err() {
             self.held().remove(&key);

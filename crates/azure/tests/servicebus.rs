@@ -688,6 +688,11 @@ mod misbehaving_broker {
         t.send(&good, &[msg("g-0")]).await.unwrap();
         let m = t.receive(&good, 1, Duration::from_secs(5)).await.unwrap();
         t.complete(&m[0]).await.unwrap();
+        // The good queue's next message is on its way before the attach hangs: what is
+        // timed below is its receive and settlement, not a send, whose outcome
+        // fe2o3-amqp 0.14 can lose on a loaded machine (see `judge`). (A new link,
+        // on any queue, waits its turn behind the hung attach: attaches take turns.)
+        t.send(&good, &[msg("g-1")]).await.unwrap();
 
         standin.hang_attach("stuck").unwrap();
         let started = Instant::now();
@@ -698,7 +703,6 @@ mod misbehaving_broker {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         let during = Instant::now();
-        t.send(&good, &[msg("g-1")]).await.unwrap();
         let got = t.receive(&good, 32, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1);
         t.complete(&got[0]).await.unwrap();
@@ -788,8 +792,11 @@ mod misbehaving_broker {
         let good = declared(&t, "good").await;
         let stuck = declared(&t, "stuck").await;
         t.send(&good, &[msg("g-1"), msg("g-2")]).await.unwrap();
-        let held = t.receive(&good, 2, Duration::from_secs(5)).await.unwrap();
-        assert_eq!(held.len(), 2);
+        // A receive returns with what has arrived: the second may come a moment later.
+        let mut held = Vec::new();
+        while held.len() < 2 {
+            held.extend(t.receive(&good, 2, Duration::from_secs(5)).await.unwrap());
+        }
         let reconnects = t.reconnects();
 
         standin.hang_attach("stuck").unwrap();
@@ -954,9 +961,11 @@ mod misbehaving_broker {
         assert!(b_took < Duration::from_secs(1), "{b_took:?}");
         assert!(renewed.is_err(), "an unanswered renewal fails");
         assert!(started.elapsed() < Duration::from_secs(10));
-        // The failure took queue a's links out of use; closing them ends nothing else
-        // (dropped without waiting for the broker's detach, they used to end the
-        // session with amqp:session:unattached-handle, and queue b with it).
+        // The failed renewal leaves the connection in use for queue b. (It used to
+        // take queue a's links out of use by dropping them, without waiting for the
+        // broker's detach, which ended the session with amqp:session:unattached-handle
+        // and queue b with it; a timed-out link is now kept, and one taken out of use
+        // for another failure is closed.)
         let reconnects = t.reconnects();
         tokio::time::sleep(Duration::from_millis(500)).await;
         send_until_through(&t, &b, "b-2").await;

@@ -3,7 +3,8 @@
 
 use super::{
     PREFETCH, QueueAdmin, ServiceBusSettings, ServiceBusTransport, bounded, classify,
-    connection_gone, from_offset, properties, rand_fraction, redact, to_service_bus, unavailable,
+    connection_gone, from_offset, properties, rand_fraction, redact, timed_out, to_service_bus,
+    unavailable,
 };
 use azservicebus::primitives::service_bus_retry_options::ServiceBusRetryOptions;
 use azservicebus::{
@@ -383,7 +384,12 @@ impl ServiceBusTransport {
                 conn.drop_links(queue);
             }
             Err(e) => {
-                conn.drop_link(queue, used);
+                // A link that only failed to answer in time is kept (with what it has
+                // prefetched): the failure counts, and a second in a row retires the
+                // whole connection with its links.
+                if !timed_out(e) {
+                    conn.drop_link(queue, used);
+                }
                 let failures = {
                     let mut counts = conn.failures.lock().unwrap_or_else(|p| p.into_inner());
                     let count = counts.entry(queue.as_str().to_owned()).or_insert(0);

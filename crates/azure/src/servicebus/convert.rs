@@ -57,6 +57,17 @@ where
     unavailable(Some(queue), format!("{e}"))
 }
 
+/// Whether a failure is only a wait that ran out (ours, or the client's own
+/// try-timeout): it says nothing about the link, whose answer may have been lost by the
+/// client itself (fe2o3-amqp 0.14 can drop a quick settlement on a loaded machine).
+pub(super) fn timed_out(e: &TransportError) -> bool {
+    let TransportError::Unavailable(source) = e else {
+        return false;
+    };
+    let text = format!("{source:?} {source}").to_lowercase();
+    text.contains("timeout elapsed") || text.contains("did not answer within")
+}
+
 /// Whether a failure's text says the connection or its session is gone (as opposed to
 /// one link or one message): then the whole connection is rebuilt at once.
 pub(super) fn connection_gone(e: &TransportError) -> bool {
