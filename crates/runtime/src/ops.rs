@@ -319,32 +319,41 @@ pub async fn serve(
     )))
 }
 
-async fn readiness(ops: &Ops) -> Result<(), String> {
+/// What is not ready (for anyone to read) and why (for the log).
+async fn readiness(ops: &Ops) -> Result<(), (&'static str, String)> {
     tokio::time::timeout(PROBE_TIMEOUT, async {
         ops.backend
             .store
             .ping()
             .await
-            .map_err(|e| format!("state store: {e}"))?;
+            .map_err(|e| ("the state store", e.to_string()))?;
         ops.backend
             .inspector
             .ping()
             .await
-            .map_err(|e| format!("queues: {e}"))?;
+            .map_err(|e| ("the queues", e.to_string()))?;
         Ok(())
     })
     .await
-    .map_err(|_| format!("no answer within {} ms", PROBE_TIMEOUT.as_millis()))?
+    .map_err(|_| {
+        (
+            "the state store or the queues",
+            format!("no answer within {} ms", PROBE_TIMEOUT.as_millis()),
+        )
+    })?
 }
 
+/// `/readyz` is open (the orchestrator asks without a token): its answer names what is
+/// not ready, never the error, which may name hosts, users or databases; the error is
+/// in the log.
 async fn readyz(State(ops): State<Ops>) -> impl IntoResponse {
     match readiness(&ops).await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
-        Err(why) => {
-            tracing::warn!(%why, "not ready");
+        Err((what, why)) => {
+            tracing::warn!(what, %why, "not ready");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {why}\n"),
+                format!("not ready: {what} (the cause is in this process's log)\n"),
             )
         }
     }

@@ -481,3 +481,47 @@ async fn postgres_sessions_are_bounded_so_a_wedged_lock_holder_hangs_nothing() {
         .await
         .unwrap();
 }
+
+/// `/readyz` is open to anyone who reaches the port: when the store goes away it says
+/// which dependency is not ready, not the store's error (which names hosts, users or,
+/// here, the database). Before, it answered the error text itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_what_is_not_ready_without_its_error() {
+    let base = crate::fixtures::postgres_url();
+    let admin = sqlx::PgPool::connect(&base).await.unwrap();
+    let name = format!("orderly_ready_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let url = {
+        let (server, _) = base.rsplit_once('/').unwrap();
+        format!("{server}/{name}")
+    };
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let role = Proc::start("orderly-submitter", &url, &["--http-listen", &listen]);
+    wait_for("ready", Duration::from_secs(30), async || {
+        get(port, "/readyz").await.0 == 200
+    })
+    .await;
+    // The database goes away under the running role.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    wait_for("not ready", Duration::from_secs(30), async || {
+        get(port, "/readyz").await.0 == 503
+    })
+    .await;
+    let (_, body) = get(port, "/readyz").await;
+    assert!(body.starts_with("not ready: the state store"), "{body}");
+    assert!(
+        !body.contains(&name),
+        "the store's error is not shown: {body}"
+    );
+    drop(role);
+    admin.close().await;
+}
