@@ -207,23 +207,12 @@ impl Common {
         let Some(addr) = self.http_listen else {
             return Ok(None);
         };
-        let token = match (&self.metrics_token, &self.metrics_token_file) {
-            (Some(_), Some(_)) => anyhow::bail!(
-                "give either {SETTING} or --metrics-token-file / ORDERLY_METRICS_TOKEN_FILE, not both"
-            ),
-            (Some(t), None) => Some(t.trim().to_owned()),
-            (None, Some(path)) => Some(
-                std::fs::read_to_string(path)
-                    .map(|t| t.trim().to_owned())
-                    .with_context(|| {
-                        format!(
-                            "cannot read --metrics-token-file / ORDERLY_METRICS_TOKEN_FILE {}",
-                            path.display()
-                        )
-                    })?,
-            ),
-            (None, None) => None,
-        };
+        let token = secret(
+            self.metrics_token.as_deref(),
+            self.metrics_token_file.as_deref(),
+            SETTING,
+            "--metrics-token-file / ORDERLY_METRICS_TOKEN_FILE",
+        )?;
         match &token {
             Some(t) if t.chars().count() < 16 || t.chars().any(char::is_control) => {
                 anyhow::bail!("invalid {SETTING}: a secret of at least 16 printable characters")
@@ -401,6 +390,27 @@ pub fn load_workflows(paths: &[std::path::PathBuf]) -> anyhow::Result<Workflows>
 /// ([`orderly_core::duration`]): `250ms`, `30s`, `5m`, `7d`, or `0`.
 pub fn duration(raw: &str) -> Result<Duration, String> {
     orderly_core::duration::parse(raw)
+}
+
+/// A secret given either as a value or as a file holding it (a mounted secret), trimmed;
+/// both at once, or a file that cannot be read, is refused naming the settings (never
+/// the secret).
+pub fn secret(
+    value: Option<&str>,
+    file: Option<&std::path::Path>,
+    setting: &str,
+    file_setting: &str,
+) -> anyhow::Result<Option<String>> {
+    Ok(match (value, file) {
+        (Some(_), Some(_)) => anyhow::bail!("give either {setting} or {file_setting}, not both"),
+        (Some(t), None) => Some(t.trim().to_owned()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map(|t| t.trim().to_owned())
+                .with_context(|| format!("cannot read {file_setting} {}", path.display()))?,
+        ),
+        (None, None) => None,
+    })
 }
 
 /// Parses how often something runs ([`duration`]): longer than 0, since a period of 0

@@ -17,6 +17,9 @@ struct Args {
     /// --http-listen is not loopback; a secret).
     #[arg(long, env = "ORDERLY_INTAKE_TOKEN", hide_env_values = true)]
     intake_token: Option<String>,
+    /// A file holding the intake token (e.g. a mounted secret).
+    #[arg(long, env = "ORDERLY_INTAKE_TOKEN_FILE")]
+    intake_token_file: Option<std::path::PathBuf>,
     /// Most orders read from the orders queue and recorded in one transaction.
     #[arg(long, env = "ORDERLY_SUBMIT_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     submit_batch: u32,
@@ -36,7 +39,13 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let args: Args = orderly_runtime::settings::parse("submitter")?;
+    let mut args: Args = orderly_runtime::settings::parse("submitter")?;
+    args.intake_token = orderly_runtime::secret(
+        args.intake_token.as_deref(),
+        args.intake_token_file.as_deref(),
+        "--intake-token / ORDERLY_INTAKE_TOKEN",
+        "--intake-token-file / ORDERLY_INTAKE_TOKEN_FILE",
+    )?;
     let instance = args.common.instance("submitter")?;
     let _telemetry =
         orderly_runtime::telemetry::init("orderly-submitter", &args.common, &instance)?;

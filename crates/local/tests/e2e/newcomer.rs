@@ -394,6 +394,43 @@ async fn the_http_intake_needs_its_token() {
             && !stderr.contains("short-9"),
         "{stderr}"
     );
+    // The token may come from a file (a mounted secret), read and trimmed; off
+    // loopback it then satisfies the requirement. Not both at once.
+    let file = std::env::temp_dir().join(format!(
+        "orderly-intake-token-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, "from-a-mounted-secret-file\n").unwrap();
+    let with_file = |value: Option<&str>| {
+        let mut c = Command::new(bin("orderly-submitter"));
+        c.args([
+            "--http-listen",
+            "0.0.0.0:0",
+            "--http-intake",
+            "--check-config",
+        ])
+        .env("ORDERLY_DATABASE_URL", &db.url)
+        .env("ORDERLY_INTAKE_TOKEN_FILE", &file)
+        // Off loopback /metrics needs its own token.
+        .env("ORDERLY_METRICS_TOKEN", "a-metrics-token-of-some-length");
+        if let Some(v) = value {
+            c.env("ORDERLY_INTAKE_TOKEN", v);
+        }
+        c.output().unwrap()
+    };
+    let out = with_file(None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = with_file(Some("also-given-as-a-value"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("not both"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&file);
 
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
