@@ -309,15 +309,18 @@ async fn shutdown_cancels_the_task_and_releases_the_lease_so_a_follower_leads_at
     };
     sleep(Duration::from_secs(7)).await;
     assert!(log_b.terms().is_empty(), "b follows while a leads");
-    let stopped = Instant::now();
     stop_a.cancel();
     ra.await.unwrap();
     assert_eq!(service.releases.load(Ordering::SeqCst), 1);
+    // Measured from the release, not from the stop: a try of b's that falls while a is
+    // still stopping finds the lease held and waits one more pause (with some jitters
+    // the bound from the stop was missed: 1 run in about 60).
+    let released = Instant::now();
     sb.wait_for(|s| s.is_leader).await.unwrap();
-    let took = Instant::now() - stopped;
+    let took = Instant::now() - released;
     assert!(
         took <= Duration::from_millis(2400),
-        "b led {took:?} after a stopped: within one retry and its jitter"
+        "b led {took:?} after a released the lease: within one retry and its jitter"
     );
     assert!(log_a.terms()[0].2.unwrap() <= log_b.terms()[0].1);
     stop_all.cancel();
