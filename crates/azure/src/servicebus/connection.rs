@@ -498,21 +498,34 @@ impl ServiceBusTransport {
             sub_queue,
             ..Default::default()
         };
-        let q = queue.clone();
-        self.attach(
+        self.attach_receiver(
             conn,
             queue,
             "the attach of a receiver",
             Some(cache),
-            move |client| {
-                Box::pin(async move {
-                    client
-                        .create_receiver_for_queue(q.as_str(), options)
-                        .await
-                        .map_err(|e| classify(e, &q, None))
-                })
-            },
+            options,
         )
+        .await
+    }
+
+    /// [`Self::attach`] of a receiver of `queue` with `options`.
+    pub(super) async fn attach_receiver(
+        &self,
+        conn: &Arc<Connection>,
+        queue: &QueueName,
+        what: &'static str,
+        cache: Option<LinkCache<ServiceBusReceiver>>,
+        options: ServiceBusReceiverOptions,
+    ) -> Result<Link<ServiceBusReceiver>, TransportError> {
+        let q = queue.clone();
+        self.attach(conn, queue, what, cache, move |client| {
+            Box::pin(async move {
+                client
+                    .create_receiver_for_queue(q.as_str(), options)
+                    .await
+                    .map_err(|e| classify(e, &q, None))
+            })
+        })
         .await
     }
 

@@ -65,22 +65,8 @@ impl ServiceBusTransport {
             ..Default::default()
         };
         let result = Box::pin(async {
-            let q = queue.clone();
             let receiver = self
-                .attach(
-                    &conn,
-                    queue,
-                    "the attach of a peeker",
-                    None,
-                    move |client| {
-                        Box::pin(async move {
-                            client
-                                .create_receiver_for_queue(q.as_str(), options)
-                                .await
-                                .map_err(|e| classify(e, &q, None))
-                        })
-                    },
-                )
+                .attach_receiver(&conn, queue, "the attach of a peeker", None, options)
                 .await?;
             let mut got: Vec<ServiceBusPeekedMessage> = Vec::new();
             let mut next = from;
@@ -205,21 +191,13 @@ impl ServiceBusTransport {
             sub_queue: SubQueue::DeadLetter,
             ..Default::default()
         };
-        let q = queue.clone();
         let attached = self
-            .attach(
+            .attach_receiver(
                 &conn,
                 queue,
                 "the attach of a dead-letter receiver",
                 None,
-                move |client| {
-                    Box::pin(async move {
-                        client
-                            .create_receiver_for_queue(q.as_str(), options)
-                            .await
-                            .map_err(|e| classify(e, &q, None))
-                    })
-                },
+                options,
             )
             .await;
         let receiver = match attached {
