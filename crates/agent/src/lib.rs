@@ -19,6 +19,8 @@ mod settle;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use orderly_core::signing::MessageKey;
 use std::time::Duration;
 
 use orderly_core::messages::{StepOutcome, StepRequest, json_message};
@@ -108,6 +110,9 @@ pub struct Agent {
     /// The stored workflow versions requests are checked against (`None`: not
     /// checked, in tests of the agent alone).
     catalogue: Option<Arc<Catalogue>>,
+    /// Checks that requests are signed with the deployment's key, and signs the
+    /// replies (`None`: neither, in tests of the agent alone).
+    key: Option<Arc<MessageKey>>,
 }
 
 impl Agent {
@@ -142,7 +147,18 @@ impl Agent {
             settler,
             fleet: None,
             catalogue: None,
+            key: None,
         }
+    }
+
+    /// Acts only on requests signed with `key` (others are dead-lettered with the
+    /// reason and no service is called) and signs its replies with it, so whoever may
+    /// only send to an agent's queue cannot have a service called, and a reply's
+    /// context is the one the scheduler sent.
+    #[must_use]
+    pub fn with_key(mut self, key: MessageKey) -> Self {
+        self.key = Some(Arc::new(key));
+        self
     }
 
     /// Acts only on requests that are what their stored workflow version says a
@@ -196,7 +212,8 @@ impl Agent {
 
     /// The agent as its binary runs it, on one state store: [`Self::new`], checking
     /// requests against the workflow versions the schedulers stored in `store`
-    /// ([`Self::with_catalogue`]) and, given `fleet` (back-pressure on), sharing what
+    /// ([`Self::with_catalogue`]) and their signatures with the deployment's message
+    /// `key` ([`Self::with_key`]) and, given `fleet` (back-pressure on), sharing what
     /// it learns of the services' outages through it ([`Self::with_services`]). The
     /// local runner starts it the same way.
     pub fn wired(
@@ -206,10 +223,12 @@ impl Agent {
         clock: Arc<dyn Clock>,
         cfg: AgentConfig,
         fleet: Option<FleetConfig>,
+        key: MessageKey,
     ) -> Self {
         let versions: Arc<dyn orderly_core::store::SchedulerStore> = store.clone();
         let agent = Self::new(transport, remote, clock, cfg)
-            .with_catalogue(Arc::new(Catalogue::new(versions)));
+            .with_catalogue(Arc::new(Catalogue::new(versions)))
+            .with_key(key);
         match fleet {
             Some(fleet) => agent.with_services(
                 Arc::new(orderly_core::service::ServiceView::new(store)),
@@ -490,6 +509,13 @@ impl Agent {
     /// and the service not called. While the stored workflows cannot be read, the
     /// request is left to come back once its lock ends. `None`: go on.
     async fn refuse(&self, req: &StepRequest, msg: &ReceivedMessage) -> Option<Handled> {
+        if let Some(bad) = self.key.as_ref().and_then(|key| key.check(msg).err()) {
+            let why = format!("step request refused: {bad}");
+            warn!(message_id = %msg.message_id, reason = %why, "step request dead-lettered; no service called");
+            orderly_core::transport::reject(self.transport.as_ref(), msg, "BadSignature", &why)
+                .await;
+            return Some(Handled::Refused(why));
+        }
         let refused = match req.check() {
             Err(e) => e.to_string(),
             Ok(()) => match self.untrusted(req, &msg.queue).await {
@@ -545,11 +571,14 @@ impl Agent {
             self.clock.now(),
             attempts,
         );
-        let message = json_message(
+        let mut message = json_message(
             reply.message_id(),
             &reply,
             Some(req.fence.order_id.as_str()),
         );
+        if let Some(key) = &self.key {
+            key.sign(&mut message);
+        }
         match self
             .settle(msg, req.complete_by, Some((req.reply_to.clone(), message)))
             .await

@@ -123,6 +123,7 @@ async fn run() -> anyhow::Result<()> {
     let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
     // Requests are checked against the workflow versions the schedulers stored.
     let fleet = args.backpressure.then_some(fleet);
+    let key = opened.message_key(&instance).await?;
     Agent::wired(
         backend.store.clone(),
         backend.transport.clone(),
@@ -130,6 +131,7 @@ async fn run() -> anyhow::Result<()> {
         clock,
         cfg,
         fleet,
+        key,
     )
     .run(shutdown)
     .await;

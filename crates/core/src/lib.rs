@@ -16,6 +16,7 @@ pub mod leader;
 pub mod messages;
 pub mod order;
 pub mod service;
+pub mod signing;
 pub mod state;
 pub mod step;
 pub mod store;

@@ -256,6 +256,15 @@ pub trait SchedulerStore: Send + Sync {
     /// Every stored workflow version (see [`Self::record_workflows`]), oldest first.
     async fn stored_workflows(&self) -> Result<Vec<StoredWorkflow>>;
 
+    /// The key that signs the step requests and replies of this deployment
+    /// ([`crate::signing`]): the stored one, or, the first time, `fresh`, stored by
+    /// whoever asks first (concurrent first callers all get the one stored).
+    async fn message_key(
+        &self,
+        fresh: crate::signing::MessageKey,
+        by: &str,
+    ) -> Result<crate::signing::MessageKey>;
+
     /// How many orders `owner` holds (Processing, locked by it): a scheduler claims no
     /// more while it holds its maximum, so orders do not wait out their deadline in
     /// the agents' queues.

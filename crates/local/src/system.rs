@@ -224,6 +224,15 @@ impl System {
             );
             tasks.push(tokio::spawn(s.run(shutdown.clone())));
         }
+        // One deployment, one key: requests and replies are signed with it.
+        let key = backend
+            .store
+            .message_key(
+                orderly_core::signing::MessageKey::generate(),
+                "orderly-local",
+            )
+            .await
+            .context("cannot read (or create) the message key in the state store")?;
         for _ in 0..cfg.schedulers {
             let id = InstanceId::generate("scheduler");
             instances.push(id.clone());
@@ -235,6 +244,7 @@ impl System {
                 backend.transport.clone(),
                 clock.clone(),
                 sc,
+                key.clone(),
             );
             tasks.push(tokio::spawn(s.run(shutdown.clone())));
         }
@@ -265,6 +275,7 @@ impl System {
                 clock.clone(),
                 ac,
                 fleet,
+                key.clone(),
             );
             tasks.push(tokio::spawn(a.run(shutdown.clone())));
         }

@@ -117,6 +117,25 @@ impl Opened {
         ensure_queues(self.backend.transport.as_ref(), wanted).await
     }
 
+    /// The deployment's message key, which signs the step requests and replies
+    /// (created in the store by the first role that asks).
+    pub async fn message_key(
+        &self,
+        instance: &InstanceId,
+    ) -> anyhow::Result<orderly_core::signing::MessageKey> {
+        self.backend
+            .store
+            .message_key(
+                orderly_core::signing::MessageKey::generate(),
+                instance.as_str(),
+            )
+            .await
+            .map_err(|e| {
+                anyhow::Error::new(e)
+                    .context("cannot read (or create) the message key in the state store")
+            })
+    }
+
     /// Call when the role has stopped writing: the outbox relay (Service Bus only)
     /// publishes what is left, for up to a few seconds, and ends.
     pub async fn finish(self) {

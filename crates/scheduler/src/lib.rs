@@ -14,6 +14,8 @@
 //! wires it to a store and transport through `orderly-runtime`.
 
 use std::sync::Arc;
+
+use orderly_core::signing::MessageKey;
 use std::time::Duration;
 
 use orderly_core::service::{Park, ServiceView};
@@ -159,6 +161,9 @@ pub struct Scheduler {
     services: Option<Arc<ServiceView>>,
     /// An upper bound on the orders it holds, so a claim pass seldom counts them.
     holding: Arc<holding::Holding>,
+    /// Signs its step requests and checks the agents' replies (`None`: neither, in
+    /// tests of the scheduler alone).
+    key: Option<Arc<MessageKey>>,
 }
 
 /// The workflow versions a scheduler runs and the claim filter they give.
@@ -216,20 +221,34 @@ impl Scheduler {
             catalogue,
             services: None,
             holding: Arc::default(),
+            key: None,
         }
     }
 
     /// The scheduler as its binary runs it, on one state store: [`Self::new`] over
     /// `store`, consulting the fleet's view of the services in it
-    /// ([`Self::with_services`]). The local runner starts it the same way.
+    /// ([`Self::with_services`]), signing with the deployment's message `key`
+    /// ([`Self::with_key`]). The local runner starts it the same way.
     pub fn wired(
         store: Arc<dyn orderly_core::store::StateStore>,
         transport: Arc<dyn Transport>,
         clock: Arc<dyn Clock>,
         cfg: SchedulerConfig,
+        key: MessageKey,
     ) -> Self {
         let services = Arc::new(ServiceView::new(store.clone()));
-        Self::new(store, transport, clock, cfg).with_services(services)
+        Self::new(store, transport, clock, cfg)
+            .with_services(services)
+            .with_key(key)
+    }
+
+    /// Signs every step request with `key` and acts only on replies signed with it
+    /// (others are dead-lettered with the reason), so whoever may only send to the
+    /// replies queue cannot record a step or choose an order's notices and details.
+    #[must_use]
+    pub fn with_key(mut self, key: MessageKey) -> Self {
+        self.key = Some(Arc::new(key));
+        self
     }
 
     /// Consults `view` before each request: a request for a service the fleet sees

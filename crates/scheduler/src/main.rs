@@ -97,7 +97,8 @@ async fn run() -> anyhow::Result<()> {
     // Replies are in time by the store's clock, not this host's.
     let clock = orderly_runtime::clock::on_store_time(backend.store.clone(), &shutdown).await;
     // It sends no request to a service the fleet sees down (agents report it).
-    Scheduler::wired(backend.store, backend.transport, clock, cfg)
+    let key = opened.message_key(&instance).await?;
+    Scheduler::wired(backend.store, backend.transport, clock, cfg, key)
         .run(shutdown)
         .await;
     // What the role wrote last still goes out (Service Bus: the outbox relay drains).

@@ -109,13 +109,17 @@ impl Scheduler {
             uncertain: uncertain && probe.is_some(),
             probe,
         };
+        let mut message = json_message(
+            request.message_id(),
+            &request,
+            Some(fence.order_id.as_str()),
+        );
+        if let Some(key) = &self.key {
+            key.sign(&mut message);
+        }
         Some(Envelope {
             queue: def.queue.clone(),
-            message: json_message(
-                request.message_id(),
-                &request,
-                Some(fence.order_id.as_str()),
-            ),
+            message,
         })
     }
 

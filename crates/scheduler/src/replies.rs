@@ -157,13 +157,32 @@ impl Scheduler {
         Ok(held)
     }
 
-    /// Decodes the held replies; what does not decode is dead-lettered with the
-    /// problem named.
+    /// Why `message` is not a reply signed with this deployment's key (`None`: it is,
+    /// or this scheduler checks no signatures).
+    fn unsigned(&self, message: &ReceivedMessage) -> Option<orderly_core::signing::BadSignature> {
+        self.key.as_ref()?.check(message).err()
+    }
+
+    /// Decodes the held replies; what is not signed with the deployment's key, or does
+    /// not decode, is dead-lettered with the problem named.
     async fn decode_replies(
         &self,
-        held: Vec<ReceivedMessage>,
+        mut held: Vec<ReceivedMessage>,
         ends: &mut Ends,
     ) -> Vec<(StepReply, ReceivedMessage)> {
+        let mut signed = Vec::with_capacity(held.len());
+        for message in held.drain(..) {
+            match self.unsigned(&message) {
+                None => signed.push(message),
+                Some(bad) => {
+                    let why = format!("step reply refused: {bad}");
+                    warn!(message_id = %message.message_id, reason = %why, "step reply dead-lettered");
+                    reject(self.transport.as_ref(), &message, "BadSignature", &why).await;
+                    ends.pass.rejected += 1;
+                }
+            }
+        }
+        let held = signed;
         let (replies, poison) = decode_json::<StepReply>(
             self.transport.as_ref(),
             held,
@@ -411,7 +430,9 @@ impl Scheduler {
     /// success, in time, of a step the workflow has, whose next step's service is not
     /// known to be down. `None` leaves the reply to the full path.
     fn plan_reply(&self, message: &ReceivedMessage) -> Option<(StepWrite, Written)> {
-        if message.body.len() > orderly_core::transport::MAX_BODY_BYTES {
+        if message.body.len() > orderly_core::transport::MAX_BODY_BYTES
+            || self.unsigned(message).is_some()
+        {
             return None;
         }
         let reply: StepReply = serde_json::from_slice(&message.body).ok()?;

@@ -956,6 +956,13 @@ mod unreadable_impl {
         async fn stored_workflows(&self) -> Result<Vec<StoredWorkflow>> {
             self.inner.stored_workflows().await
         }
+        async fn message_key(
+            &self,
+            fresh: orderly_core::signing::MessageKey,
+            by: &str,
+        ) -> Result<orderly_core::signing::MessageKey> {
+            self.inner.message_key(fresh, by).await
+        }
         async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
             self.inner.count_owned(owner).await
         }

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 18] = [
+const ALL: [Both; 19] = [
     Both {
         version: 1,
         name: "state_store",
@@ -148,6 +148,12 @@ const ALL: [Both; 18] = [
         name: "retry_after_undo",
         sqlite: include_str!("../../../migrations/sqlite/0018_retry_after_undo.sql"),
         postgres: include_str!("../../../migrations/postgres/0018_retry_after_undo.sql"),
+    },
+    Both {
+        version: 19,
+        name: "message_keys",
+        sqlite: include_str!("../../../migrations/sqlite/0019_message_keys.sql"),
+        postgres: include_str!("../../../migrations/postgres/0019_message_keys.sql"),
     },
 ];
 

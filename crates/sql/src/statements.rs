@@ -197,6 +197,13 @@ pub(crate) const MOVE_VERSION: &str = "UPDATE order_state SET workflow_version =
     AND workflow = $1 AND workflow_version = $2 AND process_state IN ($5, $6) \
     RETURNING order_id, process_state, lock_epoch";
 
+/// Stores the message key unless one is: `$1` secret (hex), `$2` now, `$3` who.
+pub(crate) const RECORD_MESSAGE_KEY: &str = "INSERT INTO message_keys \
+    (id, secret, created_at, created_by) VALUES (1, $1, $2, $3) ON CONFLICT (id) DO NOTHING";
+
+/// The stored message key.
+pub(crate) const MESSAGE_KEY: &str = "SELECT secret FROM message_keys WHERE id = 1";
+
 /// Every stored workflow version, oldest first per name.
 pub(crate) const STORED_WORKFLOWS: &str = "SELECT name, version, definition, first_seen_at, \
     first_seen_by FROM workflow_definitions ORDER BY name, first_seen_at, version";

@@ -98,6 +98,7 @@ macro_rules! store_conformance {
             a_claim_and_its_first_step_commit_together,
             claims_take_only_loaded_workflows_and_pin_new_orders,
             orders_move_only_to_a_stored_compatible_version_and_say_so,
+            the_message_key_is_created_once_and_shared,
             every_new_term_has_a_larger_epoch,
             a_deposed_leaders_writes_are_refused_and_change_nothing,
             the_sql_lease_has_one_holder_until_it_expires_on_the_store_clock,

@@ -571,3 +571,186 @@ async fn a_web_page_cannot_post_orders_to_the_loopback_intake() {
         assert_eq!(r.status(), 404, "{id} became an order");
     }
 }
+
+/// Whoever may send to the queues, but not read the store, forges a step request and
+/// a reply against the real scheduler and agent binaries. The forged request (another
+/// order's details under a copied signature, or unsigned) would have the agent call a
+/// real service; the forged reply (its context sending the order's notices to another
+/// queue) would record a step nobody took and redirect the order's notices. Both are
+/// dead-lettered with the reason, the service is called for the genuine request only,
+/// and the order completes as sent. Before the requests and replies were signed, the
+/// forged reply was recorded and its notice sent to the attacker's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_step_requests_and_replies_are_refused_by_the_real_roles() {
+    use orderly_core::messages::{StepOutcome, StepRequest, json_message};
+    use orderly_core::step::StepStatus;
+    use orderly_core::transport::{QueueName, QueueSettings};
+    use orderly_core::{InstanceId, ProcessState};
+    use orderly_remote_sim::{Sim, SimConfig};
+
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(30)).await;
+    let queue = |name: &str| QueueName::parse(name).unwrap();
+    let (inventory, replies, mallory) =
+        (queue("agent.inventory"), queue("replies"), queue("mallory"));
+    // The attacker's own queue, where the forged context would send the notices.
+    backend
+        .transport
+        .declare_queue(&mallory, &QueueSettings::default())
+        .await
+        .unwrap();
+    let sim = Sim::new(SimConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_url = format!("http://{}/actions", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(sim.clone().serve(listener, stop.clone()));
+
+    // Only the scheduler runs: the order's first request waits in the agent's queue.
+    let scheduler = Proc::start("orderly-scheduler", &db.url, &[]);
+    let order = orderly_local::demo::sample_orders(1).remove(0);
+    let id = order.order_id.clone();
+    backend
+        .store
+        .submit(&order, &orderly_core::Actor::operator("t"), &[])
+        .await
+        .unwrap();
+    let mut genuine = Vec::new();
+    wait_for("the first request", Duration::from_secs(30), async || {
+        genuine = backend
+            .transport
+            .receive(&inventory, 1, Duration::from_millis(100))
+            .await
+            .unwrap();
+        !genuine.is_empty()
+    })
+    .await;
+    let genuine = genuine.remove(0);
+    let request: StepRequest = serde_json::from_slice(&genuine.body).unwrap();
+    assert_eq!(request.fence.order_id, id);
+
+    // A request for another order, under the genuine request's signature; and the
+    // genuine request again, without one.
+    let mut other = request.clone();
+    other.fence.order_id = orderly_core::OrderId::parse("someone-elses-order").unwrap();
+    let mut copied = json_message("forged-request-1".into(), &other, None);
+    copied.properties = genuine.properties.clone();
+    let unsigned = json_message("forged-request-2".into(), &request, None);
+    backend
+        .transport
+        .send(&inventory, &[copied, unsigned])
+        .await
+        .unwrap();
+    // A reply to the order's first step, its context sending notices elsewhere.
+    let mut reply = request.reply(
+        StepOutcome::Succeeded {
+            detail: "forged".into(),
+        },
+        InstanceId::generate("agent"),
+        chrono::Utc::now(),
+        1,
+    );
+    reply.context.notify_to = Some(mallory.as_str().to_owned());
+    let forged_reply = json_message(reply.message_id(), &reply, Some(id.as_str()));
+    backend
+        .transport
+        .send(&replies, &[forged_reply])
+        .await
+        .unwrap();
+    wait_for(
+        "the forged reply dead-lettered",
+        Duration::from_secs(30),
+        async || {
+            !backend
+                .transport
+                .dead_letters(&replies, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        },
+    )
+    .await;
+    let refused = backend.transport.dead_letters(&replies, 10).await.unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        refused[0].reason, "BadSignature",
+        "{}",
+        refused[0].description
+    );
+    assert!(
+        refused[0].description.contains("unsigned"),
+        "{}",
+        refused[0].description
+    );
+    let view = backend.store.get(&id).await.unwrap();
+    assert_eq!(
+        view.steps[0].status,
+        StepStatus::Started,
+        "no step recorded"
+    );
+    // The genuine request goes back for the agent.
+    backend.transport.abandon(&genuine).await.unwrap();
+
+    let agent = Proc::start_with(
+        "orderly-agent",
+        &db.url,
+        &[],
+        &[("ORDERLY_REMOTE_URL", sim_url.as_str())],
+    );
+    assert!(
+        orderly_local::demo::wait_done_on(backend.store.as_ref(), 1, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        "the genuine order completes"
+    );
+    wait_for(
+        "both forged requests dead-lettered",
+        Duration::from_secs(30),
+        async || {
+            backend
+                .transport
+                .dead_letters(&inventory, 10)
+                .await
+                .unwrap()
+                .len()
+                >= 2
+        },
+    )
+    .await;
+    let mut refused = backend
+        .transport
+        .dead_letters(&inventory, 10)
+        .await
+        .unwrap();
+    refused.sort_by(|a, b| a.message.message_id.cmp(&b.message.message_id));
+    assert_eq!(refused.len(), 2);
+    for (dead, why) in refused.iter().zip(["bad signature", "unsigned"]) {
+        assert_eq!(dead.reason, "BadSignature", "{}", dead.description);
+        assert!(dead.description.contains(why), "{}", dead.description);
+    }
+    let view = backend.store.get(&id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Processed);
+    assert!(
+        view.steps
+            .iter()
+            .all(|s| s.detail.as_deref() != Some("forged")),
+        "{:?}",
+        view.steps
+    );
+    // The service was called for the genuine order's three steps only.
+    assert_eq!(sim.stats().calls, 3, "{:?}", sim.effects());
+    assert!(
+        sim.effects().iter().all(|e| e.order_id == id.as_str()),
+        "{:?}",
+        sim.effects()
+    );
+    let redirected = backend
+        .transport
+        .receive(&mallory, 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(
+        redirected.is_empty(),
+        "a notice reached the attacker's queue"
+    );
+    drop((agent, scheduler));
+    stop.cancel();
+}

@@ -385,6 +385,45 @@ impl<D: Driver> SchedulerStore for SqlStore<D> {
             .collect()
     }
 
+    async fn message_key(
+        &self,
+        fresh: orderly_core::signing::MessageKey,
+        by: &str,
+    ) -> Result<orderly_core::signing::MessageKey> {
+        let mut conn = self.driver.acquire().await?;
+        let stored = |row: Option<D::Row>| -> Result<Option<orderly_core::signing::MessageKey>> {
+            row.map(|r| {
+                let secret: String = Cols(&r).get("secret")?;
+                orderly_core::signing::MessageKey::from_hex(&secret)
+                    .map_err(orderly_core::Error::Corrupt)
+            })
+            .transpose()
+        };
+        let row = q(st::MESSAGE_KEY)
+            .fetch_optional::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        if let Some(key) = stored(row)? {
+            return Ok(key);
+        }
+        let now = self.driver.now(&mut conn).await?;
+        q(st::RECORD_MESSAGE_KEY)
+            .bind(fresh.to_hex())
+            .bind(Ts(now))
+            .bind(by.to_owned())
+            .execute::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        // Whoever stored first, this is the one key.
+        let row = q(st::MESSAGE_KEY)
+            .fetch_optional::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        stored(row)?.ok_or_else(|| {
+            orderly_core::Error::Corrupt("the message key was stored but cannot be read".into())
+        })
+    }
+
     async fn count_owned(&self, owner: &InstanceId) -> Result<i64> {
         let mut conn = self.driver.acquire().await?;
         let row = q(st::COUNT_OWNED)

@@ -326,3 +326,40 @@ pub async fn orders_move_only_to_a_stored_compatible_version_and_say_so(ctx: &Ct
             .is_empty()
     );
 }
+
+/// One message key per deployment: of racing first callers (each its own handle, like
+/// the roles' processes starting together) one's fresh key is stored and all get that
+/// one; a later caller gets it too, whatever fresh key it offers.
+pub async fn the_message_key_is_created_once_and_shared(ctx: &Ctx) {
+    use orderly_core::signing::MessageKey;
+    let mut racers = Vec::new();
+    let mut offered = Vec::new();
+    for i in 0..6 {
+        let store = ctx.store().await;
+        let fresh = MessageKey::generate();
+        offered.push(fresh.clone());
+        racers.push(tokio::spawn(async move {
+            store
+                .message_key(fresh, &format!("agent-{i}"))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut keys = Vec::new();
+    for r in racers {
+        keys.push(r.await.unwrap());
+    }
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one key for all");
+    assert!(
+        offered.contains(&keys[0]),
+        "the key is one a caller offered"
+    );
+    let later = ctx.store().await;
+    assert_eq!(
+        later
+            .message_key(MessageKey::generate(), "scheduler-b")
+            .await
+            .unwrap(),
+        keys[0]
+    );
+}
