@@ -64,13 +64,18 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
             public_url,
             operators_file,
             trusted_proxy,
+            proxy_header,
             on,
         } => {
+            let proxy = orderly_cli::dashboard::Proxy::from_settings(
+                trusted_proxy,
+                proxy_header.as_deref(),
+            )?;
             let access = match operators_file {
-                Some(path) => orderly_cli::dashboard::Access::from_file(&path, trusted_proxy)?,
+                Some(path) => orderly_cli::dashboard::Access::from_file(&path, proxy)?,
                 None => orderly_cli::dashboard::Access {
                     operators: Vec::new(),
-                    trusted_proxy,
+                    proxy,
                 },
             };
             dashboard(url, listen, token, public_url, access, &on).await

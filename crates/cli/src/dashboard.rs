@@ -67,7 +67,7 @@ struct Dash {
     activity: std::sync::Arc<charts::ActivityCache>,
 }
 
-pub use access::Access;
+pub use access::{Access, Proxy};
 
 /// Serves the dashboard on `listen` until `shutdown`, answering the names `public_url`
 /// and `hosts` allow, to the operators `access` names (or, without any, to whoever has

@@ -271,10 +271,14 @@ enum Command {
         #[arg(long, env = "ORDERLY_DASHBOARD_OPERATORS_FILE")]
         operators_file: Option<std::path::PathBuf>,
         /// The authenticating proxy in front (oauth2-proxy, App Service Easy Auth):
-        /// from this address, X-Forwarded-User / X-Forwarded-Email /
-        /// X-MS-CLIENT-PRINCIPAL-NAME name the operator.
+        /// from this address, and only from it, --proxy-header names the operator.
         #[arg(long, env = "ORDERLY_DASHBOARD_TRUSTED_PROXY")]
         trusted_proxy: Option<std::net::IpAddr>,
+        /// The one header the proxy sets to the operator's name: X-Forwarded-User or
+        /// X-Forwarded-Email (oauth2-proxy), X-MS-CLIENT-PRINCIPAL-NAME (App Service
+        /// Easy Auth). Given more than once, or holding a list, it names nobody.
+        #[arg(long, env = "ORDERLY_DASHBOARD_PROXY_HEADER")]
+        proxy_header: Option<String>,
         /// The queues it shows and acts on: the SQL queue, or Service Bus's.
         #[command(flatten)]
         on: QueueTransport,

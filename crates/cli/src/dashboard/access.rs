@@ -1,9 +1,10 @@
 //! Who uses the dashboard, when it is told: operators named in a file, each with a
 //! role and a token of their own, or named by a trusted authenticating proxy in front
-//! of it (oauth2-proxy's `X-Forwarded-User` / `X-Forwarded-Email`, Azure App Service
-//! Easy Auth's `X-MS-CLIENT-PRINCIPAL-NAME`, believed only from the configured proxy's
-//! address). An action is then recorded under the name signed in, never the form's;
-//! an operator with the `read` role sees every page and changes nothing.
+//! of it in the one header it is configured with (oauth2-proxy's `X-Forwarded-User` or
+//! `X-Forwarded-Email`, Azure App Service Easy Auth's `X-MS-CLIENT-PRINCIPAL-NAME`),
+//! believed only from the proxy's address and only when it holds exactly one name. An
+//! action is then recorded under the name signed in, never the form's; an operator
+//! with the `read` role sees every page and changes nothing.
 //!
 //! The file (`--operators-file` / `ORDERLY_DASHBOARD_OPERATORS_FILE`), one operator a
 //! line, `#` comments:
@@ -50,28 +51,75 @@ impl std::fmt::Debug for Operator {
     }
 }
 
+/// An authenticating proxy in front of the dashboard: its address, and the one header
+/// in which it names the operator (whatever a client sends in any other header, or
+/// from any other address, names nobody).
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    /// Requests from this address only are believed.
+    pub address: IpAddr,
+    /// The header the proxy sets (and overwrites) with the operator's name.
+    pub header: axum::http::HeaderName,
+}
+
+impl Proxy {
+    /// The proxy of the two settings, given both or neither (errors name them).
+    pub fn from_settings(
+        address: Option<IpAddr>,
+        header: Option<&str>,
+    ) -> anyhow::Result<Option<Self>> {
+        const ADDRESS: &str = "--trusted-proxy / ORDERLY_DASHBOARD_TRUSTED_PROXY";
+        const HEADER: &str = "--proxy-header / ORDERLY_DASHBOARD_PROXY_HEADER";
+        match (address, header.map(str::trim)) {
+            (None, None) => Ok(None),
+            (Some(_), None) => bail!(
+                "{ADDRESS} needs {HEADER}: the one header your proxy sets to the operator's \
+                 name (X-Forwarded-User or X-Forwarded-Email for oauth2-proxy, \
+                 X-MS-CLIENT-PRINCIPAL-NAME for App Service Easy Auth)"
+            ),
+            (None, Some(_)) => {
+                bail!("{HEADER} is set without {ADDRESS}: say which address the proxy calls from")
+            }
+            (Some(address), Some(header)) => {
+                let header =
+                    axum::http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+                        anyhow::anyhow!("invalid {HEADER}: {header:?} is not a header name")
+                    })?;
+                if [
+                    axum::http::header::HOST,
+                    axum::http::header::COOKIE,
+                    axum::http::header::AUTHORIZATION,
+                    axum::http::header::ORIGIN,
+                ]
+                .contains(&header)
+                {
+                    bail!("invalid {HEADER}: {header} is not an identity header");
+                }
+                Ok(Some(Self { address, header }))
+            }
+        }
+    }
+}
+
 /// Who may use the dashboard (empty: anyone who has the shared token, or anyone on
 /// loopback, naming themselves in the forms, as before operators were configured).
 #[derive(Debug, Clone, Default)]
 pub struct Access {
     /// The operators of the file.
     pub operators: Vec<Operator>,
-    /// The authenticating proxy whose identity headers are believed.
-    pub trusted_proxy: Option<IpAddr>,
+    /// The authenticating proxy whose identity header is believed.
+    pub proxy: Option<Proxy>,
 }
 
 impl Access {
     /// Whether operators are identified (then every request must say who it is).
     pub fn identifies(&self) -> bool {
-        !self.operators.is_empty() || self.trusted_proxy.is_some()
+        !self.operators.is_empty() || self.proxy.is_some()
     }
 
     /// Reads the operators file `path` (errors name the setting and the line, never a
     /// token).
-    pub fn from_file(
-        path: &std::path::Path,
-        trusted_proxy: Option<IpAddr>,
-    ) -> anyhow::Result<Self> {
+    pub fn from_file(path: &std::path::Path, proxy: Option<Proxy>) -> anyhow::Result<Self> {
         const SETTING: &str = "--operators-file / ORDERLY_DASHBOARD_OPERATORS_FILE";
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {SETTING} {}", path.display()))?;
@@ -90,7 +138,7 @@ impl Access {
             };
             if !valid_name(name) {
                 bail!(
-                    "invalid {SETTING}, line {}: a name is 1 to 64 letters, digits, '-', '_', '.' or '@'",
+                    "invalid {SETTING}, line {}: a name is 1 to 64 ASCII letters, digits, '-', '_', '.' or '@'",
                     n + 1
                 );
             }
@@ -125,13 +173,10 @@ impl Access {
                 token,
             });
         }
-        if operators.is_empty() && trusted_proxy.is_none() {
+        if operators.is_empty() && proxy.is_none() {
             bail!("invalid {SETTING}: it lists no operator");
         }
-        Ok(Self {
-            operators,
-            trusted_proxy,
-        })
+        Ok(Self { operators, proxy })
     }
 
     /// The operator whose token this is.
@@ -158,13 +203,15 @@ impl Access {
     }
 }
 
-/// An operator's name as the audit trail keeps it.
+/// An operator's name as the audit trail keeps it: 1 to 64 ASCII letters, digits,
+/// `-`, `_`, `.` or `@` (so it reads the same in a header, a form, a log and the
+/// history).
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
             .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
 }
 
 #[cfg(test)]
@@ -194,6 +241,7 @@ mod tests {
             ("alice operate\n", "NAME ROLE TOKEN"),
             ("al ice operate 0123456789abcdef0123 x\n", "NAME ROLE TOKEN"),
             ("a<b> operate 0123456789abcdef0123\n", "a name is"),
+            ("jos\u{e9} operate 0123456789abcdef0123\n", "a name is"),
         ] {
             std::fs::write(&file, text).unwrap();
             let e = Access::from_file(&file, None).unwrap_err().to_string();

@@ -115,33 +115,43 @@ fn sign_in(req: &Request, token: &str, secure: bool) -> Response {
 }
 
 /// Who the request is from, when the dashboard identifies its operators: the operator
-/// whose `token` it carries, or the name the trusted proxy gives (only from its address).
+/// whose `token` it carries, or the name the trusted proxy gives in its one header
+/// (only from its address). `Err`: the answer to give (nobody, or a proxy header that
+/// does not hold exactly one valid name).
 fn identified(
     dash: &Dash,
     req: &Request,
     token: Option<&str>,
-) -> Option<(String, super::access::Role)> {
+) -> Result<(String, super::access::Role), &'static str> {
+    const SIGN_IN: &str = "sign in: open the dashboard once with ?token=YOUR-OPERATOR-TOKEN, or through its authenticating proxy\n";
     let access = &dash.access;
     if let Some(o) = token.and_then(|t| access.by_token(t)) {
-        return Some((o.name.clone(), o.role));
+        return Ok((o.name.clone(), o.role));
     }
     let peer = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip());
-    if access.trusted_proxy.is_some() && peer == access.trusted_proxy {
-        let name = [
-            "x-forwarded-user",
-            "x-forwarded-email",
-            "x-ms-client-principal-name",
-        ]
-        .iter()
-        .find_map(|h| req.headers().get(*h).and_then(|v| v.to_str().ok()))
-        .map(str::trim)
-        .filter(|n| super::access::valid_name(n))?;
-        return Some((name.to_owned(), access.role_of(name)));
+    let Some(proxy) = access.proxy.as_ref().filter(|p| Some(p.address) == peer) else {
+        return Err(SIGN_IN);
+    };
+    let mut values = req.headers().get_all(&proxy.header).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        // None, or several: a client's own value beside the proxy's.
+        tracing::warn!(header = %proxy.header, "refused: the proxy's identity header is missing or given more than once");
+        return Err(
+            "the authenticating proxy must name exactly one operator in its identity header\n",
+        );
+    };
+    let name = value.to_str().map(str::trim).unwrap_or("");
+    if !super::access::valid_name(name) {
+        // A list ("mallory, carol"), non-ASCII, or anything else that is not one name.
+        tracing::warn!(header = %proxy.header, "refused: the proxy's identity header does not hold one valid name");
+        return Err(
+            "the authenticating proxy's identity header must hold one name: 1 to 64 ASCII letters, digits, '-', '_', '.' or '@'\n",
+        );
     }
-    None
+    Ok((name.to_owned(), access.role_of(name)))
 }
 
 /// The token (when one is required) and a CSRF cookie on every response.
@@ -153,12 +163,9 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
         if let Some(query) = query.filter(|q| dash.access.by_token(q).is_some()) {
             return sign_in(&req, &query, dash.secure);
         }
-        let Some((name, role)) = identified(&dash, &req, token.as_deref()) else {
-            return (
-                StatusCode::UNAUTHORIZED,
-                "sign in: open the dashboard once with ?token=YOUR-OPERATOR-TOKEN, or through its authenticating proxy\n",
-            )
-                .into_response();
+        let (name, role) = match identified(&dash, &req, token.as_deref()) {
+            Ok(who) => who,
+            Err(why) => return (StatusCode::UNAUTHORIZED, why).into_response(),
         };
         let reads = matches!(
             *req.method(),
@@ -171,9 +178,16 @@ pub(super) async fn guard(State(dash): State<Dash>, req: Request, next: Next) ->
             )
                 .into_response();
         }
-        if let Ok(n) = name.parse() {
-            req.headers_mut().insert(SIGNED_IN, n);
-        }
+        // A valid name is ASCII, so it always makes a header value; were it not to,
+        // nothing is done under another name.
+        let Ok(n) = name.parse() else {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "this operator name cannot be used\n",
+            )
+                .into_response();
+        };
+        req.headers_mut().insert(SIGNED_IN, n);
     } else if let Some(shared) = dash.token.as_deref().filter(|t| !t.is_empty()) {
         if query.as_deref().is_some_and(|q| same(q, shared)) {
             return sign_in(&req, shared, dash.secure);

@@ -205,6 +205,7 @@ async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
         &[
             ("ORDERLY_DASHBOARD_OPERATORS_FILE", file.to_str().unwrap()),
             ("ORDERLY_DASHBOARD_TRUSTED_PROXY", "127.0.0.1"),
+            ("ORDERLY_DASHBOARD_PROXY_HEADER", "X-Forwarded-User"),
         ],
     )
     .await;
@@ -301,7 +302,69 @@ async fn operators_act_under_their_own_names_and_a_reader_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(odd.status(), 401);
+    // Only the configured header names anyone: a client's own X-Forwarded-Email (which
+    // this proxy neither sets nor strips) beside it, or alone, names nobody; nor does
+    // a second value of the header, a list, or a name that is not ASCII (before, these
+    // let the client in, and a name that did not fit a header acted under the name
+    // typed in the form).
+    let proxied = |headers: Vec<(&'static str, reqwest::header::HeaderValue)>| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let mut r = http.get(&base);
+            for (name, value) in headers {
+                r = r.header(name, value);
+            }
+            r.send().await.unwrap().status().as_u16()
+        }
+    };
+    let value = |v: &[u8]| reqwest::header::HeaderValue::from_bytes(v).unwrap();
+    assert_eq!(
+        proxied(vec![("x-forwarded-email", value(b"carol"))]).await,
+        401
+    );
+    assert_eq!(
+        proxied(vec![
+            ("x-forwarded-user", value(b"mallory")),
+            ("x-forwarded-user", value(b"carol")),
+        ])
+        .await,
+        401
+    );
+    assert_eq!(
+        proxied(vec![("x-forwarded-user", value(b"mallory, carol"))]).await,
+        401
+    );
+    assert_eq!(
+        proxied(vec![("x-forwarded-user", value("jos\u{e9}".as_bytes()))]).await,
+        401
+    );
+    assert_eq!(
+        proxied(vec![("x-forwarded-user", value(b"carol"))]).await,
+        200
+    );
     let _ = std::fs::remove_file(&file);
+
+    // A trusted proxy without its header, or a header without a proxy, stops start-up
+    // naming both settings.
+    for env in [
+        [("ORDERLY_DASHBOARD_TRUSTED_PROXY", "127.0.0.1")],
+        [("ORDERLY_DASHBOARD_PROXY_HEADER", "X-Forwarded-User")],
+    ] {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut p = Proc::start_with(
+            "orderly",
+            &db.url,
+            &["dashboard", "--listen", &listen],
+            &env,
+        );
+        assert!(!p.wait(Duration::from_secs(20)).success());
+        let out = p.output();
+        assert!(
+            out.contains("--trusted-proxy / ORDERLY_DASHBOARD_TRUSTED_PROXY")
+                && out.contains("--proxy-header / ORDERLY_DASHBOARD_PROXY_HEADER"),
+            "{out}"
+        );
+    }
 }
 
 /// Secrets planted where users put them (a remote service's URL with an Azure
