@@ -13,5 +13,6 @@ pub use blob_lease::{
     BlobAuth, BlobConfigError, BlobLease, BlobLocation, EntraSource, entra_credential,
 };
 pub use servicebus::{
-    PEEK_COUNT_CAP, Provisioned, QueueAdmin, ServiceBusSettings, ServiceBusTransport,
+    PEEK_COUNT_CAP, Provisioned, QueueAdmin, STANDARD_MAX_BATCH_BYTES, ServiceBusSettings,
+    ServiceBusTransport,
 };

@@ -127,7 +127,12 @@ impl Transport for ServiceBusTransport {
         // One batch per broker call, each within the entity's size; one after the
         // other, each retried on its own (a repeat of one already taken is dropped by
         // message id).
-        let parts = batches(queue, messages, self.settings.max_batch_bytes)?;
+        let parts = batches(
+            queue,
+            messages,
+            self.settings.max_message_bytes,
+            self.settings.max_batch_bytes,
+        )?;
         if parts.len() > 1 {
             tracing::debug!(queue = %queue, batches = parts.len(), "send split by size");
         }

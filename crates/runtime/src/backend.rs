@@ -156,6 +156,8 @@ pub fn servicebus_settings(args: &crate::ServiceBusArgs) -> anyhow::Result<Servi
     )?;
     let mut settings = ServiceBusSettings::new(connection);
     settings.unsecured = args.servicebus_unsecured;
+    settings.max_message_bytes = args.servicebus_max_message_bytes;
+    settings.max_batch_bytes = args.servicebus_max_batch_bytes;
     Ok(settings)
 }
 

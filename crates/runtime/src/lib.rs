@@ -106,6 +106,26 @@ pub struct ServiceBusArgs {
     /// Service Bus: plain AMQP without TLS, for the local emulator only.
     #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
     pub servicebus_unsecured: bool,
+
+    /// Service Bus: the largest message, in bytes (Standard: 256 KB; Premium up to
+    /// 100 MB, as the entity is set). A larger one is refused before it is sent, and
+    /// only it: the others sent with it go out.
+    #[arg(long, env = "ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES", default_value_t = orderly_azure::STANDARD_MAX_BATCH_BYTES, value_parser = sb_bytes)]
+    pub servicebus_max_message_bytes: usize,
+
+    /// Service Bus: the most one call of several messages carries, in bytes
+    /// (Standard: 256 KB; Premium: 1 MB). Sends are split into batches within it.
+    #[arg(long, env = "ORDERLY_SERVICEBUS_MAX_BATCH_BYTES", default_value_t = orderly_azure::STANDARD_MAX_BATCH_BYTES, value_parser = sb_bytes)]
+    pub servicebus_max_batch_bytes: usize,
+}
+
+/// A Service Bus size limit: 4096 to 104857600 bytes.
+fn sb_bytes(raw: &str) -> Result<usize, String> {
+    raw.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (4096..=100 * 1024 * 1024).contains(n))
+        .ok_or_else(|| format!("{raw:?}: must be a number of bytes from 4096 to 104857600"))
 }
 
 /// Where messages travel.
@@ -153,6 +173,14 @@ impl std::fmt::Debug for ServiceBusArgs {
                 &self.servicebus_connection_file,
             )
             .field("servicebus_unsecured", &self.servicebus_unsecured)
+            .field(
+                "servicebus_max_message_bytes",
+                &self.servicebus_max_message_bytes,
+            )
+            .field(
+                "servicebus_max_batch_bytes",
+                &self.servicebus_max_batch_bytes,
+            )
             .finish()
     }
 }

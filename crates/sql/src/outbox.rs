@@ -157,8 +157,10 @@ impl<D: Driver> SqlStore<D> {
     }
 
     /// Sends one queue's leased messages to `target` and marks them by what happened:
-    /// sent, dead (the queue does not exist, or out of attempts) or failed (retried
-    /// after a pause).
+    /// sent, dead (the queue does not exist, the target refuses the message as it is, or
+    /// out of attempts) or failed (retried after a pause). When the target refuses a
+    /// batch as invalid (one message too large, say), each message goes alone, so only
+    /// the one refused is set aside and the others are sent.
     async fn publish(
         &self,
         relay: &InstanceId,
@@ -171,15 +173,48 @@ impl<D: Driver> SqlStore<D> {
             seqs: leased,
             messages,
         } = batch;
-        let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
         match target.send(&queue, &messages).await {
-            Ok(_) => {
+            Err(TransportError::Invalid(e)) if messages.len() > 1 => {
+                tracing::warn!(queue = %queue, count = messages.len(), error = %e, "outbox: the target refused the batch; sending its messages one by one");
+                for (one, message) in leased.into_iter().zip(messages) {
+                    let result = target.send(&queue, std::slice::from_ref(&message)).await;
+                    self.mark(relay, &queue, &[one], result.map(|_| ()), outcome)
+                        .await?;
+                }
+                Ok(())
+            }
+            result => {
+                self.mark(relay, &queue, &leased, result.map(|_| ()), outcome)
+                    .await
+            }
+        }
+    }
+
+    /// Marks `leased` (seq, attempts so far) by the `result` of sending them.
+    async fn mark(
+        &self,
+        relay: &InstanceId,
+        queue: &QueueName,
+        leased: &[(i64, i32)],
+        result: std::result::Result<(), TransportError>,
+        outcome: &mut RelayOutcome,
+    ) -> Result<()> {
+        let seqs: Vec<i64> = leased.iter().map(|(seq, _)| *seq).collect();
+        match result {
+            Ok(()) => {
                 self.mark_sent(relay, &seqs).await?;
                 outcome.sent += seqs.len();
             }
             Err(TransportError::QueueNotFound(_)) => {
                 let reason = format!("QueueNotFound: queue {queue} does not exist");
                 tracing::warn!(queue = %queue, count = seqs.len(), "outbox: the queue does not exist; messages set aside as dead letters");
+                self.mark_dead(relay, &seqs, &reason).await?;
+                outcome.dead += seqs.len();
+            }
+            Err(TransportError::Invalid(e)) => {
+                // As it is, the target never takes it: retrying cannot help.
+                let reason = format!("Invalid: refused by the target: {e}");
+                tracing::warn!(queue = %queue, count = seqs.len(), error = %e, "outbox: the target refuses the message as it is; set aside as a dead letter");
                 self.mark_dead(relay, &seqs, &reason).await?;
                 outcome.dead += seqs.len();
             }

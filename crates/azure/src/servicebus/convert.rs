@@ -50,7 +50,7 @@ where
         return TransportError::Invalid(ValidationError::new(
             "message",
             format!(
-                "refused by {queue} as too large ({e}); lower ORDERLY_SERVICEBUS_MAX_BATCH_BYTES to the entity's limit"
+                "refused by {queue} as too large ({e}); lower ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES and ORDERLY_SERVICEBUS_MAX_BATCH_BYTES to the entity's limits"
             ),
         ));
     }
@@ -176,30 +176,33 @@ pub fn wire_size(m: &OutgoingMessage) -> usize {
         + FRAMING
 }
 
-/// Splits `messages` into consecutive batches of at most `max` bytes each
-/// ([`wire_size`]); a message that alone is over `max` is refused, naming `queue` and
+/// Splits `messages` into consecutive batches of at most `max_batch` bytes each
+/// ([`wire_size`]); a message over `max_batch` but within `max_message` goes in a batch
+/// of its own (a broker call of one message is held to the message limit, not the
+/// batch's). A message over `max_message` is refused, naming `queue`, the message and
 /// the sizes, before anything is sent.
 pub fn batches<'m>(
     queue: &QueueName,
     messages: &'m [OutgoingMessage],
-    max: usize,
+    max_message: usize,
+    max_batch: usize,
 ) -> Result<Vec<&'m [OutgoingMessage]>, TransportError> {
     let mut out = Vec::new();
     let (mut start, mut size) = (0, 0);
     for (i, m) in messages.iter().enumerate() {
         let w = wire_size(m);
-        if w > max {
+        if w > max_message {
             return Err(ValidationError::new(
                 "message",
                 format!(
-                    "{} is {w} bytes, over the {max} bytes a message to {queue} may have \
-                     (ORDERLY_SERVICEBUS_MAX_BATCH_BYTES; Service Bus Standard allows 256 KB): nothing sent",
+                    "{} is {w} bytes, over the {max_message} bytes a message to {queue} may have \
+                     (ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES; Service Bus Standard allows 256 KB): nothing sent",
                     m.message_id
                 ),
             )
             .into());
         }
-        if size + w > max {
+        if i > start && size + w > max_batch {
             out.push(&messages[start..i]);
             (start, size) = (i, 0);
         }
@@ -246,5 +249,52 @@ mod tests {
         let shown = redact(text, sas);
         assert!(!shown.contains("s1gnatureValue"), "{shown}");
         assert_eq!(redact("nothing secret", sas), "nothing secret");
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::{batches, wire_size};
+    use orderly_core::transport::{OutgoingMessage, QueueName, TransportError};
+
+    fn sized(id: &str, body: usize) -> OutgoingMessage {
+        OutgoingMessage::new(id, vec![b'x'; body])
+    }
+
+    #[test]
+    fn a_message_over_the_batch_limit_goes_alone_and_one_over_the_message_limit_is_refused() {
+        let q = QueueName::parse("agent.payment").unwrap();
+        let small = sized("s", 100);
+        let w = wire_size(&small);
+        // Premium-like: messages up to 10 KB, batches up to 3 small ones.
+        let (max_message, max_batch) = (10_000, 3 * w);
+        let messages = vec![
+            small.clone(),
+            small.clone(),
+            sized("big", 5_000),
+            small.clone(),
+            small.clone(),
+            small.clone(),
+            small.clone(),
+        ];
+        let parts = batches(&q, &messages, max_message, max_batch).unwrap();
+        let ids: Vec<Vec<&str>> = parts
+            .iter()
+            .map(|p| p.iter().map(|m| m.message_id.as_str()).collect())
+            .collect();
+        assert_eq!(
+            ids,
+            vec![vec!["s", "s"], vec!["big"], vec!["s", "s", "s"], vec!["s"]]
+        );
+        let too_big = vec![small, sized("huge", 20_000)];
+        let e = batches(&q, &too_big, max_message, max_batch).unwrap_err();
+        assert!(matches!(e, TransportError::Invalid(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("huge")
+                && text.contains("ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES")
+                && text.contains("10000"),
+            "{text}"
+        );
     }
 }

@@ -18,10 +18,14 @@ pub struct ServiceBusSettings {
     pub try_timeout: Duration,
     /// Retries of a failed call.
     pub max_retries: u32,
-    /// The most one send carries, and so the largest message: a send is split into
+    /// The most one broker call of several messages carries: a send is split into
     /// batches of at most this many bytes (the Standard tier's 256 KB by default;
-    /// Premium takes up to 100 MB, set by `ORDERLY_SERVICEBUS_MAX_BATCH_BYTES`).
+    /// Premium's is 1 MB, set by `ORDERLY_SERVICEBUS_MAX_BATCH_BYTES`).
     pub max_batch_bytes: usize,
+    /// The largest message (the Standard tier's 256 KB by default; Premium takes up to
+    /// 100 MB, set by `ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES`). One over the batch limit
+    /// but within this goes out alone.
+    pub max_message_bytes: usize,
 }
 
 /// Service Bus Standard's limit of a message and of a batch.
@@ -35,6 +39,7 @@ impl std::fmt::Debug for ServiceBusSettings {
             .field("try_timeout", &self.try_timeout)
             .field("max_retries", &self.max_retries)
             .field("max_batch_bytes", &self.max_batch_bytes)
+            .field("max_message_bytes", &self.max_message_bytes)
             .finish()
     }
 }
@@ -48,6 +53,7 @@ impl ServiceBusSettings {
             try_timeout: Duration::from_secs(10),
             max_retries: 2,
             max_batch_bytes: STANDARD_MAX_BATCH_BYTES,
+            max_message_bytes: STANDARD_MAX_BATCH_BYTES,
         }
     }
 
@@ -93,23 +99,20 @@ impl ServiceBusSettings {
             Some("true") => true,
             Some(_) => return Err(ValidationError::new(UNSECURED, "must be true or false")),
         };
-        const MAX_BATCH: &str = "ORDERLY_SERVICEBUS_MAX_BATCH_BYTES";
-        let max_batch_bytes = match var(MAX_BATCH).as_deref().map(str::trim) {
-            None | Some("") => STANDARD_MAX_BATCH_BYTES,
+        let bytes = |name: &'static str| match var(name).as_deref().map(str::trim) {
+            None | Some("") => Ok(STANDARD_MAX_BATCH_BYTES),
             Some(raw) => raw
                 .parse::<usize>()
                 .ok()
                 .filter(|n| (4096..=100 * 1024 * 1024).contains(n))
                 .ok_or_else(|| {
-                    ValidationError::new(
-                        MAX_BATCH,
-                        "must be a number of bytes from 4096 to 104857600",
-                    )
-                })?,
+                    ValidationError::new(name, "must be a number of bytes from 4096 to 104857600")
+                }),
         };
         Ok(Self {
             unsecured,
-            max_batch_bytes,
+            max_batch_bytes: bytes("ORDERLY_SERVICEBUS_MAX_BATCH_BYTES")?,
+            max_message_bytes: bytes("ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES")?,
             ..Self::new(connection)
         })
     }

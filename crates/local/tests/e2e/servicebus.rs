@@ -397,3 +397,77 @@ async fn the_operators_queue_commands_work_on_service_bus() {
         "{err}"
     );
 }
+
+/// One message the broker would refuse (over `ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES`:
+/// here an order of 100 long lines, whose step request carries its details) goes in
+/// the relay's batch with the others' requests. Only it is set aside as an outbox
+/// dead letter, with the setting named; the others are published and their orders
+/// complete. Before, the batch was refused whole and every row in it was retried and
+/// then set aside with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_size_message_is_set_aside_alone_and_its_batch_goes_out() {
+    let standin = standin_with_queues();
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let connection = standin.connection_string();
+    let mut env = role_env(&connection).to_vec();
+    env.push(("ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES", "8192"));
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
+    // The orders wait in the queue until the scheduler starts, so its first claim
+    // takes them together and the relay leases their requests as one batch.
+    let mut orders = demo::sample_orders(20);
+    let mut big = demo::sample_orders(1).remove(0);
+    let lines: Vec<orderly_core::order::OrderLine> = (0..orderly_core::order::MAX_LINES)
+        .map(|i| orderly_core::order::OrderLine {
+            sku: format!("SKU-{i:03}-{}", "X".repeat(40)),
+            quantity: 1,
+            unit_price_minor: 100,
+        })
+        .collect();
+    big.details = orderly_core::order::OrderDetails::new(
+        "c-big",
+        orderly_core::order::Currency::parse("EUR").unwrap(),
+        lines,
+    )
+    .unwrap();
+    let big_id = big.order_id.clone();
+    orders.insert(10, big);
+    let client = client(&connection).await;
+    demo::post(&client, &orders).await.unwrap();
+    let _submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    wait_for("21 orders recorded", Duration::from_secs(60), async || {
+        count(&*store, ProcessState::Pending).await == 21
+    })
+    .await;
+    let _scheduler = Proc::start_with("orderly-scheduler", &db.url, &[], &env);
+    let _agent = Proc::start_with("orderly-agent", &db.url, &["--remote-url", &remote], &env);
+    wait_for(
+        "the 20 other orders processed",
+        Duration::from_secs(90),
+        async || count(&*store, ProcessState::Processed).await == 20,
+    )
+    .await;
+    let (ok, out) = crate::procs::orderly(&db.url, &["outbox", "--json"]);
+    assert!(ok, "{out}");
+    let outbox: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let dead = outbox["dead_letters"].as_array().unwrap();
+    assert_eq!(dead.len(), 1, "{outbox:#}");
+    assert_eq!(dead[0]["queue"], "agent.inventory", "{outbox:#}");
+    assert!(
+        dead[0]["message_id"]
+            .as_str()
+            .unwrap()
+            .contains(big_id.as_str()),
+        "{outbox:#}"
+    );
+    assert_eq!(dead[0]["attempts"], 1, "set aside at once: {outbox:#}");
+    let reason = dead[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ORDERLY_SERVICEBUS_MAX_MESSAGE_BYTES") && reason.contains("8192"),
+        "{reason}"
+    );
+    let view = store.get(&big_id).await.unwrap();
+    assert_eq!(view.state.process_state, ProcessState::Processing);
+}
