@@ -6,7 +6,12 @@
 //!   request (slowloris) or an idle connection is closed then;
 //! - a request, its body included, is answered within `ORDERLY_HTTP_REQUEST_TIMEOUT_MS`
 //!   (60 s), or gets 408;
-//! - at most `ORDERLY_HTTP_MAX_CONNECTIONS` (256) connections at once: one more is
+//! - a response that the client does not read (its writes make no progress) for
+//!   `ORDERLY_HTTP_WRITE_TIMEOUT` (30 s) ends its connection, counted
+//!   (`orderly_http_connections_cut_total`): a client that pipelines requests and never
+//!   reads the answers holds no slot for ever;
+//! - at most `ORDERLY_HTTP_MAX_CONNECTIONS` (256) connections at once, and at most
+//!   `ORDERLY_HTTP_MAX_CONNECTIONS_PER_CLIENT` (64) from one address: one more is
 //!   closed as soon as it is accepted, and counted
 //!   (`orderly_http_connections_refused_total`).
 //!
@@ -31,8 +36,13 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// A request is answered within this, or gets 408.
     pub request_timeout: Duration,
+    /// A response's writes may make no progress for this long, then the connection
+    /// is ended.
+    pub write_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections served at once from one address.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for Limits {
@@ -40,7 +50,9 @@ impl Default for Limits {
         Self {
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             max_connections: 256,
+            max_connections_per_client: 64,
         }
     }
 }
@@ -94,12 +106,23 @@ impl Limits {
                 d.request_timeout,
                 Duration::from_secs(3_600),
             )?,
+            write_timeout: duration(
+                "ORDERLY_HTTP_WRITE_TIMEOUT",
+                d.write_timeout,
+                Duration::from_secs(3_600),
+            )?,
             max_connections: usize::try_from(number(
                 "ORDERLY_HTTP_MAX_CONNECTIONS",
                 d.max_connections as u64,
                 1..=100_000,
             )?)
             .unwrap_or(d.max_connections),
+            max_connections_per_client: usize::try_from(number(
+                "ORDERLY_HTTP_MAX_CONNECTIONS_PER_CLIENT",
+                d.max_connections_per_client as u64,
+                1..=100_000,
+            )?)
+            .unwrap_or(d.max_connections_per_client),
         })
     }
 }
@@ -123,6 +146,7 @@ pub async fn serve(
         },
     ));
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let clients = Clients::new(limits.max_connections_per_client);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -145,6 +169,13 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let Some(client_slot) = clients.take(peer.ip()) else {
+            metrics::counter!("orderly_http_connections_refused_total", "listener" => what)
+                .increment(1);
+            tracing::debug!(listener = what, %peer, max = limits.max_connections_per_client, "connection refused: too many open from this address");
+            drop(stream);
+            continue;
+        };
         // Handlers may ask who connected (the dashboard believes a proxy's identity
         // headers only from the proxy's address).
         let service = hyper_util::service::TowerToHyperService::new(app.clone().map_request(
@@ -155,15 +186,25 @@ pub async fn serve(
                 req
             },
         ));
+        let (stream, stalled) = Watched::new(stream);
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
+        let write_timeout = limits.write_timeout;
         tokio::spawn(async move {
-            let _permit = permit;
-            if let Err(e) = conn.await {
-                tracing::debug!(listener = what, %peer, error = %e, "connection ended");
+            let (_permit, _client_slot) = (permit, client_slot);
+            tokio::select! {
+                ended = conn => if let Err(e) = ended {
+                    tracing::debug!(listener = what, %peer, error = %e, "connection ended");
+                },
+                () = stalled.outlasts(write_timeout) => {
+                    // Dropping the connection closes it.
+                    metrics::counter!("orderly_http_connections_cut_total", "listener" => what, "reason" => "write_timeout")
+                        .increment(1);
+                    tracing::debug!(listener = what, %peer, write_timeout_ms = write_timeout.as_millis() as u64, "connection cut: the client reads nothing of its answer");
+                }
             }
         });
     }
@@ -175,6 +216,171 @@ pub async fn serve(
             listener = what,
             "requests still running 5 s after shutdown: cut"
         );
+    }
+}
+
+/// The connections open per client address, each held by a [`ClientSlot`].
+#[derive(Clone)]
+struct Clients {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    max: usize,
+}
+
+impl Clients {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    /// A slot for one more connection from `ip`, unless it has `max` open.
+    fn take(&self, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One open connection of a client; given back when dropped.
+struct ClientSlot {
+    clients: Clients,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .clients
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Since when a connection's writes have made no progress (`None`: they do).
+#[derive(Clone, Default)]
+struct Stalled(Arc<std::sync::Mutex<Option<tokio::time::Instant>>>);
+
+impl Stalled {
+    fn set(&self, pending: bool) {
+        let mut since = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (pending, since.is_some()) {
+            (true, false) => *since = Some(tokio::time::Instant::now()),
+            (false, true) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// Returns once the writes have made no progress for `limit`.
+    async fn outlasts(&self, limit: Duration) {
+        let check = (limit / 4).max(Duration::from_millis(25));
+        loop {
+            tokio::time::sleep(check).await;
+            let since = *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if since.is_some_and(|s| s.elapsed() >= limit) {
+                return;
+            }
+        }
+    }
+}
+
+/// A connection whose writes are watched: [`Stalled`] says since when one waits for
+/// the client to read.
+struct Watched {
+    inner: tokio::net::TcpStream,
+    stalled: Stalled,
+}
+
+impl Watched {
+    fn new(inner: tokio::net::TcpStream) -> (Self, Stalled) {
+        let stalled = Stalled::default();
+        (
+            Self {
+                inner,
+                stalled: stalled.clone(),
+            },
+            stalled,
+        )
+    }
+
+    fn watch<T>(
+        &self,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        self.stalled.set(poll.is_pending());
+        poll
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        // A socket's flush never waits: only writes say whether the client reads.
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -172,6 +172,85 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
     .await;
 }
 
+/// A client that pipelines requests and never reads the answers is cut once the
+/// answers stop moving (the write timeout), and one address cannot take more than its
+/// share of a listener's connections: here a role's operations endpoint, where the
+/// orchestrator's probes come. Before, the pipelining client held its connection for
+/// as long as it liked, and one address could take every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_and_one_address_cannot_take_every_slot() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let ops = free_port();
+    let listen = format!("127.0.0.1:{ops}");
+    let _supervisor = Proc::start_with(
+        "orderly-supervisor",
+        &db.url,
+        &["--http-listen", &listen],
+        &[
+            ("ORDERLY_HTTP_WRITE_TIMEOUT", "500ms"),
+            ("ORDERLY_HTTP_HEADER_TIMEOUT", "30s"),
+            ("ORDERLY_HTTP_MAX_CONNECTIONS_PER_CLIENT", "4"),
+        ],
+    );
+    // Each read on a connection of its own, closed by the server when answered (a
+    // pooled connection left open would count against this address's share).
+    let metrics = async || {
+        let mut s = TcpStream::connect(("127.0.0.1", ops)).ok()?;
+        s.write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {listen}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        answer.starts_with("HTTP/1.1 200").then_some(answer)
+    };
+    wait_for(
+        "the supervisor's endpoint",
+        Duration::from_secs(20),
+        async || metrics().await.is_some(),
+    )
+    .await;
+    // Thousands of requests in one go, and not a byte of the answers read: far more
+    // than the sockets' buffers hold, so the server's writes stop.
+    let mut greedy = TcpStream::connect(("127.0.0.1", ops)).unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {listen}\r\n\r\n");
+    greedy.write_all(request.repeat(3_000).as_bytes()).unwrap();
+    let cut = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("orderly_http_connections_cut_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    wait_for(
+        "the client that reads nothing cut",
+        Duration::from_secs(30),
+        async || metrics().await.is_some_and(|t| cut(&t) >= 1.0),
+    )
+    .await;
+    let ended = closed_within(&mut greedy, Duration::from_secs(10));
+    assert!(ended.is_some(), "the server closed the connection");
+
+    // Four connections from this address are held; a fifth is closed at once, and so
+    // the address gets nothing more until one of its own goes.
+    let mut held: Vec<TcpStream> = (0..4).map(|_| half_sent(ops)).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = half_sent(ops);
+    let closed = closed_within(&mut extra, Duration::from_secs(5))
+        .expect("a connection past the address's share is closed");
+    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+    assert_eq!(
+        closed_within(&mut held[0], Duration::from_millis(300)),
+        None,
+        "a connection within the share is kept"
+    );
+    held.pop();
+    wait_for("served again", Duration::from_secs(10), async || {
+        metrics().await.is_some()
+    })
+    .await;
+}
+
 /// With operators configured, each signs in with their own token (or through the
 /// trusted proxy) and acts under their own name: a form naming someone else is refused
 /// (the audit trail cannot be forged), a `read` operator changes nothing, and a request
