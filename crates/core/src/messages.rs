@@ -268,7 +268,7 @@ fn kind_letter(kind: StepKind) -> char {
 
 /// How an action ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
+#[serde(tag = "result", rename_all = "snake_case", deny_unknown_fields)]
 pub enum StepOutcome {
     /// Done; the remote service's answer.
     Succeeded {
@@ -447,5 +447,33 @@ mod tests {
         assert!(env.message.message_id.len() <= 128);
         assert!(notice.envelope(Some("bad queue!"), "1").is_none());
         assert!(notice.envelope(None, "1").is_none());
+    }
+
+    #[test]
+    fn a_fence_or_an_outcome_with_a_field_no_version_sends_is_refused() {
+        let fence = Fence {
+            order_id: OrderId::parse("o-1").unwrap(),
+            owner: InstanceId::generate("scheduler"),
+            epoch: Epoch(3),
+        };
+        let mut value = serde_json::to_value(&fence).unwrap();
+        assert_eq!(
+            serde_json::from_value::<Fence>(value.clone()).unwrap(),
+            fence
+        );
+        value["owner_override"] = "scheduler-x".into();
+        assert!(serde_json::from_value::<Fence>(value).is_err());
+
+        let outcome = StepOutcome::Succeeded {
+            detail: "ok".into(),
+        };
+        let mut value = serde_json::to_value(&outcome).unwrap();
+        assert_eq!(
+            serde_json::from_value::<StepOutcome>(value.clone()).unwrap(),
+            outcome
+        );
+        value["notify_to"] = "elsewhere".into();
+        let e = serde_json::from_value::<StepOutcome>(value).unwrap_err();
+        assert!(e.to_string().contains("notify_to"), "{e}");
     }
 }

@@ -104,6 +104,7 @@ impl fmt::Display for Epoch {
 
 /// The proof of ownership a scheduler presents with every write to an order it claimed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Fence {
     /// The order.
     pub order_id: OrderId,

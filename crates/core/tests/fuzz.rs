@@ -1,5 +1,6 @@
 //! Property-based fuzzing of every decoder of input that crosses a trust boundary: the
-//! messages on the queues (an order, a step request, a step reply, a status notice),
+//! messages on the queues (an order, a step request, a step reply, a status notice, and
+//! the alerts a client reads: an order's, a service's outage, a system condition),
 //! the workflow files and stored definitions, and the names and references parsed
 //! from settings and URLs. Each case starts from a valid value and mutates it the way
 //! a broken or hostile sender would (a field replaced by any JSON value, removed or
@@ -290,6 +291,46 @@ fn status_notices_decode_or_are_refused_by_name() {
     .unwrap();
     decoder("StatusNotice", &notice, |n| {
         let _ = n.envelope(Some("client-7"), "3");
+    });
+}
+
+#[test]
+fn order_alerts_decode_or_are_refused_by_name() {
+    let alert: orderly_core::store::Alert = serde_json::from_value(json!({
+        "alert_id": 7, "order_id": "o-1", "raised_at": "2026-12-06T10:00:00Z",
+        "step_index": 2, "step": "ship", "last_error": "declined", "failure_count": 3,
+        "reply_to": "client-7", "published_at": null, "acknowledged_at": null,
+        "acknowledged_by": null,
+    }))
+    .unwrap();
+    decoder("Alert", &alert, |_| {});
+}
+
+#[test]
+fn service_alerts_decode_or_are_refused_by_name() {
+    let alert: orderly_core::service::ServiceAlert = serde_json::from_value(json!({
+        "kind": "service_down", "service": "agent.payment", "outage": 4,
+        "down_since": "2026-12-06T10:00:00Z", "up_at": null,
+        "last_error": "503 from the service", "waiting": 12,
+    }))
+    .unwrap();
+    decoder("ServiceAlert", &alert, |_| {});
+}
+
+#[test]
+fn condition_notices_decode_or_are_refused_by_name() {
+    let notice: orderly_core::conditions::ConditionNotice = serde_json::from_value(json!({
+        "event": "raised",
+        "alert": {
+            "alert_id": 9, "kind": "pending_too_old", "subject": "orders",
+            "detail": "the oldest Pending order waited 12 min",
+            "raised_at": "2026-12-06T10:00:00Z", "raised_by": "supervisor-1",
+            "resolved_at": null,
+        },
+    }))
+    .unwrap();
+    decoder("ConditionNotice", &notice, |n| {
+        let _ = n.message_id();
     });
 }
 
