@@ -61,6 +61,7 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
         Command::Dashboard {
             listen,
             token,
+            token_file,
             public_url,
             operators_file,
             trusted_proxy,
@@ -78,6 +79,12 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
                     proxy,
                 },
             };
+            let token = orderly_runtime::secret(
+                token.as_deref(),
+                token_file.as_deref(),
+                "--token / ORDERLY_DASHBOARD_TOKEN",
+                "--token-file / ORDERLY_DASHBOARD_TOKEN_FILE",
+            )?;
             dashboard(url, listen, token, public_url, access, &on).await
         }
         command => on_store(command, url).await,

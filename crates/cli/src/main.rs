@@ -261,6 +261,9 @@ enum Command {
         /// Required for a non-loopback address; give it once as ?token=...
         #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// A file holding the token (a mounted secret), instead of --token.
+        #[arg(long, env = "ORDERLY_DASHBOARD_TOKEN_FILE")]
+        token_file: Option<std::path::PathBuf>,
         /// The URL operators reach it by (behind a proxy or ingress): requests to any
         /// other host name than it, an IP address or localhost are refused.
         #[arg(long, env = "ORDERLY_DASHBOARD_PUBLIC_URL")]

@@ -896,3 +896,54 @@ async fn forged_step_requests_and_replies_are_refused_by_the_real_roles() {
     drop((agent, scheduler));
     stop.cancel();
 }
+
+/// The dashboard's shared token may come from a file (a mounted secret), as the other
+/// secrets do: the dashboard then asks for it; given both ways, start-up stops naming
+/// the two settings and never the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_token_may_come_from_a_mounted_file() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let secret = "dashboard-token-from-a-file-0123";
+    let file = std::env::temp_dir().join(format!(
+        "orderly-dashboard-token-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let path = file.to_str().unwrap();
+    let (_dash, port) = dashboard(&db.url, &[("ORDERLY_DASHBOARD_TOKEN_FILE", path)]).await;
+    let http = crate::procs::http_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    assert_eq!(http.get(&base).send().await.unwrap().status(), 401);
+    let signed = http
+        .get(format!("{base}/?token={secret}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), 303);
+
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut both = Proc::start_with(
+        "orderly",
+        &db.url,
+        &["dashboard", "--listen", &listen],
+        &[
+            ("ORDERLY_DASHBOARD_TOKEN_FILE", path),
+            ("ORDERLY_DASHBOARD_TOKEN", "another-token-0123456789"),
+        ],
+    );
+    assert!(!both.wait(Duration::from_secs(20)).success());
+    let out = both.output();
+    assert!(
+        out.contains("--token / ORDERLY_DASHBOARD_TOKEN")
+            && out.contains("--token-file / ORDERLY_DASHBOARD_TOKEN_FILE"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(secret) && !out.contains("another-token"),
+        "{out}"
+    );
+    let _ = std::fs::remove_file(&file);
+}
