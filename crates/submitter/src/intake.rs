@@ -55,9 +55,11 @@ struct Intake {
 /// The shortest intake token taken (as for the console's operators).
 pub const MIN_TOKEN: usize = 16;
 
-/// Refuses a listen address off loopback without a token, and a token shorter than
-/// [`MIN_TOKEN`]; the error names the settings.
-pub fn check(listen: std::net::SocketAddr, token: Option<&str>) -> anyhow::Result<()> {
+/// Refuses a listen address off loopback without a token, a token shorter than
+/// [`MIN_TOKEN`], and an intake without a token unless `open` says that is meant
+/// (loopback only: any process of the machine may then post); the error names the
+/// settings.
+pub fn check(listen: std::net::SocketAddr, token: Option<&str>, open: bool) -> anyhow::Result<()> {
     if token.is_some_and(|t| t.trim().is_empty()) {
         anyhow::bail!("--intake-token / ORDERLY_INTAKE_TOKEN is empty");
     }
@@ -69,11 +71,20 @@ pub fn check(listen: std::net::SocketAddr, token: Option<&str>) -> anyhow::Resul
             t.trim().chars().count()
         );
     }
-    if !listen.ip().is_loopback() && token.is_none() {
-        anyhow::bail!(
+    match (token.is_some(), open, listen.ip().is_loopback()) {
+        (true, true, _) => anyhow::bail!(
+            "give either --intake-token / ORDERLY_INTAKE_TOKEN or --intake-open / ORDERLY_INTAKE_OPEN, not both"
+        ),
+        (false, _, false) => anyhow::bail!(
             "the HTTP intake on {listen} (--http-listen / ORDERLY_HTTP_LISTEN, not loopback) \
              needs --intake-token / ORDERLY_INTAKE_TOKEN: clients send it as Authorization: Bearer"
-        );
+        ),
+        (false, false, true) => anyhow::bail!(
+            "the HTTP intake on {listen} has no token, so any process of this machine may \
+             post orders: give --intake-token / ORDERLY_INTAKE_TOKEN (or its _FILE), or \
+             --intake-open / ORDERLY_INTAKE_OPEN to say that is meant (loopback only)"
+        ),
+        _ => {}
     }
     Ok(())
 }

@@ -20,6 +20,11 @@ struct Args {
     /// A file holding the intake token (e.g. a mounted secret).
     #[arg(long, env = "ORDERLY_INTAKE_TOKEN_FILE")]
     intake_token_file: Option<std::path::PathBuf>,
+    /// Serve the intake without a token, on loopback only: any process of this
+    /// machine may then post orders (for a laptop or a sidecar). Without a token the
+    /// intake does not start unless this says so.
+    #[arg(long, env = "ORDERLY_INTAKE_OPEN")]
+    intake_open: bool,
     /// Most orders read from the orders queue and recorded in one transaction.
     #[arg(long, env = "ORDERLY_SUBMIT_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     submit_batch: u32,
@@ -93,7 +98,9 @@ fn check_intake(args: &Args) -> anyhow::Result<()> {
         (true, None) => anyhow::bail!(
             "--http-intake / ORDERLY_HTTP_INTAKE needs --http-listen / ORDERLY_HTTP_LISTEN (where to serve it)"
         ),
-        (true, Some(addr)) => orderly_submitter::intake::check(addr, args.intake_token.as_deref()),
+        (true, Some(addr)) => {
+            orderly_submitter::intake::check(addr, args.intake_token.as_deref(), args.intake_open)
+        }
     }
 }
 

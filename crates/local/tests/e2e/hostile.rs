@@ -618,7 +618,7 @@ async fn a_web_page_cannot_post_orders_to_the_loopback_intake() {
     let _submitter = Proc::start(
         "orderly-submitter",
         &db.url,
-        &["--http-listen", &listen, "--http-intake"],
+        &["--http-listen", &listen, "--http-intake", "--intake-open"],
     );
     crate::newcomer::wait_listening(port).await;
     let http = crate::procs::http();

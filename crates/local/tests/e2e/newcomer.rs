@@ -86,7 +86,7 @@ async fn one_by_one(dialect: Dialect) {
     let submitter = Proc::start(
         "orderly-submitter",
         &db.url,
-        &["--http-listen", &intake, "--http-intake"],
+        &["--http-listen", &intake, "--http-intake", "--intake-open"],
     );
     let scheduler = Proc::start("orderly-scheduler", &db.url, &[]);
     let agent = Proc::start("orderly-agent", &db.url, &["--remote-url", &remote]);
@@ -195,7 +195,7 @@ async fn http_burst(dialect: Dialect) {
     let _submitter = Proc::start(
         "orderly-submitter",
         &db.url,
-        &["--http-listen", &listen, "--http-intake"],
+        &["--http-listen", &listen, "--http-intake", "--intake-open"],
     );
     wait_listening(port).await;
     let http = crate::procs::http_builder()
@@ -431,6 +431,44 @@ async fn the_http_intake_needs_its_token() {
         "{stderr}"
     );
     let _ = std::fs::remove_file(&file);
+    // On loopback too, an intake without a token starts only when told so; told so
+    // off loopback, or with a token as well, it does not.
+    let on = |listen: &str, env: &[(&str, &str)]| {
+        let out = Command::new(bin("orderly-submitter"))
+            .args(["--http-listen", listen, "--http-intake", "--check-config"])
+            .env("ORDERLY_DATABASE_URL", &db.url)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = on("127.0.0.1:0", &[]);
+    assert!(
+        !ok && stderr.contains("--intake-open / ORDERLY_INTAKE_OPEN")
+            && stderr.contains("ORDERLY_INTAKE_TOKEN"),
+        "{stderr}"
+    );
+    let (ok, stderr) = on("127.0.0.1:0", &[("ORDERLY_INTAKE_OPEN", "true")]);
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = on(
+        "0.0.0.0:0",
+        &[
+            ("ORDERLY_INTAKE_OPEN", "true"),
+            ("ORDERLY_METRICS_TOKEN", "a-metrics-token-of-some-length"),
+        ],
+    );
+    assert!(!ok && stderr.contains("not loopback"), "{stderr}");
+    let (ok, stderr) = on(
+        "127.0.0.1:0",
+        &[
+            ("ORDERLY_INTAKE_OPEN", "true"),
+            ("ORDERLY_INTAKE_TOKEN", "s3cret-intake-token"),
+        ],
+    );
+    assert!(!ok && stderr.contains("not both"), "{stderr}");
 
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -491,7 +529,7 @@ async fn the_submitter_takes_only_client_reply_queues_when_a_prefix_is_set() {
     let _submitter = Proc::start_with(
         "orderly-submitter",
         &db.url,
-        &["--http-listen", &listen, "--http-intake"],
+        &["--http-listen", &listen, "--http-intake", "--intake-open"],
         &[("ORDERLY_REPLY_TO_PREFIX", "client-")],
     );
     wait_listening(port).await;

@@ -86,7 +86,7 @@ async fn the_roles_process_orders_over_service_bus_through_the_outbox() {
     let _submitter = Proc::start_with(
         "orderly-submitter",
         &db.url,
-        &["--http-listen", &intake, "--http-intake"],
+        &["--http-listen", &intake, "--http-intake", "--intake-open"],
         &env,
     );
     let _scheduler = Proc::start_with(
