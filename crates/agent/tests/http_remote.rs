@@ -79,7 +79,7 @@ async fn bursts_of_calls_reuse_the_connections_of_the_first() {
         stats.connections
     );
     shutdown.cancel();
-    server.await.unwrap().unwrap();
+    server.await.unwrap();
 }
 
 /// A service that answers 200 and then streams its body for ever.

@@ -185,12 +185,7 @@ impl System {
                 let sim = Sim::new(sim_cfg.clone());
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
                 let addr = listener.local_addr()?;
-                let serve = sim.clone().serve(listener, shutdown.clone());
-                tasks.push(tokio::spawn(async move {
-                    if let Err(e) = serve.await {
-                        tracing::error!(error = %e, "simulator stopped");
-                    }
-                }));
+                tasks.push(tokio::spawn(sim.clone().serve(listener, shutdown.clone())));
                 (Some(sim), Some(addr), format!("http://{addr}/actions"))
             }
             None => (

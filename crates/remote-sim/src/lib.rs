@@ -215,12 +215,25 @@ impl Sim {
             .with_state(self.clone())
     }
 
-    /// Serves on `listener` until `shutdown`.
-    pub async fn serve(
+    /// Serves on `listener` until `shutdown`, bounded as every orderly listener is,
+    /// with connection caps that a bench's agents stay within
+    /// (`orderly_runtime::http::Limits::test_service`).
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
+        self.serve_within(
+            listener,
+            orderly_runtime::http::Limits::test_service(),
+            shutdown,
+        )
+        .await;
+    }
+
+    /// [`Self::serve`] within `limits`.
+    pub async fn serve_within(
         self,
         listener: tokio::net::TcpListener,
+        limits: orderly_runtime::http::Limits,
         shutdown: CancellationToken,
-    ) -> std::io::Result<()> {
+    ) {
         for o in &self.cfg.outages {
             let (sim, o, shutdown) = (self.clone(), o.clone(), shutdown.clone());
             tokio::spawn(async move {
@@ -237,12 +250,17 @@ impl Sim {
             });
         }
         let connections = self.connections.clone();
-        let listener = axum::serve::ListenerExt::tap_io(listener, move |_| {
-            connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        });
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+        orderly_runtime::http::serve_counting(
+            listener,
+            self.router(),
+            limits,
+            "remote-sim",
+            shutdown,
+            move || {
+                connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            },
+        )
+        .await;
     }
 
     fn roll(&self) -> f64 {

@@ -83,8 +83,12 @@ async fn run() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on --listen {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "remote-service simulator listening");
+    // Bounded like every listener; its connection caps fit a bench's agents.
+    let limits = orderly_runtime::http::Limits::from_env_over(
+        orderly_runtime::http::Limits::test_service(),
+    )?;
     Sim::new(cfg)
-        .serve(listener, orderly_runtime::shutdown_on_signals())
-        .await?;
+        .serve_within(listener, limits, orderly_runtime::shutdown_on_signals())
+        .await;
     Ok(())
 }

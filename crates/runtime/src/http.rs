@@ -61,11 +61,28 @@ impl Limits {
     /// The bounds from the environment (the defaults where a variable is unset); a bad
     /// value is refused, naming the variable.
     pub fn from_env() -> anyhow::Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(|name| std::env::var(name).ok(), Self::default())
     }
 
-    fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let d = Self::default();
+    /// [`Self::from_env`] over other defaults (a server with other needs).
+    pub fn from_env_over(defaults: Self) -> anyhow::Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok(), defaults)
+    }
+
+    /// The bounds of a server that stands in for the remote services in tests and
+    /// demos: the same timeouts, and connection caps that every agent of a bench
+    /// stays within (each agent opens up to its concurrency, 256 a queue, from this
+    /// machine).
+    #[must_use]
+    pub fn test_service() -> Self {
+        Self {
+            max_connections: 16_384,
+            max_connections_per_client: 16_384,
+            ..Self::default()
+        }
+    }
+
+    fn from_lookup(get: impl Fn(&str) -> Option<String>, d: Self) -> anyhow::Result<Self> {
         let number =
             |name: &str, default: u64, range: std::ops::RangeInclusive<u64>| match get(name) {
                 None => Ok(default),
@@ -136,6 +153,19 @@ pub async fn serve(
     what: &'static str,
     shutdown: CancellationToken,
 ) {
+    serve_counting(listener, app, limits, what, shutdown, || {}).await;
+}
+
+/// [`serve`], calling `accepted` for every connection taken (for a server that
+/// counts them, as the remote-service simulator does).
+pub async fn serve_counting(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    what: &'static str,
+    shutdown: CancellationToken,
+    accepted: impl Fn() + Send + Sync + 'static,
+) {
     let request_timeout = limits.request_timeout;
     let app = app.layer(axum::middleware::from_fn(
         move |req: Request, next: axum::middleware::Next| async move {
@@ -149,11 +179,11 @@ pub async fn serve(
     let clients = Clients::new(limits.max_connections_per_client);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
-        let accepted = tokio::select! {
+        let next = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+            next = listener.accept() => next,
         };
-        let (stream, peer) = match accepted {
+        let (stream, peer) = match next {
             Ok(a) => a,
             Err(e) => {
                 // Out of file descriptors, say: wait rather than spin.
@@ -162,6 +192,7 @@ pub async fn serve(
                 continue;
             }
         };
+        accepted();
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             metrics::counter!("orderly_http_connections_refused_total", "listener" => what)
                 .increment(1);
@@ -502,13 +533,22 @@ mod tests {
     #[test]
     fn limits_come_from_the_environment_and_a_bad_value_names_its_variable() {
         let none = |_: &str| None;
-        assert_eq!(Limits::from_lookup(none).unwrap(), Limits::default());
+        assert_eq!(
+            Limits::from_lookup(none, Limits::default()).unwrap(),
+            Limits::default()
+        );
         let set = |name: &str| (name == "ORDERLY_HTTP_MAX_CONNECTIONS").then(|| "8".to_owned());
-        assert_eq!(Limits::from_lookup(set).unwrap().max_connections, 8);
+        assert_eq!(
+            Limits::from_lookup(set, Limits::default())
+                .unwrap()
+                .max_connections,
+            8
+        );
         for bad in ["0", "-1", "ten", "100001"] {
-            let e = Limits::from_lookup(|name: &str| {
-                (name == "ORDERLY_HTTP_MAX_CONNECTIONS").then(|| bad.to_owned())
-            })
+            let e = Limits::from_lookup(
+                |name: &str| (name == "ORDERLY_HTTP_MAX_CONNECTIONS").then(|| bad.to_owned()),
+                Limits::default(),
+            )
             .unwrap_err();
             assert!(
                 e.to_string().contains("ORDERLY_HTTP_MAX_CONNECTIONS"),
@@ -516,9 +556,10 @@ mod tests {
             );
         }
         for bad in ["5ms", "5", "11m"] {
-            let e = Limits::from_lookup(|name: &str| {
-                (name == "ORDERLY_HTTP_HEADER_TIMEOUT").then(|| bad.to_owned())
-            })
+            let e = Limits::from_lookup(
+                |name: &str| (name == "ORDERLY_HTTP_HEADER_TIMEOUT").then(|| bad.to_owned()),
+                Limits::default(),
+            )
             .unwrap_err();
             assert!(
                 e.to_string().contains("ORDERLY_HTTP_HEADER_TIMEOUT"),
@@ -528,9 +569,27 @@ mod tests {
         let old =
             |name: &str| (name == "ORDERLY_HTTP_REQUEST_TIMEOUT_MS").then(|| "2500".to_owned());
         assert_eq!(
-            Limits::from_lookup(old).unwrap().request_timeout,
+            Limits::from_lookup(old, Limits::default())
+                .unwrap()
+                .request_timeout,
             Duration::from_millis(2500),
             "the old name, in milliseconds, is still read"
+        );
+        let per_client = |name: &str| {
+            (name == "ORDERLY_HTTP_MAX_CONNECTIONS_PER_CLIENT").then(|| "3".to_owned())
+        };
+        let limits = Limits::from_lookup(per_client, Limits::test_service()).unwrap();
+        assert_eq!(limits.max_connections_per_client, 3);
+        assert_eq!(
+            limits.max_connections,
+            Limits::test_service().max_connections
+        );
+        let write = |name: &str| (name == "ORDERLY_HTTP_WRITE_TIMEOUT").then(|| "1s".to_owned());
+        assert_eq!(
+            Limits::from_lookup(write, Limits::default())
+                .unwrap()
+                .write_timeout,
+            Duration::from_secs(1)
         );
     }
 }

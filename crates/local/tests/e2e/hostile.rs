@@ -135,6 +135,23 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
         .expect("the operations endpoint holds no half-sent request for 10 s");
     assert!(cut < Duration::from_secs(5), "cut after {cut:?}");
 
+    // The remote-service simulator too (before, it served with no bound at all).
+    let sim = free_port();
+    let _sim = Proc::start_with(
+        "orderly-remote-sim",
+        &db.url,
+        &["--listen", &format!("127.0.0.1:{sim}")],
+        &[("ORDERLY_HTTP_HEADER_TIMEOUT", "500ms")],
+    );
+    wait_for("the simulator", Duration::from_secs(20), async || {
+        TcpStream::connect(("127.0.0.1", sim)).is_ok()
+    })
+    .await;
+    let mut slow = half_sent(sim);
+    let cut = closed_within(&mut slow, Duration::from_secs(10))
+        .expect("the simulator holds no half-sent request for 10 s");
+    assert!(cut < Duration::from_secs(5), "cut after {cut:?}");
+
     // A connection past the cap is closed at once; the ones it holds are not; once
     // they go, connections are served again.
     let (_capped, port) = dashboard(
