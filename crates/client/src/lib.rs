@@ -51,6 +51,13 @@ use tokio::sync::Mutex;
 const SEND_BATCH: usize = 100;
 /// How long one receive of notices waits at most before the deadline is looked at again.
 const NOTICE_WAIT: Duration = Duration::from_millis(500);
+/// Most orders whose notices are kept for a later [`Client::wait_for`]: past it, the
+/// notices of the order first seen longest ago are dropped (logged), so a client that
+/// posts without waiting does not grow without bound.
+pub const INBOX_ORDERS: usize = 100_000;
+/// Most notices kept per order (a workflow of many steps sends one per step): past it,
+/// the oldest that is not final is dropped.
+pub const INBOX_PER_ORDER: usize = 256;
 
 /// Where the orders queue is.
 #[derive(Clone)]
@@ -185,7 +192,70 @@ pub struct Client {
     orders: QueueName,
     reply_to: Option<QueueName>,
     /// Notices received for orders nobody is waiting on yet, by order.
-    inbox: Mutex<HashMap<OrderId, Vec<StatusNotice>>>,
+    inbox: Mutex<Inbox>,
+}
+
+/// The notices read but not yet taken, by order, within [`INBOX_ORDERS`] and
+/// [`INBOX_PER_ORDER`].
+struct Inbox {
+    by_order: HashMap<OrderId, Vec<StatusNotice>>,
+    /// Orders by when their first kept notice came (some may be gone since).
+    arrival: std::collections::VecDeque<OrderId>,
+    max_orders: usize,
+    max_per_order: usize,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        Self::with_caps(INBOX_ORDERS, INBOX_PER_ORDER)
+    }
+}
+
+impl Inbox {
+    fn with_caps(max_orders: usize, max_per_order: usize) -> Self {
+        Self {
+            by_order: HashMap::new(),
+            arrival: std::collections::VecDeque::new(),
+            max_orders,
+            max_per_order,
+        }
+    }
+
+    fn keep(&mut self, n: StatusNotice) {
+        let id = n.order_id.clone();
+        let seen = self.by_order.entry(id.clone()).or_default();
+        if seen.is_empty() {
+            self.arrival.push_back(id.clone());
+        }
+        seen.push(n);
+        if seen.len() > self.max_per_order {
+            let oldest = seen.iter().position(|n| !is_final(n.status)).unwrap_or(0);
+            seen.remove(oldest);
+            tracing::warn!(order_id = %id, kept = self.max_per_order, "status notices of one order over the client's inbox bound: the oldest dropped");
+        }
+        while self.by_order.len() > self.max_orders {
+            let Some(old) = self.arrival.pop_front() else {
+                break;
+            };
+            if self.by_order.remove(&old).is_some() {
+                tracing::warn!(order_id = %old, kept = self.max_orders, "status notices of more orders than the client's inbox keeps: those of the order seen longest ago dropped (wait_for it in time, or forget it)");
+            }
+        }
+        // Orders taken or forgotten leave their place behind: clear those out now and
+        // then, so the queue stays within a multiple of what is kept.
+        if self.arrival.len() > 2 * self.max_orders.max(self.by_order.len()) {
+            let kept = &self.by_order;
+            self.arrival.retain(|id| kept.contains_key(id));
+        }
+    }
+
+    fn get_mut(&mut self, id: &OrderId) -> Option<&mut Vec<StatusNotice>> {
+        self.by_order.get_mut(id)
+    }
+
+    fn remove(&mut self, id: &OrderId) {
+        self.by_order.remove(id);
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -374,7 +444,7 @@ impl Client {
             let notices = self.notices(left.min(NOTICE_WAIT)).await?;
             let mut inbox = self.inbox.lock().await;
             for n in notices {
-                inbox.entry(n.order_id.clone()).or_default().push(n);
+                inbox.keep(n);
             }
         }
     }
@@ -416,4 +486,55 @@ fn is_final(status: OrderStatus) -> bool {
         status,
         OrderStatus::Completed | OrderStatus::Failed | OrderStatus::Cancelled
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(order: &str, status: OrderStatus, step: Option<&str>) -> StatusNotice {
+        StatusNotice {
+            order_id: OrderId::parse(order).unwrap(),
+            status,
+            step: step.map(str::to_owned),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn the_inbox_keeps_the_newest_orders_and_an_orders_final_notice_within_its_bounds() {
+        let mut inbox = Inbox::with_caps(3, 2);
+        for i in 0..5 {
+            inbox.keep(notice(&format!("o-{i}"), OrderStatus::Received, None));
+        }
+        let mut kept: Vec<String> = inbox.by_order.keys().map(ToString::to_string).collect();
+        kept.sort();
+        assert_eq!(
+            kept,
+            ["o-2", "o-3", "o-4"],
+            "the orders seen longest ago go"
+        );
+
+        // One order's notices: the oldest that is not final goes, the final one stays.
+        let id = OrderId::parse("o-4").unwrap();
+        inbox.keep(notice("o-4", OrderStatus::StepDone, Some("reserve")));
+        inbox.keep(notice("o-4", OrderStatus::Completed, None));
+        inbox.keep(notice("o-4", OrderStatus::StepDone, Some("late")));
+        let statuses: Vec<OrderStatus> = inbox
+            .get_mut(&id)
+            .unwrap()
+            .iter()
+            .map(|n| n.status)
+            .collect();
+        assert_eq!(statuses, [OrderStatus::Completed, OrderStatus::StepDone]);
+
+        // Taken or forgotten orders do not pile up in the arrival queue.
+        for i in 5..1_000 {
+            let id = format!("o-{i}");
+            inbox.keep(notice(&id, OrderStatus::Received, None));
+            inbox.remove(&OrderId::parse(&id).unwrap());
+        }
+        assert!(inbox.arrival.len() <= 2 * 3 + 1, "{}", inbox.arrival.len());
+        assert!(inbox.by_order.len() <= 3);
+    }
 }
