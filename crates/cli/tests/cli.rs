@@ -268,6 +268,10 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{bin} with {var}=0 started");
         assert!(err.contains(flag) && err.contains("no period"), "{err}");
+        assert!(
+            err.contains(var),
+            "the variable that was set is named: {err}"
+        );
     }
     let err = run(role("orderly-agent"), &["--queues", "bad queue!"]);
     assert!(err.contains("ORDERLY_AGENT_QUEUES"), "{err}");

@@ -121,7 +121,48 @@ pub fn parse_command_line<T: clap::Parser>(binary: &str) -> T {
     for w in &warnings {
         warn(binary, w);
     }
-    T::try_parse_from(args).unwrap_or_else(|e| refused(binary, e))
+    let cmd = T::command();
+    T::try_parse_from(args.clone()).unwrap_or_else(|e| refused(binary, from_where(&cmd, &args, e)))
+}
+
+/// `e` with the environment variable named when the refused value came from it rather
+/// than from the command line (clap names only the flag, which the user never typed).
+fn from_where(cmd: &clap::Command, args: &[OsString], mut e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return e;
+    }
+    let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg) else {
+        return e;
+    };
+    let Some(long) = shown
+        .strip_prefix("--")
+        .and_then(|rest| rest.split([' ', '=']).next())
+        .map(str::to_owned)
+    else {
+        return e;
+    };
+    let typed = args.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == format!("--{long}") || a.starts_with(&format!("--{long}="))
+    });
+    let env = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long.as_str()))
+        .and_then(clap::Arg::get_env)
+        .map(|v| v.to_string_lossy().into_owned());
+    if let Some(env) = env.filter(|v| !typed && std::env::var_os(v).is_some()) {
+        e.insert(
+            ContextKind::Suggested,
+            ContextValue::StyledStrs(vec![
+                format!("the value comes from the environment variable {env}").into(),
+            ]),
+        );
+    }
+    e
 }
 
 /// Prints a start-up warning of `binary` (before its logs are set up): a JSON line like
@@ -319,8 +360,9 @@ pub fn parse<T: clap::Parser>(role: &str) -> anyhow::Result<T> {
         cmd = cmd.mut_arg(id, |a| a.default_value(value).hide_default_value(true));
     }
     let matches = cmd
-        .try_get_matches_from(args)
-        .unwrap_or_else(|e| refused(&binary, e));
+        .clone()
+        .try_get_matches_from(args.clone())
+        .unwrap_or_else(|e| refused(&binary, from_where(&cmd, &args, e)));
     T::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
