@@ -50,6 +50,12 @@ pub struct Common {
     #[arg(long, env = "ORDERLY_HTTP_LISTEN")]
     pub http_listen: Option<std::net::SocketAddr>,
 
+    /// Also serve /healthz and /readyz alone on this address (e.g. 0.0.0.0:9091), with
+    /// connections of their own: the orchestrator's probes are then answered whoever
+    /// holds the connections of --http-listen (the intake's clients, scrapers).
+    #[arg(long, env = "ORDERLY_PROBE_LISTEN")]
+    pub probe_listen: Option<std::net::SocketAddr>,
+
     /// The token /metrics asks for as `Authorization: Bearer` (a secret, at least 16
     /// characters); required when --http-listen is not loopback. /healthz and /readyz
     /// never ask for one (the orchestrator's probes).
@@ -146,6 +152,7 @@ impl std::fmt::Debug for Common {
             .field("instance_id", &self.instance_id)
             .field("log_json", &self.log_json)
             .field("http_listen", &self.http_listen)
+            .field("probe_listen", &self.probe_listen)
             .field(
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<redacted>"),
@@ -233,8 +240,19 @@ impl Common {
     pub fn ops_listen(&self) -> anyhow::Result<Option<ops::Listen>> {
         const SETTING: &str = "--metrics-token / ORDERLY_METRICS_TOKEN";
         let Some(addr) = self.http_listen else {
+            if self.probe_listen.is_some() {
+                anyhow::bail!(
+                    "--probe-listen / ORDERLY_PROBE_LISTEN needs --http-listen / ORDERLY_HTTP_LISTEN \
+                     (the operations endpoints it stands beside)"
+                );
+            }
             return Ok(None);
         };
+        if self.probe_listen == Some(addr) {
+            anyhow::bail!(
+                "--probe-listen / ORDERLY_PROBE_LISTEN is the address of --http-listen / ORDERLY_HTTP_LISTEN: give it a port of its own"
+            );
+        }
         let token = secret(
             self.metrics_token.as_deref(),
             self.metrics_token_file.as_deref(),
@@ -255,6 +273,7 @@ impl Common {
         Ok(Some(ops::Listen {
             addr,
             metrics_token: token,
+            probes: self.probe_listen,
         }))
     }
 

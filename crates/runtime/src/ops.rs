@@ -243,6 +243,8 @@ pub struct Listen {
     pub addr: SocketAddr,
     /// Asked for as `Authorization: Bearer` on /metrics; `None`: open (loopback only).
     pub metrics_token: Option<String>,
+    /// Where /healthz and /readyz are also served alone, on connections of their own.
+    pub probes: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for Listen {
@@ -253,6 +255,7 @@ impl std::fmt::Debug for Listen {
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<redacted>"),
             )
+            .field("probes", &self.probes)
             .finish()
     }
 }
@@ -297,26 +300,35 @@ pub async fn serve(
     let Listen {
         addr: listen,
         metrics_token,
+        probes: probe_listen,
     } = listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| {
             format!("cannot listen on --http-listen / ORDERLY_HTTP_LISTEN {listen}")
         })?;
+    let probe_listener = match probe_listen {
+        Some(at) => Some(tokio::net::TcpListener::bind(at).await.with_context(|| {
+            format!("cannot listen on --probe-listen / ORDERLY_PROBE_LISTEN {at}")
+        })?),
+        None => None,
+    };
     let Endpoints { probes, metrics } =
         endpoints(role, backend, metrics, leader.into_iter().collect());
-    let mut app = probes.merge(behind(metrics, metrics_token));
+    let mut app = probes.clone().merge(behind(metrics, metrics_token));
     if let Some(extra) = extra {
         app = app.merge(extra);
     }
     tracing::info!(%listen, "serving /healthz, /readyz and /metrics");
-    Ok(tokio::spawn(crate::http::serve(
-        listener,
-        app,
-        limits,
-        "operations",
-        shutdown,
-    )))
+    let main = crate::http::serve(listener, app, limits, "operations", shutdown.clone());
+    let Some(probe_listener) = probe_listener else {
+        return Ok(tokio::spawn(main));
+    };
+    tracing::info!(listen = ?probe_listen, "serving /healthz and /readyz on their own");
+    let alone = crate::http::serve(probe_listener, probes, limits, "probes", shutdown);
+    Ok(tokio::spawn(async move {
+        tokio::join!(main, alone);
+    }))
 }
 
 /// What is not ready (for anyone to read) and why (for the log).

@@ -737,13 +737,33 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
                 "{name}: the pod name as instance id"
             );
         }
-        // Probes: the process's operations port.
+        // The process's operations port first; the probes on the roles' probe port
+        // (the dashboard serves them on its one port).
+        let port_of = |listen: &str| -> u64 { listen.rsplit(':').next().unwrap().parse().unwrap() };
         let listen = env
             .get("ORDERLY_DASHBOARD_LISTEN")
             .or(env.get("ORDERLY_HTTP_LISTEN"))
             .unwrap();
-        let port: u64 = listen.rsplit(':').next().unwrap().parse().unwrap();
-        assert_eq!(c["ports"][0]["containerPort"], port, "{name}");
+        assert_eq!(c["ports"][0]["containerPort"], port_of(listen), "{name}");
+        let probed = if name == "orderly-dashboard" {
+            port_of(listen)
+        } else {
+            assert!(
+                help.contains("[env: ORDERLY_PROBE_LISTEN"),
+                "{name}: reads ORDERLY_PROBE_LISTEN"
+            );
+            port_of(&env["ORDERLY_PROBE_LISTEN"])
+        };
+        for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+            let named = c[probe]["httpGet"]["port"].as_str().unwrap();
+            let port = c["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == named)
+                .unwrap_or_else(|| panic!("{name}: {probe} on an undeclared port {named}"));
+            assert_eq!(port["containerPort"], probed, "{name}: {probe}");
+        }
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
         // The image's user, no root.

@@ -268,6 +268,75 @@ async fn a_client_that_never_reads_is_cut_and_one_address_cannot_take_every_slot
     .await;
 }
 
+/// With --probe-listen the orchestrator's probes have connections of their own: while
+/// clients hold every connection of a role's operations listener, /healthz and /readyz
+/// still answer on the probe port (which serves nothing else), so the pod is not
+/// restarted for it. Before, the probes shared that listener's connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_answer_on_their_own_listener_while_the_operations_one_is_full() {
+    let db = Db::new(Dialect::Sqlite).await;
+    let (ops, probes) = (free_port(), free_port());
+    let listen = format!("127.0.0.1:{ops}");
+    let probe_listen = format!("127.0.0.1:{probes}");
+    let _supervisor = Proc::start_with(
+        "orderly-supervisor",
+        &db.url,
+        &["--http-listen", &listen, "--probe-listen", &probe_listen],
+        &[
+            ("ORDERLY_HTTP_HEADER_TIMEOUT", "30s"),
+            ("ORDERLY_HTTP_MAX_CONNECTIONS", "2"),
+        ],
+    );
+    let status = |port: u16, path: &'static str| async move {
+        crate::procs::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    };
+    wait_for("the probe listener", Duration::from_secs(20), async || {
+        status(probes, "/readyz").await == Some(200)
+    })
+    .await;
+    assert_eq!(status(probes, "/healthz").await, Some(200));
+    assert_eq!(status(probes, "/metrics").await, Some(404), "probes only");
+    // Every connection of the operations listener held by half-sent requests.
+    let mut held: Vec<TcpStream> = (0..2).map(|_| half_sent(ops)).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = half_sent(ops);
+    assert!(
+        closed_within(&mut extra, Duration::from_secs(5)).is_some(),
+        "the operations listener is full"
+    );
+    assert_eq!(status(probes, "/healthz").await, Some(200));
+    assert_eq!(status(probes, "/readyz").await, Some(200));
+    assert_eq!(
+        closed_within(&mut held[0], Duration::from_millis(200)),
+        None,
+        "still held"
+    );
+
+    // Without --http-listen, or on its very address, it stops at start-up naming both.
+    for args in [
+        vec!["--probe-listen", "127.0.0.1:0", "--check-config"],
+        vec![
+            "--http-listen",
+            listen.as_str(),
+            "--probe-listen",
+            listen.as_str(),
+            "--check-config",
+        ],
+    ] {
+        let mut p = Proc::start("orderly-supervisor", &db.url, &args);
+        assert!(!p.wait(Duration::from_secs(20)).success());
+        let out = p.output();
+        assert!(
+            out.contains("--probe-listen / ORDERLY_PROBE_LISTEN")
+                && out.contains("--http-listen / ORDERLY_HTTP_LISTEN"),
+            "{out}"
+        );
+    }
+}
+
 /// With operators configured, each signs in with their own token (or through the
 /// trusted proxy) and acts under their own name: a form naming someone else is refused
 /// (the audit trail cannot be forged), a `read` operator changes nothing, and a request
