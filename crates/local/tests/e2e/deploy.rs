@@ -298,7 +298,7 @@ fn compose_runs_our_binaries_with_settings_they_read_and_declares_every_queue_wi
         roles,
         BTreeMap::from([
             ("orderly dashboard".to_owned(), 1),
-            ("orderly-agent".to_owned(), 2),
+            ("orderly-agent".to_owned(), 1),
             ("orderly-remote-sim".to_owned(), 1),
             ("orderly-scheduler".to_owned(), 2),
             ("orderly-submitter".to_owned(), 1),
@@ -353,6 +353,33 @@ fn compose_runs_our_binaries_with_settings_they_read_and_declares_every_queue_wi
         .as_str()
         .unwrap();
     orderly_azure::ServiceBusSettings::check_connection(connection, "compose").unwrap();
+
+    // Within the emulator's 10 AMQP connections: one per process on Service Bus (one
+    // more while it replaces a broken one), and room for `orderly post` beside them.
+    let on_servicebus = services
+        .values()
+        .filter(|s| s["environment"]["ORDERLY_TRANSPORT"] == "servicebus")
+        .count();
+    assert!(
+        on_servicebus + 1 + 2 <= 10,
+        "{on_servicebus} processes on the emulator: no room for a reconnect and the CLI"
+    );
+    // Host ports only for what a user opens (intake, dashboard, the emulator's AMQP off
+    // the port a local RabbitMQ holds); none that a local PostgreSQL or Azurite holds.
+    let published: Vec<String> = services
+        .values()
+        .filter(|s| s["profiles"].is_null())
+        .flat_map(|s| s["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect();
+    for taken in ["5432", "5672", "10000"] {
+        assert!(
+            !published
+                .iter()
+                .any(|p| p.split(':').rev().nth(1) == Some(taken)),
+            "host port {taken} is published: {published:?}"
+        );
+    }
 
     // Config.json: the emulator's schema (one namespace `sbemulatorns`, at most 50
     // queues, required keys) and its limits: time to live 5 min to 1 h, duplicate
