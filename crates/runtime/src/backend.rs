@@ -287,6 +287,9 @@ where
     let started = tokio::time::Instant::now();
     let mut wait = STARTUP_RETRY_MIN;
     let mut tries = 0u32;
+    // The failure last logged: a repeat of it is logged at debug only, a change (say,
+    // from a refused connection to a certificate the trust does not cover) again.
+    let mut last = String::new();
     loop {
         tries += 1;
         match attempt().await {
@@ -297,7 +300,23 @@ where
                 return Ok(v);
             }
             Err(e) if retryable(&e) && started.elapsed() + wait <= limit => {
-                tracing::warn!(error = %e, tries, retry_in_ms = wait.as_millis() as u64, "{what} not reachable yet; retrying");
+                let error = e.to_string();
+                if error == last {
+                    tracing::debug!(
+                        error,
+                        tries,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "{what} still not reachable"
+                    );
+                } else {
+                    tracing::warn!(
+                        error,
+                        tries,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "{what} not reachable yet; retrying, logged again when the failure changes"
+                    );
+                    last = error;
+                }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(STARTUP_RETRY_MAX);
             }
