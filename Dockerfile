@@ -60,8 +60,9 @@ ENV ORDERLY_LOG_JSON=true \
     ORDERLY_HTTP_LISTEN=0.0.0.0:9090
 EXPOSE 9090
 # Healthy when the started command answers /healthz where it serves it: a role on
-# ORDERLY_HTTP_LISTEN, `orderly up` and `orderly dashboard` on ORDERLY_DASHBOARD_LISTEN
-# (127.0.0.1:8088 unless set). Each container serves one of the two.
+# ORDERLY_PROBE_LISTEN when set (the probes' own connections) or ORDERLY_HTTP_LISTEN,
+# `orderly up` and `orderly dashboard` on ORDERLY_DASHBOARD_LISTEN (127.0.0.1:8088
+# unless set). Each container serves one of them.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s \
-  CMD for listen in "${ORDERLY_HTTP_LISTEN:-}" "${ORDERLY_DASHBOARD_LISTEN:-127.0.0.1:8088}"; do [ -n "$listen" ] && curl -fsS -m 2 -o /dev/null "http://127.0.0.1:${listen##*:}/healthz" && exit 0; done; exit 1
+  CMD for listen in "${ORDERLY_PROBE_LISTEN:-}" "${ORDERLY_HTTP_LISTEN:-}" "${ORDERLY_DASHBOARD_LISTEN:-127.0.0.1:8088}"; do [ -n "$listen" ] && curl -fsS -m 2 -o /dev/null "http://127.0.0.1:${listen##*:}/healthz" && exit 0; done; exit 1
 CMD ["orderly", "--help"]
