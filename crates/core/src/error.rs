@@ -4,6 +4,23 @@ use crate::id::{InstanceId, OrderId};
 use crate::state::{Epoch, ProcessState};
 pub use crate::validation::ValidationError;
 
+/// An error with its causes, each said once: `outer: cause: root`, leaving out a cause
+/// whose text its error already shows (many errors print their source in their own
+/// text, which a plain walk of the chain repeats: "X: Y: Y").
+pub fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
+}
+
 /// A convenient alias: every fallible operation of the domain and its ports.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -276,5 +293,51 @@ mod tests {
         // An error naming another order keeps the one it was about in front.
         let other = Error::OrderNotFound(OrderId::parse("o-2").unwrap());
         assert_eq!(other.about(&id), "order o-1: order o-2 not found");
+    }
+}
+
+#[cfg(test)]
+mod cause_tests {
+    /// An error that prints its source in its own text, as sqlx's do.
+    #[derive(Debug)]
+    struct Io(std::io::Error);
+
+    impl std::fmt::Display for Io {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error communicating with database: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Io {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// An outer error that names its source only through `source()`.
+    #[derive(Debug)]
+    struct Outer(Io);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cannot open the state store")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let root = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        assert_eq!(
+            super::causes(&Outer(Io(root))),
+            "cannot open the state store: error communicating with database: invalid peer certificate: UnknownIssuer"
+        );
+        let plain = std::io::Error::other("refused");
+        assert_eq!(super::causes(&plain), "refused");
     }
 }

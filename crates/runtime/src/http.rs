@@ -83,12 +83,12 @@ impl Limits {
     }
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>, d: Self) -> anyhow::Result<Self> {
-        let number =
-            |name: &str, default: u64, range: std::ops::RangeInclusive<u64>| match get(name) {
+        let count =
+            |name: &str, default: usize, range: std::ops::RangeInclusive<usize>| match get(name) {
                 None => Ok(default),
                 Some(raw) => raw
                     .trim()
-                    .parse::<u64>()
+                    .parse::<usize>()
                     .ok()
                     .filter(|n| range.contains(n))
                     .with_context(|| {
@@ -128,18 +128,16 @@ impl Limits {
                 d.write_timeout,
                 Duration::from_secs(3_600),
             )?,
-            max_connections: usize::try_from(number(
+            max_connections: count(
                 "ORDERLY_HTTP_MAX_CONNECTIONS",
-                d.max_connections as u64,
+                d.max_connections,
                 1..=100_000,
-            )?)
-            .unwrap_or(d.max_connections),
-            max_connections_per_client: usize::try_from(number(
+            )?,
+            max_connections_per_client: count(
                 "ORDERLY_HTTP_MAX_CONNECTIONS_PER_CLIENT",
-                d.max_connections_per_client as u64,
+                d.max_connections_per_client,
                 1..=100_000,
-            )?)
-            .unwrap_or(d.max_connections_per_client),
+            )?,
         })
     }
 }

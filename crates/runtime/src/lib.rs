@@ -349,22 +349,7 @@ pub fn exit(binary: &str, result: anyhow::Result<()>) -> std::process::ExitCode 
     std::process::ExitCode::FAILURE
 }
 
-/// An error with its causes, each said once: `outer: cause: root`, leaving out a cause
-/// whose text its error already shows (many errors print their source in their own
-/// text, which a plain walk of the chain repeats: "X: Y: Y").
-pub fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
-}
+pub use orderly_core::error::causes;
 
 /// Runs `main` to its end on a multi-threaded runtime whose worker threads have room
 /// (8 MiB stacks) for the Service Bus client's deep calls, then ends as [`exit`] does.
@@ -577,36 +562,5 @@ mod tests {
         assert_eq!(w.steps[0].retry.max_attempts, 3);
         assert!(!w.compensate_on_error);
         let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
-#[cfg(test)]
-mod cause_tests {
-    /// An error that prints its source in its own text, as sqlx's do.
-    #[derive(Debug)]
-    struct Io(std::io::Error);
-
-    impl std::fmt::Display for Io {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "error communicating with database: {}", self.0)
-        }
-    }
-
-    impl std::error::Error for Io {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[test]
-    fn each_cause_is_said_once() {
-        let root = std::io::Error::other("invalid peer certificate: UnknownIssuer");
-        let e = anyhow::Error::new(Io(root)).context("cannot open the state store");
-        assert_eq!(
-            super::causes(e.as_ref()),
-            "cannot open the state store: error communicating with database: invalid peer certificate: UnknownIssuer"
-        );
-        let plain = anyhow::anyhow!("refused").context("outer");
-        assert_eq!(super::causes(plain.as_ref()), "outer: refused");
     }
 }

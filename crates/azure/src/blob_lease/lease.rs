@@ -153,17 +153,7 @@ fn code(e: &azure_core::Error) -> Option<String> {
 
 /// `e` and its causes, `: `-separated, each said once.
 fn with_causes(e: &azure_core::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    without_queries(&text)
+    without_queries(&orderly_core::error::causes(e))
 }
 
 /// `text` with the query of every URL in it cut (a SAS token is a secret, and the

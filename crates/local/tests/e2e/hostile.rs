@@ -36,6 +36,24 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     }
 }
 
+/// Fills the listener on `port` with `n` half-sent connections and shows it full: one
+/// more is closed at once while the `n` are kept. The listener takes connections in
+/// the order they were made, so the `n` have their places before the extra asks.
+/// Returns the `n`, still held.
+fn filled(port: u16, n: usize) -> Vec<TcpStream> {
+    let mut held: Vec<TcpStream> = (0..n).map(|_| half_sent(port)).collect();
+    let mut extra = half_sent(port);
+    let cut = closed_within(&mut extra, Duration::from_secs(5))
+        .expect("a connection past the cap is closed");
+    assert!(cut < Duration::from_secs(2), "cut after {cut:?}");
+    assert_eq!(
+        closed_within(&mut held[0], Duration::from_millis(300)),
+        None,
+        "a connection within the cap is kept"
+    );
+    held
+}
+
 /// `orderly dashboard` with `env`, and its port.
 async fn dashboard(db: &str, env: &[(&str, &str)]) -> (Proc, u16) {
     let (p, base) = crate::procs::start_dashboard(db, env).await;
@@ -164,17 +182,7 @@ async fn half_sent_requests_and_extra_connections_do_not_hold_a_listener() {
     .await;
     // Let the readiness poll's own connection close.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut held = [half_sent(port), half_sent(port)];
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut extra = half_sent(port);
-    let cut = closed_within(&mut extra, Duration::from_secs(5))
-        .expect("a connection past the cap is closed");
-    assert!(cut < Duration::from_secs(2), "cut after {cut:?}");
-    assert_eq!(
-        closed_within(&mut held[0], Duration::from_millis(500)),
-        None,
-        "a connection within the cap is kept"
-    );
+    let held = filled(port, 2);
     drop(held);
     let served = async || {
         crate::procs::get(format!("http://127.0.0.1:{port}/healthz"))
@@ -228,11 +236,24 @@ async fn a_client_that_never_reads_is_cut_and_one_address_cannot_take_every_slot
         async || metrics().await.is_some(),
     )
     .await;
-    // Thousands of requests in one go, and not a byte of the answers read: far more
-    // than the sockets' buffers hold, so the server's writes stop.
-    let mut greedy = TcpStream::connect(("127.0.0.1", ops)).unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {listen}\r\n\r\n");
-    greedy.write_all(request.repeat(3_000).as_bytes()).unwrap();
+    // Requests in one go, and not a byte of the answers read: answers far beyond what
+    // the sockets' buffers hold (tens of MB), so the server's writes stop. /healthz,
+    // whose answer costs nothing to make (a /metrics answer reads the store, and a
+    // loaded machine then took longer to fill the buffers than the wait below). The
+    // requests are written from a thread of their own: once the server stops reading
+    // them the writes block, and once it cuts the connection they fail.
+    let greedy = TcpStream::connect(("127.0.0.1", ops)).unwrap();
+    let mut writer = greedy.try_clone().unwrap();
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {listen}\r\n\r\n");
+    std::thread::spawn(move || {
+        let burst = request.repeat(1_000);
+        for _ in 0..300 {
+            if writer.write_all(burst.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut greedy = greedy;
     let cut = |text: &str| {
         text.lines()
             .filter(|l| l.starts_with("orderly_http_connections_cut_total"))
@@ -250,17 +271,7 @@ async fn a_client_that_never_reads_is_cut_and_one_address_cannot_take_every_slot
 
     // Four connections from this address are held; a fifth is closed at once, and so
     // the address gets nothing more until one of its own goes.
-    let mut held: Vec<TcpStream> = (0..4).map(|_| half_sent(ops)).collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut extra = half_sent(ops);
-    let closed = closed_within(&mut extra, Duration::from_secs(5))
-        .expect("a connection past the address's share is closed");
-    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
-    assert_eq!(
-        closed_within(&mut held[0], Duration::from_millis(300)),
-        None,
-        "a connection within the share is kept"
-    );
+    let mut held = filled(ops, 4);
     held.pop();
     wait_for("served again", Duration::from_secs(10), async || {
         metrics().await.is_some()
@@ -300,13 +311,7 @@ async fn the_probes_answer_on_their_own_listener_while_the_operations_one_is_ful
     assert_eq!(status(probes, "/healthz").await, Some(200));
     assert_eq!(status(probes, "/metrics").await, Some(404), "probes only");
     // Every connection of the operations listener held by half-sent requests.
-    let mut held: Vec<TcpStream> = (0..2).map(|_| half_sent(ops)).collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut extra = half_sent(ops);
-    assert!(
-        closed_within(&mut extra, Duration::from_secs(5)).is_some(),
-        "the operations listener is full"
-    );
+    let mut held = filled(ops, 2);
     assert_eq!(status(probes, "/healthz").await, Some(200));
     assert_eq!(status(probes, "/readyz").await, Some(200));
     assert_eq!(
