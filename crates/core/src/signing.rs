@@ -68,24 +68,16 @@ impl MessageKey {
     /// # Errors
     /// A text that is not 64 hex digits (the stored key is damaged).
     pub fn from_hex(text: &str) -> Result<Self, String> {
-        let bytes = text.as_bytes();
-        if bytes.len() != 2 * LEN {
+        if text.len() != 2 * LEN {
             return Err(format!(
                 "the stored message key has {} characters, not {}",
-                bytes.len(),
+                text.len(),
                 2 * LEN
             ));
         }
+        let bytes = unhex(text).ok_or_else(|| "the stored message key is not hex".to_owned())?;
         let mut secret = [0u8; LEN];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            let digit = |b: u8| {
-                char::from(b)
-                    .to_digit(16)
-                    .and_then(|d| u8::try_from(d).ok())
-                    .ok_or_else(|| "the stored message key is not hex".to_owned())
-            };
-            secret[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-        }
+        secret.copy_from_slice(&bytes);
         Ok(Self { secret })
     }
 
@@ -141,7 +133,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     text.as_bytes()
