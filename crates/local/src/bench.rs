@@ -16,7 +16,9 @@ use orderly_local::invariants::{self, Report};
 use orderly_local::limits::Limits;
 use orderly_local::measure::{Cost, Meter};
 use orderly_local::system::{System, SystemConfig};
+use orderly_local::wire::Relay;
 use orderly_remote_sim::{Effect, SimConfig};
+use std::sync::Arc;
 
 use crate::local::scratch_sqlite;
 
@@ -36,10 +38,17 @@ enum Under {
 /// One run of the phases on one store.
 struct Run {
     under: Under,
+    /// The roles' store handle (in process); orders are posted through its queue.
     backend: orderly_sql::Backend,
+    /// The handle the bench reads the run through: the roles' own, or in a counters run
+    /// one of its own whose statements are not counted.
+    observer: orderly_sql::Backend,
     workflows: Workflows,
     pg_url: Option<String>,
 }
+
+/// When each order of a phase was posted.
+type SentAt = std::collections::HashMap<orderly_core::OrderId, chrono::DateTime<chrono::Utc>>;
 
 /// What a phase measured.
 struct Figures {
@@ -50,7 +59,7 @@ struct Figures {
 
 impl Run {
     fn store(&self) -> &dyn StateStore {
-        self.backend.store.as_ref()
+        self.observer.store.as_ref()
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -90,15 +99,31 @@ impl Run {
         n: usize,
         rate: Option<f64>,
     ) -> anyhow::Result<Figures> {
-        let before = self.done().await?;
-        let orders = demo::sample_orders(n);
-        let transport = self.backend.transport.clone();
         let meter = Meter::start_with(
             self.backend.stats.clone(),
             self.pg_url.as_deref(),
             self.pids(),
         )
         .await;
+        let sent_at = self.drive(&name, n, rate).await?;
+        let cost = meter.finish(n).await;
+        if let Under::Processes(fleet) = &mut self.under {
+            fleet.check_running()?;
+        }
+        let report = self.report(&sent_at).await?;
+        Ok(Figures {
+            phase: name,
+            report,
+            cost,
+        })
+    }
+
+    /// Posts `n` orders (all at once without `rate`, else at `rate` per second in
+    /// tens) and waits for them to finish; when each was posted.
+    async fn drive(&self, name: &str, n: usize, rate: Option<f64>) -> anyhow::Result<SentAt> {
+        let before = self.done().await?;
+        let orders = demo::sample_orders(n);
+        let transport = self.backend.transport.clone();
         let mut sent_at = std::collections::HashMap::with_capacity(n);
         match rate {
             None => sent_at.extend(demo::post(transport.as_ref(), &orders).await?),
@@ -117,18 +142,14 @@ impl Run {
                 PHASE_LIMIT.as_secs()
             );
         }
-        let cost = meter.finish(n).await;
-        if let Under::Processes(fleet) = &mut self.under {
-            fleet.check_running()?;
-        }
+        Ok(sent_at)
+    }
+
+    /// The invariants of the run's end state and its figures for the orders posted at
+    /// `sent_at`.
+    async fn report(&self, sent_at: &SentAt) -> anyhow::Result<Report> {
         let effects = self.ledger().await?;
-        let report =
-            invariants::report_on(self.store(), effects, &sent_at, &self.workflows, true).await?;
-        Ok(Figures {
-            phase: name,
-            report,
-            cost,
-        })
+        invariants::report_on(self.store(), effects, sent_at, &self.workflows, true).await
     }
 
     fn stop_processes(self) {
@@ -162,6 +183,7 @@ async fn start(url: &str, processes: bool) -> anyhow::Result<Run> {
     };
     Ok(Run {
         under,
+        observer: backend.clone(),
         backend,
         workflows,
         pg_url,
@@ -276,13 +298,7 @@ pub(crate) async fn run_bench(
             processes,
         } => (paced_rate, processes),
         Mode::Counters => {
-            let orders = orders.unwrap_or(1_000);
-            let mut run = start(&url, false).await?;
-            let figures = counters_phases(&mut run, orders).await;
-            if let Under::InProcess(system) = run.under {
-                system.stop(std::time::Duration::from_secs(5)).await;
-            }
-            let figures = figures?;
+            let figures = counters_run(&url, orders.unwrap_or(1_000)).await?;
             print_counters(dialect, &figures);
             return judge(&figures, key, limits.as_ref());
         }
@@ -317,14 +333,133 @@ pub(crate) async fn run_bench(
     Ok(())
 }
 
-/// A counters run's phases: the burst of `orders`, then the low-load phase.
-async fn counters_phases(run: &mut Run, orders: usize) -> anyhow::Result<Vec<Figures>> {
-    let burst = run
-        .phase(format!("burst of {orders} orders"), orders, None)
-        .await?;
-    let name = format!("paced at {LOW_LOAD:.0} orders/s (low load), {COUNTERS_LOW_ORDERS} orders");
-    let low = run.phase(name, COUNTERS_LOW_ORDERS, Some(LOW_LOAD)).await?;
-    Ok(vec![burst, low])
+/// A counters run: the burst of `orders`, then the low-load phase, each with the roles
+/// started afresh in this process and stopped at its end. On PostgreSQL the roles reach
+/// the server through a counting relay of the phase's own (statements, round trips and
+/// commits on the wire), the bench reads the run through another, and both are closed
+/// at the phase's end: every session ends, so the server publishes its counts at once
+/// (no wait for its statistics). The bench's own reads count only in the server's
+/// transactions. A phase's counts hold one start and stop of the roles.
+async fn counters_run(url: &str, orders: usize) -> anyhow::Result<Vec<Figures>> {
+    let pg = !url.starts_with("sqlite:");
+    if !pg && (url.contains(":memory:") || url.contains("mode=memory")) {
+        bail!(
+            "--counters reads the run through a store handle of its own, which an in-memory SQLite database cannot share: give a file (sqlite://FILE), or no --store for a new one"
+        );
+    }
+    // Migrated first, through a handle of the bench's own, then left alone.
+    let setup = Handle::open(url, pg, false)
+        .await
+        .context("cannot open the benchmark's state store (--store)")?;
+    Handle::close(url, &[&setup]).await?;
+    let low = format!("paced at {LOW_LOAD:.0} orders/s (low load), {COUNTERS_LOW_ORDERS} orders");
+    let mut figures = Vec::new();
+    for (name, n, rate) in [
+        (format!("burst of {orders} orders"), orders, None),
+        (low, COUNTERS_LOW_ORDERS, Some(LOW_LOAD)),
+    ] {
+        figures.push(counters_phase(url, pg, name, n, rate).await?);
+    }
+    Ok(figures)
+}
+
+/// A store handle of a counters run, on PostgreSQL through a relay of its own.
+struct Handle {
+    backend: orderly_sql::Backend,
+    relay: Option<Arc<Relay>>,
+}
+
+impl Handle {
+    /// The roles' handle (`counted`: its statements are logged, so counted) or the
+    /// bench's own.
+    async fn open(url: &str, pg: bool, counted: bool) -> anyhow::Result<Self> {
+        let relay = match pg {
+            true => Some(Arc::new(Relay::start(url).await?)),
+            false => None,
+        };
+        let url = match &relay {
+            Some(r) => r.url(url)?,
+            None => url.to_owned(),
+        };
+        let backend = if counted {
+            orderly_sql::connect(&url, TimeSource::Database).await?
+        } else {
+            orderly_sql::connect_unlogged(&url, TimeSource::Database).await?
+        };
+        Ok(Self { backend, relay })
+    }
+
+    /// On PostgreSQL: closes the handles' relays, so every session of theirs ends, and
+    /// waits until the server has ended them all (and so published their counts).
+    async fn close(url: &str, handles: &[&Handle]) -> anyhow::Result<()> {
+        let relays: Vec<&Arc<Relay>> = handles.iter().filter_map(|h| h.relay.as_ref()).collect();
+        if relays.is_empty() {
+            return Ok(());
+        }
+        for relay in relays {
+            relay.close();
+        }
+        if !orderly_sql::postgres::wait_quiet(url, QUIET_LIMIT).await? {
+            bail!(
+                "other clients are connected to the benchmark's database after {} s: its counts would not be the roles' alone",
+                QUIET_LIMIT.as_secs()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How long the server may take to end the sessions of a counters phase.
+const QUIET_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One phase of a counters run (see [`counters_run`]).
+async fn counters_phase(
+    url: &str,
+    pg: bool,
+    name: String,
+    n: usize,
+    rate: Option<f64>,
+) -> anyhow::Result<Figures> {
+    let roles = Handle::open(url, pg, true).await?;
+    let observer = Handle::open(url, pg, false).await?;
+    let pg_url = pg.then_some(url);
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(SimConfig::default());
+    let workflows = Workflows::single(cfg.workflow.clone())?;
+    let meter =
+        Meter::start_counting(roles.backend.stats.clone(), pg_url, roles.relay.clone()).await;
+    let system = System::start(roles.backend.clone(), cfg).await?;
+    let sim = system.sim.clone();
+    let run = Run {
+        under: Under::InProcess(system),
+        backend: roles.backend.clone(),
+        observer: observer.backend.clone(),
+        workflows,
+        pg_url: pg_url.map(str::to_owned),
+    };
+    let sent_at = run.drive(&name, n, rate).await;
+    if let Under::InProcess(system) = run.under {
+        system.stop(std::time::Duration::from_secs(5)).await;
+    }
+    let sent_at = sent_at?;
+    Handle::close(url, &[&roles, &observer]).await?;
+    let cost = meter.finish(n).await;
+    // The end state, read through a handle of its own, closed before the next phase.
+    let reader = Handle::open(url, pg, false).await?;
+    let report = invariants::report_on(
+        reader.backend.store.as_ref(),
+        sim.map(|s| s.effects()),
+        &sent_at,
+        &run.workflows,
+        true,
+    )
+    .await;
+    Handle::close(url, &[&reader]).await?;
+    Ok(Figures {
+        phase: name,
+        report: report?,
+        cost,
+    })
 }
 
 /// The phase's name in a limits file: `burst`, `low`, or none (the paced phase).
@@ -343,6 +478,15 @@ fn print_counters(dialect: &str, figures: &[Figures]) {
         outln!("== {dialect}, counters: {}", f.phase);
         for (figure, value) in f.cost.per_order() {
             outln!("{figure:<32} {value:>10.2}");
+        }
+        if let Some(rows) = orderly_local::measure::rows_by_table(&f.cost) {
+            outln!("rows by table                    {rows}");
+        }
+        if let Some(wire) = &f.cost.wire {
+            outln!(
+                "connections opened               {} (through the relay; their start-up exchanges are round trips too)",
+                wire.connections
+            );
         }
         outln!(
             "invariants                       {}",

@@ -9,3 +9,4 @@ pub mod invariants;
 pub mod limits;
 pub mod measure;
 pub mod system;
+pub mod wire;

@@ -41,6 +41,18 @@ pub const FIGURES: &[(&str, &str)] = &[
         "rows_per_order",
         "rows written (inserted, updated, deleted) in every table",
     ),
+    (
+        "statements_per_order",
+        "statements the roles sent, transaction control included (a counters run)",
+    ),
+    (
+        "round_trips_per_order",
+        "waits for the database: PostgreSQL's on the wire, SQLite's hand-offs to a connection's thread (a counters run)",
+    ),
+    (
+        "commits_per_order",
+        "commits: PostgreSQL's COMMITs on the wire (a counters run), SQLite's write transactions committed",
+    ),
 ];
 
 const STORES: &[&str] = &["sqlite", "postgres"];

@@ -93,8 +93,10 @@ enum Command {
         #[arg(long)]
         processes: bool,
         /// A quick run for the counters that do not move with the machine: a burst,
-        /// then the low-load phase of 500 orders, printing per order the store's
-        /// transactions and, on PostgreSQL, the server's transactions, log and rows.
+        /// then the low-load phase of 500 orders, printing per order the statements
+        /// the roles sent, their round trips and commits, the store's write
+        /// transactions, the rows written by table and, on PostgreSQL, the server's
+        /// transactions and log.
         #[arg(long, conflicts_with_all = ["paced_rate", "processes"])]
         counters: bool,
         /// Check those counters against the limits in this file (as
@@ -168,10 +170,19 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
         let file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create log file {}", log.display()))?;
         eprintln!("logs: {}", log.display());
-        tracing_subscriber::fmt()
-            .with_env_filter(filter())
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let log = tracing_subscriber::fmt::layer()
             .with_ansi(false)
             .with_writer(std::sync::Mutex::new(file))
+            .with_filter(filter());
+        // A counters run counts the statements from sqlx's events, logged or not.
+        let counting = matches!(cli.command, Command::Bench { counters: true, .. })
+            .then(orderly_local::measure::statement_counter);
+        tracing_subscriber::registry()
+            .with(log)
+            .with(counting)
             .init();
         return Ok(());
     }

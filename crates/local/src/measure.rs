@@ -6,10 +6,39 @@
 //! the machine's cores were.
 
 use orderly_cli::outln;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use orderly_sql::postgres::{ServerCounters, TableWrites, server_counters};
 use orderly_sql::stats::{Stats, StatsSnapshot};
+
+use crate::wire::{Relay, WireCounts};
+
+/// Statements sqlx ran in this process, as its `sqlx::query` events tell, once
+/// [`statement_counter`] is in the subscriber.
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// A tracing layer that counts every statement sqlx runs in this process (one
+/// `sqlx::query` event each, whatever the other layers log), for the bench's counters.
+/// Handles opened with `orderly_sql::connect_unlogged` are not counted.
+pub fn statement_counter<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    StatementCounter.with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+        meta.target() == "sqlx::query"
+    }))
+}
+
+struct StatementCounter;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// The readings at the start of a phase.
 pub struct Meter {
@@ -23,6 +52,15 @@ pub struct Meter {
     started: std::time::Instant,
     /// The role processes whose CPU time counts with this one's (none in process).
     pids: Vec<u32>,
+    /// A counters run's readings, if this is one.
+    counting: Option<Counting>,
+}
+
+/// What a counters run reads besides the rest: the statements counted, and on
+/// PostgreSQL what crossed the relay the roles connect through.
+struct Counting {
+    statements: u64,
+    relay: Option<(Arc<Relay>, WireCounts)>,
 }
 
 /// CPU time of this process and of `pids`.
@@ -56,6 +94,12 @@ pub struct Cost {
     /// Whether the roles ran in other processes: the store's own counts (transactions,
     /// the write lock, batch sizes) are then theirs, not read here.
     pub roles_elsewhere: bool,
+    /// Statements the roles ran but transaction control (a counters run: sqlx's
+    /// statement events).
+    pub statements: Option<u64>,
+    /// What crossed the wire between the roles and the PostgreSQL server (a counters
+    /// run on PostgreSQL).
+    pub wire: Option<WireCounts>,
 }
 
 /// How long the server may take to publish a backend's transaction counts: a backend
@@ -96,6 +140,42 @@ impl Meter {
             server,
             started: std::time::Instant::now(),
             pids,
+            counting: None,
+        }
+    }
+
+    /// Starts measuring a counters run's phase on a quiet database: no connection of an
+    /// earlier phase is open, so every count the server keeps is published and read at
+    /// once (and read at once at the end, after [`quiet`] with the roles stopped).
+    /// Counts the statements ([`statement_counter`]) and, on PostgreSQL, what crosses
+    /// `relay`.
+    pub async fn start_counting(
+        stats: Arc<Stats>,
+        pg_url: Option<&str>,
+        relay: Option<Arc<Relay>>,
+    ) -> Self {
+        let server = match pg_url {
+            Some(url) => server_counters(url).await.ok(),
+            None => None,
+        };
+        let counting = Counting {
+            statements: STATEMENTS.load(Ordering::Relaxed),
+            relay: relay.map(|r| {
+                let now = r.counts();
+                (r, now)
+            }),
+        };
+        Self {
+            store: stats.snapshot(),
+            stats,
+            pg_url: pg_url.map(str::to_owned),
+            own_cpu: orderly_cpu(&[]),
+            pg_cpu: pg_url.and_then(|_| postgres_cpu()),
+            machine: machine_cpu(),
+            server,
+            started: std::time::Instant::now(),
+            pids: Vec::new(),
+            counting: Some(counting),
         }
     }
 
@@ -118,6 +198,9 @@ impl Meter {
             .zip(self.machine)
             .and_then(|(now, then)| now.busy_since(then).map(|busy| (busy, now.cores)));
         let server = match (&self.pg_url, &self.server) {
+            (Some(url), Some(before)) if self.counting.is_some() => {
+                server_counters(url).await.ok().map(|now| now.since(before))
+            }
             (Some(url), Some(before)) => {
                 let at_end = server_counters(url).await.ok();
                 tokio::time::sleep(PG_STATS_SETTLE).await;
@@ -135,6 +218,15 @@ impl Meter {
             }
             _ => None,
         };
+        let (statements, wire) = match &self.counting {
+            Some(c) => (
+                Some(STATEMENTS.load(Ordering::Relaxed) - c.statements),
+                c.relay
+                    .as_ref()
+                    .map(|(relay, then)| relay.counts().since(then)),
+            ),
+            None => (None, None),
+        };
         Cost {
             orders,
             elapsed,
@@ -144,6 +236,8 @@ impl Meter {
             machine_busy,
             server,
             roles_elsewhere: !self.pids.is_empty(),
+            statements,
+            wire,
         }
     }
 }
@@ -160,6 +254,29 @@ impl Cost {
                 "write_transactions_per_order",
                 per(self.store.transactions as f64),
             );
+        }
+        if let Some(logged) = self.statements {
+            // Transaction control (begin, savepoints, commit) counts as statements.
+            // PostgreSQL's are read off the wire, with the waits for the server (pings
+            // and prepares too). On SQLite sqlx logs the others, and each statement is
+            // one hand-off to a connection's thread and back: one wait.
+            let (statements, round_trips) = match &self.wire {
+                Some(wire) => (wire.statements, wire.round_trips),
+                None => {
+                    let all = logged + self.store.control_round_trips;
+                    (all, all)
+                }
+            };
+            figures.insert("statements_per_order", per(statements as f64));
+            figures.insert("round_trips_per_order", per(round_trips as f64));
+        }
+        if let Some(wire) = &self.wire {
+            figures.insert("commits_per_order", per(wire.commits as f64));
+        }
+        if self.server.is_none() && !self.roles_elsewhere && self.store.commits > 0 {
+            figures.insert("commits_per_order", per(self.store.commits as f64));
+            let rows: u64 = self.store.rows.values().map(|r| r.total()).sum();
+            figures.insert("rows_per_order", per(rows as f64));
         }
         if let Some(server) = &self.server {
             figures.insert("server_transactions_per_order", per(server.commits as f64));
@@ -234,7 +351,7 @@ impl Cost {
             );
             outln!(
                 "rows written         {}",
-                rows_per_order(&server.tables, self.orders)
+                rows_per_order(&server.tables, self.orders, true)
             );
         }
         let per_k = |d: Duration| d.as_secs_f64() * 1000.0 / self.orders.max(1) as f64;
@@ -262,9 +379,38 @@ impl Cost {
     }
 }
 
+/// The rows written per order table by table, most first: PostgreSQL's as the server
+/// counts them, SQLite's as its update hook told the store.
+pub fn rows_by_table(cost: &Cost) -> Option<String> {
+    if let Some(server) = &cost.server {
+        return Some(rows_per_order(&server.tables, cost.orders, true));
+    }
+    if cost.roles_elsewhere || cost.store.rows.is_empty() {
+        return None;
+    }
+    let mut tables: Vec<TableWrites> = cost
+        .store
+        .rows
+        .iter()
+        .map(|(table, r)| TableWrites {
+            table: table.clone(),
+            inserted: r.inserted as i64,
+            updated: r.updated as i64,
+            in_place: 0,
+            deleted: r.deleted as i64,
+        })
+        .collect();
+    tables.sort_by(|a, b| {
+        b.total()
+            .cmp(&a.total())
+            .then_with(|| a.table.cmp(&b.table))
+    });
+    Some(rows_per_order(&tables, cost.orders, false))
+}
+
 /// The rows written per order, in all and table by table as `tables` lists them:
 /// inserted, updated (with the share made in place) and deleted.
-fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
+fn rows_per_order(tables: &[TableWrites], orders: usize, in_place_known: bool) -> String {
     let per = |n: i64| n as f64 / orders.max(1) as f64;
     let all: i64 = tables.iter().map(TableWrites::total).sum();
     // Tables written less than once in twenty orders (heartbeats, leases) are left out.
@@ -276,7 +422,9 @@ fn rows_per_order(tables: &[TableWrites], orders: usize) -> String {
             if t.inserted > 0 {
                 parts.push(format!("{:.1} inserted", per(t.inserted)));
             }
-            if t.updated > 0 {
+            if t.updated > 0 && !in_place_known {
+                parts.push(format!("{:.1} updated", per(t.updated)));
+            } else if t.updated > 0 {
                 parts.push(format!(
                     "{:.1} updated ({:.0}% in place)",
                     per(t.updated),
@@ -395,6 +543,69 @@ fn postgres_cpu() -> Option<Duration> {
 mod tests {
     use super::*;
 
+    fn cost(orders: usize) -> Cost {
+        Cost {
+            orders,
+            elapsed: Duration::from_secs(1),
+            store: StatsSnapshot::default(),
+            own_cpu: None,
+            pg_cpu: None,
+            machine_busy: None,
+            server: None,
+            roles_elsewhere: false,
+            statements: None,
+            wire: None,
+        }
+    }
+
+    /// Statements and round trips come off the wire on PostgreSQL; on SQLite they are
+    /// sqlx's logged statements and the transaction control the store counted, each one
+    /// wait. SQLite's commits and rows come from its hooks.
+    #[test]
+    fn statements_round_trips_and_commits_per_order_by_store() {
+        let mut sqlite = cost(10);
+        sqlite.statements = Some(30);
+        sqlite.store.control_round_trips = 20;
+        sqlite.store.commits = 10;
+        sqlite.store.rows.insert(
+            "orders".into(),
+            orderly_sql::stats::RowWrites {
+                inserted: 10,
+                updated: 0,
+                deleted: 0,
+            },
+        );
+        let f = sqlite.per_order();
+        assert_eq!(f["statements_per_order"], 5.0);
+        assert_eq!(f["round_trips_per_order"], 5.0);
+        assert_eq!(f["commits_per_order"], 1.0);
+        assert_eq!(f["rows_per_order"], 1.0);
+        assert_eq!(
+            rows_by_table(&sqlite).unwrap(),
+            "1.0 per order: orders 1.0 inserted"
+        );
+
+        let mut pg = cost(10);
+        pg.statements = Some(30);
+        pg.wire = Some(WireCounts {
+            connections: 2,
+            round_trips: 120,
+            statements: 70,
+            commits: 12,
+        });
+        pg.server = Some(ServerCounters::default());
+        let f = pg.per_order();
+        assert_eq!(f["statements_per_order"], 7.0);
+        assert_eq!(f["round_trips_per_order"], 12.0);
+        assert_eq!(f["commits_per_order"], 1.2);
+
+        let full = cost(10);
+        assert!(
+            !full.per_order().contains_key("statements_per_order"),
+            "not counted outside a counters run"
+        );
+    }
+
     #[test]
     fn reads_user_and_system_ticks_after_a_name_with_spaces() {
         let line =
@@ -450,7 +661,7 @@ mod tests {
             },
         ];
         assert_eq!(
-            rows_per_order(&tables, 10),
+            rows_per_order(&tables, 10, true),
             "27.0 per order: queue_messages 7.0 inserted, 7.0 updated (0% in place), 7.0 deleted; \
              other.order_state 1.0 inserted, 5.0 updated (50% in place)"
         );
@@ -458,14 +669,14 @@ mod tests {
         rare[2].updated = 4;
         rare[2].in_place = 4;
         assert_eq!(
-            rows_per_order(&rare[..], 100),
+            rows_per_order(&rare[..], 100, true),
             "2.7 per order: queue_messages 0.7 inserted, 0.7 updated (0% in place), 0.7 deleted; \
              other.order_state 0.1 inserted, 0.5 updated (50% in place)",
             "a table written less than once in twenty orders is counted, not listed"
         );
-        assert_eq!(rows_per_order(&[], 0), "none");
+        assert_eq!(rows_per_order(&[], 0, true), "none");
         assert_eq!(
-            rows_per_order(&rare[2..], 100),
+            rows_per_order(&rare[2..], 100, true),
             "0.0 per order (tables written less than once in twenty orders)",
             "rows written only to rarely written tables are still counted"
         );

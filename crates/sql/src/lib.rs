@@ -94,6 +94,38 @@ pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
     }
 }
 
+/// [`connect`], with none of the handle's statements logged (`sqlx::query` events): a
+/// tool's own reads beside the roles (the bench's), kept out of a count of the roles'
+/// statements taken from those events.
+pub async fn connect_unlogged(url: &str, time: TimeSource) -> Result<Backend> {
+    if url.starts_with("sqlite:") {
+        let store = Arc::new(SqliteStore::open_unlogged(url, time).await?);
+        Ok(Backend {
+            store: store.clone(),
+            transport: store.clone(),
+            inspector: store.clone(),
+            stats: store.stats(),
+            outbox: store,
+        })
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        use sqlx::ConnectOptions as _;
+        let options = postgres::plain_on_this_machine(url, postgres::options(url)?)
+            .await
+            .disable_statement_logging();
+        let store =
+            Arc::new(PgStore::connect(options, postgres::DEFAULT_MAX_CONNECTIONS, time).await?);
+        Ok(Backend {
+            store: store.clone(),
+            transport: store.clone(),
+            inspector: store.clone(),
+            stats: store.stats(),
+            outbox: store,
+        })
+    } else {
+        Err(bad_url())
+    }
+}
+
 /// Checks a state-store URL without connecting: its scheme, and that the dialect can
 /// parse it (on SQLite, the `synchronous` durability too). Errors name `database_url`,
 /// never echo the URL.

@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 
 #[cfg(any(test, feature = "counters"))]
+pub(crate) use counting::RowWrite;
+#[cfg(any(test, feature = "counters"))]
 pub use counting::Stats;
 #[cfg(not(any(test, feature = "counters")))]
 pub use silent::Stats;
@@ -60,6 +62,32 @@ pub struct StatsSnapshot {
     pub control_round_trips: u64,
     /// Batches by stage.
     pub batches: BTreeMap<String, Batches>,
+    /// Transactions that wrote and committed, as the database counts them (SQLite
+    /// only: its commit hook, every connection of this handle; single statements that
+    /// write outside a transaction included).
+    pub commits: u64,
+    /// Rows written, table by table (SQLite only: its update hook, every connection of
+    /// this handle; tables without row ids, none of them on an order's path, are not
+    /// seen).
+    pub rows: BTreeMap<String, RowWrites>,
+}
+
+/// Rows one table had written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowWrites {
+    /// Rows inserted.
+    pub inserted: u64,
+    /// Rows updated.
+    pub updated: u64,
+    /// Rows deleted.
+    pub deleted: u64,
+}
+
+impl RowWrites {
+    /// Rows written in all.
+    pub fn total(&self) -> u64 {
+        self.inserted + self.updated + self.deleted
+    }
 }
 
 impl StatsSnapshot {
@@ -91,6 +119,23 @@ impl StatsSnapshot {
             committing: self.committing.saturating_sub(earlier.committing),
             control_round_trips: self.control_round_trips - earlier.control_round_trips,
             batches,
+            commits: self.commits - earlier.commits,
+            rows: self
+                .rows
+                .iter()
+                .map(|(table, r)| {
+                    let before = earlier.rows.get(table).copied().unwrap_or_default();
+                    (
+                        table.clone(),
+                        RowWrites {
+                            inserted: r.inserted - before.inserted,
+                            updated: r.updated - before.updated,
+                            deleted: r.deleted - before.deleted,
+                        },
+                    )
+                })
+                .filter(|(_, r)| r.total() > 0)
+                .collect(),
         }
     }
 }
@@ -101,7 +146,7 @@ mod counting {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use super::{Batches, StatsSnapshot};
+    use super::{Batches, RowWrites, StatsSnapshot};
 
     /// The counters of one store handle.
     #[derive(Debug, Default)]
@@ -113,6 +158,8 @@ mod counting {
         commit_micros: AtomicU64,
         control: AtomicU64,
         batches: Mutex<BTreeMap<String, Batches>>,
+        commits: AtomicU64,
+        rows: Mutex<BTreeMap<String, RowWrites>>,
     }
 
     impl Stats {
@@ -176,6 +223,28 @@ mod counting {
             b.max = b.max.max(items);
         }
 
+        /// A write transaction committed (SQLite's commit hook).
+        pub(crate) fn commit(&self) {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
+
+        /// A row of `table` written (SQLite's update hook): inserted, updated or deleted.
+        pub(crate) fn row(&self, table: &str, write: RowWrite) {
+            let mut rows = self
+                .rows
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let r = match rows.get_mut(table) {
+                Some(r) => r,
+                None => rows.entry(table.to_owned()).or_default(),
+            };
+            match write {
+                RowWrite::Insert => r.inserted += 1,
+                RowWrite::Update => r.updated += 1,
+                RowWrite::Delete => r.deleted += 1,
+            }
+        }
+
         /// The counters now.
         pub fn snapshot(&self) -> StatsSnapshot {
             StatsSnapshot {
@@ -196,8 +265,22 @@ mod counting {
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .clone(),
+                commits: self.commits.load(Ordering::Relaxed),
+                rows: self
+                    .rows
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone(),
             }
         }
+    }
+
+    /// What a row write was.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) enum RowWrite {
+        Insert,
+        Update,
+        Delete,
     }
 }
 

@@ -89,10 +89,12 @@ impl ServerCounters {
     }
 }
 
-/// Reads [`ServerCounters`] of the database at `url`, on a connection of its own.
+/// Reads [`ServerCounters`] of the database at `url`, on a connection of its own
+/// (whose statements are not logged: a count of the roles' statements from the log
+/// leaves them out).
 pub async fn server_counters(url: &str) -> Result<ServerCounters> {
-    use sqlx::{Connection, Row};
-    let options = options(url)?;
+    use sqlx::{ConnectOptions as _, Connection, Row};
+    let options = options(url)?.disable_statement_logging();
     let mut conn = PgConnection::connect_with(&options).await.map_err(db)?;
     let row = sqlx::query(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) \
@@ -135,4 +137,33 @@ pub async fn server_counters(url: &str) -> Result<ServerCounters> {
         wal_records,
         tables,
     })
+}
+
+/// Waits, up to `limit`, until no other client is connected to the database at `url`:
+/// a backend publishes its counts when it ends, so once the roles' connections are
+/// closed and their backends gone, [`server_counters`] reads everything they did at
+/// once. Whether it came to that.
+pub async fn wait_quiet(url: &str, limit: std::time::Duration) -> Result<bool> {
+    use sqlx::{ConnectOptions as _, Connection};
+    let options = options(url)?.disable_statement_logging();
+    let mut conn = PgConnection::connect_with(&options).await.map_err(db)?;
+    let started = std::time::Instant::now();
+    let quiet = loop {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .map_err(db)?;
+        if others == 0 {
+            break true;
+        }
+        if started.elapsed() >= limit {
+            break false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let _ = conn.close().await;
+    Ok(quiet)
 }

@@ -40,7 +40,7 @@ mod statements;
 pub use conn::{ANSWER_TIMEOUT_SETTING, DEFAULT_ANSWER_TIMEOUT, PgConn, answer_timeout_from_env};
 use conn::{Pools, Transactions, Within};
 #[cfg(feature = "counters")]
-pub use counters::{ServerCounters, TableWrites, server_counters};
+pub use counters::{ServerCounters, TableWrites, server_counters, wait_quiet};
 
 use statements as sql;
 

@@ -423,6 +423,60 @@ mod tests {
         );
     }
 
+    /// Built with the counters, every connection of a handle reports its commits and
+    /// its rows written by table (SQLite's commit and update hooks), the reader
+    /// connections' as the writer's.
+    #[tokio::test]
+    async fn a_handle_counts_its_commits_and_rows_by_table() {
+        let file = std::env::temp_dir().join(format!(
+            "orderly-hooks-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        let store = crate::SqliteStore::open(&url, orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        let pool = store.pool();
+        sqlx::query("CREATE TABLE counted (n INTEGER)")
+            .execute(pool)
+            .await
+            .unwrap();
+        let before = store.stats().snapshot();
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("INSERT INTO counted VALUES (1), (2)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE counted SET n = 3 WHERE n = 2")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        sqlx::query("DELETE FROM counted WHERE n = 1")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("SELECT count(*) FROM counted")
+            .execute(pool)
+            .await
+            .unwrap();
+        let counted = store.stats().snapshot().since(&before);
+        assert_eq!(counted.commits, 2, "the transaction and the lone delete");
+        assert_eq!(
+            counted.rows["counted"],
+            crate::stats::RowWrites {
+                inserted: 2,
+                updated: 1,
+                deleted: 1
+            }
+        );
+        assert_eq!(counted.rows.len(), 1, "{:?}", counted.rows);
+        drop(store);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
+    }
+
     #[test]
     fn a_list_is_a_json_array() {
         assert_eq!(json_list(vec!["x".to_owned()]), r#"["x"]"#);

@@ -4,6 +4,7 @@
 use super::SqliteDriver;
 use super::group::{self, Writers};
 use crate::error::db;
+use crate::stats::Stats;
 use crate::store::SqlStore;
 use crate::wakeups::Wakeups;
 use orderly_core::{Result, TimeSource};
@@ -107,13 +108,31 @@ impl SqlStore<SqliteDriver> {
     /// [`SqliteStore::open`] with an explicit [`WriterQueue`].
     pub async fn open_with(url: &str, time: TimeSource, queue: WriterQueue) -> Result<Self> {
         let (url, synchronous) = durability(url)?;
-        let options = connect_options(&url, synchronous)?;
+        Self::open_options(&url, connect_options(&url, synchronous)?, time, queue).await
+    }
+
+    /// [`SqliteStore::open`] with none of its statements logged (`sqlx::query` events),
+    /// so that a count of statements from the log leaves this handle's out.
+    pub async fn open_unlogged(url: &str, time: TimeSource) -> Result<Self> {
+        use sqlx::ConnectOptions as _;
+        let (url, synchronous) = durability(url)?;
+        let options = connect_options(&url, synchronous)?.disable_statement_logging();
+        Self::open_options(&url, options, time, WriterQueue::Process).await
+    }
+
+    async fn open_options(
+        url: &str,
+        options: SqliteConnectOptions,
+        time: TimeSource,
+        queue: WriterQueue,
+    ) -> Result<Self> {
         // An in-memory database lives in one connection; a file can serve several readers.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         if !in_memory {
             ensure_wal(&options).await?;
         }
-        let pool = pool_of(&options, if in_memory { 1 } else { 4 }).await?;
+        let stats = Arc::<Stats>::default();
+        let pool = pool_of(&options, if in_memory { 1 } else { 4 }, &stats).await?;
         // Writes take a connection of their own, kept between transactions. In WAL mode
         // a connection that begins a transaction after another connection committed
         // drops its whole page cache: writes that took turns on the readers'
@@ -123,7 +142,7 @@ impl SqlStore<SqliteDriver> {
         let write_pool = if in_memory {
             pool.clone()
         } else {
-            pool_of(&options, 1).await?
+            pool_of(&options, 1, &stats).await?
         };
         let file = options.get_filename();
         let key = std::fs::canonicalize(file)
@@ -147,7 +166,7 @@ impl SqlStore<SqliteDriver> {
                 write_home: (!in_memory).then(group::Home::default),
                 time,
                 writers,
-                stats: Arc::default(),
+                stats,
                 watch: (!in_memory).then(|| options.clone()),
             },
             wakeups,
@@ -182,15 +201,55 @@ fn connect_options(url: &str, synchronous: SqliteSynchronous) -> Result<SqliteCo
 
 /// A pool of up to `connections` to the file. No ping before handing out a
 /// connection: the database is a local file, and a ping is a round trip to the
-/// connection's thread per transaction.
-async fn pool_of(options: &SqliteConnectOptions, connections: u32) -> Result<SqlitePool> {
-    SqlitePoolOptions::new()
+/// connection's thread per transaction. Built with the counters, each connection
+/// reports its commits and rows written to `stats`.
+async fn pool_of(
+    options: &SqliteConnectOptions,
+    connections: u32,
+    stats: &Arc<Stats>,
+) -> Result<SqlitePool> {
+    let pool = SqlitePoolOptions::new()
         .max_connections(connections)
         .test_before_acquire(false)
-        .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5))
-        .connect_with(options.clone())
-        .await
-        .map_err(db)
+        .acquire_timeout(BUSY_TIMEOUT + Duration::from_secs(5));
+    #[cfg(any(test, feature = "counters"))]
+    let pool = {
+        let stats = stats.clone();
+        pool.after_connect(move |conn, _| {
+            let stats = stats.clone();
+            Box::pin(async move {
+                count_writes(conn, stats).await;
+                Ok(())
+            })
+        })
+    };
+    #[cfg(not(any(test, feature = "counters")))]
+    let _ = stats;
+    pool.connect_with(options.clone()).await.map_err(db)
+}
+
+/// Has SQLite tell `stats` of every commit and every row written on `conn`.
+#[cfg(any(test, feature = "counters"))]
+async fn count_writes(conn: &mut sqlx::SqliteConnection, stats: Arc<Stats>) {
+    use crate::stats::RowWrite;
+    use sqlx::sqlite::SqliteOperation;
+    let Ok(mut handle) = conn.lock_handle().await else {
+        return; // the connection's thread is gone: its first statement will say so
+    };
+    let commits = stats.clone();
+    handle.set_commit_hook(move || {
+        commits.commit();
+        true // commit, as asked
+    });
+    handle.set_update_hook(move |row| {
+        let write = match row.operation {
+            SqliteOperation::Insert => RowWrite::Insert,
+            SqliteOperation::Update => RowWrite::Update,
+            SqliteOperation::Delete => RowWrite::Delete,
+            SqliteOperation::Unknown(_) => return,
+        };
+        stats.row(row.table, write);
+    });
 }
 
 /// Reads and removes the `synchronous` parameter of a SQLite URL: `full` (the
