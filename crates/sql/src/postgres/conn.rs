@@ -68,9 +68,9 @@ pub(super) struct Generation {
 /// The pool in use, replaced when connections stick in it.
 ///
 /// sqlx checks every connection handed back to its pool with a ping it waits for
-/// without a bound. A connection that goes silent at that moment (after the bounded
-/// ping of `after_release`, within one round trip) holds its place in the pool for as
-/// long as the silence lasts: for ever behind a proxy that keeps the socket open. When
+/// without a bound. A connection that goes silent at that moment (its last statement
+/// was answered, its ping is not) holds its place in the pool for as long as the
+/// silence lasts: for ever behind a proxy that keeps the socket open. When
 /// the pool times out and some of its places are held by connections neither idle nor
 /// out (so stuck in that check), a new pool takes over; the old one is closed, and
 /// what comes back to it is closed too.
