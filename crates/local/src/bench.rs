@@ -300,7 +300,12 @@ pub(crate) async fn run_bench(
         Mode::Counters => {
             let figures = counters_run(&url, orders.unwrap_or(1_000)).await?;
             print_counters(dialect, &figures);
-            return judge(&figures, key, limits.as_ref());
+            // The idle phase is printed, not checked: after the limits, which may
+            // end the run.
+            judge(&figures, key, limits.as_ref())?;
+            let idle = counters_idle(&url, !url.starts_with("sqlite:")).await?;
+            print_idle(dialect, &idle);
+            return Ok(());
         }
     };
     let orders = orders.unwrap_or(5_000);
@@ -462,6 +467,57 @@ async fn counters_phase(
     })
 }
 
+/// The statements a phase ran most, by text, `per` (orders or seconds).
+fn print_statement_texts(cost: &Cost, over: f64, per: &str) {
+    let Some(texts) = &cost.statement_texts else {
+        return;
+    };
+    let mut most: Vec<(&String, &u64)> = texts.iter().collect();
+    most.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    outln!(
+        "statements by text, {per} (the {} most run)",
+        most.len().min(STATEMENT_TEXTS_SHOWN)
+    );
+    for (text, n) in most.into_iter().take(STATEMENT_TEXTS_SHOWN) {
+        outln!("  {:>8.2}  {text}", *n as f64 / over);
+    }
+}
+
+/// How many statement texts a counters phase lists.
+const STATEMENT_TEXTS_SHOWN: usize = 12;
+
+/// How long the idle phase of a counters run lasts.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The idle phase of a counters run: the roles started with no orders for [`IDLE`],
+/// and what they cost a second while waiting (see [`counters_run`]).
+async fn counters_idle(url: &str, pg: bool) -> anyhow::Result<Cost> {
+    let roles = Handle::open(url, pg, true).await?;
+    let mut cfg = SystemConfig::new();
+    cfg.sim = Some(SimConfig::default());
+    let pg_url = pg.then_some(url);
+    let meter =
+        Meter::start_counting(roles.backend.stats.clone(), pg_url, roles.relay.clone()).await;
+    let system = System::start(roles.backend.clone(), cfg).await?;
+    tokio::time::sleep(IDLE).await;
+    system.stop(std::time::Duration::from_secs(5)).await;
+    Handle::close(url, &[&roles]).await?;
+    Ok(meter.finish(0).await)
+}
+
+fn print_idle(dialect: &str, cost: &Cost) {
+    let seconds = cost.elapsed.as_secs_f64().max(1e-9);
+    outln!(
+        "== {dialect}, counters: idle, the roles waiting for {:.0} s with no orders (their start and stop included)",
+        seconds
+    );
+    for (figure, value) in cost.per_order() {
+        let figure = figure.replace("_per_order", "_per_second");
+        outln!("{figure:<32} {:>10.2}", value / seconds);
+    }
+    print_statement_texts(cost, seconds, "per second");
+}
+
 /// The phase's name in a limits file: `burst`, `low`, or none (the paced phase).
 fn limits_phase(name: &str) -> Option<&'static str> {
     if name.starts_with("burst") {
@@ -488,6 +544,7 @@ fn print_counters(dialect: &str, figures: &[Figures]) {
                 wire.connections
             );
         }
+        print_statement_texts(&f.cost, f.cost.orders.max(1) as f64, "per order");
         outln!(
             "invariants                       {}",
             if f.report.violations.is_empty() {

@@ -34,10 +34,51 @@ where
 
 struct StatementCounter;
 
+/// The statements of [`STATEMENTS`] by their text (as [`crate::wire::shown`]).
+static STATEMENT_TEXTS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
-    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        // sqlx gives the statement's start as `summary` and, when that is not all of
+        // it, the whole text as `db.statement`.
+        #[derive(Default)]
+        struct Text {
+            summary: String,
+            statement: String,
+        }
+        impl tracing::field::Visit for Text {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                match field.name() {
+                    "summary" => self.summary = value.to_owned(),
+                    "db.statement" => self.statement = value.to_owned(),
+                    _ => {}
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "summary" && self.summary.is_empty() {
+                    self.summary = format!("{value:?}");
+                }
+            }
+        }
+        let mut text = Text::default();
+        event.record(&mut text);
+        let text = crate::wire::shown(if text.statement.trim().is_empty() {
+            &text.summary
+        } else {
+            &text.statement
+        });
         STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        let mut texts = STATEMENT_TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        *texts.entry(text).or_default() += 1;
     }
+}
+
+fn statement_texts() -> std::collections::BTreeMap<String, u64> {
+    STATEMENT_TEXTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// The readings at the start of a phase.
@@ -60,6 +101,7 @@ pub struct Meter {
 /// PostgreSQL what crossed the relay the roles connect through.
 struct Counting {
     statements: u64,
+    texts: std::collections::BTreeMap<String, u64>,
     relay: Option<(Arc<Relay>, WireCounts)>,
 }
 
@@ -100,6 +142,9 @@ pub struct Cost {
     /// What crossed the wire between the roles and the PostgreSQL server (a counters
     /// run on PostgreSQL).
     pub wire: Option<WireCounts>,
+    /// The statements by text (a counters run): PostgreSQL's off the wire, SQLite's
+    /// from sqlx's events (transaction control apart).
+    pub statement_texts: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// How long the server may take to publish a backend's transaction counts: a backend
@@ -160,6 +205,7 @@ impl Meter {
         };
         let counting = Counting {
             statements: STATEMENTS.load(Ordering::Relaxed),
+            texts: statement_texts(),
             relay: relay.map(|r| {
                 let now = r.counts();
                 (r, now)
@@ -218,14 +264,23 @@ impl Meter {
             }
             _ => None,
         };
-        let (statements, wire) = match &self.counting {
-            Some(c) => (
-                Some(STATEMENTS.load(Ordering::Relaxed) - c.statements),
-                c.relay
+        let (statements, wire, statement_texts) = match &self.counting {
+            Some(c) => {
+                let wire = c
+                    .relay
                     .as_ref()
-                    .map(|(relay, then)| relay.counts().since(then)),
-            ),
-            None => (None, None),
+                    .map(|(relay, then)| relay.counts().since(then));
+                let texts = match &wire {
+                    Some(wire) => wire.by_text.clone(),
+                    None => crate::wire::since(&statement_texts(), &c.texts),
+                };
+                (
+                    Some(STATEMENTS.load(Ordering::Relaxed) - c.statements),
+                    wire,
+                    Some(texts),
+                )
+            }
+            None => (None, None, None),
         };
         Cost {
             orders,
@@ -238,6 +293,7 @@ impl Meter {
             roles_elsewhere: !self.pids.is_empty(),
             statements,
             wire,
+            statement_texts,
         }
     }
 }
@@ -555,6 +611,7 @@ mod tests {
             roles_elsewhere: false,
             statements: None,
             wire: None,
+            statement_texts: None,
         }
     }
 
@@ -592,6 +649,7 @@ mod tests {
             round_trips: 120,
             statements: 70,
             commits: 12,
+            by_text: Default::default(),
         });
         pg.server = Some(ServerCounters::default());
         let f = pg.per_order();

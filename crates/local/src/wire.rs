@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The counts of everything that crossed a [`Relay`] so far; subtract two to measure a
 /// phase.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WireCounts {
     /// Connections opened through the relay.
     pub connections: u64,
@@ -33,6 +33,9 @@ pub struct WireCounts {
     pub statements: u64,
     /// `COMMIT`s sent (explicit transactions that ended in a commit request).
     pub commits: u64,
+    /// Statements run by their text (whitespace folded, cut to [`TEXT_SHOWN`]
+    /// characters).
+    pub by_text: std::collections::BTreeMap<String, u64>,
 }
 
 impl WireCounts {
@@ -44,7 +47,31 @@ impl WireCounts {
             round_trips: self.round_trips - earlier.round_trips,
             statements: self.statements - earlier.statements,
             commits: self.commits - earlier.commits,
+            by_text: since(&self.by_text, &earlier.by_text),
         }
+    }
+}
+
+/// The counts of `now` less those of `then`, the texts counted in between.
+pub fn since(
+    now: &std::collections::BTreeMap<String, u64>,
+    then: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    now.iter()
+        .map(|(text, n)| (text.clone(), n - then.get(text).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// How much of a statement's text names it in the counts.
+pub const TEXT_SHOWN: usize = 90;
+
+/// A statement's text as counted: whitespace folded, cut to [`TEXT_SHOWN`] characters.
+pub fn shown(text: &str) -> String {
+    let folded = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match folded.char_indices().nth(TEXT_SHOWN) {
+        Some((at, _)) => format!("{}…", &folded[..at]),
+        None => folded,
     }
 }
 
@@ -54,6 +81,20 @@ struct Counters {
     round_trips: AtomicU64,
     statements: AtomicU64,
     commits: AtomicU64,
+    by_text: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Counters {
+    fn statement(&self, text: &str) {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        let mut by_text = self.by_text.lock().unwrap_or_else(|e| e.into_inner());
+        match by_text.get_mut(text) {
+            Some(n) => *n += 1,
+            None => {
+                by_text.insert(text.to_owned(), 1);
+            }
+        }
+    }
 }
 
 /// A counting relay in front of one PostgreSQL server, until dropped.
@@ -110,6 +151,7 @@ impl Relay {
             round_trips: c.round_trips.load(Ordering::Relaxed),
             statements: c.statements.load(Ordering::Relaxed),
             commits: c.commits.load(Ordering::Relaxed),
+            by_text: c.by_text.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }
     }
 }
@@ -260,7 +302,10 @@ async fn relay(
 }
 
 /// Where the scan of a client's typed messages stands: a message is a type byte, a
-/// length of four bytes (itself included), then its body.
+/// length of four bytes (itself included), then its body. The bodies that name
+/// statements are kept: a simple query (`Q`, its text), a prepare (`P`, a statement's
+/// name and text), a bind (`B`, which statement the next execution runs) and an
+/// execution (`E`).
 #[derive(Debug, Default)]
 struct Messages {
     /// The header read so far.
@@ -269,12 +314,16 @@ struct Messages {
     kind: u8,
     /// Bytes of its body still to pass.
     remaining: usize,
-    /// The start of a simple query's text, to tell a `COMMIT`.
-    text: Vec<u8>,
+    /// Its body so far, if it is one that is kept.
+    body: Vec<u8>,
+    /// Prepared statements' texts by name, as counted.
+    prepared: std::collections::HashMap<String, String>,
+    /// The statement the last bind named.
+    bound: String,
 }
 
-/// The start of a simple query's text kept to recognise it.
-const TEXT_KEPT: usize = 8;
+/// The most of a body kept (a statement longer than this is named by its start).
+const BODY_KEPT: usize = 64 * 1024;
 
 impl Messages {
     fn scan(&mut self, mut bytes: &[u8], counters: &Counters) {
@@ -294,39 +343,57 @@ impl Messages {
                     self.header[4],
                 ]) as usize;
                 self.remaining = len.saturating_sub(4);
-                self.text.clear();
-                match self.kind {
-                    b'Q' | b'E' => {
-                        counters.statements.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
+                self.body.clear();
                 if self.remaining == 0 {
-                    self.header.clear();
+                    self.ended(counters);
                 }
                 continue;
             }
             let take = self.remaining.min(bytes.len());
-            if self.kind == b'Q' && self.text.len() < TEXT_KEPT {
-                let keep = (TEXT_KEPT - self.text.len()).min(take);
-                self.text.extend_from_slice(&bytes[..keep]);
-                if self.text.len() == TEXT_KEPT || keep == self.remaining {
-                    let text = String::from_utf8_lossy(&self.text)
-                        .trim_start()
-                        .to_ascii_uppercase();
-                    if text.starts_with("COMMIT") {
-                        counters.commits.fetch_add(1, Ordering::Relaxed);
-                    }
-                    // Counted once: no further bytes of this text are kept.
-                    self.text.resize(TEXT_KEPT, b' ');
-                }
+            if matches!(self.kind, b'Q' | b'P' | b'B' | b'E') && self.body.len() < BODY_KEPT {
+                let keep = (BODY_KEPT - self.body.len()).min(take);
+                self.body.extend_from_slice(&bytes[..keep]);
             }
             self.remaining -= take;
             bytes = &bytes[take..];
             if self.remaining == 0 {
-                self.header.clear();
+                self.ended(counters);
             }
         }
+    }
+
+    /// A whole message has passed.
+    fn ended(&mut self, counters: &Counters) {
+        let mut fields = self.body.split(|b| *b == 0);
+        let mut field = || String::from_utf8_lossy(fields.next().unwrap_or_default()).into_owned();
+        match self.kind {
+            b'Q' => {
+                let text = shown(&field());
+                if text.to_ascii_uppercase().starts_with("COMMIT") {
+                    counters.commits.fetch_add(1, Ordering::Relaxed);
+                }
+                counters.statement(&text);
+            }
+            b'P' => {
+                let name = field();
+                let text = shown(&field());
+                self.prepared.insert(name, text);
+            }
+            b'B' => {
+                let _portal = field();
+                self.bound = field();
+            }
+            b'E' => {
+                let text = self
+                    .prepared
+                    .get(&self.bound)
+                    .map_or("(a statement prepared before)", String::as_str);
+                counters.statement(text);
+            }
+            _ => {}
+        }
+        self.header.clear();
+        self.body.clear();
     }
 }
 
@@ -360,6 +427,17 @@ mod tests {
             }
             assert_eq!(counters.statements.load(Ordering::Relaxed), 4, "cut {cut}");
             assert_eq!(counters.commits.load(Ordering::Relaxed), 1, "cut {cut}");
+            let by_text = counters.by_text.lock().unwrap().clone();
+            assert_eq!(
+                by_text.into_iter().collect::<Vec<_>>(),
+                [
+                    ("BEGIN".to_owned(), 1),
+                    ("SELECT 1".to_owned(), 1),
+                    ("SELECT pg_current_wal_lsn()".to_owned(), 1),
+                    ("commit".to_owned(), 1),
+                ],
+                "cut {cut}"
+            );
         }
     }
 
@@ -422,6 +500,11 @@ mod tests {
         // BEGIN, CREATE, INSERT, COMMIT, SELECT.
         assert_eq!(counted.statements, 5, "{counted:?}");
         assert_eq!(counted.commits, 1, "{counted:?}");
+        assert_eq!(
+            counted.by_text.get("INSERT INTO relayed VALUES ($1)"),
+            Some(&1),
+            "a prepared statement is named by its text: {counted:?}"
+        );
         // One wait each, and one more for each of the two prepared statements' first
         // use (sqlx prepares them apart).
         assert_eq!(counted.round_trips, 7, "{counted:?}");

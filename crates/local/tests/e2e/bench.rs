@@ -206,6 +206,17 @@ fn the_quick_bench_checks_its_counters_against_a_limits_file() {
         "{out}"
     );
     assert!(out.contains("write_transactions_per_order"), "{out}");
+    for line in [
+        "statements_per_order",
+        "round_trips_per_order",
+        "commits_per_order",
+        "rows by table",
+        "statements by text, per order",
+        "idle, the roles waiting for 10 s",
+        "statements_per_second",
+    ] {
+        assert!(out.contains(line), "no {line:?} in\n{out}");
+    }
 
     let (ok, out, err) = bench(&tight);
     assert!(!ok, "over a limit yet it passed:\n{out}");
