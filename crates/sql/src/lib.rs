@@ -71,58 +71,54 @@ impl std::fmt::Debug for Backend {
 /// Opens the store and the SQL queue a URL names (see [`open`]), running pending
 /// migrations first.
 pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
-    if url.starts_with("sqlite:") {
-        let store = Arc::new(SqliteStore::open(url, time).await?);
-        Ok(Backend {
-            store: store.clone(),
-            transport: store.clone(),
-            inspector: store.clone(),
-            stats: store.stats(),
-            outbox: store,
-        })
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = Arc::new(PgStore::open(url, time).await?);
-        Ok(Backend {
-            store: store.clone(),
-            transport: store.clone(),
-            inspector: store.clone(),
-            stats: store.stats(),
-            outbox: store,
-        })
-    } else {
-        Err(bad_url())
-    }
+    open_backend(url, time, true).await
 }
 
 /// [`connect`], with none of the handle's statements logged (`sqlx::query` events): a
 /// tool's own reads beside the roles (the bench's), kept out of a count of the roles'
 /// statements taken from those events.
 pub async fn connect_unlogged(url: &str, time: TimeSource) -> Result<Backend> {
+    open_backend(url, time, false).await
+}
+
+async fn open_backend(url: &str, time: TimeSource, logged: bool) -> Result<Backend> {
     if url.starts_with("sqlite:") {
-        let store = Arc::new(SqliteStore::open_unlogged(url, time).await?);
-        Ok(Backend {
-            store: store.clone(),
-            transport: store.clone(),
-            inspector: store.clone(),
-            stats: store.stats(),
-            outbox: store,
-        })
+        let store = if logged {
+            SqliteStore::open(url, time).await?
+        } else {
+            SqliteStore::open_unlogged(url, time).await?
+        };
+        let stats = store.stats();
+        Ok(backend(Arc::new(store), stats))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         use sqlx::ConnectOptions as _;
-        let options = postgres::plain_on_this_machine(url, postgres::options(url)?)
-            .await
-            .disable_statement_logging();
-        let store =
-            Arc::new(PgStore::connect(options, postgres::DEFAULT_MAX_CONNECTIONS, time).await?);
-        Ok(Backend {
-            store: store.clone(),
-            transport: store.clone(),
-            inspector: store.clone(),
-            stats: store.stats(),
-            outbox: store,
-        })
+        let mut options = postgres::plain_on_this_machine(url, postgres::options(url)?).await;
+        if !logged {
+            options = options.disable_statement_logging();
+        }
+        let store = PgStore::connect(options, postgres::DEFAULT_MAX_CONNECTIONS, time).await?;
+        let stats = store.stats();
+        Ok(backend(Arc::new(store), stats))
     } else {
         Err(bad_url())
+    }
+}
+
+/// One store handle in every part a [`Backend`] has.
+fn backend<S>(store: Arc<S>, stats: Arc<stats::Stats>) -> Backend
+where
+    S: StateStore
+        + orderly_core::transport::Transport
+        + orderly_core::transport::QueueInspector
+        + orderly_core::transport::Outbox
+        + 'static,
+{
+    Backend {
+        store: store.clone(),
+        transport: store.clone(),
+        inspector: store.clone(),
+        stats,
+        outbox: store,
     }
 }
 
