@@ -24,6 +24,16 @@
 // answers the next `times` attaches to it (every one without `times`) only after that
 // many real milliseconds (POST /late-attach-stats says how many such answers went out); POST /hang-renew with {"on": true|false}
 // leaves renew-lock requests unanswered.
+// Entra ID: after POST /entra {"jwk"} the CBS put-token takes only Entra ID access tokens
+// (type "jwt") signed by that key (the Entra stand-in's, tests/entra-standin), for the
+// audience https://servicebus.azure.net, not expired; a SAS token is refused, as by a
+// namespace whose local authentication is disabled. A link is then attached, and a
+// management request answered, only for an identity granted a role that carries its
+// claim (POST /grant {"oid", "role", "queue"?}: Azure Service Bus Data Owner, Sender or
+// Receiver, on one queue or on the namespace); otherwise amqp:unauthorized-access, in
+// Service Bus's words. A link whose token expires without a new put-token is closed
+// with that error. POST /auth-stats answers {"put", "refused", "unauthorized",
+// "expired", "last_refusal"}.
 // TLS: with STANDIN_TLS_CERT and STANDIN_TLS_KEY (PEM files) it also listens for AMQPS
 // on port 5671, as Service Bus does; POST /tls-stats answers how many TLS handshakes
 // were attempted there and how the last failed (the client's alert, as Node reports it).
@@ -76,8 +86,90 @@ function declare(name, s) {
 
 function entityOf(address) {
   if (!address) return '';
-  return String(address).replace(/^amqps?:\/\/[^/]+\//, '');
+  return String(address).replace(/^(amqps?|sb):\/\/[^/]+\//, '');
 }
+
+// --- Entra ID (see the header) ---
+let entra = null; // { key }: the public key that signs access tokens
+const grants = []; // { oid, queue (null: the namespace), claims: Set }
+const auths = new Map(); // connection -> Map(queue -> { oid, exp, expired })
+const authLinks = new Map(); // connection -> Set of { link, queue }
+const authStats = { put: 0, refused: 0, unauthorized: 0, expired: 0, last_refusal: null };
+const ROLE_CLAIMS = {
+  'Azure Service Bus Data Owner': ['Send', 'Listen', 'Manage'],
+  'Azure Service Bus Data Sender': ['Send'],
+  'Azure Service Bus Data Receiver': ['Listen'],
+};
+const SERVICEBUS_AUDIENCES = ['https://servicebus.azure.net', 'https://servicebus.azure.net/'];
+// The queue an entity path belongs to (its sub-queue or management node stripped).
+const queueOfEntity = (entity) => String(entity).replace(/\/\$(management|DeadLetterQueue).*$/, '');
+
+// The claims of an Entra ID access token `token` put as `type`, or the refusal's text.
+function tokenVerdict(type, token) {
+  if (type !== 'jwt') return { refusal: 'Unauthorized access. Local authentication methods (SAS) are disabled for this namespace; use an Entra ID token.' };
+  const parts = String(token || '').split('.');
+  let claims = null;
+  try {
+    if (parts.length === 3 && crypto.verify('sha256', Buffer.from(`${parts[0]}.${parts[1]}`),
+      { key: entra.key, dsaEncoding: 'ieee-p1363' }, Buffer.from(parts[2], 'base64url'))) {
+      claims = JSON.parse(Buffer.from(parts[1], 'base64url').toString());
+    }
+  } catch (_) { claims = null; }
+  if (!claims) return { refusal: 'InvalidSignature: The token has an invalid signature.' };
+  if (!SERVICEBUS_AUDIENCES.includes(claims.aud)) return { refusal: `InvalidAudience: The token audience '${claims.aud}' is not valid for Service Bus.` };
+  if (claims.exp * 1000 <= Date.now()) return { refusal: `ExpiredToken: The token is expired. Expiration time: '${new Date(claims.exp * 1000).toISOString()}'.` };
+  return { claims };
+}
+
+// The error a link or request of `connection` to `entity` needing `claim` meets, or null.
+function denied(connection, entity, claim) {
+  if (!entra) return null;
+  const queue = queueOfEntity(entity);
+  const resource = `sb://${HOST}/${queue}`;
+  const auth = (auths.get(connection) || new Map()).get(queue);
+  let description = null;
+  if (!auth || auth.exp * 1000 <= Date.now()) {
+    description = `Unauthorized access. A valid token for '${resource}' is required (put-token on $cbs).`;
+  } else if (!grants.some((g) => g.oid === auth.oid && (g.queue === null || g.queue === queue) && g.claims.has(claim))) {
+    description = `Unauthorized access. '${claim}' claim(s) are required to perform this operation. Resource: '${resource}'. TrackingId:${crypto.randomUUID()}, SystemTracker:${HOST}:Queue:${queue}, Timestamp:${new Date().toISOString()}`;
+  }
+  if (!description) return null;
+  authStats.unauthorized += 1;
+  authStats.last_refusal = description;
+  return { condition: 'amqp:unauthorized-access', description };
+}
+
+// Keeps `link` to be closed when the token it was authorized with expires.
+function watchAuth(link, entity) {
+  if (!entra) return;
+  if (!authLinks.has(link.connection)) authLinks.set(link.connection, new Set());
+  authLinks.get(link.connection).add({ link, queue: queueOfEntity(entity) });
+}
+
+// Closes the links of `connection` to `queue` that `auth`, now expired, authorized.
+function expire(connection, queue, auth) {
+  auth.expired = true;
+  for (const watched of authLinks.get(connection) || []) {
+    if (watched.queue !== queue || watched.link.is_closed()) continue;
+    authStats.expired += 1;
+    // Closed here, so no 'sender_close' comes: it is no longer a consumer.
+    for (const q of queues.values()) {
+      q.consumers.delete(watched.link);
+      q.deadConsumers.delete(watched.link);
+    }
+    watched.link.close({ condition: 'amqp:unauthorized-access',
+      description: `ExpiredToken: The token is expired. Expiration time: '${new Date(auth.exp * 1000).toISOString()}'.` });
+  }
+}
+
+setInterval(() => {
+  if (!entra) return;
+  for (const [connection, byQueue] of auths) {
+    for (const [queue, auth] of byQueue) {
+      if (!auth.expired && auth.exp * 1000 <= Date.now()) expire(connection, queue, auth);
+    }
+  }
+}, 100);
 
 function accept(q, msg) {
   const t = now();
@@ -294,10 +386,10 @@ container.sasl_server_mechanisms.enable_anonymous();
 
 // Refuse a link as a broker does: answer the attach with no terminus on our side,
 // then detach with the error.
-function refuse(link, entity) {
+function refuse(link, entity, error) {
   if (link.is_receiver()) link.local.attach.target = null; else link.local.attach.source = null;
   link.open();
-  link.close({ condition: 'amqp:not-found', description: `The messaging entity '${entity}' could not be found.` });
+  link.close(error || { condition: 'amqp:not-found', description: `The messaging entity '${entity}' could not be found.` });
 }
 
 // Links to entities carry an amqp://host/ URL; management and CBS request links name
@@ -321,7 +413,10 @@ container.on('receiver_open', (context) => {
   const address = context.receiver.remote.attach.target && context.receiver.remote.attach.target.address;
   const entity = entityOf(address);
   if (!isEntityUrl(address)) return;
-  if (!queueOf(entity)) refuse(context.receiver, entity);
+  const unauthorized = denied(context.connection, entity, 'Send');
+  if (unauthorized) return refuse(context.receiver, entity, unauthorized);
+  if (!queueOf(entity)) return refuse(context.receiver, entity);
+  watchAuth(context.receiver, entity);
 });
 
 container.on('sender_open', (context) => {
@@ -335,6 +430,9 @@ container.on('sender_open', (context) => {
     return;
   }
   const entity = entityOf(address);
+  const unauthorized = denied(context.connection, entity, 'Listen');
+  if (unauthorized) return refuse(context.sender, entity, unauthorized);
+  watchAuth(context.sender, entity);
   const q = queueOf(entity);
   if (q) {
     q.consumers.add(context.sender);
@@ -378,10 +476,29 @@ container.on('message', (context) => {
   const msg = context.message;
   if (entity === '$cbs') {
     context.delivery.accept();
+    if (entra) {
+      const props = msg.application_properties || {};
+      const verdict = tokenVerdict(props.type, msg.body);
+      if (verdict.refusal) {
+        authStats.refused += 1;
+        authStats.last_refusal = verdict.refusal;
+        return respond(context.connection, msg, 401, null, { 'status-description': verdict.refusal });
+      }
+      if (!auths.has(context.connection)) auths.set(context.connection, new Map());
+      const queue = queueOfEntity(entityOf(props.name));
+      const previous = auths.get(context.connection).get(queue);
+      // A renewal that comes after the token it replaces expired is too late: the links
+      // it authorized are closed, as Service Bus closes them at the expiry.
+      if (previous && !previous.expired && previous.exp * 1000 <= Date.now()) expire(context.connection, queue, previous);
+      auths.get(context.connection).set(queue, { oid: verdict.claims.oid, exp: verdict.claims.exp, expired: false });
+      authStats.put += 1;
+    }
     return respond(context.connection, msg, 202, null, { 'status-description': 'Accepted' });
   }
   if (entity.endsWith('/$management')) {
     context.delivery.accept();
+    const unauthorized = denied(context.connection, entity, 'Listen');
+    if (unauthorized) return respond(context.connection, msg, 401, null, { 'status-description': unauthorized.description });
     return management(context.connection, entity, msg);
   }
   const q = queueOf(entity);
@@ -450,7 +567,11 @@ container.on('rejected', (context) => settle(context, (q, rec) => {
 container.on('error', (e) => console.error('stand-in error:', e && (e.message || e.error || JSON.stringify(e.condition || e)), e && e.stack));
 container.on('connection_open', (context) => connections.add(context.connection));
 for (const ev of ['connection_close', 'disconnected']) {
-  container.on(ev, (context) => connections.delete(context.connection));
+  container.on(ev, (context) => {
+    connections.delete(context.connection);
+    auths.delete(context.connection);
+    authLinks.delete(context.connection);
+  });
 }
 
 setInterval(pumpAll, 20);
@@ -493,6 +614,15 @@ const control = http.createServer((req, res) => {
       } else if (req.method === 'POST' && req.url === '/tls-stats') {
         res.writeHead(200, { 'content-type': 'application/json' });
         return res.end(JSON.stringify(tlsStats));
+      } else if (req.method === 'POST' && req.url === '/entra') {
+        entra = { key: crypto.createPublicKey({ key: body.jwk, format: 'jwk' }) };
+      } else if (req.method === 'POST' && req.url === '/grant') {
+        const claims = ROLE_CLAIMS[body.role];
+        if (!claims) { res.writeHead(400); return res.end(`no such role ${body.role}`); }
+        grants.push({ oid: body.oid, queue: body.queue || null, claims: new Set(claims) });
+      } else if (req.method === 'POST' && req.url === '/auth-stats') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify(authStats));
       } else if (req.method === 'POST' && req.url === '/clock') {
         frozenAt = Number(body.now_ms);
         pumpAll();

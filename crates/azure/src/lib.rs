@@ -10,9 +10,10 @@ pub mod blob_lease;
 pub mod servicebus;
 
 pub use blob_lease::{
-    BlobAuth, BlobConfigError, BlobLease, BlobLocation, EntraSource, entra_credential,
+    BlobAuth, BlobConfigError, BlobLease, BlobLocation, EntraIdentity, EntraSource,
+    entra_credential, entra_credential_for,
 };
 pub use servicebus::{
-    PEEK_COUNT_CAP, Provisioned, QueueAdmin, STANDARD_MAX_BATCH_BYTES, ServiceBusSettings,
-    ServiceBusTransport,
+    PEEK_COUNT_CAP, Provisioned, QueueAdmin, STANDARD_MAX_BATCH_BYTES, ServiceBusAuth,
+    ServiceBusSettings, ServiceBusTransport,
 };

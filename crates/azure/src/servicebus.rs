@@ -40,6 +40,7 @@ pub use operate::PEEK_COUNT_CAP;
 
 mod connection;
 mod convert;
+mod entra;
 mod settings;
 
 use connection::*;

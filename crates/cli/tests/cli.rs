@@ -391,7 +391,7 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         );
         assert!(err.contains("ORDERLY_SERVICEBUS_CONNECTION"), "{err}");
         let err = run(
-            bin,
+            bin.clone(),
             &[
                 "--transport",
                 "servicebus",
@@ -403,6 +403,56 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
         assert!(
             err.contains("--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION")
                 && !err.contains("s3cr3t-k3y"),
+            "{err}"
+        );
+        // Passwordless: a namespace is a host name, and a key beside it is refused.
+        let err = run(
+            bin.clone(),
+            &[
+                "--transport",
+                "servicebus",
+                "--servicebus-namespace",
+                "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKey=s3cr3t-k3y",
+                "--check-config",
+            ],
+        );
+        assert!(
+            err.contains("ORDERLY_SERVICEBUS_NAMESPACE")
+                && err.contains("<name>.servicebus.windows.net")
+                && !err.contains("s3cr3t-k3y"),
+            "{err}"
+        );
+        let err = run(
+            bin.clone(),
+            &[
+                "--transport",
+                "servicebus",
+                "--servicebus-namespace",
+                "ns.servicebus.windows.net",
+                "--servicebus-connection",
+                "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=a;SharedAccessKey=s3cr3t-k3y",
+                "--check-config",
+            ],
+        );
+        assert!(
+            err.contains("ORDERLY_SERVICEBUS_NAMESPACE")
+                && err.contains("not both")
+                && !err.contains("s3cr3t-k3y"),
+            "{err}"
+        );
+        // Workload identity outside a pod set up for it: the variables are named.
+        let err = run(
+            bin,
+            &[
+                "--transport",
+                "servicebus",
+                "--servicebus-namespace",
+                "ns.servicebus.windows.net",
+                "--check-config",
+            ],
+        );
+        assert!(
+            err.contains("ORDERLY_SERVICEBUS_CREDENTIAL") && err.contains("AZURE_TENANT_ID"),
             "{err}"
         );
     }

@@ -149,17 +149,43 @@ impl Opened {
 /// The Service Bus settings `args` give, checked; errors name the setting and never
 /// show the connection string.
 pub fn servicebus_settings(args: &crate::ServiceBusArgs) -> anyhow::Result<ServiceBusSettings> {
-    let connection = args.connection()?;
-    ServiceBusSettings::check_connection(
-        &connection,
-        "--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION",
-    )?;
-    let mut settings = ServiceBusSettings::new(connection);
+    const NAMESPACE: &str = "--servicebus-namespace / ORDERLY_SERVICEBUS_NAMESPACE";
+    let mut settings = match &args.servicebus_namespace {
+        Some(_)
+            if args.servicebus_connection.is_some()
+                || args.servicebus_connection_file.is_some() =>
+        {
+            anyhow::bail!(
+                "give either {NAMESPACE} (Entra ID) or --servicebus-connection / \
+                 ORDERLY_SERVICEBUS_CONNECTION (a key), not both"
+            )
+        }
+        Some(namespace) => {
+            ServiceBusSettings::check_namespace(namespace, NAMESPACE)?;
+            let source = args.servicebus_credential.source();
+            let trust = orderly_tls::Trust::from_env()?;
+            let identity = orderly_azure::EntraIdentity::default();
+            let credential = orderly_azure::entra_credential_for(source, &identity, &trust)
+                .context("--servicebus-credential / ORDERLY_SERVICEBUS_CREDENTIAL")?;
+            ServiceBusSettings::entra(namespace, credential, source.describe(&identity), NAMESPACE)?
+        }
+        None => {
+            let connection = args.connection()?;
+            ServiceBusSettings::check_connection(
+                &connection,
+                "--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION",
+            )?;
+            ServiceBusSettings::new(connection)
+        }
+    };
     settings.unsecured = args.servicebus_unsecured;
     settings.max_message_bytes = args.servicebus_max_message_bytes;
     settings.max_batch_bytes = args.servicebus_max_batch_bytes;
     Ok(settings)
 }
+
+/// The context of a failure to reach Service Bus: the settings that say where it is.
+const SERVICEBUS_SETTINGS: &str = "cannot connect to Service Bus (--servicebus-namespace / ORDERLY_SERVICEBUS_NAMESPACE, or --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)";
 
 /// An operator's connection to Service Bus (no outbox, no relay): the transport, to
 /// list dead letters, and the operations on its queues (depths by peeking, dead
@@ -171,7 +197,7 @@ pub async fn servicebus_operator(
     let servicebus = Arc::new(
         ServiceBusTransport::connect(&settings, Arc::new(Provisioned), Arc::new(SystemClock))
             .await
-            .context("cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)")?,
+            .context(SERVICEBUS_SETTINGS)?,
     );
     let inspector: Arc<dyn QueueInspector> = Arc::new(ServiceBusInspector {
         servicebus: servicebus.clone(),
@@ -198,7 +224,6 @@ impl Plan {
     /// the outbox relay as `relay_as`, which runs until [`Opened::finish`].
     pub async fn open(self, relay_as: &InstanceId) -> anyhow::Result<Opened> {
         const STORE: &str = "cannot open the state store (--database-url / ORDERLY_DATABASE_URL)";
-        const SERVICEBUS: &str = "cannot connect to Service Bus (--servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)";
         let wait = self.startup_wait;
         let Some(settings) = self.servicebus else {
             let backend = patiently(
@@ -237,7 +262,7 @@ impl Plan {
                 },
             )
             .await
-            .context(SERVICEBUS)?,
+            .context(SERVICEBUS_SETTINGS)?,
         );
         let transport: Arc<dyn Transport> = servicebus.clone();
         let stop = CancellationToken::new();

@@ -21,16 +21,28 @@ pub enum ElectorKind {
     Blob,
 }
 
-/// How to get an Entra ID token for the blob lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How to get an Entra ID token (for the blob lease, Service Bus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum CredentialKind {
     /// The managed identity of the host (`AZURE_CLIENT_ID` picks a user-assigned one).
     ManagedIdentity,
     /// Kubernetes workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
     /// `AZURE_FEDERATED_TOKEN_FILE`).
+    #[default]
     WorkloadIdentity,
     /// The developer's Azure CLI / Azure Developer CLI login.
     Developer,
+}
+
+impl CredentialKind {
+    /// The Azure adapters' name for it.
+    pub fn source(self) -> EntraSource {
+        match self {
+            CredentialKind::ManagedIdentity => EntraSource::ManagedIdentity,
+            CredentialKind::WorkloadIdentity => EntraSource::WorkloadIdentity,
+            CredentialKind::Developer => EntraSource::Developer,
+        }
+    }
 }
 
 /// Election settings. Its `Debug` shows whether the lease's secrets are set, never them.
@@ -210,14 +222,8 @@ impl ElectionArgs {
             BlobLocation::from_sas_url(sas, &self.lease_blob)?
         } else {
             let url = self.lease_account_url.as_deref().unwrap_or_default();
-            let credential = orderly_azure::entra_credential(
-                match self.lease_credential {
-                    CredentialKind::ManagedIdentity => EntraSource::ManagedIdentity,
-                    CredentialKind::WorkloadIdentity => EntraSource::WorkloadIdentity,
-                    CredentialKind::Developer => EntraSource::Developer,
-                },
-                &trust,
-            )?;
+            let credential =
+                orderly_azure::entra_credential(self.lease_credential.source(), &trust)?;
             BlobLocation::with_credential(url, &self.lease_container, &self.lease_blob, credential)?
         };
         Ok(location.with_trust(trust))

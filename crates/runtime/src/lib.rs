@@ -109,6 +109,24 @@ pub struct ServiceBusArgs {
     #[arg(long, env = "ORDERLY_SERVICEBUS_CONNECTION_FILE")]
     pub servicebus_connection_file: Option<std::path::PathBuf>,
 
+    /// Service Bus without a key: the namespace's host name (<name>.servicebus.windows.net),
+    /// reached with Entra ID tokens from --servicebus-credential (instead of a connection
+    /// string). The identity needs "Azure Service Bus Data Sender" and "Data Receiver"
+    /// on the queues the role uses (or on the namespace).
+    #[arg(long, env = "ORDERLY_SERVICEBUS_NAMESPACE")]
+    pub servicebus_namespace: Option<String>,
+
+    /// Service Bus with --servicebus-namespace: where the Entra ID token comes from
+    /// (workload identity reads AZURE_CLIENT_ID, AZURE_TENANT_ID and
+    /// AZURE_FEDERATED_TOKEN_FILE, which the cluster sets).
+    #[arg(
+        long,
+        env = "ORDERLY_SERVICEBUS_CREDENTIAL",
+        value_enum,
+        default_value = "workload-identity"
+    )]
+    pub servicebus_credential: crate::election::CredentialKind,
+
     /// Service Bus: plain AMQP without TLS, for the local emulator only.
     #[arg(long, env = "ORDERLY_SERVICEBUS_UNSECURED")]
     pub servicebus_unsecured: bool,
@@ -179,6 +197,8 @@ impl std::fmt::Debug for ServiceBusArgs {
                 "servicebus_connection_file",
                 &self.servicebus_connection_file,
             )
+            .field("servicebus_namespace", &self.servicebus_namespace)
+            .field("servicebus_credential", &self.servicebus_credential)
             .field("servicebus_unsecured", &self.servicebus_unsecured)
             .field(
                 "servicebus_max_message_bytes",
@@ -211,7 +231,8 @@ impl ServiceBusArgs {
                     )
                 }),
             (None, None) => anyhow::bail!(
-                "--transport servicebus needs --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION \
+                "--transport servicebus needs --servicebus-namespace / ORDERLY_SERVICEBUS_NAMESPACE \
+                 (Entra ID, passwordless) or --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION \
                  (or its _FILE form)"
             ),
         }

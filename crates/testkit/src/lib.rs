@@ -10,6 +10,7 @@
 pub mod azurite;
 pub mod builders;
 pub mod elector;
+pub mod entra;
 #[cfg(feature = "otel")]
 pub mod otlp;
 pub mod partition;

@@ -159,6 +159,30 @@ impl Standin {
         post(self.control, &format!("/queues/{queue}"), &body)
     }
 
+    /// From now on, only Entra ID access tokens signed by `jwk` (the Entra ID stand-in's
+    /// key) authorize links; SAS tokens are refused.
+    pub fn require_entra(&self, jwk: &str) -> Result<(), String> {
+        post(self.control, "/entra", &format!("{{\"jwk\":{jwk}}}"))
+    }
+
+    /// Grants the identity `oid` a Service Bus data role (`Azure Service Bus Data
+    /// Owner`, `Sender` or `Receiver`) on `queue`, or on the namespace when `None`.
+    pub fn grant(&self, oid: &str, role: &str, queue: Option<&str>) -> Result<(), String> {
+        let queue = queue.map_or("null".to_owned(), |q| format!("\"{q}\""));
+        post(
+            self.control,
+            "/grant",
+            &format!("{{\"oid\":\"{oid}\",\"role\":\"{role}\",\"queue\":{queue}}}"),
+        )
+    }
+
+    /// `{"put", "refused", "unauthorized", "expired", "last_refusal"}`: tokens put and
+    /// refused, links and requests refused for want of a role, links closed because
+    /// their token expired.
+    pub fn auth_stats(&self) -> Result<String, String> {
+        post_for_body(self.control, "/auth-stats", "{}")
+    }
+
     /// Sets its clock (milliseconds since the epoch).
     pub fn set_clock_ms(&self, now_ms: i64) -> Result<(), String> {
         post(self.control, "/clock", &format!("{{\"now_ms\":{now_ms}}}"))

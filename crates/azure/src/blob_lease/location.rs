@@ -304,22 +304,87 @@ pub(super) fn transport(
     Ok(azure_core::http::Transport::new(Arc::new(client)))
 }
 
-/// The token credential of `source`; its token requests (to Entra ID or the host's
-/// identity endpoint) go over `trust`.
+/// What a credential is told instead of the environment: each field left `None` is
+/// read from its variable (`AZURE_TENANT_ID`, `AZURE_CLIENT_ID`,
+/// `AZURE_FEDERATED_TOKEN_FILE`, `AZURE_AUTHORITY_HOST`), as the pods of workload
+/// identity have them.
+#[derive(Debug, Clone, Default)]
+pub struct EntraIdentity {
+    /// The directory (tenant) id.
+    pub tenant_id: Option<String>,
+    /// The client id of the identity (a user-assigned managed identity's, or the
+    /// federated application's).
+    pub client_id: Option<String>,
+    /// The file the cluster writes the service account token to.
+    pub token_file: Option<std::path::PathBuf>,
+    /// Where tokens are asked for (Entra ID's login host of the cloud; https only).
+    pub authority_host: Option<String>,
+}
+
+impl EntraSource {
+    /// What the credential of this source is, for logs and errors: the kind and the
+    /// client id (never a secret).
+    pub fn describe(self, identity: &EntraIdentity) -> String {
+        let client_id = identity
+            .client_id
+            .clone()
+            .or_else(|| std::env::var("AZURE_CLIENT_ID").ok())
+            .filter(|id| !id.is_empty());
+        match (self, client_id) {
+            (EntraSource::WorkloadIdentity, Some(id)) => {
+                format!("workload identity (client id {id})")
+            }
+            (EntraSource::WorkloadIdentity, None) => {
+                "workload identity (no AZURE_CLIENT_ID)".into()
+            }
+            (EntraSource::ManagedIdentity, Some(id)) => {
+                format!("managed identity (client id {id})")
+            }
+            (EntraSource::ManagedIdentity, None) => {
+                "the host's system-assigned managed identity".into()
+            }
+            (EntraSource::Developer, _) => "the developer's Azure CLI login".into(),
+        }
+    }
+}
+
+/// The token credential of `source`, with the identity's settings from the environment;
+/// its token requests (to Entra ID or the host's identity endpoint) go over `trust`.
 pub fn entra_credential(
     source: EntraSource,
     trust: &orderly_tls::Trust,
 ) -> Result<Arc<dyn TokenCredential>, BlobConfigError> {
-    let failed = |e: azure_core::Error| config_err("lease credential", e.to_string());
+    entra_credential_for(source, &EntraIdentity::default(), trust)
+}
+
+/// [`entra_credential`], told `identity` instead of what the environment says.
+pub fn entra_credential_for(
+    source: EntraSource,
+    identity: &EntraIdentity,
+    trust: &orderly_tls::Trust,
+) -> Result<Arc<dyn TokenCredential>, BlobConfigError> {
+    let failed = |e: azure_core::Error| config_err("Entra ID credential", e.to_string());
+    let authority_host = identity
+        .authority_host
+        .clone()
+        .or_else(|| std::env::var("AZURE_AUTHORITY_HOST").ok())
+        .filter(|host| !host.is_empty());
     let client_options = azure_core::http::ClientOptions {
         transport: Some(transport(trust)?),
+        cloud: authority_host.map(|host| {
+            let mut custom = azure_core::cloud::CustomConfiguration::default();
+            custom.authority_host = host;
+            Arc::new(custom.into())
+        }),
         ..Default::default()
     };
     Ok(match source {
         EntraSource::ManagedIdentity => {
             let options = azure_identity::ManagedIdentityCredentialOptions {
-                user_assigned_id: std::env::var("AZURE_CLIENT_ID")
-                    .ok()
+                user_assigned_id: identity
+                    .client_id
+                    .clone()
+                    .or_else(|| std::env::var("AZURE_CLIENT_ID").ok())
                     .map(azure_identity::UserAssignedId::ClientId),
                 client_options,
             };
@@ -330,13 +395,15 @@ pub fn entra_credential(
                 credential_options: azure_identity::ClientAssertionCredentialOptions {
                     client_options,
                 },
-                ..Default::default()
+                tenant_id: identity.tenant_id.clone(),
+                client_id: identity.client_id.clone(),
+                token_file_path: identity.token_file.clone(),
             },
         ))
             .map_err(|e| {
                 config_err(
-                    "lease credential",
-                    format!("workload identity needs AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_FEDERATED_TOKEN_FILE: {e}"),
+                    "Entra ID credential",
+                    format!("workload identity needs AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_FEDERATED_TOKEN_FILE (set by the cluster for a pod whose service account is annotated with the identity's client id): {e}"),
                 )
             })?,
         EntraSource::Developer => azure_identity::DeveloperToolsCredential::new(None).map_err(failed)?,

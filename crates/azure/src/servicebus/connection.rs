@@ -2,8 +2,8 @@
 //! the links opened on it, and the deliveries this process holds.
 
 use super::{
-    PREFETCH, QueueAdmin, ServiceBusSettings, ServiceBusTransport, bounded, classify,
-    connection_gone, from_offset, properties, rand_fraction, redact, timed_out, to_service_bus,
+    PREFETCH, QueueAdmin, ServiceBusAuth, ServiceBusSettings, ServiceBusTransport, bounded,
+    classify, connection_gone, from_offset, properties, rand_fraction, timed_out, to_service_bus,
     unavailable,
 };
 use azservicebus::primitives::service_bus_retry_options::ServiceBusRetryOptions;
@@ -223,16 +223,37 @@ pub(super) async fn open_client(
         ..Default::default()
     };
     let connecting = async {
-        if settings.unsecured {
-            ServiceBusClient::unsecured()
-                .new_from_connection_string(settings.connection_string.as_str(), options)
-                .await
-        } else {
-            ServiceBusClient::new_from_connection_string(
-                settings.connection_string.as_str(),
-                options,
-            )
-            .await
+        match (&settings.auth, settings.unsecured) {
+            (ServiceBusAuth::ConnectionString(cs), true) => {
+                ServiceBusClient::unsecured()
+                    .new_from_connection_string(cs.as_str(), options)
+                    .await
+            }
+            (ServiceBusAuth::ConnectionString(cs), false) => {
+                ServiceBusClient::new_from_connection_string(cs.as_str(), options).await
+            }
+            (
+                ServiceBusAuth::Entra {
+                    namespace,
+                    credential,
+                    source,
+                },
+                unsecured,
+            ) => {
+                let bridged = super::entra::Bridged::new(credential.clone(), source.clone());
+                if unsecured {
+                    ServiceBusClient::unsecured()
+                        .new_from_token_credential(namespace.as_str(), bridged, options)
+                        .await
+                } else {
+                    ServiceBusClient::new_from_token_credential(
+                        namespace.as_str(),
+                        bridged,
+                        options,
+                    )
+                    .await
+                }
+            }
         }
     };
     match tokio::time::timeout(settings.try_timeout, connecting).await {
@@ -242,7 +263,7 @@ pub(super) async fn open_client(
             None,
             format!(
                 "cannot connect: {}",
-                redact(&e.to_string(), &settings.connection_string)
+                settings.redact(&orderly_core::error::causes(&e))
             ),
         )),
         Err(_) => Err(unavailable(

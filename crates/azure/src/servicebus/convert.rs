@@ -54,7 +54,38 @@ where
             ),
         ));
     }
+    if text.contains("unauthorized-access")
+        || text.contains("unauthorizedaccess")
+        || text.contains("unauthorized access")
+    {
+        return unavailable(
+            Some(queue),
+            format!("access refused: {e}{}", access_hint(&text, queue)),
+        );
+    }
     unavailable(Some(queue), format!("{e}"))
+}
+
+/// What a deployer does about an access refusal whose (lower-case) text is `text`: the
+/// role that carries the claim Service Bus asked for, or where the token went wrong.
+fn access_hint(text: &str, queue: &QueueName) -> String {
+    let role = [
+        ("'send' claim", "Azure Service Bus Data Sender"),
+        ("'listen' claim", "Azure Service Bus Data Receiver"),
+        ("'manage' claim", "Azure Service Bus Data Owner"),
+    ]
+    .into_iter()
+    .find_map(|(claim, role)| text.contains(claim).then_some(role));
+    match role {
+        Some(role) => format!(
+            " (the identity needs the role \"{role}\" on queue {queue} or on the namespace; a new role assignment takes a few minutes to apply)"
+        ),
+        None if text.contains("expiredtoken") || text.contains("expired") => {
+            " (the Entra ID token expired and no new one was put: see the log of the credential)"
+                .to_owned()
+        }
+        None => String::new(),
+    }
 }
 
 /// Whether a failure is only a wait that ran out (ours, or the client's own
@@ -236,6 +267,27 @@ pub(super) fn to_service_bus(m: &OutgoingMessage) -> Result<ServiceBusMessage, T
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn an_access_refusal_names_the_role_that_carries_the_claim() {
+        let queue = orderly_core::transport::QueueName::parse("orders").unwrap();
+        let refused = std::io::Error::other(
+            "amqp:unauthorized-access: Unauthorized access. 'Send' claim(s) are required to perform this operation. Resource: 'sb://ns/orders'.",
+        );
+        let e = super::classify(refused, &queue, None).to_string();
+        assert!(e.contains("access refused"), "{e}");
+        assert!(
+            e.contains("\"Azure Service Bus Data Sender\" on queue orders"),
+            "{e}"
+        );
+        let refused = std::io::Error::other("Unauthorized access. 'Listen' claim(s) are required");
+        let e = super::classify(refused, &queue, None).to_string();
+        assert!(e.contains("Azure Service Bus Data Receiver"), "{e}");
+        let expired =
+            std::io::Error::other("amqp:unauthorized-access: ExpiredToken: The token is expired.");
+        let e = super::classify(expired, &queue, None).to_string();
+        assert!(e.contains("token expired"), "{e}");
+    }
 
     #[test]
     fn a_key_or_a_signature_in_the_connection_string_never_shows() {

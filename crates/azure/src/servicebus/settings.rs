@@ -2,16 +2,36 @@
 //! ([`QueueAdmin`]).
 
 use async_trait::async_trait;
+use azure_core::credentials::TokenCredential;
 use orderly_core::ValidationError;
 use orderly_core::transport::{QueueName, QueueSettings, TransportError};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// How the client proves who it is to the namespace.
+#[derive(Clone)]
+pub enum ServiceBusAuth {
+    /// `Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...` (a secret:
+    /// never printed).
+    ConnectionString(String),
+    /// Entra ID tokens (passwordless: workload or managed identity), for the namespace
+    /// `namespace` (`<name>.servicebus.windows.net`). The identity needs a Service Bus
+    /// data role: Sender to send, Receiver to receive, on the queues or the namespace.
+    Entra {
+        /// The namespace's host name.
+        namespace: String,
+        /// Where tokens come from ([`crate::entra_credential`]).
+        credential: Arc<dyn TokenCredential>,
+        /// What `credential` is, for errors and logs (never a secret).
+        source: String,
+    },
+}
 
 /// How to reach a Service Bus namespace.
 #[derive(Clone)]
 pub struct ServiceBusSettings {
-    /// `Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...` (a secret:
-    /// never printed).
-    pub connection_string: String,
+    /// Who the client is to the namespace.
+    pub auth: ServiceBusAuth,
     /// Plain AMQP without TLS, for local emulators and test stand-ins only.
     pub unsecured: bool,
     /// Timeout of one attempt of one call.
@@ -33,8 +53,14 @@ pub const STANDARD_MAX_BATCH_BYTES: usize = 256 * 1024;
 
 impl std::fmt::Debug for ServiceBusSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let auth = match &self.auth {
+            ServiceBusAuth::ConnectionString(_) => "connection string <secret>".to_owned(),
+            ServiceBusAuth::Entra {
+                namespace, source, ..
+            } => format!("Entra ID ({source}) on {namespace}"),
+        };
         f.debug_struct("ServiceBusSettings")
-            .field("connection_string", &"<secret>")
+            .field("auth", &auth)
             .field("unsecured", &self.unsecured)
             .field("try_timeout", &self.try_timeout)
             .field("max_retries", &self.max_retries)
@@ -47,8 +73,49 @@ impl std::fmt::Debug for ServiceBusSettings {
 impl ServiceBusSettings {
     /// Settings for a connection string with the defaults this adapter needs.
     pub fn new(connection_string: impl Into<String>) -> Self {
+        Self::with_auth(ServiceBusAuth::ConnectionString(connection_string.into()))
+    }
+
+    /// Settings for Entra ID tokens from `credential` (described by `source`) on the
+    /// namespace `namespace` (`<name>.servicebus.windows.net`, or an `sb://` URL of it),
+    /// with the defaults this adapter needs. Errors name `setting`.
+    pub fn entra(
+        namespace: &str,
+        credential: Arc<dyn TokenCredential>,
+        source: impl Into<String>,
+        setting: &str,
+    ) -> Result<Self, ValidationError> {
+        let namespace = Self::check_namespace(namespace, setting)?;
+        Ok(Self::with_auth(ServiceBusAuth::Entra {
+            namespace,
+            credential,
+            source: source.into(),
+        }))
+    }
+
+    /// The host name of the namespace `given` (a host, or an `sb://` URL of it); the
+    /// error names `setting`, never the value (it may be a misplaced secret).
+    pub fn check_namespace(given: &str, setting: &str) -> Result<String, ValidationError> {
+        namespace_host(given).ok_or_else(|| {
+            ValidationError::new(
+                setting.to_owned(),
+                "must be the namespace's host name, <name>.servicebus.windows.net (or sb://<name>.servicebus.windows.net/)",
+            )
+        })
+    }
+
+    /// `text` without the secrets of these settings (a connection string's key or
+    /// signature; Entra ID tokens are never put in a text).
+    pub(crate) fn redact(&self, text: &str) -> String {
+        match &self.auth {
+            ServiceBusAuth::ConnectionString(cs) => super::redact(text, cs),
+            ServiceBusAuth::Entra { .. } => text.to_owned(),
+        }
+    }
+
+    fn with_auth(auth: ServiceBusAuth) -> Self {
         Self {
-            connection_string: connection_string.into(),
+            auth,
             unsecured: false,
             try_timeout: Duration::from_secs(10),
             max_retries: 2,
@@ -118,6 +185,21 @@ impl ServiceBusSettings {
     }
 }
 
+/// The host name of a namespace given as a host or as an `sb://host/` URL; `None` for
+/// anything else (a path, a connection string, spaces).
+fn namespace_host(given: &str) -> Option<String> {
+    let given = given.trim();
+    let host = given
+        .strip_prefix("sb://")
+        .map_or(given, |rest| rest.trim_end_matches('/'));
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    valid.then(|| host.to_ascii_lowercase())
+}
+
 /// Creates (or checks) queues with their settings.
 #[async_trait]
 pub trait QueueAdmin: Send + Sync {
@@ -184,6 +266,29 @@ mod tests {
         ]))
         .unwrap();
         assert!(s.unsecured);
+    }
+
+    #[test]
+    fn a_namespace_is_a_host_name() {
+        assert_eq!(
+            namespace_host("ns.servicebus.windows.net").as_deref(),
+            Some("ns.servicebus.windows.net")
+        );
+        assert_eq!(
+            namespace_host(" sb://NS.servicebus.windows.net/ ").as_deref(),
+            Some("ns.servicebus.windows.net")
+        );
+        assert_eq!(namespace_host("127.0.0.9").as_deref(), Some("127.0.0.9"));
+        for bad in [
+            "",
+            "sb://",
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKey=x",
+            "ns.servicebus.windows.net/queue",
+            "ns..windows.net",
+            "ns servicebus",
+        ] {
+            assert_eq!(namespace_host(bad), None, "{bad}");
+        }
     }
 
     #[test]

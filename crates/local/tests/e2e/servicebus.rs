@@ -471,3 +471,117 @@ async fn an_over_size_message_is_set_aside_alone_and_its_batch_goes_out() {
     let view = store.get(&big_id).await.unwrap();
     assert_eq!(view.state.process_state, ProcessState::Processing);
 }
+
+/// Passwordless, as deployed with workload identity: the namespace takes only Entra ID
+/// tokens (the stand-in with SAS refused), and every role and `orderly post` get theirs
+/// from the pod's environment (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
+/// `AZURE_FEDERATED_TOKEN_FILE`, and here `AZURE_AUTHORITY_HOST` of the Entra ID
+/// stand-in, trusted through `ORDERLY_CA_FILE`). The identity holds only what
+/// provisioning grants: Data Sender and Data Receiver on the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roles_run_passwordless_on_service_bus_with_workload_identity() {
+    use orderly_testkit::entra::EntraStandin;
+    let standin = standin_with_queues();
+    standin
+        .declare(
+            "client-sb",
+            Duration::from_secs(30),
+            10,
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let entra = EntraStandin::start();
+    standin.require_entra(&entra.jwk()).unwrap();
+    let client_id = uuid::Uuid::new_v4().to_string();
+    let oid = uuid::Uuid::new_v4().to_string();
+    let subject = "system:serviceaccount:orderly:orderly";
+    entra.identity(&client_id, &oid, subject);
+    for role in [
+        "Azure Service Bus Data Sender",
+        "Azure Service Bus Data Receiver",
+    ] {
+        standin.grant(&oid, role, None).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("orderly-wi-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = entra.service_account_token_file(subject, &dir, "token");
+    let token = token.to_str().unwrap().to_owned();
+    let authority = entra.authority_host();
+    let ca = entra.ca_file().to_str().unwrap().to_owned();
+    let env = [
+        ("ORDERLY_TRANSPORT", "servicebus"),
+        ("ORDERLY_SERVICEBUS_NAMESPACE", standin.host.as_str()),
+        ("ORDERLY_SERVICEBUS_UNSECURED", "true"),
+        ("AZURE_CLIENT_ID", client_id.as_str()),
+        ("AZURE_TENANT_ID", entra.tenant.as_str()),
+        ("AZURE_FEDERATED_TOKEN_FILE", token.as_str()),
+        ("AZURE_AUTHORITY_HOST", authority.as_str()),
+        ("ORDERLY_CA_FILE", ca.as_str()),
+    ];
+    let (db, backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let sim_port = free_port();
+    let remote = format!("http://127.0.0.1:{sim_port}/actions");
+    let _sim = start_sim(&db.url, sim_port, &["--latency-ms", "2"]);
+    let _submitter = Proc::start_with("orderly-submitter", &db.url, &[], &env);
+    let _scheduler = Proc::start_with("orderly-scheduler", &db.url, &[], &env);
+    let agent = Proc::start_with("orderly-agent", &db.url, &["--remote-url", &remote], &env);
+    let _supervisor = Proc::start_with("orderly-supervisor", &db.url, &[], &env);
+
+    let (ok, stdout, stderr) = orderly(
+        &db.url,
+        &[
+            "post",
+            "--transport",
+            "servicebus",
+            "--sample",
+            "20",
+            "--reply-to",
+            "client-sb",
+            "--wait",
+            "--timeout-secs",
+            "90",
+        ],
+        &env[1..],
+    );
+    assert!(
+        ok,
+        "orderly post, passwordless, failed:\n{stdout}\n{stderr}\nagent:\n{}",
+        agent.output()
+    );
+    assert!(
+        stdout.contains("completed 20, failed or cancelled 0"),
+        "{stdout}"
+    );
+    let sent: std::collections::HashMap<_, _> = posted_ids(&stdout)
+        .into_iter()
+        .map(|id| (id, chrono::Utc::now()))
+        .collect();
+    assert_eq!(sent.len(), 20);
+    wait_for(
+        "20 orders processed, passwordless",
+        Duration::from_secs(60),
+        async || count(&*store, ProcessState::Processed).await == 20,
+    )
+    .await;
+    assert_invariants(store.as_ref(), sim_port, &sent, Some(60)).await;
+    let stats = standin.auth_stats().unwrap();
+    assert!(
+        stats.contains("\"refused\":0"),
+        "a token was refused: {stats}"
+    );
+    assert!(
+        stats.contains("\"unauthorized\":0"),
+        "a link was refused: {stats}"
+    );
+    assert!(
+        !stats.contains("\"put\":0"),
+        "no Entra ID token was put: {stats}"
+    );
+    assert!(
+        entra.issued() >= 5,
+        "each process gets its own token: {}",
+        entra.stats()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
