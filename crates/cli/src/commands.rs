@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use orderly_cli::outln;
 use orderly_core::store::StateStore;
 use orderly_core::transport::QueueName;
-use orderly_core::{Actor, OrderId, TimeSource};
+use orderly_core::{Actor, OrderId};
 
 use crate::config::ConfigCommand;
 use crate::triage::confirm;
@@ -194,7 +194,7 @@ async fn dashboard(
     access: orderly_cli::dashboard::Access,
     on: &QueueTransport,
 ) -> anyhow::Result<()> {
-    let mut backend = orderly_sql::connect(url, TimeSource::Database)
+    let mut backend = orderly_runtime::backend::connect_store(url)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
     if on.is_servicebus() {
@@ -220,7 +220,7 @@ async fn dashboard(
 
 /// The commands on the state store.
 async fn on_store(command: Command, url: &str) -> anyhow::Result<()> {
-    let backend = orderly_sql::connect(url, TimeSource::Database)
+    let backend = orderly_runtime::backend::connect_store(url)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
     match command {

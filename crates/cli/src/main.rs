@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use orderly_core::{ProcessState, TimeSource};
+use orderly_core::ProcessState;
 
 mod commands;
 mod config;
@@ -60,7 +60,7 @@ impl QueueTransport {
     )> {
         match self.transport {
             orderly_runtime::TransportKind::Sql => {
-                let backend = orderly_sql::connect(database_url, TimeSource::Database)
+                let backend = orderly_runtime::backend::connect_store(database_url)
                     .await
                     .context(
                         "cannot open the state store named by --database-url / ORDERLY_DATABASE_URL",

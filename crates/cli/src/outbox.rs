@@ -4,11 +4,10 @@
 
 use anyhow::Context;
 use orderly_cli::outln;
-use orderly_core::TimeSource;
 
 /// Runs `orderly outbox`.
 pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Result<()> {
-    let outbox = orderly_sql::connect_outbox(database_url, TimeSource::Database)
+    let outbox = orderly_runtime::backend::connect_outbox_store(database_url)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?
         .outbox;

@@ -456,6 +456,19 @@ fn invalid_role_settings_stop_start_up_naming_the_setting() {
             "{err}"
         );
     }
+    // A token for a password is PostgreSQL's: with SQLite the setting stops start-up.
+    let err = run(
+        role("orderly-scheduler"),
+        &[
+            "--database-credential",
+            "workload-identity",
+            "--check-config",
+        ],
+    );
+    assert!(
+        err.contains("ORDERLY_DATABASE_CREDENTIAL") && err.contains("PostgreSQL only"),
+        "{err}"
+    );
     let err = run(role("orderly-agent"), &["--transport", "kafka"]);
     assert!(
         err.contains("--transport") && err.contains("servicebus"),

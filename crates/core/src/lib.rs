@@ -8,6 +8,7 @@
 pub mod activity;
 pub mod clock;
 pub mod conditions;
+pub mod credentials;
 pub mod duration;
 pub mod error;
 pub mod history;

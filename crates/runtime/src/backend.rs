@@ -47,6 +47,7 @@ const PRUNE_BATCH: u32 = 1000;
 /// The settings, checked, before anything is opened.
 pub struct Plan {
     url: String,
+    password: Option<Arc<dyn orderly_core::credentials::PasswordSource>>,
     servicebus: Option<ServiceBusSettings>,
     startup_wait: Duration,
 }
@@ -184,6 +185,61 @@ pub fn servicebus_settings(args: &crate::ServiceBusArgs) -> anyhow::Result<Servi
     Ok(settings)
 }
 
+/// The source of PostgreSQL's password when `credential` names one: Entra ID tokens
+/// for Azure Database for PostgreSQL. Errors name the setting.
+pub fn database_password(
+    credential: Option<crate::election::CredentialKind>,
+    url: &str,
+) -> anyhow::Result<Option<Arc<dyn orderly_core::credentials::PasswordSource>>> {
+    let Some(kind) = credential else {
+        return Ok(None);
+    };
+    if url.starts_with("sqlite:") {
+        anyhow::bail!(
+            "--database-credential / ORDERLY_DATABASE_CREDENTIAL applies to PostgreSQL only \
+             (--database-url / ORDERLY_DATABASE_URL names SQLite)"
+        );
+    }
+    let source = kind.source();
+    let trust = orderly_tls::Trust::from_env()?;
+    let identity = orderly_azure::EntraIdentity::default();
+    let credential = orderly_azure::entra_credential_for(source, &identity, &trust)
+        .context("--database-credential / ORDERLY_DATABASE_CREDENTIAL")?;
+    Ok(Some(Arc::new(orderly_azure::EntraPassword::new(
+        credential,
+        source.describe(&identity),
+    ))))
+}
+
+/// The state store for an operator's command: `url`, with the password from
+/// `ORDERLY_DATABASE_CREDENTIAL` when it is set (as the roles take it).
+pub async fn connect_store(url: &str) -> anyhow::Result<Backend> {
+    let password = database_password(credential_from_env()?, url)?;
+    Ok(orderly_sql::connect_with(url, TimeSource::Database, password).await?)
+}
+
+/// [`connect_store`] with the store's messages going to its outbox.
+pub async fn connect_outbox_store(url: &str) -> anyhow::Result<orderly_sql::OutboxBackend> {
+    let password = database_password(credential_from_env()?, url)?;
+    Ok(orderly_sql::connect_outbox_with(url, TimeSource::Database, password).await?)
+}
+
+/// `ORDERLY_DATABASE_CREDENTIAL`, for commands that take no flag for it.
+fn credential_from_env() -> anyhow::Result<Option<crate::election::CredentialKind>> {
+    use clap::ValueEnum as _;
+    match std::env::var("ORDERLY_DATABASE_CREDENTIAL") {
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => crate::election::CredentialKind::from_str(v.trim(), true)
+            .map(Some)
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "ORDERLY_DATABASE_CREDENTIAL must be workload-identity, managed-identity or developer"
+                )
+            }),
+    }
+}
+
 /// The context of a failure to reach Service Bus: the settings that say where it is.
 const SERVICEBUS_SETTINGS: &str = "cannot connect to Service Bus (--servicebus-namespace / ORDERLY_SERVICEBUS_NAMESPACE, or --servicebus-connection / ORDERLY_SERVICEBUS_CONNECTION)";
 
@@ -215,6 +271,7 @@ impl Plan {
         };
         Ok(Self {
             url: common.database_url.clone(),
+            password: database_password(common.database_credential, &common.database_url)?,
             servicebus,
             startup_wait: common.startup_wait_ms,
         })
@@ -230,7 +287,14 @@ impl Plan {
                 "the state store",
                 wait,
                 orderly_core::Error::is_retryable,
-                async || orderly_sql::connect(&self.url, TimeSource::Database).await,
+                async || {
+                    orderly_sql::connect_with(
+                        &self.url,
+                        TimeSource::Database,
+                        self.password.clone(),
+                    )
+                    .await
+                },
             )
             .await
             .context(STORE)?;
@@ -243,7 +307,14 @@ impl Plan {
             "the state store",
             wait,
             orderly_core::Error::is_retryable,
-            async || orderly_sql::connect_outbox(&self.url, TimeSource::Database).await,
+            async || {
+                orderly_sql::connect_outbox_with(
+                    &self.url,
+                    TimeSource::Database,
+                    self.password.clone(),
+                )
+                .await
+            },
         )
         .await
         .context(STORE)?;

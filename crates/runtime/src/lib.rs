@@ -36,6 +36,13 @@ pub struct Common {
     )]
     pub database_url: String,
 
+    /// PostgreSQL without a password: the password is an Entra ID token from this
+    /// credential (Azure Database for PostgreSQL; the URL names the role created for
+    /// the identity, e.g. postgres://orderly-roles@<server>.postgres.database.azure.com/orderly),
+    /// renewed before it expires. Unset: the URL's password.
+    #[arg(long, env = "ORDERLY_DATABASE_CREDENTIAL", value_enum)]
+    pub database_credential: Option<crate::election::CredentialKind>,
+
     /// This instance's id (goes into locked_by and every log line). Give a stable one
     /// (e.g. the pod name) so a restarted scheduler takes its orders back at once;
     /// by default a fresh `role@host:pid:random`.
@@ -167,6 +174,7 @@ impl std::fmt::Debug for Common {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Common")
             .field("database_url", &"<redacted>")
+            .field("database_credential", &self.database_credential)
             .field("instance_id", &self.instance_id)
             .field("log_json", &self.log_json)
             .field("http_listen", &self.http_listen)
@@ -247,6 +255,7 @@ impl Common {
             self.ops_listen()?;
             orderly_sql::check_url(&self.database_url)
                 .context("--database-url / ORDERLY_DATABASE_URL")?;
+            backend::database_password(self.database_credential, &self.database_url)?;
             println!("{role}: settings OK");
         }
         Ok(self.check_config)

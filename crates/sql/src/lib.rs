@@ -39,6 +39,7 @@ pub enum Delivery {
     Outbox,
 }
 
+pub use orderly_core::credentials::PasswordSource;
 use orderly_core::store::StateStore;
 use orderly_core::{Error, Result, TimeSource, ValidationError};
 
@@ -71,18 +72,34 @@ impl std::fmt::Debug for Backend {
 /// Opens the store and the SQL queue a URL names (see [`open`]), running pending
 /// migrations first.
 pub async fn connect(url: &str, time: TimeSource) -> Result<Backend> {
-    open_backend(url, time, true).await
+    open_backend(url, time, true, None).await
+}
+
+/// [`connect`], PostgreSQL's password taken from `password` (an Entra ID token,
+/// renewed before it expires) instead of the URL when given. SQLite takes none.
+pub async fn connect_with(
+    url: &str,
+    time: TimeSource,
+    password: Option<Arc<dyn PasswordSource>>,
+) -> Result<Backend> {
+    open_backend(url, time, true, password).await
 }
 
 /// [`connect`], with none of the handle's statements logged (`sqlx::query` events): a
 /// tool's own reads beside the roles (the bench's), kept out of a count of the roles'
 /// statements taken from those events.
 pub async fn connect_unlogged(url: &str, time: TimeSource) -> Result<Backend> {
-    open_backend(url, time, false).await
+    open_backend(url, time, false, None).await
 }
 
-async fn open_backend(url: &str, time: TimeSource, logged: bool) -> Result<Backend> {
+async fn open_backend(
+    url: &str,
+    time: TimeSource,
+    logged: bool,
+    password: Option<Arc<dyn PasswordSource>>,
+) -> Result<Backend> {
     if url.starts_with("sqlite:") {
+        no_password_for_sqlite(&password)?;
         let store = if logged {
             SqliteStore::open(url, time).await?
         } else {
@@ -92,11 +109,14 @@ async fn open_backend(url: &str, time: TimeSource, logged: bool) -> Result<Backe
         Ok(backend(Arc::new(store), stats))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         use sqlx::ConnectOptions as _;
-        let mut options = postgres::plain_on_this_machine(url, postgres::options(url)?).await;
-        if !logged {
-            options = options.disable_statement_logging();
-        }
-        let store = PgStore::connect(options, postgres::DEFAULT_MAX_CONNECTIONS, time).await?;
+        let store = PgStore::open_options(url, time, password, |options| {
+            if logged {
+                options
+            } else {
+                options.disable_statement_logging()
+            }
+        })
+        .await?;
         let stats = store.stats();
         Ok(backend(Arc::new(store), stats))
     } else {
@@ -178,9 +198,32 @@ pub struct OutboxBackend {
     pub stats: Arc<stats::Stats>,
 }
 
+/// A changing password is PostgreSQL's (Azure Database for PostgreSQL's Entra ID
+/// tokens): refused for SQLite, naming the setting.
+fn no_password_for_sqlite(password: &Option<Arc<dyn PasswordSource>>) -> Result<()> {
+    match password {
+        Some(_) => Err(Error::Invalid(ValidationError::new(
+            "--database-credential / ORDERLY_DATABASE_CREDENTIAL",
+            "applies to PostgreSQL only (the URL names SQLite)",
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Opens the store a URL names (see [`open`]) with [`Delivery::Outbox`].
 pub async fn connect_outbox(url: &str, time: TimeSource) -> Result<OutboxBackend> {
+    connect_outbox_with(url, time, None).await
+}
+
+/// [`connect_outbox`], PostgreSQL's password from `password` when given (see
+/// [`connect_with`]).
+pub async fn connect_outbox_with(
+    url: &str,
+    time: TimeSource,
+    password: Option<Arc<dyn PasswordSource>>,
+) -> Result<OutboxBackend> {
     if url.starts_with("sqlite:") {
+        no_password_for_sqlite(&password)?;
         let store = Arc::new(
             SqliteStore::open(url, time)
                 .await?
@@ -193,7 +236,7 @@ pub async fn connect_outbox(url: &str, time: TimeSource) -> Result<OutboxBackend
         })
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = Arc::new(
-            PgStore::open(url, time)
+            PgStore::open_with(url, time, password)
                 .await?
                 .with_delivery(Delivery::Outbox),
         );

@@ -147,3 +147,74 @@ impl Drop for EntraStandin {
         let _ = self.child.wait();
     }
 }
+
+/// The Azure Database for PostgreSQL stand-in of `tests/entra-standin/postgres.js`: a
+/// proxy in front of a real PostgreSQL that takes only Entra ID access tokens (of
+/// [`EntraStandin`]) as passwords, for roles mapped to identities; stopped when dropped.
+pub struct PostgresEntra {
+    child: Child,
+    /// Its PostgreSQL port on 127.0.0.1.
+    pub port: u16,
+    /// Its control port on 127.0.0.1.
+    pub control: u16,
+}
+
+/// The scope of a PostgreSQL token.
+pub const POSTGRES_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
+
+impl PostgresEntra {
+    /// Starts one in front of `upstream` (`host:port`, reached as `upstream_user`
+    /// without a password), checking tokens with `entra`'s key.
+    pub fn start(entra: &EntraStandin, upstream: &str, upstream_user: &str) -> PostgresEntra {
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/entra-standin/postgres.js");
+        let mut child = Command::new("node")
+            .arg(&script)
+            .env("STANDIN_UPSTREAM", upstream)
+            .env("STANDIN_UPSTREAM_USER", upstream_user)
+            .env("STANDIN_JWK", entra.jwk())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("Node.js is needed for the PostgreSQL Entra ID stand-in");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("the stand-in's first line");
+        let number = |name: &str| -> u16 {
+            line.split(&format!("\"{name}\":"))
+                .nth(1)
+                .and_then(|rest| rest.split([',', '}']).next())
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("the PostgreSQL stand-in did not start: {line:?}"))
+        };
+        PostgresEntra {
+            port: number("port"),
+            control: number("control"),
+            child,
+        }
+    }
+
+    /// Maps the PostgreSQL role `user` to the identity whose object id is `oid`.
+    pub fn principal(&self, user: &str, oid: &str) {
+        post_for_body(
+            self.control,
+            "/principals",
+            &format!(r#"{{"user":"{user}","oid":"{oid}"}}"#),
+        )
+        .unwrap_or_else(|e| panic!("PostgreSQL stand-in /principals: {e}"));
+    }
+
+    /// `{"accepted", "refused", "last_refusal", "expires"}` so far.
+    pub fn stats(&self) -> String {
+        post_for_body(self.control, "/stats", "{}")
+            .unwrap_or_else(|e| panic!("PostgreSQL stand-in /stats: {e}"))
+    }
+}
+
+impl Drop for PostgresEntra {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

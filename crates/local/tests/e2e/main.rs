@@ -17,6 +17,7 @@ mod ops;
 #[cfg(feature = "otel")]
 mod otel;
 mod outage;
+mod passwordless;
 mod probe;
 mod processes;
 #[path = "../support/procs.rs"]

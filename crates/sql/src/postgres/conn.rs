@@ -80,7 +80,8 @@ pub(super) struct Pools {
     /// replacement rare (one per stuck pool), and callers may hold `&PgPool`.
     current: RwLock<&'static Generation>,
     builder: PgPoolOptions,
-    connect: PgConnectOptions,
+    /// How new connections are opened (its password changes when it is a token).
+    connect: RwLock<PgConnectOptions>,
 }
 
 impl Pools {
@@ -88,8 +89,67 @@ impl Pools {
         Self {
             current: RwLock::new(Self::leak(pool)),
             builder,
-            connect,
+            connect: RwLock::new(connect),
         }
+    }
+
+    /// New connections, of this pool and of any that replaces it, open with `secret`;
+    /// those open stay as they are (a password is checked when a session starts).
+    fn set_password(&self, secret: &str) {
+        let mut connect = self.connect.write().unwrap_or_else(|e| e.into_inner());
+        *connect = connect.clone().password(secret);
+        self.current().pool.set_connect_options(connect.clone());
+    }
+
+    /// Renews the password from `source` before each one expires (the first expires at
+    /// `expires_at`), for as long as these pools are in use. A failure is logged when it
+    /// starts or its cause changes, and retried with back-off (1 s doubling to 30 s)
+    /// while the connections already open go on.
+    pub(super) fn keep_password(
+        self: &std::sync::Arc<Self>,
+        source: std::sync::Arc<dyn orderly_core::credentials::PasswordSource>,
+        expires_at: std::time::SystemTime,
+    ) {
+        const RETRY_MIN: Duration = Duration::from_secs(1);
+        const RETRY_MAX: Duration = Duration::from_secs(30);
+        let pools = std::sync::Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut wait =
+                orderly_core::credentials::renew_in(expires_at, std::time::SystemTime::now());
+            let mut retry = RETRY_MIN;
+            let mut failing: Option<String> = None;
+            loop {
+                tokio::time::sleep(wait).await;
+                let Some(pools) = pools.upgrade() else {
+                    return; // the store is gone
+                };
+                match source.password().await {
+                    Ok(password) => {
+                        pools.set_password(password.secret());
+                        if failing.take().is_some() {
+                            tracing::info!(source = %source.describe(), "database password renewed again");
+                        }
+                        retry = RETRY_MIN;
+                        wait = orderly_core::credentials::renew_in(
+                            password.expires_at,
+                            std::time::SystemTime::now(),
+                        );
+                    }
+                    Err(cause) => {
+                        if failing.as_deref() != Some(cause.as_str()) {
+                            tracing::warn!(
+                                source = %source.describe(),
+                                cause = %cause,
+                                "cannot renew the database password; the open connections go on, new ones fail once it expires"
+                            );
+                            failing = Some(cause);
+                        }
+                        wait = retry;
+                        retry = (retry * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+        });
     }
 
     fn leak(pool: PgPool) -> &'static Generation {
@@ -142,7 +202,12 @@ impl Pools {
             "connections to PostgreSQL stuck in the pool's check (a silent network); \
              a new pool replaces it"
         );
-        *current = Self::leak(self.builder.clone().connect_lazy_with(self.connect.clone()));
+        let connect = self
+            .connect
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        *current = Self::leak(self.builder.clone().connect_lazy_with(connect));
         let old = pool.clone();
         tokio::spawn(async move { old.close().await });
     }

@@ -6,6 +6,7 @@ use super::{DEFAULT_MAX_CONNECTIONS, POLL, PgConn, PgDriver, answer_timeout_from
 use crate::error::db;
 use crate::store::SqlStore;
 use crate::wakeups::Wakeups;
+use orderly_core::credentials::PasswordSource;
 use orderly_core::{Result, TimeSource};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx_core::transaction::TransactionManager;
@@ -150,11 +151,58 @@ pub const SESSION_LIMITS: [(&str, &str); 3] = [
     ("statement_timeout", "5min"),
 ];
 
+/// The first password of `source`, or the error that names it.
+pub(crate) async fn first_password(
+    source: &dyn PasswordSource,
+) -> Result<orderly_core::credentials::Password> {
+    source.password().await.map_err(|cause| {
+        orderly_core::Error::Unavailable(
+            format!(
+                "cannot get the database password from {} (--database-credential / ORDERLY_DATABASE_CREDENTIAL): {cause}",
+                source.describe()
+            )
+            .into(),
+        )
+    })
+}
+
 impl SqlStore<PgDriver> {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
     pub async fn open(url: &str, time: TimeSource) -> Result<Self> {
-        let options = plain_on_this_machine(url, options(url)?).await;
-        Self::connect(options, DEFAULT_MAX_CONNECTIONS, time).await
+        Self::open_with(url, time, None).await
+    }
+
+    /// [`Self::open`], with the password from `password` instead of the URL's when
+    /// given (an Entra ID token), renewed before it expires.
+    pub async fn open_with(
+        url: &str,
+        time: TimeSource,
+        password: Option<Arc<dyn PasswordSource>>,
+    ) -> Result<Self> {
+        Self::open_options(url, time, password, |o| o).await
+    }
+
+    /// [`Self::open_with`], its connection options changed by `adjust` first.
+    pub(crate) async fn open_options(
+        url: &str,
+        time: TimeSource,
+        password: Option<Arc<dyn PasswordSource>>,
+        adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
+    ) -> Result<Self> {
+        let mut options = adjust(options(url)?);
+        let first = match &password {
+            Some(source) => Some(first_password(source.as_ref()).await?),
+            None => None,
+        };
+        if let Some(first) = &first {
+            options = options.password(first.secret());
+        }
+        let options = plain_on_this_machine(url, options).await;
+        let store = Self::connect(options, DEFAULT_MAX_CONNECTIONS, time).await?;
+        if let (Some(source), Some(first)) = (password, first) {
+            store.driver.pools.keep_password(source, first.expires_at);
+        }
+        Ok(store)
     }
 
     /// Connects with explicit options (e.g. a `search_path` for an isolated schema) and
