@@ -2,8 +2,9 @@
 //! commands, from the workflows it will run: the Service Bus namespace and each queue
 //! the roles use (with the lock, deliveries and duplicate detection they rely on), the
 //! storage account and container of the supervisors' lease, the PostgreSQL server and
-//! database, the identity the supervisors take the lease with, and the Secret the
-//! Kubernetes manifests read. It prints; it changes nothing.
+//! database, the identity the roles reach Service Bus and the lease with (workload
+//! identity: no key), KEDA's, and the Secret the Kubernetes manifests read. It prints;
+//! it changes nothing.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -41,7 +42,7 @@ pub(crate) struct Names {
     /// The Azure Database for PostgreSQL flexible server (globally unique).
     #[arg(long, default_value = "orderly-pg")]
     pub postgres_server: String,
-    /// The AKS cluster whose workload identity the supervisors use (its OIDC issuer is
+    /// The AKS cluster whose workload identity the roles use (its OIDC issuer is
     /// trusted for the Kubernetes service account orderly/orderly).
     #[arg(long, default_value = "orderly-aks")]
     pub aks_cluster: String,
@@ -83,7 +84,7 @@ pub(crate) fn iso8601(d: Duration) -> String {
 const MESSAGE_TTL: Duration = Duration::from_secs(14 * 86_400);
 
 /// The script's helpers: existence checks, role grants that look before they assign,
-/// percent-encoding, and a Secret value kept across runs.
+/// and a Secret value kept across runs.
 const HELPERS: &str = r#"# True when what `az ... show` names exists (a second run skips its create).
 exists() { "$@" --output none >/dev/null 2>&1; }
 # ROLE to PRINCIPAL on SCOPE, unless that assignment exists.
@@ -91,18 +92,6 @@ grant() {
   if [ -z "$(az role assignment list --assignee "$2" --role "$1" --scope "$3" --query '[0].id' -o tsv)" ]; then
     az role assignment create --role "$1" --assignee-object-id "$2" --assignee-principal-type ServicePrincipal --scope "$3" --output none
   fi
-}
-# $1 percent-encoded for a URL (a password may hold @ : / % or any other character).
-urlencode() {
-  local LC_ALL=C s="$1" out="" c i
-  for ((i = 0; i < ${#s}; i++)); do
-    c=${s:i:1}
-    case "$c" in
-      [A-Za-z0-9._~-]) out+="$c" ;;
-      *) printf -v c '%%%02X' "'$c"; out+="$c" ;;
-    esac
-  done
-  printf '%s' "$out"
 }
 # The Secret's value under key $1 if the Secret has one, else a new random token: a
 # second run keeps the tokens clients already hold (delete the Secret for new ones).
@@ -133,10 +122,10 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     line("# Printed by `orderly provision --print az`; review, then run it with the Azure CLI");
     line("# logged in (az login) and kubectl installed. Every step may run again: a second run");
     line("# creates nothing new and keeps the Secret's tokens.");
-    line(
-        "# Secrets are read from the environment and never printed: set ORDERLY_PG_ADMIN_PASSWORD",
-    );
-    line("# and ORDERLY_REMOTE_URL first.");
+    line("# No key or password anywhere: the roles reach Service Bus, the lease and PostgreSQL");
+    line("# with Entra ID tokens of the identity orderly-roles (workload identity), KEDA with");
+    line("# its own. Run it as a user who may assign roles (Owner or User Access Administrator");
+    line("# on the group). Set ORDERLY_REMOTE_URL first.");
     line("set -euo pipefail");
     line(&format!(
         "RG={} LOCATION={} NAMESPACE={} STORAGE={} CONTAINER={} PG={} AKS={}",
@@ -149,9 +138,8 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         n.aks_cluster
     ));
     line(
-        ": \"${ORDERLY_PG_ADMIN_PASSWORD:?set ORDERLY_PG_ADMIN_PASSWORD to the database's password}\"",
+        ": \"${ORDERLY_REMOTE_URL:?set ORDERLY_REMOTE_URL to the base URL of the remote services}\"",
     );
-    line(": \"${ORDERLY_REMOTE_URL:?set ORDERLY_REMOTE_URL to the remote services' base URL}\"");
     out.push_str(HELPERS);
     let mut line = |s: &str| {
         out.push_str(s);
@@ -192,9 +180,10 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     line("# Service Bus (Standard: duplicate detection needs it). Queues are infrastructure:");
     line("# the roles never create them. Every queue detects duplicates (the outbox relay may");
     line("# publish a message twice); a message is dead-lettered after its deliveries run out.");
-    line("# Each create is a create-or-update: a second run changes nothing.");
+    line("# Each create is a create-or-update: a second run changes nothing. No key: local");
+    line("# (SAS) authentication is off; the roles and KEDA come with Entra ID tokens.");
     line(
-        "az servicebus namespace create --resource-group \"$RG\" --name \"$NAMESPACE\" --location \"$LOCATION\" --sku Standard --minimum-tls-version 1.2 --output none",
+        "az servicebus namespace create --resource-group \"$RG\" --name \"$NAMESPACE\" --location \"$LOCATION\" --sku Standard --minimum-tls-version 1.2 --disable-local-auth true --output none",
     );
     for q in needed_queues(workflows) {
         let s = queues::provisioned(&q);
@@ -211,12 +200,6 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
             iso8601(MESSAGE_TTL),
         ));
     }
-    line(
-        "# The roles' key (send and listen, no manage): its connection string goes in the Secret.",
-    );
-    line(
-        "az servicebus namespace authorization-rule create --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name orderly-roles --rights Send Listen --output none",
-    );
     line(
         "SB_ID=\"$(az servicebus namespace show --resource-group \"$RG\" --name \"$NAMESPACE\" --query id -o tsv)\"",
     );
@@ -235,26 +218,35 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
     );
     line("");
     line("# Identities, each with the least it needs, trusted for one Kubernetes service account");
-    line("# (workload identity, after the cluster's issuer exists): the supervisors' may read and");
-    line("# write the lease container only; KEDA's reads queue depths (the Service Bus scaler");
-    line("# needs Data Owner on the namespace).");
+    line("# (workload identity, after the cluster's issuer exists): the roles' may send to and");
+    line("# receive from the namespace's queues (no manage) and read and write the lease");
+    line("# container only; KEDA's reads queue depths (the Service Bus scaler needs Data Owner");
+    line("# on the namespace). KEDA's operator also takes the roles' identity to count the orders");
+    line("# waiting in PostgreSQL (as their PostgreSQL role; a reader of its own would need SQL");
+    line("# run by an administrator).");
     line(
-        "az identity create --resource-group \"$RG\" --name orderly-supervisor --location \"$LOCATION\" --output none",
+        "az identity create --resource-group \"$RG\" --name orderly-roles --location \"$LOCATION\" --output none",
     );
     line(
         "az identity create --resource-group \"$RG\" --name orderly-keda --location \"$LOCATION\" --output none",
     );
     line(
-        "SUPERVISOR_PRINCIPAL=\"$(az identity show --resource-group \"$RG\" --name orderly-supervisor --query principalId -o tsv)\"",
+        "ROLES_PRINCIPAL=\"$(az identity show --resource-group \"$RG\" --name orderly-roles --query principalId -o tsv)\"",
     );
     line(
         "KEDA_PRINCIPAL=\"$(az identity show --resource-group \"$RG\" --name orderly-keda --query principalId -o tsv)\"",
     );
-    line("grant \"Storage Blob Data Contributor\" \"$SUPERVISOR_PRINCIPAL\" \"$CONTAINER_ID\"");
+    line("grant \"Storage Blob Data Contributor\" \"$ROLES_PRINCIPAL\" \"$CONTAINER_ID\"");
+    line("grant \"Azure Service Bus Data Sender\" \"$ROLES_PRINCIPAL\" \"$SB_ID\"");
+    line("grant \"Azure Service Bus Data Receiver\" \"$ROLES_PRINCIPAL\" \"$SB_ID\"");
     line("grant \"Azure Service Bus Data Owner\" \"$KEDA_PRINCIPAL\" \"$SB_ID\"");
     line(
-        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-supervisor --name orderly-aks \
+        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-roles --name orderly-aks \
          --issuer \"$ISSUER\" --subject system:serviceaccount:orderly:orderly --audiences api://AzureADTokenExchange --output none",
+    );
+    line(
+        "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-roles --name keda-operator \
+         --issuer \"$ISSUER\" --subject system:serviceaccount:kube-system:keda-operator --audiences api://AzureADTokenExchange --output none",
     );
     line(
         "az identity federated-credential create --resource-group \"$RG\" --identity-name orderly-keda --name keda-operator \
@@ -270,11 +262,24 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
          cluster's virtual network instead).",
         orderly_sql::postgres::DEFAULT_MAX_CONNECTIONS
     ));
+    line("# No password: Microsoft Entra authentication only. The roles' identity is the server's");
+    line("# Entra ID administrator, so the server makes its PostgreSQL role, orderly-roles, which");
+    line("# the roles sign in as with a token (ORDERLY_DATABASE_CREDENTIAL); they run the");
+    line("# migrations and own what those create. The server holds orderly's database only, so");
+    line("# that reach is this deployment's (a narrower role: docs/containers.md).");
     line(
         "if ! exists az postgres flexible-server show --resource-group \"$RG\" --name \"$PG\"; then",
     );
     line(
-        "  az postgres flexible-server create --resource-group \"$RG\" --name \"$PG\" --location \"$LOCATION\" --version 16 --tier GeneralPurpose --sku-name Standard_D2ds_v5 --storage-size 128 --admin-user orderly --admin-password \"$ORDERLY_PG_ADMIN_PASSWORD\" --public-access None --yes --output none",
+        "  az postgres flexible-server create --resource-group \"$RG\" --name \"$PG\" --location \"$LOCATION\" --version 16 --tier GeneralPurpose --sku-name Standard_D2ds_v5 --storage-size 128 --microsoft-entra-auth Enabled --password-auth Disabled --admin-display-name orderly-roles --admin-object-id \"$ROLES_PRINCIPAL\" --admin-type ServicePrincipal --public-access None --yes --output none",
+    );
+    line("fi");
+    line("# A server made before gets the roles' identity as an administrator too.");
+    line(
+        "if ! exists az postgres flexible-server microsoft-entra-admin show --resource-group \"$RG\" --server-name \"$PG\" --object-id \"$ROLES_PRINCIPAL\"; then",
+    );
+    line(
+        "  az postgres flexible-server microsoft-entra-admin create --resource-group \"$RG\" --server-name \"$PG\" --display-name orderly-roles --object-id \"$ROLES_PRINCIPAL\" --type ServicePrincipal --output none",
     );
     line("fi");
     line(
@@ -308,19 +313,14 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         "# What the manifests read (deploy/kubernetes): the Secret orderly-secrets, applied (a second run",
     );
     line("# updates it in place; its tokens are kept).");
-    line(
-        "SB=\"$(az servicebus namespace authorization-rule keys list --resource-group \"$RG\" --namespace-name \"$NAMESPACE\" --name orderly-roles --query primaryConnectionString -o tsv)\"",
-    );
     line("kubectl create namespace orderly --dry-run=client -o yaml | kubectl apply -f -");
-    line("PG_PASSWORD=\"$(urlencode \"$ORDERLY_PG_ADMIN_PASSWORD\")\"");
     line(
         "INTAKE_TOKEN=\"$(kept_or_new intake-token)\" DASHBOARD_TOKEN=\"$(kept_or_new dashboard-token)\" METRICS_TOKEN=\"$(kept_or_new metrics-token)\"",
     );
     line("kubectl --namespace orderly create secret generic orderly-secrets \\");
     line(
-        "  --from-literal=database-url=\"postgres://orderly:${PG_PASSWORD}@${PG}.postgres.database.azure.com:5432/orderly?sslmode=verify-full\" \\",
+        "  --from-literal=database-url=\"postgres://orderly-roles@${PG}.postgres.database.azure.com:5432/orderly?sslmode=verify-full\" \\",
     );
-    line("  --from-literal=servicebus-connection=\"$SB\" \\");
     line("  --from-literal=remote-url=\"$ORDERLY_REMOTE_URL\" \\");
     line("  --from-literal=intake-token=\"$INTAKE_TOKEN\" \\");
     line("  --from-literal=dashboard-token=\"$DASHBOARD_TOKEN\" \\");
@@ -330,11 +330,16 @@ pub(crate) fn az(workflows: &Workflows, n: &Names) -> String {
         "echo \"Your overlay (a copy of deploy/kubernetes/example, docs/containers.md) takes these values:\"",
     );
     line(
-        "echo \"  the ServiceAccount's azure.workload.identity/client-id: $(az identity show --resource-group \"$RG\" --name orderly-supervisor --query clientId -o tsv)\"",
+        "echo \"  the ServiceAccount's azure.workload.identity/client-id: $(az identity show --resource-group \"$RG\" --name orderly-roles --query clientId -o tsv)\"",
     );
-    line("echo \"  the TriggerAuthentication's identityId: $KEDA_CLIENT\"");
+    line("echo \"  the TriggerAuthentication orderly-servicebus's identityId: $KEDA_CLIENT\"");
+    line(
+        "echo \"  the TriggerAuthentication orderly-postgresql's identityId: the client id of orderly-roles (above); the PostgreSQL host: $PG.postgres.database.azure.com\"",
+    );
     line("echo \"  ORDERLY_LEASE_ACCOUNT_URL: https://$STORAGE.blob.core.windows.net\"");
-    line("echo \"  the Service Bus namespace: $NAMESPACE\"");
+    line(
+        "echo \"  the Service Bus namespace: $NAMESPACE (ORDERLY_SERVICEBUS_NAMESPACE: $NAMESPACE.servicebus.windows.net)\"",
+    );
     out
 }
 

@@ -851,6 +851,34 @@ fn the_kubernetes_manifests_run_our_binaries_with_settings_they_read_and_scale_o
     );
     assert!(objects.iter().any(|(_, o)| o["kind"] == "ServiceAccount"
         && o["metadata"]["annotations"]["azure.workload.identity/client-id"].is_string()));
+    // Passwordless: every pod takes the identity's Entra ID tokens (workload identity)
+    // for Service Bus and PostgreSQL; no Service Bus key, no database password.
+    for d in of("Deployment", "/base/") {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"], "true",
+            "{name}"
+        );
+        let env = &deployments[name].1;
+        assert_eq!(
+            env["ORDERLY_DATABASE_CREDENTIAL"], "workload-identity",
+            "{name}"
+        );
+        assert!(
+            env["ORDERLY_SERVICEBUS_NAMESPACE"].ends_with(".servicebus.windows.net"),
+            "{name}"
+        );
+        assert!(
+            !env.keys()
+                .any(|k| k.starts_with("ORDERLY_SERVICEBUS_CONNECTION")),
+            "{name}: a Service Bus key"
+        );
+    }
+    assert!(!secret_keys.contains("servicebus-connection"));
+    assert!(
+        script.contains("--from-literal=database-url=\"postgres://orderly-roles@"),
+        "the database URL names the identity's role and no password"
+    );
 
     // KEDA: each role on the queues it reads (default workflow), on Service Bus and on
     // the SQL queue, and the schedulers on the orders they claim from the store.
