@@ -1163,3 +1163,62 @@ fn provisioning_creates_every_queue_the_roles_declare_with_the_settings_they_rel
     );
     let _ = std::fs::remove_file(file);
 }
+
+/// The smoke test of docs/containers.md, as written there: its order is taken by a real
+/// submitter's intake with the intake token, and read back by its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_smoke_test_order_is_taken_by_the_intake() {
+    let doc = read("docs/containers.md");
+    let smoke = doc
+        .split("### 5. Smoke test")
+        .nth(1)
+        .expect("a smoke test in docs/containers.md");
+    let body = smoke
+        .split("-d '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("the smoke test's order in docs/containers.md");
+    let order: Value = serde_json::from_str(body).unwrap();
+    let id = order["order_id"].as_str().unwrap().to_owned();
+    assert!(
+        smoke.contains(&format!("http://localhost:8080/orders/{id}")),
+        "the smoke test reads back the order it posted"
+    );
+    let (db, _backend) = Db::with_queues(Dialect::Sqlite, Duration::from_secs(5)).await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let token = "a-smoke-test-intake-token-0123456789";
+    let _submitter = crate::procs::Proc::start_with(
+        "orderly-submitter",
+        &db.url,
+        &["--http-listen", &listen, "--http-intake"],
+        &[("ORDERLY_INTAKE_TOKEN", token)],
+    );
+    crate::newcomer::wait_listening(port).await;
+    let http = crate::procs::http();
+    let posted = http
+        .post(format!("http://{listen}/orders"))
+        .bearer_auth(token)
+        .header("Content-Type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 202, "{}", posted.text().await.unwrap());
+    let mut read_back = String::new();
+    wait_for(
+        "the smoke test's order read back",
+        Duration::from_secs(20),
+        async || {
+            let r = http
+                .get(format!("http://{listen}/orders/{id}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            read_back = r.text().await.unwrap();
+            read_back.contains(&id) && read_back.contains("Pending")
+        },
+    )
+    .await;
+}
