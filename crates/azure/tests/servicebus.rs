@@ -1008,3 +1008,102 @@ fn the_transport_speaks_amqps_on_5671_and_verifies_the_brokers_certificate() {
         .unwrap();
     });
 }
+
+/// What a subscriber wrote, for the log's assertions.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn count(&self, level: &str, text: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(level) && l.contains(text))
+            .count()
+    }
+}
+
+/// A broker that stays down is reported when the failing begins (with its cause), not
+/// at every reconnect attempt of the back-off; its return is reported once too, and a
+/// second outage is reported again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_broker_down_is_logged_once_per_cause_not_at_every_reconnect_attempt() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let mut standin = Standin::start();
+    let defaults = QueueSettings::default();
+    let declare = |s: &Standin| {
+        s.declare(
+            "orders",
+            defaults.lock_duration,
+            defaults.max_delivery_count,
+            defaults.duplicate_detection_window,
+        )
+        .unwrap()
+    };
+    declare(&standin);
+    let mut settings = ServiceBusSettings::new(standin.connection_string());
+    settings.unsecured = true;
+    settings.try_timeout = std::time::Duration::from_secs(2);
+    let t = ServiceBusTransport::connect(
+        &settings,
+        Arc::new(StandinAdmin(standin.control)),
+        Arc::new(ManualClock::starting_now()),
+    )
+    .await
+    .unwrap();
+    let q = QueueName::parse("orders").unwrap();
+    let msg = |id: &str| orderly_core::transport::OutgoingMessage::new(id, "x");
+    t.send(&q, &[msg("m-0")]).await.unwrap();
+
+    for outage in 1..=2 {
+        standin.stop();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(4);
+        let mut calls = 0;
+        while tokio::time::Instant::now() < until {
+            assert!(t.send(&q, &[msg("down")]).await.is_err());
+            calls += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let again = log.count("DEBUG", "Service Bus reconnect failed again");
+        assert!(
+            again >= 2,
+            "fewer reconnect attempts than the test needs: {again} ({calls} calls)"
+        );
+        assert_eq!(
+            log.count("WARN", "Service Bus reconnect failed; retrying"),
+            outage,
+            "one warning per outage, with its cause"
+        );
+        standin.restart();
+        declare(&standin);
+        let back = tokio::time::Instant::now() + std::time::Duration::from_secs(40);
+        while t.send(&q, &[msg("up")]).await.is_err() {
+            assert!(tokio::time::Instant::now() < back, "not reconnected");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            log.count("INFO", "Service Bus connection re-established"),
+            outage
+        );
+    }
+    assert!(
+        log.count("WARN", "refused") >= 1 || log.count("WARN", "cannot connect") >= 1,
+        "the warning says why"
+    );
+}

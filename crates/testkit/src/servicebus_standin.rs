@@ -37,6 +37,12 @@ impl Standin {
         *self = fresh;
     }
 
+    /// Stops it (a broker down: connections refused) until [`Standin::restart`].
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Cuts every AMQP connection at once, without a close frame (a network blip).
     pub fn drop_connections(&self) -> Result<(), String> {
         post(self.control, "/drop-connections", "{}")

@@ -363,6 +363,7 @@ impl ServiceBusTransport {
                     generation = slot.generation,
                     "Service Bus connection re-established"
                 );
+                slot.last_cause.clear();
                 Ok(c)
             }
             Err(e) => {
@@ -371,8 +372,15 @@ impl ServiceBusTransport {
                 let pause = slot.backoff.mul_f64(0.5 + 0.5 * jitter);
                 slot.retry_at = Some(now + pause);
                 slot.backoff = (slot.backoff * 2).min(RECONNECT_MAX);
-                slot.last_cause = e.to_string();
-                tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "Service Bus reconnect failed; retrying");
+                // Logged when the failing begins or its cause changes; the same
+                // cause again, at every back-off, only at debug.
+                let cause = e.to_string();
+                if cause != slot.last_cause {
+                    tracing::warn!(error = %cause, retry_in_ms = pause.as_millis() as u64, "Service Bus reconnect failed; retrying (logged again if the cause changes)");
+                } else {
+                    tracing::debug!(error = %cause, retry_in_ms = pause.as_millis() as u64, "Service Bus reconnect failed again");
+                }
+                slot.last_cause = cause;
                 Err(e)
             }
         }
