@@ -306,11 +306,29 @@ fn compose_runs_our_binaries_with_settings_they_read_and_declares_every_queue_wi
         ])
     );
     // The emulator: no healthcheck (its image has no shell or HTTP client), SQL Server
-    // (SQL Edge is retired), the roles waiting for it by their own retries.
+    // (SQL Edge is retired); its health endpoint asked by a one-shot container of our
+    // image (which has curl), which the roles wait for.
     let sb = &services["servicebus"];
     assert!(
         sb.get("healthcheck").is_none(),
         "the emulator cannot run a healthcheck"
+    );
+    let ready = &services["servicebus-ready"];
+    let probe: Vec<&str> = ready["entrypoint"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(probe[0], "curl");
+    assert_eq!(probe.last(), Some(&"http://servicebus:5300/health"));
+    assert_eq!(ready["restart"], "no");
+    assert_eq!(ready["image"], "orderly:local");
+    assert!(
+        sb["image"]
+            .as_str()
+            .unwrap()
+            .starts_with("mcr.microsoft.com/azure-messaging/servicebus-emulator:2.")
     );
     assert_eq!(sb["environment"]["SQL_SERVER"], "mssql");
     assert!(
@@ -322,7 +340,8 @@ fn compose_runs_our_binaries_with_settings_they_read_and_declares_every_queue_wi
     assert!(!read("docker-compose.yml").contains("azure-sql-edge"));
     for role in ["scheduler-1", "agent-1", "supervisor-1", "submitter"] {
         assert_eq!(
-            services[role]["depends_on"]["servicebus"]["condition"], "service_started",
+            services[role]["depends_on"]["servicebus-ready"]["condition"],
+            "service_completed_successfully",
             "{role}"
         );
     }
