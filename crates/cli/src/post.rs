@@ -62,6 +62,7 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
         TransportKind::Sql => (
             Target::Sql {
                 database_url: database_url.to_owned(),
+                password: orderly_runtime::backend::database_password_from_env(database_url)?,
             },
             "the SQL queue",
         ),

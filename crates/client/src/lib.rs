@@ -20,8 +20,11 @@
 //! use orderly_core::store::NewOrder;
 //!
 //! let client = Client::connect(
-//!     ClientConfig::new(Target::Sql { database_url: "sqlite://orderly.db".into() })
-//!         .with_reply_queue("shop-1")?,
+//!     ClientConfig::new(Target::Sql {
+//!         database_url: "sqlite://orderly.db".into(),
+//!         password: None,
+//!     })
+//!     .with_reply_queue("shop-1")?,
 //! )
 //! .await?;
 //! let order: NewOrder = serde_json::from_str(
@@ -66,6 +69,10 @@ pub enum Target {
     Sql {
         /// The state store's URL (a secret where it holds a password: never printed).
         database_url: String,
+        /// PostgreSQL's password when it is a token (Azure Database for PostgreSQL
+        /// with Entra ID: `orderly_azure::EntraPassword`), renewed before it expires;
+        /// `None`: the URL's.
+        password: Option<Arc<dyn orderly_core::credentials::PasswordSource>>,
     },
     /// Azure Service Bus.
     ServiceBus(ServiceBusSettings),
@@ -275,8 +282,11 @@ impl Client {
     /// that does not.
     pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
         let transport: Arc<dyn Transport> = match &cfg.target {
-            Target::Sql { database_url } => {
-                orderly_sql::connect(database_url, TimeSource::Database)
+            Target::Sql {
+                database_url,
+                password,
+            } => {
+                orderly_sql::connect_with(database_url, TimeSource::Database, password.clone())
                     .await
                     .map_err(|e| match e {
                         orderly_core::Error::Invalid(error) => ClientError::Invalid {

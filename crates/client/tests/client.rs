@@ -60,6 +60,7 @@ async fn posts_reach_the_store_once_and_notices_come_back(dialect: &str) {
     let client = Client::connect(
         ClientConfig::new(Target::Sql {
             database_url: url.clone(),
+            password: None,
         })
         .with_reply_queue("shop-1")
         .unwrap(),
@@ -155,6 +156,7 @@ async fn bad_orders_are_refused_before_anything_is_sent() {
     let url = fresh("sqlite").await;
     let client = Client::connect(ClientConfig::new(Target::Sql {
         database_url: url.clone(),
+        password: None,
     }))
     .await
     .unwrap();
@@ -194,6 +196,7 @@ async fn bad_orders_are_refused_before_anything_is_sent() {
     // A database URL that is no database: named.
     let err = Client::connect(ClientConfig::new(Target::Sql {
         database_url: "mysql://nope".into(),
+        password: None,
     }))
     .await
     .unwrap_err();
@@ -208,6 +211,7 @@ async fn wait_for_reports_another_ending_and_times_out() {
     let client = Client::connect(
         ClientConfig::new(Target::Sql {
             database_url: url.clone(),
+            password: None,
         })
         .with_reply_queue("shop-2")
         .unwrap(),

@@ -224,6 +224,14 @@ pub async fn connect_outbox_store(url: &str) -> anyhow::Result<orderly_sql::Outb
     Ok(orderly_sql::connect_outbox_with(url, TimeSource::Database, password).await?)
 }
 
+/// The password source `ORDERLY_DATABASE_CREDENTIAL` names for `url`, if it is set (as
+/// [`database_password`]), for commands that take no flag for it.
+pub fn database_password_from_env(
+    url: &str,
+) -> anyhow::Result<Option<Arc<dyn orderly_core::credentials::PasswordSource>>> {
+    database_password(credential_from_env()?, url)
+}
+
 /// `ORDERLY_DATABASE_CREDENTIAL`, for commands that take no flag for it.
 fn credential_from_env() -> anyhow::Result<Option<crate::election::CredentialKind>> {
     use clap::ValueEnum as _;

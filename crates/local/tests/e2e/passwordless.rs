@@ -218,6 +218,12 @@ async fn a_role_signs_in_to_postgresql_with_workload_identity() {
     // password, and the server refuses.
     let (ok, stdout, stderr) = orderly(&url, &["migrate"], &env);
     assert!(ok, "orderly migrate, passwordless:\n{stdout}\n{stderr}");
+    let (ok, stdout, stderr) = orderly(&url, &["post", "--sample", "3"], &env);
+    assert!(
+        ok,
+        "orderly post on the SQL queue, passwordless:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(posted_ids(&stdout).len(), 3, "{stdout}");
     let (ok, stdout, stderr) = orderly(&url, &["migrate"], &pod.env(&[]));
     assert!(!ok, "{stdout}");
     assert!(
