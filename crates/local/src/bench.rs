@@ -298,14 +298,27 @@ pub(crate) async fn run_bench(
             processes,
         } => (paced_rate, processes),
         Mode::Counters => {
-            let figures = counters_run(&url, orders.unwrap_or(1_000)).await?;
-            print_counters(dialect, &figures);
-            // The idle phase is printed, not checked: after the limits, which may
-            // end the run.
-            judge(&figures, key, limits.as_ref())?;
-            let idle = counters_idle(&url, !url.starts_with("sqlite:")).await?;
-            print_idle(dialect, &idle);
-            return Ok(());
+            let pg = !url.starts_with("sqlite:");
+            let outcome = async {
+                let figures = counters_run(&url, orders.unwrap_or(1_000)).await?;
+                print_counters(dialect, &figures);
+                // The idle phase is printed, not checked: after the limits, which may
+                // end the run.
+                judge(&figures, key, limits.as_ref())?;
+                let idle = counters_idle(&url, pg).await?;
+                print_idle(dialect, &idle);
+                anyhow::Ok(())
+            }
+            .await;
+            if pg {
+                // Automatic vacuuming back on, whatever became of the run.
+                if let Err(e) = orderly_sql::postgres::end_counting(&url).await {
+                    eprintln!(
+                        "warning: automatic vacuuming of the benchmark's tables stays off: {e}"
+                    );
+                }
+            }
+            return outcome;
         }
     };
     let orders = orders.unwrap_or(5_000);
@@ -357,6 +370,17 @@ async fn counters_run(url: &str, orders: usize) -> anyhow::Result<Vec<Figures>> 
         .await
         .context("cannot open the benchmark's state store (--store)")?;
     Handle::close(url, &[&setup]).await?;
+    if pg {
+        // No vacuum by the clock inside a phase (each is vacuumed after it, apart), and
+        // the log read back, so that a phase counts its own database's work alone.
+        let readable = orderly_sql::postgres::begin_counting(url).await?;
+        if !readable {
+            outln!(
+                "log counted          the whole server's: this role cannot read the log (pg_walinspect), so other databases' work and vacuums count too"
+            );
+        }
+        vacuum_apart(url).await?;
+    }
     let low = format!("paced at {LOW_LOAD:.0} orders/s (low load), {COUNTERS_LOW_ORDERS} orders");
     let mut figures = Vec::new();
     for (name, n, rate) in [
@@ -417,6 +441,14 @@ impl Handle {
 /// How long the server may take to end the sessions of a counters phase.
 const QUIET_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Vacuums the benchmark's database between phases, so that the next starts with no
+/// dead rows of the last (automatic vacuuming is off while counting), and what that
+/// wrote to the log, where it can be read.
+async fn vacuum_apart(url: &str) -> anyhow::Result<Option<orderly_sql::postgres::DatabaseLog>> {
+    let (from, to) = orderly_sql::postgres::vacuum(url).await?;
+    Ok(orderly_local::measure::read_database_log(url, from, to).await)
+}
+
 /// One phase of a counters run (see [`counters_run`]).
 async fn counters_phase(
     url: &str,
@@ -448,7 +480,10 @@ async fn counters_phase(
     }
     let sent_at = sent_at?;
     Handle::close(url, &[&roles, &observer]).await?;
-    let cost = meter.finish(n).await;
+    let mut cost = meter.finish(n).await;
+    if pg {
+        cost.vacuum_log = vacuum_apart(url).await?;
+    }
     // The end state, read through a handle of its own, closed before the next phase.
     let reader = Handle::open(url, pg, false).await?;
     let report = invariants::report_on(
@@ -534,6 +569,20 @@ fn print_counters(dialect: &str, figures: &[Figures]) {
         outln!("== {dialect}, counters: {}", f.phase);
         for (figure, value) in f.cost.per_order() {
             outln!("{figure:<32} {value:>10.2}");
+        }
+        if f.cost.server.is_some() {
+            outln!(
+                "log counted                      {}",
+                match f.cost.database_log {
+                    Some(log) => format!(
+                        "this database's relations and transactions, read from the log ({:.2} full-page images per order); vacuum apart",
+                        log.full_page_images as f64 / f.cost.orders.max(1) as f64
+                    ),
+                    None =>
+                        "the whole server's (pg_stat_wal): other databases and vacuums included"
+                            .to_owned(),
+                }
+            );
         }
         if let Some(rows) = orderly_local::measure::rows_by_table(&f.cost) {
             outln!("rows by table                    {rows}");

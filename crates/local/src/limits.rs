@@ -31,11 +31,15 @@ pub const FIGURES: &[(&str, &str)] = &[
     ),
     (
         "log_bytes_per_order",
-        "bytes of write-ahead log the PostgreSQL server wrote",
+        "bytes of write-ahead log the PostgreSQL server wrote (a counters run: the database's own, read from the log where it can be)",
     ),
     (
         "log_records_per_order",
-        "write-ahead log records the PostgreSQL server wrote",
+        "write-ahead log records the PostgreSQL server wrote (a counters run: the database's own, read from the log where it can be)",
+    ),
+    (
+        "vacuum_log_records_per_order",
+        "write-ahead log records vacuuming the database wrote after the phase (a counters run on PostgreSQL)",
     ),
     (
         "rows_per_order",

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use orderly_sql::postgres::{ServerCounters, TableWrites, server_counters};
+use orderly_sql::postgres::{
+    DatabaseLog, ServerCounters, TableWrites, database_log, server_counters,
+};
 use orderly_sql::stats::{Stats, StatsSnapshot};
 
 use crate::wire::{Relay, WireCounts};
@@ -145,6 +147,13 @@ pub struct Cost {
     /// The statements by text (a counters run): PostgreSQL's off the wire, SQLite's
     /// from sqlx's events (transaction control apart).
     pub statement_texts: Option<std::collections::BTreeMap<String, u64>>,
+    /// The log the phase's work wrote in its own database, read from the log (a
+    /// counters run on PostgreSQL where the log can be read): unlike the server's
+    /// counts, without other databases' work and the server's periodic records.
+    pub database_log: Option<DatabaseLog>,
+    /// The log that vacuuming the database wrote after the phase: the cost of the rows
+    /// the phase left dead (a counters run, as [`Cost::database_log`]).
+    pub vacuum_log: Option<DatabaseLog>,
 }
 
 /// How long the server may take to publish a backend's transaction counts: a backend
@@ -243,9 +252,14 @@ impl Meter {
         let machine_busy = machine_cpu()
             .zip(self.machine)
             .and_then(|(now, then)| now.busy_since(then).map(|busy| (busy, now.cores)));
+        let mut own_log = None;
         let server = match (&self.pg_url, &self.server) {
             (Some(url), Some(before)) if self.counting.is_some() => {
-                server_counters(url).await.ok().map(|now| now.since(before))
+                let now = server_counters(url).await.ok();
+                if let Some(now) = &now {
+                    own_log = read_database_log(url, before.wal_position, now.wal_position).await;
+                }
+                now.map(|now| now.since(before))
             }
             (Some(url), Some(before)) => {
                 let at_end = server_counters(url).await.ok();
@@ -294,6 +308,20 @@ impl Meter {
             statements,
             wire,
             statement_texts,
+            database_log: own_log,
+            vacuum_log: None,
+        }
+    }
+}
+
+/// [`database_log`] between two positions, or `None` with the reason logged where the
+/// log could not be read.
+pub async fn read_database_log(url: &str, from: i64, to: i64) -> Option<DatabaseLog> {
+    match database_log(url, from, to).await {
+        Ok(log) => log,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the database's own log records; counting the whole server's");
+            None
         }
     }
 }
@@ -336,9 +364,20 @@ impl Cost {
         }
         if let Some(server) = &self.server {
             figures.insert("server_transactions_per_order", per(server.commits as f64));
-            figures.insert("log_bytes_per_order", per(server.wal_position as f64));
-            if let Some((records, _)) = server.wal_records {
-                figures.insert("log_records_per_order", per(records as f64));
+            match &self.database_log {
+                Some(log) => {
+                    figures.insert("log_bytes_per_order", per(log.bytes as f64));
+                    figures.insert("log_records_per_order", per(log.records as f64));
+                }
+                None => {
+                    figures.insert("log_bytes_per_order", per(server.wal_position as f64));
+                    if let Some((records, _)) = server.wal_records {
+                        figures.insert("log_records_per_order", per(records as f64));
+                    }
+                }
+            }
+            if let Some(log) = &self.vacuum_log {
+                figures.insert("vacuum_log_records_per_order", per(log.records as f64));
             }
             let rows: i64 = server.tables.iter().map(TableWrites::total).sum();
             figures.insert("rows_per_order", per(rows as f64));
@@ -405,6 +444,21 @@ impl Cost {
                 per(server.wal_position as f64),
                 server.wal_position as f64 / 1e6
             );
+            if let Some(log) = &self.database_log {
+                outln!(
+                    "log of the database  {:.0} bytes per order in {:.1} records, {:.2} full-page images (its own relations and transactions, read from the log; no vacuum)",
+                    per(log.bytes as f64),
+                    per(log.records as f64),
+                    per(log.full_page_images as f64)
+                );
+            }
+            if let Some(log) = &self.vacuum_log {
+                outln!(
+                    "vacuum afterwards    {:.0} bytes per order in {:.1} records of log (clearing the rows the phase left dead)",
+                    per(log.bytes as f64),
+                    per(log.records as f64)
+                );
+            }
             outln!(
                 "rows written         {}",
                 rows_per_order(&server.tables, self.orders, true)
@@ -612,6 +666,8 @@ mod tests {
             statements: None,
             wire: None,
             statement_texts: None,
+            database_log: None,
+            vacuum_log: None,
         }
     }
 

@@ -167,3 +167,159 @@ pub async fn wait_quiet(url: &str, limit: std::time::Duration) -> Result<bool> {
     let _ = conn.close().await;
     Ok(quiet)
 }
+
+/// The write-ahead log that work in one database wrote between two positions of the
+/// log: the records that touch its relations and those of the transactions that wrote
+/// them (their commits), read from the log itself (`pg_walinspect`). Unlike
+/// [`ServerCounters::wal_position`] and `pg_stat_wal`, it leaves out what the rest of the
+/// server wrote meanwhile: other databases, and the server's own periodic records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatabaseLog {
+    /// Records written.
+    pub records: i64,
+    /// Their bytes, full-page images included.
+    pub bytes: i64,
+    /// Full-page images among them (pages written whole, the first change to a page
+    /// after a checkpoint).
+    pub full_page_images: i64,
+}
+
+/// Readies the database at `url` for counting what its work writes: the log's reader
+/// (the `pg_walinspect` extension, created here if the role may; [`database_log`] needs
+/// it) and automatic vacuuming turned off on every table of its own, so that no
+/// vacuum the server starts by the clock falls into a measured phase (the caller
+/// vacuums between phases: [`vacuum`]). Whether the log can be read.
+/// [`end_counting`] undoes both.
+pub async fn begin_counting(url: &str) -> Result<bool> {
+    use sqlx::{Connection, Executor};
+    let mut conn = counting_connection(url).await?;
+    let readable = conn
+        .execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .is_ok();
+    for table in own_tables(&mut conn).await? {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(db)?;
+    }
+    let _ = conn.close().await;
+    Ok(readable)
+}
+
+/// Undoes [`begin_counting`]: automatic vacuuming back on every table of the database.
+/// (The log's reader stays: another count may be reading it.)
+pub async fn end_counting(url: &str) -> Result<()> {
+    use sqlx::Connection;
+    let mut conn = counting_connection(url).await?;
+    for table in own_tables(&mut conn).await? {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} RESET (autovacuum_enabled, toast.autovacuum_enabled)"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(db)?;
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// Vacuums every table of the database at `url` (what automatic vacuuming would do
+/// sooner or later), and returns the log's position before and after.
+pub async fn vacuum(url: &str) -> Result<(i64, i64)> {
+    use sqlx::{Connection, Executor};
+    let mut conn = counting_connection(url).await?;
+    let before = log_position(&mut conn).await?;
+    conn.execute("VACUUM").await.map_err(db)?;
+    let after = log_position(&mut conn).await?;
+    let _ = conn.close().await;
+    Ok((before, after))
+}
+
+/// What the database at `url` wrote to the log between the positions `from` and `to`
+/// (as [`ServerCounters::wal_position`] gives them); `None` where the log cannot be
+/// read (no `pg_walinspect`, or a role without the right to read it).
+pub async fn database_log(url: &str, from: i64, to: i64) -> Result<Option<DatabaseLog>> {
+    use sqlx::{Connection, Row};
+    let mut conn = counting_connection(url).await?;
+    // The log can be read up to where it is flushed; the writer flushes the rest within
+    // a fraction of a second.
+    for _ in 0..50 {
+        let flushed: bool =
+            sqlx::query_scalar("SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn")
+                .bind(lsn(to))
+                .fetch_one(&mut conn)
+                .await
+                .map_err(db)?;
+        if flushed {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A record names the relations it changes as tablespace/database/relation; the
+    // commit of a transaction names none, so it is known by its transaction.
+    let row = sqlx::query(
+        "WITH log AS ( \
+             SELECT xid::text AS xid, record_length, fpi_length, \
+                    strpos(coalesce(block_ref, ''), \
+                           '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                           || '/') > 0 AS here \
+             FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)), \
+         writers AS (SELECT DISTINCT xid FROM log WHERE here AND xid <> '0') \
+         SELECT count(*) AS records, \
+                coalesce(sum(record_length), 0)::bigint AS bytes, \
+                count(*) FILTER (WHERE fpi_length > 0) AS images \
+         FROM log WHERE here OR xid IN (SELECT xid FROM writers)",
+    )
+    .bind(lsn(from))
+    .bind(lsn(to))
+    .fetch_one(&mut conn)
+    .await;
+    let _ = conn.close().await;
+    match row {
+        Ok(row) => Ok(Some(DatabaseLog {
+            records: row.try_get("records").map_err(db)?,
+            bytes: row.try_get("bytes").map_err(db)?,
+            full_page_images: row.try_get("images").map_err(db)?,
+        })),
+        Err(sqlx::Error::Database(e))
+            if matches!(e.code().as_deref(), Some("42883" | "42501" | "3F000")) =>
+        {
+            // No such function (the extension is not there) or no right to read the log.
+            Ok(None)
+        }
+        Err(e) => Err(db(e)),
+    }
+}
+
+/// A log position as PostgreSQL writes one (`pg_lsn`).
+fn lsn(position: i64) -> String {
+    let position = position as u64;
+    format!("{:X}/{:X}", position >> 32, position & 0xFFFF_FFFF)
+}
+
+async fn counting_connection(url: &str) -> Result<PgConnection> {
+    use sqlx::{ConnectOptions as _, Connection};
+    let options = options(url)?.disable_statement_logging();
+    PgConnection::connect_with(&options).await.map_err(db)
+}
+
+async fn log_position(conn: &mut PgConnection) -> Result<i64> {
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+        .fetch_one(conn)
+        .await
+        .map_err(db)
+}
+
+/// The database's own tables, quoted for a statement.
+async fn own_tables(conn: &mut PgConnection) -> Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables \
+         ORDER BY 1",
+    )
+    .fetch_all(conn)
+    .await
+    .map_err(db)
+}

@@ -40,7 +40,10 @@ mod statements;
 pub use conn::{ANSWER_TIMEOUT_SETTING, DEFAULT_ANSWER_TIMEOUT, PgConn, answer_timeout_from_env};
 use conn::{Pools, Transactions, Within};
 #[cfg(feature = "counters")]
-pub use counters::{ServerCounters, TableWrites, server_counters, wait_quiet};
+pub use counters::{
+    DatabaseLog, ServerCounters, TableWrites, begin_counting, database_log, end_counting,
+    server_counters, vacuum, wait_quiet,
+};
 
 use statements as sql;
 

@@ -432,6 +432,111 @@ async fn postgres_server_counters_tell_the_rows_written_by_table_between_two_rea
     f.cleanup().await;
 }
 
+/// The bench's count of one database's log: the records of its own relations and the
+/// commits of its transactions, read from the log, while another database's writes
+/// made meanwhile are left out (the server-wide position counts both); counting turns
+/// automatic vacuuming off on the database's tables and back on, and a vacuum between
+/// phases is logged in the same database.
+#[tokio::test]
+async fn postgres_the_log_of_one_database_leaves_out_what_another_wrote_meanwhile() {
+    use sqlx::Connection;
+    let url = crate::fixtures::postgres_url();
+    let server = url.rsplit_once('/').unwrap().0.to_owned();
+    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (ours, theirs) = (
+        format!("orderly_log_ours_{tag}"),
+        format!("orderly_log_theirs_{tag}"),
+    );
+    for name in [&ours, &theirs] {
+        execute_all(&mut admin, &[format!("CREATE DATABASE {name}")]).await;
+    }
+    let ours_url = format!("{server}/{ours}");
+    let mut a = sqlx::PgConnection::connect(&ours_url).await.unwrap();
+    let mut b = sqlx::PgConnection::connect(&format!("{server}/{theirs}"))
+        .await
+        .unwrap();
+    for conn in [&mut a, &mut b] {
+        execute_all(
+            conn,
+            &["CREATE TABLE t (id int PRIMARY KEY, note text)".to_owned()],
+        )
+        .await;
+    }
+    let readable = orderly_sql::postgres::begin_counting(&ours_url)
+        .await
+        .unwrap();
+    assert!(readable, "the test role reads the log (pg_walinspect)");
+    let options: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE relname = 't'")
+            .fetch_one(&mut a)
+            .await
+            .unwrap();
+    assert!(
+        options
+            .unwrap_or_default()
+            .contains(&"autovacuum_enabled=false".to_owned()),
+        "counting turns automatic vacuuming off"
+    );
+    let before = orderly_sql::postgres::server_counters(&ours_url)
+        .await
+        .unwrap();
+    // 100 rows here in one transaction: 100 heap and 100 index records and a commit
+    // (and a record or two for new pages); 2,000 rows there.
+    execute_all(
+        &mut a,
+        &["INSERT INTO t SELECT g, 'here' FROM generate_series(1, 100) g".to_owned()],
+    )
+    .await;
+    execute_all(
+        &mut b,
+        &["INSERT INTO t SELECT g, 'there' FROM generate_series(1, 2000) g".to_owned()],
+    )
+    .await;
+    let after = orderly_sql::postgres::server_counters(&ours_url)
+        .await
+        .unwrap();
+    let log =
+        orderly_sql::postgres::database_log(&ours_url, before.wal_position, after.wal_position)
+            .await
+            .unwrap()
+            .expect("the log is readable");
+    assert!(
+        (201..=220).contains(&log.records),
+        "100 rows, their index entries and a commit: {log:?}"
+    );
+    assert!(
+        log.bytes > 0 && log.bytes < after.wal_position - before.wal_position,
+        "{log:?}"
+    );
+    execute_all(&mut a, &["DELETE FROM t WHERE id <= 50".to_owned()]).await;
+    let (from, to) = orderly_sql::postgres::vacuum(&ours_url).await.unwrap();
+    let vacuumed = orderly_sql::postgres::database_log(&ours_url, from, to)
+        .await
+        .unwrap()
+        .expect("the log is readable");
+    assert!(
+        vacuumed.records > 0,
+        "the vacuum cleared 50 dead rows: {vacuumed:?}"
+    );
+    orderly_sql::postgres::end_counting(&ours_url)
+        .await
+        .unwrap();
+    let options: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE relname = 't'")
+            .fetch_one(&mut a)
+            .await
+            .unwrap();
+    assert_eq!(options, None, "automatic vacuuming back as it was");
+    let _ = a.close().await;
+    let _ = b.close().await;
+    for name in [&ours, &theirs] {
+        execute_all(&mut admin, &[format!("DROP DATABASE {name} WITH (FORCE)")]).await;
+    }
+}
+
 /// A write abandoned while its `BEGIN` is on the wire (a shutdown, a timeout, a
 /// `select!` that took another branch) leaves no transaction open on its connection:
 /// the pool's next user runs on its own. sqlx 0.9 arms its rollback guard only once
