@@ -20,6 +20,10 @@ pub(crate) struct QueueSignal {
     /// `sent` as it was when the latest look began: that look takes everything it can
     /// see or, when it cannot, wakes another receiver.
     answered: std::sync::atomic::AtomicU64,
+    /// When the latest look of this process began: messages that come back without a
+    /// send (a lock that ran out, a scheduled time reached) need one look a poll
+    /// interval, not one per receiver.
+    last_look: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Default for QueueSignal {
@@ -29,6 +33,7 @@ impl Default for QueueSignal {
             notify: Notify::new(),
             sent: 1.into(),
             answered: 0.into(),
+            last_look: Mutex::new(None),
         }
     }
 }
@@ -44,6 +49,18 @@ impl QueueSignal {
     pub(crate) fn look_began(&self, before: u64) {
         self.answered
             .fetch_max(before, std::sync::atomic::Ordering::AcqRel);
+        *self
+            .last_look
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// A look began less than `within` ago.
+    pub(crate) fn looked_within(&self, within: Duration) -> bool {
+        self.last_look
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_some_and(|at| at.elapsed() < within)
     }
 
     /// Nothing was sent since the latest look began.

@@ -129,13 +129,16 @@ impl<D: Driver> SqlStore<D> {
     /// `look` says with what it found whether it took all it could see (fewer than it
     /// asked for). A receive that may wait does not begin with a look when nothing was
     /// sent since a look began (one still running, or one that took all it saw): it
-    /// waits for a send, the poll or the end of its wait, and looks then (always once
-    /// at least). Woken for a send that such a look answers, it waits again. It skips
-    /// only while other processes' sends are heard too (PostgreSQL's `LISTEN`, SQLite's
-    /// watcher); while they are not, every receive begins with a look. Messages that
-    /// come back without a send (a lock that ran out, a scheduled time reached) are
-    /// found by the poll, as by a receiver that was waiting. One that took a whole
-    /// batch wakes another receiver: more may be there.
+    /// waits for a send, the poll or the end of its wait. Woken for a send that such a
+    /// look answers, it waits again. It skips only while other processes' sends are
+    /// heard too (PostgreSQL's `LISTEN`, SQLite's watcher); while they are not, every
+    /// receive begins with a look. Messages that come back without a send (a lock that
+    /// ran out, a scheduled time reached) are found by the poll: at the poll or the end
+    /// of its wait a receiver looks unless a look of the queue in this process began
+    /// less than a poll interval ago, so an idle queue costs one look a poll interval
+    /// however many receivers wait on it and however short their waits (a receive may
+    /// then end with no look of its own). One that took a whole batch wakes another
+    /// receiver: more may be there.
     pub(crate) async fn until_found<T, E, F, Fut>(
         &self,
         queue: &QueueName,
@@ -190,10 +193,16 @@ impl<D: Driver> SqlStore<D> {
                 .saturating_duration_since(tokio::time::Instant::now())
                 .min(self.wakeups.poll);
             let by_send = tokio::time::timeout(nap, woken).await.is_ok();
+            let ended = tokio::time::Instant::now() >= deadline;
             // Woken for a send that a look begun since then answers (another
             // receiver's, running or done): nothing here, wait for the next. Woken by
-            // the poll or the end of the wait: look.
-            skip = by_send && answered() && tokio::time::Instant::now() < deadline;
+            // the poll or the end of the wait: look, unless nothing was sent since a
+            // look of this queue that began within the poll interval.
+            let recent = answered() && signal.looked_within(self.wakeups.poll);
+            if ended && !by_send && recent {
+                return Ok(None);
+            }
+            skip = !ended && answered() && (by_send || recent);
         }
     }
 

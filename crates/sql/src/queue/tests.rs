@@ -190,3 +190,57 @@ async fn a_receiver_woken_for_a_send_a_later_look_answers_waits_for_the_next() {
 const POLL: Duration = Duration::from_millis(200);
 
 const POLL_FOR_TESTS: Duration = Duration::from_secs(1);
+
+/// An idle queue costs one look a poll interval however many receivers wait on it and
+/// however short their waits: a receive whose wait ends, with nothing sent since a
+/// look of the queue began within the poll interval, ends with no look of its own. A
+/// message that comes back without a send (a lock that ran out) is still found by the
+/// next poll, and a send is still taken at once.
+#[tokio::test]
+async fn idle_receivers_with_short_waits_share_one_look_a_poll_interval() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (store, queue) = hearing_store().await;
+    let looks = AtomicUsize::new(0);
+    let back = AtomicBool::new(false);
+    let found = AtomicUsize::new(0);
+    let receiver = || async {
+        loop {
+            let got = store
+                .until_found(&queue, Duration::from_millis(50), || async {
+                    looks.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, &str>(back.swap(false, Ordering::AcqRel).then_some(((), true)))
+                })
+                .await
+                .unwrap();
+            if got.is_some() {
+                found.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let (a, b) = (receiver(), receiver());
+    tokio::pin!(a);
+    tokio::pin!(b);
+    let both = async { tokio::join!(a.as_mut(), b.as_mut()) };
+    tokio::pin!(both);
+    // Ten poll intervals idle: two receivers with 50 ms waits would look 80 times.
+    assert!(!drive(both.as_mut(), POLL * 10).await);
+    let idle = looks.load(Ordering::Relaxed);
+    assert!((9..=12).contains(&idle), "{idle} looks in ten poll intervals");
+
+    // A message comes back without a send: found within a poll interval.
+    back.store(true, Ordering::Release);
+    let started = tokio::time::Instant::now();
+    while found.load(Ordering::Relaxed) == 0 {
+        assert!(!drive(both.as_mut(), Duration::from_millis(10)).await);
+        assert!(started.elapsed() <= POLL + Duration::from_millis(60), "not found by the poll");
+    }
+
+    // A send: taken at once.
+    let seen = looks.load(Ordering::Relaxed);
+    back.store(true, Ordering::Release);
+    store.wakeups.wake(queue.as_str());
+    assert!(!drive(both.as_mut(), Duration::from_millis(1)).await);
+    assert_eq!(found.load(Ordering::Relaxed), 2);
+    assert_eq!(looks.load(Ordering::Relaxed), seen + 1);
+}
