@@ -114,8 +114,10 @@ pub(crate) struct Wakeups {
 
 /// How long a queue's settings read from the database are used before being read
 /// again: a change declared by another process takes effect within this (one
-/// declared through this process at once).
-pub(crate) const SETTINGS_FRESH: Duration = Duration::from_secs(1);
+/// declared through this process at once). Queues are declared when roles start, so
+/// a read a second (one per queue looked at) was most of an idle deployment's work
+/// after the looks themselves.
+pub(crate) const SETTINGS_FRESH: Duration = Duration::from_secs(10);
 
 /// How often a send also sweeps expired duplicate-detection rows. Correctness does not
 /// depend on it: an expired row counts as absent when the next send checks it.
