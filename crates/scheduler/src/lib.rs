@@ -60,7 +60,10 @@ pub struct SchedulerConfig {
     pub idle_wait: Duration,
     /// With nothing to claim, the longest it waits before looking again: submitted,
     /// released and recovered orders wake it at once (across processes too on
-    /// PostgreSQL); this fallback finds orders whose retry back-off ended.
+    /// PostgreSQL); this fallback finds orders whose retry back-off ended. While other
+    /// processes' writes are heard, the store times the wait by the next order due
+    /// instead (at most 5 s), and this bounds it only while an order is due that the
+    /// claim did not take.
     pub claim_poll: Duration,
     /// Most orders this instance holds at once; it claims no more until some finish.
     pub max_in_flight: u32,

@@ -29,9 +29,10 @@ struct Args {
     /// Most replies applied in one transaction.
     #[arg(long, env = "ORDERLY_REPLY_BATCH", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     reply_batch: u32,
-    /// With nothing to claim, the longest wait before looking again: new,
-    /// released and recovered orders wake it at once; this finds orders whose retry
-    /// back-off ended.
+    /// With nothing to claim, the longest wait before looking again while other
+    /// processes' writes are not heard, or an order is due that it did not take: new,
+    /// released and recovered orders wake it at once; while writes are heard it
+    /// waits until the next order's back-off ends (at most 5 s) instead.
     #[arg(long = "claim-poll", env = "ORDERLY_CLAIM_POLL", default_value = "250ms", value_name = orderly_runtime::settings::DURATION, value_parser = orderly_runtime::period)]
     claim_poll_ms: Duration,
     /// Most orders this instance holds at once.

@@ -70,6 +70,9 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// "Now" as a parameter of a statement run on its own (PostgreSQL: NULL for the
     /// server's clock unless one is injected).
     fn now_param(&self) -> Param<'static>;
+    /// Whether time is an injected clock (tests), which moves only when told, so
+    /// that no wait may be timed by when the store says something comes due.
+    fn clock_injected(&self) -> bool;
 
     /// Makes concurrent start-ups migrate one after the other.
     async fn lock_migrations(conn: &mut Self::Conn) -> Result<()>;

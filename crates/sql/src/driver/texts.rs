@@ -24,6 +24,11 @@ pub(crate) struct Statements {
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now
     /// parameter, `$2` limit.
     pub find_expired: &'static str,
+    /// When the next order comes due to be claimed: one row, `due` (the earliest
+    /// `next_attempt_at` of the Pending orders no one holds, NULL without any) and `now`
+    /// (`$1` the dialect's now parameter), so a scheduler that found nothing to claim
+    /// knows how long it may wait for the clock alone.
+    pub next_claimable: &'static str,
     /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
     /// dialect can, with what a recovery decision needs.
     pub lock_expired: &'static str,

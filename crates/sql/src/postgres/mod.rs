@@ -158,6 +158,10 @@ impl Driver for PgDriver {
         Param::OptTs(self.injected_now())
     }
 
+    fn clock_injected(&self) -> bool {
+        matches!(self.time, orderly_core::clock::TimeSource::Clock(_))
+    }
+
     /// Start-ups of several instances at once migrate one after the other.
     async fn lock_migrations(conn: &mut PgConn) -> Result<()> {
         let (raw, watch) = conn.parts();

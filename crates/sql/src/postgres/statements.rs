@@ -18,6 +18,7 @@ pub(crate) const SQL: Statements = Statements {
         WHERE o.order_id = order_state.order_id)",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
+    next_claimable: NEXT_CLAIMABLE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement {
         alone: Q_RECEIVE,
@@ -495,6 +496,12 @@ const EXPIRED_SELECT: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
 
 /// Overdue orders, most overdue first, for reading (nothing locked): `$1` injected now
 /// or NULL, `$2` limit.
+/// See [`crate::driver::Statements::next_claimable`] (the claimable index,
+/// `order_state_claimable`, gives the minimum).
+pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, \
+    coalesce($1::timestamptz, now()) AS now FROM order_state \
+    WHERE process_state = 'Pending' AND locked_by IS NULL";
+
 pub(crate) const FIND_EXPIRED: &str = concatcp!(
     EXPIRED_SELECT,
     "AND s.complete_by < coalesce($1::timestamptz, now()) ORDER BY s.complete_by LIMIT $2"

@@ -226,14 +226,20 @@ async fn idle_receivers_with_short_waits_share_one_look_a_poll_interval() {
     // Ten poll intervals idle: two receivers with 50 ms waits would look 80 times.
     assert!(!drive(both.as_mut(), POLL * 10).await);
     let idle = looks.load(Ordering::Relaxed);
-    assert!((9..=12).contains(&idle), "{idle} looks in ten poll intervals");
+    assert!(
+        (9..=12).contains(&idle),
+        "{idle} looks in ten poll intervals"
+    );
 
     // A message comes back without a send: found within a poll interval.
     back.store(true, Ordering::Release);
     let started = tokio::time::Instant::now();
     while found.load(Ordering::Relaxed) == 0 {
         assert!(!drive(both.as_mut(), Duration::from_millis(10)).await);
-        assert!(started.elapsed() <= POLL + Duration::from_millis(60), "not found by the poll");
+        assert!(
+            started.elapsed() <= POLL + Duration::from_millis(60),
+            "not found by the poll"
+        );
     }
 
     // A send: taken at once.

@@ -108,6 +108,10 @@ impl Driver for SqliteDriver {
         Param::Ts(Ts(self.time.now_or_host()))
     }
 
+    fn clock_injected(&self) -> bool {
+        matches!(self.time, orderly_core::clock::TimeSource::Clock(_))
+    }
+
     /// `BEGIN IMMEDIATE` already excludes every other writer.
     async fn lock_migrations(_conn: &mut SqliteConnection) -> Result<()> {
         Ok(())

@@ -48,6 +48,7 @@ pub(crate) const SQL: Statements = Statements {
         WHERE o.order_id = order_state.order_id)",
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
+    next_claimable: NEXT_CLAIMABLE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::LookThenTake(LookThenTake {
         any_ready: Q_ANY_READY,
@@ -227,6 +228,12 @@ pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
     FROM jsonb_each($1)";
 
 /// The timed-out orders of a sweep: `$1` now, `$2` limit (the write lock is held).
+/// See [`crate::driver::Statements::next_claimable`] (the claimable index,
+/// `order_state_claimable`, gives the minimum).
+pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, $1 AS now \
+    FROM order_state INDEXED BY order_state_claimable \
+    WHERE process_state = 'Pending' AND locked_by IS NULL";
+
 pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
     failure_count, current_step, finish_as, \
     (SELECT group_concat(t.name, char(10)) FROM order_steps t WHERE t.order_id = s.order_id \

@@ -15,6 +15,8 @@
 //! kind bound as a parameter.
 
 mod activity;
+#[cfg(test)]
+mod claim_wait_tests;
 mod conditions;
 #[cfg(test)]
 mod conformance;
@@ -41,6 +43,11 @@ use crate::fence::refusal;
 use crate::rows::Cols;
 use crate::statements as st;
 use crate::time::Ts;
+
+/// The longest a claimer that found nothing waits for the clock alone while other
+/// processes' writes are heard: a safety net, for orders made claimable by a write
+/// whose wake-up was lost.
+pub(crate) const CLAIM_SAFETY_POLL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The SQL state store over one dialect's driver: SQLite
 /// ([`SqliteStore`](crate::SqliteStore)) or PostgreSQL ([`PgStore`](crate::PgStore)).
@@ -401,15 +408,56 @@ impl<D: Driver> SqlStore<D> {
 
     /// Waits until orders may have become claimable since `*seen` (a count this
     /// updates), or `within` passes.
+    ///
+    /// While other processes' writes are heard (the wake-ups say when orders become
+    /// claimable), the wait is timed by the store, not by `within`: until the next
+    /// order comes due by the clock alone (a retry's back-off, a resumed order's turn),
+    /// at most [`CLAIM_SAFETY_POLL`]; `within` still while an order is due now that this
+    /// claimer did not take (another's, or a version it does not run), and while
+    /// nothing is heard, or the clock is injected.
     pub(crate) async fn wait_claimable_for(&self, seen: &mut u64, within: std::time::Duration) {
         let woken = self.wakeups.claims.notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         if self.wakeups.claims.sent() == *seen {
             self.driver.start_listening(&self.wakeups);
-            let _ = tokio::time::timeout(within, woken).await;
+            let wait = self.claim_wait(within).await;
+            let _ = tokio::time::timeout(wait, woken).await;
         }
         *seen = self.wakeups.claims.sent();
+    }
+
+    /// How long a claimer that found nothing may wait for the clock alone (see
+    /// [`Self::wait_claimable_for`]).
+    async fn claim_wait(&self, within: std::time::Duration) -> std::time::Duration {
+        let hearing = self
+            .wakeups
+            .hearing
+            .load(std::sync::atomic::Ordering::Acquire);
+        if !hearing || self.driver.clock_injected() {
+            return within;
+        }
+        let due = async {
+            let mut conn = self.driver.acquire().await?;
+            let row = q(D::SQL.next_claimable)
+                .bind(self.driver.now_param())
+                .fetch_one::<D>(&mut conn)
+                .await
+                .map_err(db)?;
+            let c = Cols(&row);
+            Ok::<_, Error>((c.opt_ts("due")?, c.ts("now")?))
+        };
+        match due.await {
+            Ok((None, _)) => CLAIM_SAFETY_POLL,
+            Ok((Some(due), now)) => match (due - now).to_std() {
+                Ok(until) if !until.is_zero() => until.min(CLAIM_SAFETY_POLL),
+                _ => within,
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot tell when the next order comes due");
+                within
+            }
+        }
     }
 
     /// Refuses the write unless `leader`'s term is the current one: the first statement
