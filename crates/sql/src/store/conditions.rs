@@ -159,18 +159,21 @@ impl<D: Driver> ConditionStore for SqlStore<D> {
     }
 
     async fn heartbeat(&self, role: &str, instance: &str, leading: bool) -> Result<()> {
-        let (mut tx, now) = self.begin().await?;
-        q("INSERT INTO role_presence (role, instance, is_leader, seen_at) VALUES ($1, $2, $3, $4) \
+        // One statement on its own, with the dialect's now (PostgreSQL's clock unless
+        // one is injected; SQLite's is always bound): no transaction around it.
+        let mut conn = self.driver.acquire().await?;
+        q("INSERT INTO role_presence (role, instance, is_leader, seen_at) \
+             VALUES ($1, $2, $3, coalesce($4, CURRENT_TIMESTAMP)) \
              ON CONFLICT (role, instance) DO UPDATE SET is_leader = excluded.is_leader, \
              seen_at = excluded.seen_at")
         .bind(role)
         .bind(instance)
         .bind(leading)
-        .bind(Ts(now))
-        .execute::<D>(&mut tx)
+        .bind(self.driver.now_param())
+        .execute::<D>(&mut conn)
         .await
         .map_err(db)?;
-        D::commit(tx).await.map_err(db)
+        Ok(())
     }
 
     async fn leave(&self, role: &str, instance: &str) -> Result<()> {
