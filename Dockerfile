@@ -21,6 +21,10 @@ COPY Cargo.toml Cargo.lock ./
 COPY .cargo .cargo
 COPY crates crates
 COPY migrations migrations
+# The commit `--version` names (the build has no .git): docker build --build-arg
+# REVISION=$(git rev-parse --short=12 HEAD).
+ARG REVISION=unknown
+ENV ORDERLY_REVISION=${REVISION}
 # With OpenTelemetry export built in (off unless ORDERLY_OTEL_ENDPOINT is set).
 # Each role's binary is built by its own crate; the operators' CLI by orderly-cli, the
 # local runner by orderly-local.

@@ -12,7 +12,7 @@ use orderly_core::transport::QueueName;
 
 /// orderly-agent: consumes step requests and calls the remote services.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = orderly_runtime::VERSION, about)]
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,

@@ -30,6 +30,8 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
         Command::Demo { args } => local_runner("demo", args, url, log_json),
         Command::Bench { args } => local_runner("bench", args, url, log_json),
         Command::Up { args } => local_runner("up", args, url, log_json),
+        Command::Completions { shell } => crate::completions(shell),
+        Command::Man { dir } => crate::manual(dir.as_deref()),
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config::check_config(&file),

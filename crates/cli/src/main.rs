@@ -18,7 +18,7 @@ use triage::Filter;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
 #[derive(Parser)]
-#[command(name = "orderly", version, about)]
+#[command(name = "orderly", version = orderly_runtime::VERSION, about)]
 struct Cli {
     /// State store: sqlite://FILE (embedded default) or postgres://USER@HOST:PORT/DB.
     #[arg(
@@ -390,6 +390,52 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Print the shell's completion script for orderly: `orderly completions bash >
+    /// /etc/bash_completion.d/orderly`, or `source <(orderly completions zsh)`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print orderly's manual page (roff: `orderly man | man -l -`), or with --dir
+    /// write one page per command there (orderly.1, orderly-list.1, ...) for `man`'s
+    /// path.
+    Man {
+        /// Where to write the pages (created if missing).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// Prints `shell`'s completion script for every command and flag of `orderly`.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    clap_complete::generate(
+        shell,
+        &mut Cli::command(),
+        "orderly",
+        &mut std::io::stdout(),
+    );
+    Ok(())
+}
+
+/// Prints the manual page of `orderly`, or writes a page per command into `dir`: each
+/// page from the same definitions as `--help`, so they cannot drift apart.
+fn manual(dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let command = Cli::command().version(orderly_runtime::VERSION);
+    let Some(dir) = dir else {
+        let mut out = std::io::stdout().lock();
+        clap_mangen::Man::new(command)
+            .render(&mut out)
+            .context("cannot write the manual page")?;
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create --dir {}", dir.display()))?;
+    clap_mangen::generate_to(command, dir)
+        .with_context(|| format!("cannot write the manual pages to {}", dir.display()))?;
+    Ok(())
 }
 
 /// What `orderly workflows` does besides listing.

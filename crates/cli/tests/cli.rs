@@ -1386,3 +1386,109 @@ fn huge_age_filters_are_refused_or_mean_everything_never_a_panic() {
     let out = db.orderly(&["list", "--older-than", "0", "--json"]);
     assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
 }
+
+/// Every binary's `--version` names the commit it was built from: this checkout's
+/// `HEAD` (the test builds from it), as an operator asks a running image which build
+/// it is.
+#[test]
+fn every_binary_names_the_commit_it_was_built_from() {
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .expect("git runs");
+    assert!(head.status.success(), "the tests run in a git checkout");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    for name in [
+        "orderly",
+        "orderly-local",
+        "orderly-submitter",
+        "orderly-scheduler",
+        "orderly-agent",
+        "orderly-supervisor",
+        "orderly-remote-sim",
+    ] {
+        let out = Command::new(role(name)).arg("--version").output().unwrap();
+        assert!(out.status.success(), "{name} --version: {out:?}");
+        let version = stdout(&out);
+        assert_eq!(
+            version.trim(),
+            format!("{name} {} (commit {head})", env!("CARGO_PKG_VERSION")),
+            "{name}"
+        );
+    }
+}
+
+/// `orderly completions SHELL` prints a script the shell reads (bash checks its
+/// syntax) naming every command; `orderly man` prints the manual page and `--dir`
+/// writes one per command, each from the same definitions as `--help`.
+#[test]
+fn completions_and_manual_pages_cover_every_command() {
+    let help = Command::new(role("orderly"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = stdout(&help);
+    // The commands `--help` lists, between "Commands:" and the next heading.
+    let commands: Vec<String> = help
+        .split("Commands:")
+        .nth(1)
+        .expect("--help lists the commands")
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() > 20, "{commands:?}");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(role("orderly"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = stdout(&out);
+        for command in &commands {
+            assert!(
+                script.contains(command.as_str()),
+                "{shell} completes no {command}"
+            );
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("orderly-man-{}", uuid::Uuid::new_v4().simple()));
+    let bash = dir.with_extension("bash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(role("orderly"))
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    std::fs::write(&bash, &out.stdout).unwrap();
+    let syntax = Command::new("bash").arg("-n").arg(&bash).output().unwrap();
+    assert!(
+        syntax.status.success(),
+        "bash refuses the script: {syntax:?}"
+    );
+
+    let page = Command::new(role("orderly")).arg("man").output().unwrap();
+    assert!(page.status.success(), "{page:?}");
+    let page = stdout(&page);
+    assert!(page.contains(".TH orderly 1"), "{page}");
+    assert!(
+        page.contains("(commit "),
+        "the page names the build: {page}"
+    );
+    let out = Command::new(role("orderly"))
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    for command in &commands {
+        let file = dir.join(format!("orderly-{command}.1"));
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("no page for {command} ({}): {e}", file.display()));
+        assert!(text.contains(".SH NAME"), "{}", file.display());
+    }
+    assert!(dir.join("orderly.1").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&bash);
+}

@@ -14,7 +14,7 @@ use local::Faults;
 /// orderly-local: the whole orderly system in one process, for trying it, developing
 /// against it and measuring it.
 #[derive(Parser)]
-#[command(name = "orderly-local", version, about)]
+#[command(name = "orderly-local", version = orderly_runtime::VERSION, about)]
 struct Cli {
     /// State store for `up`: sqlite://FILE (embedded default) or
     /// postgres://USER@HOST:PORT/DB.

@@ -8,7 +8,7 @@ use orderly_remote_sim::{Sim, SimConfig};
 
 /// orderly-remote-sim: inventory, payment and shipping over HTTP, with faults.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = orderly_runtime::VERSION, about)]
 struct Args {
     /// Address to listen on.
     #[arg(long, env = "ORDERLY_SIM_LISTEN", default_value = "127.0.0.1:8080")]

@@ -14,6 +14,17 @@ pub mod telemetry;
 
 pub use telemetry::Telemetry;
 
+/// This build's version and the commit it was built from, as every binary's
+/// `--version` prints them (`0.1.0 (commit 1a2b3c4d5e6f)`): the checkout's `HEAD`, or
+/// `ORDERLY_REVISION` where the build has no `.git` (the image's build sets it), or
+/// "unknown".
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("ORDERLY_REVISION"),
+    ")"
+);
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use orderly_scheduler::{Scheduler, SchedulerConfig};
 
 /// orderly-scheduler: claims due orders and drives each through its workflow.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = orderly_runtime::VERSION, about)]
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,

@@ -5,7 +5,7 @@ use orderly_submitter::{Submitter, SubmitterConfig};
 
 /// orderly-submitter: records orders posted to the orders queue.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = orderly_runtime::VERSION, about)]
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,

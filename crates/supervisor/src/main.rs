@@ -12,7 +12,7 @@ use orderly_supervisor::{AlertWebhook, Supervisor, SupervisorConfig, WebhookConf
 /// orderly-supervisor: recovers orders whose deadline passed and publishes operator
 /// alerts, on the one instance elected leader.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = orderly_runtime::VERSION, about)]
 struct Args {
     #[command(flatten)]
     common: orderly_runtime::Common,

@@ -522,8 +522,12 @@ async fn the_image_runs_orderly_up_on_sqlite_in_its_data_directory_as_its_user()
             "the image builds {package}"
         );
     }
-    // The image's environment, as its ENV lines set it.
+    // The image's environment, as the final stage's ENV lines set it (the build
+    // stage's are the build's).
     let env_block = dockerfile
+        .rsplit("\nFROM ")
+        .next()
+        .unwrap()
         .split("\nENV ")
         .nth(1)
         .unwrap()

@@ -162,10 +162,12 @@ impl<D: Driver> ConditionStore for SqlStore<D> {
         // One statement on its own, with the dialect's now (PostgreSQL's clock unless
         // one is injected; SQLite's is always bound): no transaction around it.
         let mut conn = self.driver.acquire().await?;
-        q("INSERT INTO role_presence (role, instance, is_leader, seen_at) \
+        q(
+            "INSERT INTO role_presence (role, instance, is_leader, seen_at) \
              VALUES ($1, $2, $3, coalesce($4, CURRENT_TIMESTAMP)) \
              ON CONFLICT (role, instance) DO UPDATE SET is_leader = excluded.is_leader, \
-             seen_at = excluded.seen_at")
+             seen_at = excluded.seen_at",
+        )
         .bind(role)
         .bind(instance)
         .bind(leading)
