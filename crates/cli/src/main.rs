@@ -18,7 +18,12 @@ use triage::Filter;
 
 /// orderly: Scheduler-Agent-Supervisor order processing.
 #[derive(Parser)]
-#[command(name = "orderly", version = orderly_runtime::VERSION, about)]
+#[command(
+    name = "orderly",
+    version = orderly_runtime::VERSION,
+    about,
+    after_help = EXIT_CODES
+)]
 struct Cli {
     /// State store: sqlite://FILE (embedded default) or postgres://USER@HOST:PORT/DB.
     #[arg(
@@ -38,6 +43,12 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// What every command's exit code means (docs/running.md, "Exit codes").
+const EXIT_CODES: &str = "Exit codes: 0 done; 1 the command failed (why on stderr: a store \
+    or broker that cannot be reached, an operation refused, orders posted with --wait that \
+    did not complete); 2 the command line or a setting was refused (named on stderr). \
+    demo, up and bench exit as orderly-local does.";
 
 /// Which transport's queues a queue command looks at.
 #[derive(clap::Args, Debug)]

@@ -1492,3 +1492,29 @@ fn completions_and_manual_pages_cover_every_command() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&bash);
 }
+
+/// The exit codes `orderly --help` and docs/running.md promise: 0 done, 1 the command
+/// failed (why on stderr), 2 the command line refused (named on stderr).
+#[test]
+fn exit_codes_are_the_documented_ones() {
+    let db = Db::new();
+    let help = db.orderly(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(stdout(&help).contains("Exit codes: 0 done; 1 the command failed"));
+    let running = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/running.md"),
+    )
+    .unwrap();
+    assert!(running.contains("Exit codes, the same for `orderly` and every role binary"));
+
+    let refused = db.orderly(&["list", "--limit", "x"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--limit"));
+
+    let failed = db.orderly(&["show", "3f2c7a0e-1111-4222-8333-444455556666"]);
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("not found"));
+
+    let done = db.orderly(&["counts"]);
+    assert_eq!(done.status.code(), Some(0), "{done:?}");
+}
