@@ -1398,15 +1398,7 @@ fn every_binary_names_the_commit_it_was_built_from() {
         .expect("git runs");
     assert!(head.status.success(), "the tests run in a git checkout");
     let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
-    for name in [
-        "orderly",
-        "orderly-local",
-        "orderly-submitter",
-        "orderly-scheduler",
-        "orderly-agent",
-        "orderly-supervisor",
-        "orderly-remote-sim",
-    ] {
+    for name in procs::BINARIES {
         let out = Command::new(role(name)).arg("--version").output().unwrap();
         assert!(out.status.success(), "{name} --version: {out:?}");
         let version = stdout(&out);

@@ -42,21 +42,13 @@ fn read(rel: &str) -> String {
 
 /// The binaries the image holds, with their `--help` (which lists every `[env: ...]`).
 fn binaries() -> BTreeMap<&'static str, String> {
-    [
-        "orderly",
-        "orderly-local",
-        "orderly-submitter",
-        "orderly-scheduler",
-        "orderly-agent",
-        "orderly-supervisor",
-        "orderly-remote-sim",
-    ]
-    .into_iter()
-    .map(|b| {
-        let out = Command::new(bin(b)).arg("--help").output().unwrap();
-        (b, String::from_utf8_lossy(&out.stdout).into_owned())
-    })
-    .collect()
+    crate::procs::BINARIES
+        .into_iter()
+        .map(|b| {
+            let out = Command::new(bin(b)).arg("--help").output().unwrap();
+            (b, String::from_utf8_lossy(&out.stdout).into_owned())
+        })
+        .collect()
 }
 
 /// `--help` of `binary`, or of `orderly SUB` for the operators' tool.

@@ -10,6 +10,18 @@ use std::time::{Duration, Instant};
 
 use orderly_testkit::azurite::Azurite;
 
+/// Every binary the workspace builds and the image holds: the operators' tool, the
+/// local runner, each role and the remote-service simulator.
+pub(crate) const BINARIES: [&str; 7] = [
+    "orderly",
+    "orderly-local",
+    "orderly-submitter",
+    "orderly-scheduler",
+    "orderly-agent",
+    "orderly-supervisor",
+    "orderly-remote-sim",
+];
+
 /// A binary of ours (`orderly`, `orderly-local`, each role's), from the target
 /// directory this test was built in. The first call in a process builds the workspace's
 /// binaries (`cargo build --workspace --bins`, a no-op when they are up to date), so a

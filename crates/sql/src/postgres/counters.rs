@@ -197,14 +197,11 @@ pub async fn begin_counting(url: &str) -> Result<bool> {
         .execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         .await
         .is_ok();
-    for table in own_tables(&mut conn).await? {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {table} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
-        )))
-        .execute(&mut conn)
-        .await
-        .map_err(db)?;
-    }
+    alter_every_table(
+        &mut conn,
+        "SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)",
+    )
+    .await?;
     let _ = conn.close().await;
     Ok(readable)
 }
@@ -214,14 +211,11 @@ pub async fn begin_counting(url: &str) -> Result<bool> {
 pub async fn end_counting(url: &str) -> Result<()> {
     use sqlx::Connection;
     let mut conn = counting_connection(url).await?;
-    for table in own_tables(&mut conn).await? {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {table} RESET (autovacuum_enabled, toast.autovacuum_enabled)"
-        )))
-        .execute(&mut conn)
-        .await
-        .map_err(db)?;
-    }
+    alter_every_table(
+        &mut conn,
+        "RESET (autovacuum_enabled, toast.autovacuum_enabled)",
+    )
+    .await?;
     let _ = conn.close().await;
     Ok(())
 }
@@ -313,13 +307,19 @@ async fn log_position(conn: &mut PgConnection) -> Result<i64> {
         .map_err(db)
 }
 
-/// The database's own tables, quoted for a statement.
-async fn own_tables(conn: &mut PgConnection) -> Result<Vec<String>> {
-    sqlx::query_scalar(
-        "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables \
-         ORDER BY 1",
+/// `ALTER TABLE t {change}` for every table of the database's own.
+async fn alter_every_table(conn: &mut PgConnection, change: &str) -> Result<()> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables ORDER BY 1",
     )
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await
-    .map_err(db)
+    .map_err(db)?;
+    for table in tables {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ALTER TABLE {table} {change}")))
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
 }
