@@ -215,7 +215,13 @@ pub async fn serve_counting(
                 req
             },
         ));
-        let (stream, stalled) = Watched::new(stream);
+        let (stream, stalled) = Watched::new(
+            stream,
+            Place {
+                _all: permit,
+                _client: client_slot,
+            },
+        );
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
@@ -223,7 +229,6 @@ pub async fn serve_counting(
         let conn = graceful.watch(conn);
         let write_timeout = limits.write_timeout;
         tokio::spawn(async move {
-            let (_permit, _client_slot) = (permit, client_slot);
             tokio::select! {
                 ended = conn => if let Err(e) = ended {
                     tracing::debug!(listener = what, %peer, error = %e, "connection ended");
@@ -336,18 +341,30 @@ impl Stalled {
     }
 }
 
+/// A connection's place among those served: in all, and from its client's address.
+struct Place {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _client: ClientSlot,
+}
+
 /// A connection whose writes are watched: [`Stalled`] says since when one waits for
-/// the client to read.
+/// the client to read. It holds the connection's [`Place`] and gives it back before
+/// the client can see the connection end (before the shutdown of its writes, or the
+/// close): a client that connects again once it sees the close finds its place free.
+/// Given back after, on a busy machine a client at its cap was refused on the next
+/// connection, then counted one short a moment later.
 struct Watched {
+    place: Option<Place>,
     inner: tokio::net::TcpStream,
     stalled: Stalled,
 }
 
 impl Watched {
-    fn new(inner: tokio::net::TcpStream) -> (Self, Stalled) {
+    fn new(inner: tokio::net::TcpStream, place: Place) -> (Self, Stalled) {
         let stalled = Stalled::default();
         (
             Self {
+                place: Some(place),
                 inner,
                 stalled: stalled.clone(),
             },
@@ -409,7 +426,15 @@ impl tokio::io::AsyncWrite for Watched {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        self.place = None;
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // Before the socket closes (the fields are dropped after this).
+        self.place = None;
     }
 }
 
@@ -589,5 +614,74 @@ mod tests {
                 .write_timeout,
             Duration::from_secs(1)
         );
+    }
+
+    /// A connection's place is free before its client can see the end: before the
+    /// shutdown of the server's writes, and before the close of a connection cut.
+    #[tokio::test]
+    async fn a_connections_place_is_given_back_before_its_end_shows() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let all = Arc::new(tokio::sync::Semaphore::new(1));
+        let clients = Clients::new(1);
+        let ip = addr.ip();
+        for shut in [true, false] {
+            let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
+            let place = Place {
+                _all: all.clone().try_acquire_owned().unwrap(),
+                _client: clients.take(ip).unwrap(),
+            };
+            let (mut watched, _) = Watched::new(stream, place);
+            assert!(clients.take(ip).is_none(), "held while open");
+            assert_eq!(all.available_permits(), 0);
+            // Without the shutdown, dropping the stream closes it: one or the other
+            // is the first sign of the end the client gets.
+            if shut {
+                watched.shutdown().await.unwrap();
+                assert!(clients.take(ip).is_some(), "free once shut");
+                assert_eq!(all.available_permits(), 1);
+            }
+            drop(watched);
+            assert!(clients.take(ip).is_some(), "free once closed");
+            assert_eq!(all.available_permits(), 1);
+        }
+    }
+
+    /// A client that has seen its connection closed may connect again at once: the
+    /// connection's place (per address and in all) is given back before the client can
+    /// see the close. Before, it was given back after, so a client at its cap that
+    /// connected again on seeing the close was sometimes refused (or, counted one
+    /// short, let past its cap a moment later).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_counts_no_more_once_its_client_sees_it_closed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 1,
+            max_connections_per_client: 1,
+            ..Limits::default()
+        };
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, app, limits, "test", shutdown.clone()));
+        for round in 0..200 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = Vec::new();
+            // A refused connection is closed at once (or reset): nothing read.
+            let _ = s.read_to_end(&mut answer).await;
+            assert!(
+                answer.starts_with(b"HTTP/1.1 200"),
+                "round {round}: {:?}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        shutdown.cancel();
+        server.await.unwrap();
     }
 }
