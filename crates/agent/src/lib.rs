@@ -306,16 +306,28 @@ impl Agent {
             info!(queues = ?self.cfg.queues.iter().map(QueueName::as_str).collect::<Vec<_>>(), fleet = self.fleet.is_some(), "agent started");
             if let Some(fleet) = self.fleet.clone() {
                 let shutdown = shutdown.clone();
+                let clock = self.clock.clone();
                 tokio::spawn(async move {
-                    let mut every = tokio::time::interval(fleet.cfg.refresh);
-                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    // Read again when the services are written, when a probe comes due
+                    // or after the view's safety poll, at most every `refresh`; every
+                    // `refresh` where the store does not hear the writes.
+                    let poll = fleet.cfg.refresh;
+                    let mut seen = 0;
                     loop {
+                        let read_at = tokio::time::Instant::now();
+                        let read = fleet.view.refresh().await;
+                        if let Err(e) = &read {
+                            debug!(error = %e, "cannot read the fleet's view of the services");
+                        }
+                        let news = async {
+                            if read.is_ok() {
+                                fleet.view.wait_for_news(&mut seen, poll, clock.now()).await;
+                            }
+                            tokio::time::sleep_until(read_at + poll).await;
+                        };
                         tokio::select! {
                             () = shutdown.cancelled() => break,
-                            _ = every.tick() => {}
-                        }
-                        if let Err(e) = fleet.view.refresh().await {
-                            debug!(error = %e, "cannot read the fleet's view of the services");
+                            () = news => {}
                         }
                     }
                 });

@@ -431,6 +431,16 @@ pub trait ServiceStore: Send + Sync {
     /// recovery) become claimable again at its resume rate. Returns how many.
     async fn resume_waiting(&self, service: &str, by: &str) -> Result<u64>;
 
+    /// Waits until the services' rows may have been written since `*seen` (a count
+    /// this updates; 0 at first), or `longest` passes. A store that hears every such
+    /// write (this process's, and other processes' while it hears them) waits up to
+    /// `longest`; one that does not, or whose clock is injected, `poll`. This default
+    /// hears nothing.
+    async fn services_written(&self, seen: &mut u64, poll: Duration, longest: Duration) {
+        let _ = (seen, longest);
+        tokio::time::sleep(poll).await;
+    }
+
     /// Publishes the start (`ended = false`) or the end of outage number `outage` of
     /// `service`: marks it published and enqueues `sends` (the alert) in one
     /// transaction, refused ([`crate::Error::Deposed`]) unless `leader`'s term is the
@@ -501,9 +511,36 @@ impl ServiceAlert {
     }
 }
 
-/// One process's copy of the fleet's view of its services, read from the store every
-/// so often ([`ServiceView::refresh`]) and updated at once by what this process itself
-/// reports. Reading it costs no round trip: it is what schedulers consult before each
+/// The longest a view waits before reading the services again while the store hears
+/// every write to them: a safety net, for a wake-up that was lost or a write by a
+/// version that sends none.
+pub const SERVICES_SAFETY_POLL: Duration = Duration::from_secs(30);
+
+/// How long a view of `services` may go unread at `now` while every write to them is
+/// heard: until the next probe of a service that is down comes due, at most
+/// [`SERVICES_SAFETY_POLL`]; `poll` while one is due and not yet let through.
+fn quiet_for<'a>(
+    services: impl IntoIterator<Item = &'a ServiceHealth>,
+    poll: Duration,
+    now: DateTime<Utc>,
+) -> Duration {
+    let next_probe = services
+        .into_iter()
+        .filter(|h| h.state != ServiceState::Up)
+        .filter_map(|h| h.retry_at)
+        .min();
+    match next_probe {
+        None => SERVICES_SAFETY_POLL,
+        Some(at) => match (at - now).to_std() {
+            Ok(until) if !until.is_zero() => until.min(SERVICES_SAFETY_POLL),
+            _ => poll,
+        },
+    }
+}
+
+/// One process's copy of the fleet's view of its services, read from the store when
+/// they were written ([`ServiceView::wait_for_news`], [`ServiceView::refresh`]) and
+/// updated at once by what this process itself reports. Reading it costs no round trip: it is what schedulers consult before each
 /// request they send, and agents before each call.
 pub struct ServiceView {
     store: std::sync::Arc<dyn ServiceStore>,
@@ -541,6 +578,18 @@ impl ServiceView {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = std::sync::Arc::new(map);
         Ok(())
+    }
+
+    /// Waits until the view should be read again: a write to the services since
+    /// `*seen` (a count this updates; 0 at first), the next probe of a service that is
+    /// down coming due at `now`'s clock, or [`SERVICES_SAFETY_POLL`]. Where the store
+    /// does not hear the writes (or its clock is injected), `poll`; while a probe is
+    /// due and not yet let through, `poll` too. Before, every view was read every
+    /// `poll` (each agent every second, each scheduler twice a second) whether or not
+    /// anything had changed.
+    pub async fn wait_for_news(&self, seen: &mut u64, poll: Duration, now: DateTime<Utc>) {
+        let longest = quiet_for(self.snapshot().values(), poll, now);
+        self.store.services_written(seen, poll, longest).await;
     }
 
     /// Every service as last read.
@@ -614,6 +663,29 @@ mod tests {
         assert_eq!(again.health.outage, 1);
         assert_eq!(again.health.retry_at, Some(at(15)));
         assert_eq!(again.health.last_error.as_deref(), Some("timeout"));
+    }
+
+    #[test]
+    fn a_view_goes_unread_until_the_next_probe_is_due_at_most_its_safety_poll() {
+        let poll = Duration::from_millis(500);
+        let up = ServiceHealth::up("inventory", at(0));
+        assert_eq!(quiet_for([&up], poll, at(0)), SERVICES_SAFETY_POLL);
+        // Down at 10, its probe due at 15: read again then.
+        let down = up.after_failure(at(10), "503", "agent-1", &policy()).health;
+        assert_eq!(
+            quiet_for([&up, &down], poll, at(11)),
+            Duration::from_secs(4)
+        );
+        // Due and not yet let through: the poll, until a scheduler lets it through.
+        assert_eq!(quiet_for([&down], poll, at(15)), poll);
+        assert_eq!(quiet_for([&down], poll, at(16)), poll);
+        // Probing: read again when the probe would be given up on.
+        let probing = down.probing(at(15), "scheduler-1");
+        assert_eq!(quiet_for([&probing], poll, at(15)), PROBE_WAIT);
+        // A probe far off: the safety poll.
+        let mut later = down.clone();
+        later.retry_at = Some(at(600));
+        assert_eq!(quiet_for([&later], poll, at(11)), SERVICES_SAFETY_POLL);
     }
 
     #[test]

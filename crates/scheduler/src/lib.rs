@@ -490,20 +490,34 @@ impl Scheduler {
     }
 
     /// Reads the fleet's view of the services, and lets the probes go that are due,
-    /// every `service_watch` until `shutdown`.
+    /// until `shutdown`: again when the services are written, when the next probe
+    /// comes due, or after the view's safety poll (`ServiceView::wait_for_news`), at
+    /// most every `service_watch`; every `service_watch` where the store does not hear
+    /// the writes.
     async fn watch_loop(self, shutdown: CancellationToken) {
-        if self.services.is_none() {
+        let Some(view) = self.services.clone() else {
             return;
-        }
-        let mut every = tokio::time::interval(self.cfg.service_watch);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        };
+        let poll = self.cfg.service_watch;
+        let mut seen = 0;
         loop {
+            let read_at = tokio::time::Instant::now();
+            let next = match self.watch_services().await {
+                Ok(()) => Some(self.clock.now()),
+                Err(e) => {
+                    debug!(error = %e, "cannot read the services' health; trying again");
+                    None
+                }
+            };
+            let news = async {
+                if let Some(now) = next {
+                    view.wait_for_news(&mut seen, poll, now).await;
+                }
+                tokio::time::sleep_until(read_at + poll).await;
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = every.tick() => {}
-            }
-            if let Err(e) = self.watch_services().await {
-                debug!(error = %e, "cannot read the services' health; trying again");
+                () = news => {}
             }
         }
     }

@@ -43,6 +43,44 @@ where
     Fut: Future<Output = T> + Send,
     T: Send + 'static,
 {
+    in_schema(move |options| async move {
+        let clock = ManualClock::new(start);
+        let time = TimeSource::Clock(Arc::new(clock.clone()));
+        let store = crate::PgStore::connect(options, 2, time)
+            .await
+            .expect("the test schema migrates");
+        test(store, clock).await
+    })
+    .await
+}
+
+/// Runs `test` on two PostgreSQL stores of one new schema on the database's clock,
+/// each with wake-ups of its own: two processes, as far as either can tell.
+pub(crate) async fn on_postgres_as_two<F, Fut, T>(test: F) -> T
+where
+    F: FnOnce(crate::PgStore, crate::PgStore) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send,
+    T: Send + 'static,
+{
+    in_schema(move |options| async move {
+        let one = crate::PgStore::connect(options.clone(), 2, TimeSource::Database)
+            .await
+            .expect("the test schema migrates");
+        let two = crate::PgStore::connect(options, 2, TimeSource::Database)
+            .await
+            .expect("a second store opens");
+        test(one, two).await
+    })
+    .await
+}
+
+/// Runs `test` with the options of a new schema, dropped whether it passes or not.
+async fn in_schema<F, Fut, T>(test: F) -> T
+where
+    F: FnOnce(sqlx::postgres::PgConnectOptions) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
     let url = postgres_url();
     let admin = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
         panic!(
@@ -58,15 +96,7 @@ where
     let options = sqlx::postgres::PgConnectOptions::from_str(&url)
         .expect("the test URL parses")
         .options([("search_path", schema.as_str())]);
-    let run = tokio::spawn(async move {
-        let clock = ManualClock::new(start);
-        let time = TimeSource::Clock(Arc::new(clock.clone()));
-        let store = crate::PgStore::connect(options, 2, time)
-            .await
-            .expect("the test schema migrates");
-        test(store, clock).await
-    })
-    .await;
+    let run = tokio::spawn(test(options)).await;
     let drop = format!("DROP SCHEMA {schema} CASCADE");
     let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&admin).await;
     match run {

@@ -104,6 +104,9 @@ pub(crate) struct Wakeups {
     /// Orders became claimable: one waiting scheduler is woken, and the count tells a
     /// scheduler that was busy claiming when it happened not to wait for the next one.
     pub claims: QueueSignal,
+    /// The services' rows were written (a service went down, is probed or is up
+    /// again): every view of them reads them again.
+    pub services: QueueSignal,
     /// Signalled after each commit that wrote to the outbox (a permit is kept when no
     /// relay waits, so a write during a relay pass is not missed).
     pub outbox: Notify,
@@ -133,6 +136,7 @@ impl Wakeups {
             origin: uuid::Uuid::new_v4().simple().to_string(),
             sends: 0.into(),
             claims: QueueSignal::default(),
+            services: QueueSignal::default(),
             outbox: Notify::new(),
             settings: Mutex::default(),
         }
@@ -220,6 +224,8 @@ impl Wakeups {
         };
         if what == CLAIMABLE {
             self.wake_claimers();
+        } else if what == SERVICES {
+            self.services.anything();
         } else {
             self.wake(what);
         }
@@ -249,6 +255,7 @@ impl Wakeups {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         queues.values().for_each(|n| n.anything());
         self.claims.anything();
+        self.services.anything();
     }
 }
 
@@ -256,8 +263,11 @@ impl Wakeups {
 /// Pending): not a queue name (those cannot start with `#`).
 pub(crate) const CLAIMABLE: &str = "#claimable";
 
-/// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue, or
-/// [`CLAIMABLE`]).
+/// The notification that the services' rows were written.
+pub(crate) const SERVICES: &str = "#services";
+
+/// The notification channel for sends (PostgreSQL `NOTIFY`; payload: the queue,
+/// [`CLAIMABLE`] or [`SERVICES`]).
 pub(crate) const CHANNEL: &str = "orderly_queue_sends";
 
 #[derive(Debug, Clone, Copy)]

@@ -127,6 +127,9 @@ async fn watch_on(
                 Ok(filled) => filled.iter().for_each(|what| w.heard(what)),
                 Err(e) => return ControlFlow::Continue(e),
             }
+            // Which tables another process wrote is not known: the views of the
+            // services read them again (each at most once per its poll interval).
+            w.services.anything();
         }
         others
             .reads

@@ -26,6 +26,8 @@ mod operator;
 mod retention;
 mod scheduler;
 mod services;
+#[cfg(test)]
+mod services_news_tests;
 mod steps;
 mod supervisor;
 

@@ -49,6 +49,28 @@ const PARK: &str = "UPDATE order_state SET process_state = 'Pending', locked_by 
     AND process_state = 'Processing' AND complete_by > $5 AND ($7 < 0 OR current_step = $7)";
 
 impl<D: Driver> SqlStore<D> {
+    /// Commits a transaction that wrote a service's row so that every view of the
+    /// services hears of it: other processes' at commit (PostgreSQL `NOTIFY`; SQLite's
+    /// watcher hears any commit), this process's right after. `claimable`: it made
+    /// orders claimable as well.
+    async fn commit_services(
+        &self,
+        mut tx: D::Tx,
+        now: DateTime<Utc>,
+        claimable: bool,
+    ) -> Result<()> {
+        D::notify_sent(&mut tx, &self.wakeups.notice(crate::wakeups::SERVICES))
+            .await
+            .map_err(db)?;
+        if claimable {
+            self.commit_claimable(tx, now, &[]).await?;
+        } else {
+            D::commit(tx).await.map_err(db)?;
+        }
+        self.wakeups.services.anything();
+        Ok(())
+    }
+
     /// The row of `service`, locked against other writers until the transaction ends
     /// (created Up first if it has none).
     async fn lock_service(
@@ -284,7 +306,14 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
         let current = Self::lock_service(&mut tx, service, now).await?;
         let reported = current.after_failure(now, error, by.as_str(), policy);
         Self::write_service(&mut tx, &reported.health).await?;
-        D::commit(tx).await.map_err(db)?;
+        // A failure reported again while down changes only the last error: no view
+        // needs reading again for it.
+        let h = &reported.health;
+        if (h.state, h.retry_at, h.outage) == (current.state, current.retry_at, current.outage) {
+            D::commit(tx).await.map_err(db)?;
+        } else {
+            self.commit_services(tx, now, false).await?;
+        }
         Ok(reported)
     }
 
@@ -299,11 +328,7 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
         };
         Self::write_service(&mut tx, &health).await?;
         let (resumed, last_at) = Self::resume_all(&mut tx, &health, now, by).await?;
-        if resumed > 0 {
-            self.commit_claimable(tx, now, &[]).await?;
-        } else {
-            D::commit(tx).await.map_err(db)?;
-        }
+        self.commit_services(tx, now, resumed > 0).await?;
         health.waiting = 0;
         Ok(Some(Restored {
             health,
@@ -331,7 +356,7 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
             .map(|r| Cols(&r).get::<String>("order_id"))
             .transpose()?;
         let Some(id) = oldest else {
-            D::commit(tx).await.map_err(db)?;
+            self.commit_services(tx, now, false).await?;
             return Ok(Some(None));
         };
         let reason = format!(
@@ -343,7 +368,7 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
                 .unwrap_or_default()
         );
         Self::end_wait(&mut tx, std::slice::from_ref(&id), now, now, by, &reason).await?;
-        self.commit_claimable(tx, now, &[]).await?;
+        self.commit_services(tx, now, true).await?;
         let id = OrderId::parse(id).map_err(|e| crate::error::corrupt("order_id", e))?;
         Ok(Some(Some(id)))
     }
@@ -364,6 +389,32 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
             D::commit(tx).await.map_err(db)?;
         }
         Ok(resumed)
+    }
+
+    async fn services_written(
+        &self,
+        seen: &mut u64,
+        poll: std::time::Duration,
+        longest: std::time::Duration,
+    ) {
+        let signal = &self.wakeups.services;
+        let woken = signal.notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if signal.sent() == *seen {
+            self.driver.start_listening(&self.wakeups);
+            let hearing = self
+                .wakeups
+                .hearing
+                .load(std::sync::atomic::Ordering::Acquire);
+            let wait = if hearing && !self.driver.clock_injected() {
+                longest
+            } else {
+                poll
+            };
+            let _ = tokio::time::timeout(wait, woken).await;
+        }
+        *seen = signal.sent();
     }
 
     async fn mark_outage_published(
