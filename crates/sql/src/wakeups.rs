@@ -20,11 +20,21 @@ pub(crate) struct QueueSignal {
     /// `sent` as it was when the latest look began: that look takes everything it can
     /// see or, when it cannot, wakes another receiver.
     answered: std::sync::atomic::AtomicU64,
-    /// When the latest look of this process began: messages that come back without a
-    /// send (a lock that ran out, a scheduled time reached) need one look a poll
-    /// interval, not one per receiver.
-    last_look: Mutex<Option<tokio::time::Instant>>,
+    /// Until when no look of this process is needed but for a send: a poll interval
+    /// after the latest look began or, after one that found nothing while sends are
+    /// heard, until the queue's next message comes due by the clock alone (a lock that
+    /// runs out, a scheduled time), at most [`QUEUE_SAFETY_POLL`]. Messages that come
+    /// back without a send need one look then, not one per receiver.
+    quiet_until: Mutex<Option<tokio::time::Instant>>,
 }
+
+/// The longest an idle queue goes without a look while sends to it are heard and the
+/// look before found nothing: a safety net, for a wake-up that was lost or a change by
+/// a version that sends none, and the longest a listener that died without a word
+/// (its silence is noticed after 30 s) leaves sends unheard. Messages that come back
+/// by the clock (a lock that ran out, a scheduled time) are looked for when they come
+/// due.
+pub(crate) const QUEUE_SAFETY_POLL: Duration = Duration::from_secs(5);
 
 impl Default for QueueSignal {
     fn default() -> Self {
@@ -33,7 +43,7 @@ impl Default for QueueSignal {
             notify: Notify::new(),
             sent: 1.into(),
             answered: 0.into(),
-            last_look: Mutex::new(None),
+            quiet_until: Mutex::new(None),
         }
     }
 }
@@ -46,21 +56,29 @@ impl QueueSignal {
 
     /// A look began when `sent` was `before`: it takes all it can see, or wakes another
     /// receiver when it cannot.
-    pub(crate) fn look_began(&self, before: u64) {
+    /// A look began when `sent` was `before`: no other look is needed for a poll
+    /// interval (`poll`) but for a send.
+    pub(crate) fn look_began(&self, before: u64, poll: Duration) {
         self.answered
             .fetch_max(before, std::sync::atomic::Ordering::AcqRel);
-        *self
-            .last_look
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tokio::time::Instant::now());
+        self.quiet_until(tokio::time::Instant::now() + poll);
     }
 
-    /// A look began less than `within` ago.
-    pub(crate) fn looked_within(&self, within: Duration) -> bool {
-        self.last_look
+    /// No look is needed until `at` but for a send.
+    pub(crate) fn quiet_until(&self, at: tokio::time::Instant) {
+        *self
+            .quiet_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(at);
+    }
+
+    /// How long until a look is needed but for a send (zero: now; `None`: no look
+    /// was made yet).
+    pub(crate) fn quiet_left(&self) -> Option<Duration> {
+        self.quiet_until
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .is_some_and(|at| at.elapsed() < within)
+            .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
     }
 
     /// Nothing was sent since the latest look began.

@@ -29,6 +29,11 @@ pub(crate) struct Statements {
     /// (`$1` the dialect's now parameter), so a scheduler that found nothing to claim
     /// knows how long it may wait for the clock alone.
     pub next_claimable: &'static str,
+    /// When queue `$1`'s next message comes due: one row, `due` (the earliest
+    /// `visible_at` of its messages, NULL without any) and `now` (`$2` the dialect's
+    /// now parameter), so a receiver that found nothing knows how long it may wait for
+    /// the clock alone (a lock that runs out, a scheduled time).
+    pub next_visible: &'static str,
     /// The timed-out orders of a sweep (`$1` now, `$2` limit), locked where the
     /// dialect can, with what a recovery decision needs.
     pub lock_expired: &'static str,

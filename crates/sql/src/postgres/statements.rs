@@ -19,6 +19,7 @@ pub(crate) const SQL: Statements = Statements {
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,
+    next_visible: NEXT_VISIBLE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement {
         alone: Q_RECEIVE,
@@ -501,6 +502,11 @@ const EXPIRED_SELECT: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
 pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, \
     coalesce($1::timestamptz, now()) AS now FROM order_state \
     WHERE process_state = 'Pending' AND locked_by IS NULL";
+
+/// See [`crate::driver::Statements::next_visible`] (`queue_messages_ready` gives the
+/// minimum).
+pub(crate) const NEXT_VISIBLE: &str = "SELECT min(visible_at) AS due, \
+    coalesce($2::timestamptz, now()) AS now FROM queue_messages WHERE queue = $1";
 
 pub(crate) const FIND_EXPIRED: &str = concatcp!(
     EXPIRED_SELECT,

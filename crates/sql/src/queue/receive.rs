@@ -133,12 +133,15 @@ impl<D: Driver> SqlStore<D> {
     /// look answers, it waits again. It skips only while other processes' sends are
     /// heard too (PostgreSQL's `LISTEN`, SQLite's watcher); while they are not, every
     /// receive begins with a look. Messages that come back without a send (a lock that
-    /// ran out, a scheduled time reached) are found by the poll: at the poll or the end
-    /// of its wait a receiver looks unless a look of the queue in this process began
-    /// less than a poll interval ago, so an idle queue costs one look a poll interval
-    /// however many receivers wait on it and however short their waits (a receive may
-    /// then end with no look of its own). One that took a whole batch wakes another
-    /// receiver: more may be there.
+    /// ran out, a scheduled time reached) are looked for when they come due: after a
+    /// look that found nothing, while sends are heard, the store says when the queue's
+    /// next message comes due, and no look is needed until then (at most
+    /// [`QUEUE_SAFETY_POLL`](crate::wakeups::QUEUE_SAFETY_POLL)); otherwise a poll
+    /// interval after any look. At the end of that quiet or of its wait a receiver
+    /// looks unless a look of the queue in this process pushed the quiet on, so an idle
+    /// queue costs one look a quiet however many receivers wait on it and however
+    /// short their waits (a receive may then end with no look of its own). One that
+    /// took a whole batch wakes another receiver: more may be there.
     pub(crate) async fn until_found<T, E, F, Fut>(
         &self,
         queue: &QueueName,
@@ -171,7 +174,8 @@ impl<D: Driver> SqlStore<D> {
                 // nothing: a statement, on the take-and-act path a transaction, for
                 // nothing). A look that cannot answer them all, having taken a whole
                 // batch or failed, wakes another receiver.
-                signal.look_began(signal.sent());
+                signal.look_began(signal.sent(), self.wakeups.poll);
+                let began = tokio::time::Instant::now();
                 match look().await {
                     Ok(Some((found, true))) => return Ok(Some(found)),
                     Ok(Some((found, false))) => {
@@ -187,22 +191,65 @@ impl<D: Driver> SqlStore<D> {
                 if tokio::time::Instant::now() >= deadline {
                     return Ok(None);
                 }
+                // Found nothing, and will wait: until the next message comes due
+                // by the clock, where that is known.
+                if let Some(quiet) = self.queue_quiet_for(queue).await {
+                    signal.quiet_until(began + quiet);
+                }
             }
             self.driver.start_listening(&self.wakeups);
             let nap = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
-                .min(self.wakeups.poll);
+                .min(signal.quiet_left().unwrap_or(self.wakeups.poll));
             let by_send = tokio::time::timeout(nap, woken).await.is_ok();
             let ended = tokio::time::Instant::now() >= deadline;
             // Woken for a send that a look begun since then answers (another
             // receiver's, running or done): nothing here, wait for the next. Woken by
             // the poll or the end of the wait: look, unless nothing was sent since a
-            // look of this queue that began within the poll interval.
-            let recent = answered() && signal.looked_within(self.wakeups.poll);
+            // look of this queue since which no look is needed yet.
+            let recent = answered() && signal.quiet_left().is_some_and(|left| !left.is_zero());
             if ended && !by_send && recent {
                 return Ok(None);
             }
             skip = !ended && answered() && (by_send || recent);
+        }
+    }
+
+    /// How long after a look that found nothing in `queue` no other is needed but for
+    /// a send: until its next message comes due (a lock that runs out, a scheduled
+    /// time), at most [`QUEUE_SAFETY_POLL`](crate::wakeups::QUEUE_SAFETY_POLL). `None`
+    /// (a poll interval, as after any look) while other processes' sends are not
+    /// heard, while the clock is injected, while a message is due now that the look
+    /// did not take, or when the store cannot tell.
+    async fn queue_quiet_for(&self, queue: &QueueName) -> Option<Duration> {
+        let hearing = self
+            .wakeups
+            .hearing
+            .load(std::sync::atomic::Ordering::Acquire);
+        if !hearing || self.driver.clock_injected() {
+            return None;
+        }
+        let due = async {
+            let mut conn = self.driver.acquire().await?;
+            let row = q(D::SQL.next_visible)
+                .bind(queue.as_str())
+                .bind(self.driver.now_param())
+                .fetch_one::<D>(&mut conn)
+                .await
+                .map_err(crate::error::db)?;
+            let c = crate::rows::Cols(&row);
+            Ok::<_, orderly_core::Error>((c.opt_ts("due")?, c.ts("now")?))
+        };
+        match due.await {
+            Ok((None, _)) => Some(crate::wakeups::QUEUE_SAFETY_POLL),
+            Ok((Some(due), now)) => match (due - now).to_std() {
+                Ok(until) if !until.is_zero() => Some(until.min(crate::wakeups::QUEUE_SAFETY_POLL)),
+                _ => None,
+            },
+            Err(e) => {
+                tracing::debug!(queue = %queue, error = %e, "cannot tell when the queue's next message comes due");
+                None
+            }
         }
     }
 
@@ -348,6 +395,12 @@ impl<D: Driver> SqlStore<D> {
             q(Q_DELETE)
                 .bind(message.sequence_number)
                 .execute::<D>(&mut tx)
+                .await
+                .map_err(db)?;
+        }
+        if sql == Q_ABANDON {
+            // Visible again now: other processes' receivers hear of it at commit.
+            D::notify_sent(&mut tx, &self.wakeups.notice(message.queue.as_str()))
                 .await
                 .map_err(db)?;
         }

@@ -66,18 +66,18 @@ fn sends_count_as_answered_only_until_the_next_send() {
     let s = QueueSignal::default();
     assert!(!s.all_answered(), "the first look is always made");
     let before = s.sent();
-    s.look_began(before);
+    s.look_began(before, Duration::from_secs(1));
     assert!(s.all_answered());
     // A send committed after a look began: the look may not have seen it.
     let before = s.sent();
     s.sent_one();
-    s.look_began(before);
+    s.look_began(before, Duration::from_secs(1));
     assert!(!s.all_answered());
     let before = s.sent();
-    s.look_began(before);
+    s.look_began(before, Duration::from_secs(1));
     assert!(s.all_answered());
     // A look that read the count earlier, marking last, does not undo a later one.
-    s.look_began(before - 1);
+    s.look_began(before - 1, Duration::from_secs(1));
     assert!(s.all_answered());
     s.anything();
     assert!(!s.all_answered());
@@ -85,11 +85,12 @@ fn sends_count_as_answered_only_until_the_next_send() {
 
 /// A store whose receives may skip a look, as while other processes' sends are heard
 /// (PostgreSQL's `LISTEN` stands, a SQLite file's watcher runs), on the paused clock;
-/// and its queue.
+/// and its queue. Its store clock is injected, so an empty look is followed by a poll
+/// interval's quiet, as while nothing is heard: the store is not asked when the next
+/// message comes due (that real time is
+/// `a_receiver_that_found_nothing_waits_for_a_send_or_the_next_message_due`).
 async fn hearing_store() -> (crate::SqliteStore, QueueName) {
-    let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
-        .await
-        .unwrap();
+    let (store, _clock) = crate::testing::sqlite_at(chrono::Utc::now()).await;
     store
         .wakeups
         .hearing
@@ -249,4 +250,55 @@ async fn idle_receivers_with_short_waits_share_one_look_a_poll_interval() {
     assert!(!drive(both.as_mut(), Duration::from_millis(1)).await);
     assert_eq!(found.load(Ordering::Relaxed), 2);
     assert_eq!(looks.load(Ordering::Relaxed), seen + 1);
+}
+
+/// While other processes' sends are heard, a receiver that found nothing waits for a
+/// send or for the next message due by the clock (a scheduled time, a lock that runs
+/// out), at most the safety poll: an idle queue is not looked at every poll interval.
+#[tokio::test]
+async fn a_receiver_that_found_nothing_waits_for_a_send_or_the_next_message_due() {
+    use orderly_core::transport::{OutgoingMessage, QueueSettings, Transport};
+    let store = crate::SqliteStore::open("sqlite::memory:", orderly_core::TimeSource::Database)
+        .await
+        .unwrap();
+    store
+        .wakeups
+        .hearing
+        .store(true, std::sync::atomic::Ordering::Release);
+    let queue = QueueName::parse("replies").unwrap();
+    store
+        .declare_queue(&queue, &QueueSettings::default())
+        .await
+        .unwrap();
+    let signal = store.wakeups.of(queue.as_str());
+
+    // Empty: after its look, none is needed for the safety poll but for a send.
+    let none = store
+        .receive(&queue, 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let quiet = signal.quiet_left().expect("a look was made");
+    assert!(
+        quiet > crate::wakeups::QUEUE_SAFETY_POLL - Duration::from_secs(2),
+        "quiet for {quiet:?} only"
+    );
+
+    // A message scheduled 700 ms ahead: its send wakes the receiver, which finds it
+    // not yet visible and waits until it is, not for the safety poll.
+    let mut scheduled = OutgoingMessage::new("later", b"x".to_vec());
+    scheduled.scheduled_enqueue_time =
+        Some(chrono::Utc::now() + chrono::Duration::milliseconds(700));
+    store.send(&queue, &[scheduled]).await.unwrap();
+    let started = std::time::Instant::now();
+    let got = store
+        .receive(&queue, 10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(got.len(), 1);
+    assert!(
+        (Duration::from_millis(500)..Duration::from_secs(3)).contains(&waited),
+        "received after {waited:?}"
+    );
 }

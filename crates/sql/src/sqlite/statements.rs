@@ -49,6 +49,7 @@ pub(crate) const SQL: Statements = Statements {
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,
+    next_visible: NEXT_VISIBLE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::LookThenTake(LookThenTake {
         any_ready: Q_ANY_READY,
@@ -233,6 +234,11 @@ pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
 pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, $1 AS now \
     FROM order_state INDEXED BY order_state_claimable \
     WHERE process_state = 'Pending' AND locked_by IS NULL";
+
+/// See [`crate::driver::Statements::next_visible`] (`queue_messages_ready` gives the
+/// minimum).
+pub(crate) const NEXT_VISIBLE: &str = "SELECT min(visible_at) AS due, $2 AS now \
+    FROM queue_messages WHERE queue = $1";
 
 pub(crate) const LOCK_EXPIRED: &str = "SELECT order_id, locked_by, lock_epoch, complete_by, \
     failure_count, current_step, finish_as, \
