@@ -281,6 +281,15 @@ pub trait SupervisorStore: Send + Sync {
     /// Processing orders whose deadline has passed, most overdue first.
     async fn find_expired(&self, limit: u32) -> Result<Vec<Expired>>;
 
+    /// What a sweep has to do now, in one read: whether an order is past its deadline,
+    /// an alert is not yet published, an outage's start or end is not yet announced.
+    /// An idle sweep then costs one statement and writes nothing (the recovery's
+    /// transaction, which begins with the leader's fenced write, is not begun). This
+    /// default says everything is due.
+    async fn sweep_due(&self) -> Result<SweepDue> {
+        Ok(SweepDue::ALL)
+    }
+
     /// Recovers up to `limit` expired orders: failure count + 1 and back to Pending
     /// after a back-off, or Error at the threshold. An expiry is counted once however
     /// many supervisors race on it. Refused ([`crate::Error::Deposed`]) unless
@@ -326,6 +335,26 @@ pub trait SupervisorStore: Send + Sync {
     /// working on is skipped. Returns the tables vacuumed; none where the database
     /// reclaims as it goes (SQLite).
     async fn tidy(&self) -> Result<Vec<Vacuumed>>;
+}
+
+/// What a sweep has to do ([`SupervisorStore::sweep_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepDue {
+    /// A Processing order's deadline has passed.
+    pub expired: bool,
+    /// An alert (an order in Error) is not yet published.
+    pub alerts: bool,
+    /// A service's outage start or end is not yet announced.
+    pub outages: bool,
+}
+
+impl SweepDue {
+    /// Everything may be due.
+    pub const ALL: Self = Self {
+        expired: true,
+        alerts: true,
+        outages: true,
+    };
 }
 
 /// Looking at and repairing orders (operators).

@@ -192,7 +192,8 @@ impl Supervisor {
         alive: &(dyn Fn() + Sync),
     ) -> orderly_core::Result<Sweep> {
         let mut sweep = Sweep::default();
-        loop {
+        let due = self.store.sweep_due().await?;
+        while due.expired {
             alive();
             let recovered = self
                 .store
@@ -205,8 +206,12 @@ impl Supervisor {
                 break;
             }
         }
-        sweep.alerts = self.publish_alerts(leader, alive).await?;
-        sweep.alerts += self.publish_outages(leader).await?;
+        if due.alerts {
+            sweep.alerts = self.publish_alerts(leader, alive).await?;
+        }
+        if due.outages {
+            sweep.alerts += self.publish_outages(leader).await?;
+        }
         Ok(sweep)
     }
 

@@ -75,6 +75,7 @@ macro_rules! store_conformance {
             extend_moves_the_deadline_forward_never_back,
             release_hands_an_order_back_without_counting_a_failure,
             find_expired_lists_only_overdue_processing_orders_most_overdue_first,
+            sweep_due_tells_what_a_sweep_would_find,
             three_concurrent_recoverers_count_each_expiry_once_and_stop_at_the_threshold,
             recovered_order_is_not_claimable_before_its_next_attempt_time,
             illegal_transitions_are_refused_with_a_typed_error,

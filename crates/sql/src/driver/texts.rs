@@ -24,6 +24,11 @@ pub(crate) struct Statements {
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now
     /// parameter, `$2` limit.
     pub find_expired: &'static str,
+    /// What a sweep has to do (`$1` the dialect's now parameter): one row of three
+    /// booleans, `expired` (an order the sweep's `lock_expired` would find), `alerts`
+    /// (an alert not yet published) and `outages` (an outage's start or end not yet
+    /// announced, as `ServiceAlert::owed` decides).
+    pub sweep_due: &'static str,
     /// When the next order comes due to be claimed: one row, `due` (the earliest
     /// `next_attempt_at` of the Pending orders no one holds, NULL without any) and `now`
     /// (`$1` the dialect's now parameter), so a scheduler that found nothing to claim

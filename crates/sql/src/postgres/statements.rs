@@ -20,6 +20,7 @@ pub(crate) const SQL: Statements = Statements {
     find_expired: FIND_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,
     next_visible: NEXT_VISIBLE,
+    sweep_due: SWEEP_DUE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::OneStatement {
         alone: Q_RECEIVE,
@@ -502,6 +503,14 @@ const EXPIRED_SELECT: &str = "SELECT s.order_id, s.locked_by, s.lock_epoch, \
 pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, \
     coalesce($1::timestamptz, now()) AS now FROM order_state \
     WHERE process_state = 'Pending' AND locked_by IS NULL";
+
+/// See [`crate::driver::Statements::sweep_due`]: the predicate of [`LOCK_EXPIRED`].
+pub(crate) const SWEEP_DUE: &str = "SELECT EXISTS (SELECT 1 FROM order_state s \
+        WHERE s.process_state = 'Processing' \
+        AND s.complete_by < coalesce($1::timestamptz, now())) AS expired, \
+    EXISTS (SELECT 1 FROM alerts a WHERE a.published_at IS NULL) AS alerts, \
+    EXISTS (SELECT 1 FROM service_health h WHERE h.outage > h.alerted \
+        OR (h.state = 'Up' AND h.outage > h.resolved)) AS outages";
 
 /// See [`crate::driver::Statements::next_visible`] (`queue_messages_ready` gives the
 /// minimum).

@@ -50,6 +50,7 @@ pub(crate) const SQL: Statements = Statements {
     find_expired: LOCK_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,
     next_visible: NEXT_VISIBLE,
+    sweep_due: SWEEP_DUE,
     lock_expired: LOCK_EXPIRED,
     q_receive: Receive::LookThenTake(LookThenTake {
         any_ready: Q_ANY_READY,
@@ -234,6 +235,14 @@ pub(crate) const COMPLETED_HISTORY: &str = "INSERT INTO order_history \
 pub(crate) const NEXT_CLAIMABLE: &str = "SELECT min(next_attempt_at) AS due, $1 AS now \
     FROM order_state INDEXED BY order_state_claimable \
     WHERE process_state = 'Pending' AND locked_by IS NULL";
+
+/// See [`crate::driver::Statements::sweep_due`]: the predicate of [`LOCK_EXPIRED`].
+pub(crate) const SWEEP_DUE: &str = "SELECT EXISTS (SELECT 1 FROM order_state s \
+        INDEXED BY order_state_deadlines \
+        WHERE process_state = 'Processing' AND complete_by < $1) AS expired, \
+    EXISTS (SELECT 1 FROM alerts a WHERE a.published_at IS NULL) AS alerts, \
+    EXISTS (SELECT 1 FROM service_health h WHERE h.outage > h.alerted \
+        OR (h.state = 'Up' AND h.outage > h.resolved)) AS outages";
 
 /// See [`crate::driver::Statements::next_visible`] (`queue_messages_ready` gives the
 /// minimum).

@@ -102,6 +102,21 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         self.tidy_now().await
     }
 
+    async fn sweep_due(&self) -> Result<orderly_core::store::SweepDue> {
+        let mut conn = self.driver.acquire().await?;
+        let row = q(D::SQL.sweep_due)
+            .bind(self.driver.now_param())
+            .fetch_one::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        let c = Cols(&row);
+        Ok(orderly_core::store::SweepDue {
+            expired: c.get::<bool>("expired")?,
+            alerts: c.get::<bool>("alerts")?,
+            outages: c.get::<bool>("outages")?,
+        })
+    }
+
     async fn find_expired(&self, limit: u32) -> Result<Vec<Expired>> {
         let mut conn = self.driver.acquire().await?;
         let rows = q(D::SQL.find_expired)

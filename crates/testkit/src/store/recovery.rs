@@ -277,3 +277,91 @@ pub async fn illegal_transitions_are_refused_with_a_typed_error(ctx: &Ctx) {
         Err(Error::OrderNotFound(_))
     ));
 }
+
+/// `sweep_due` tells exactly what a sweep would find: an order past its deadline (as
+/// `find_expired`), an alert not yet published, an outage's start or end not yet
+/// announced; and nothing on a store with none of them, where the sweep then begins
+/// no transaction.
+pub async fn sweep_due_tells_what_a_sweep_would_find(ctx: &Ctx) {
+    use orderly_core::service::OutagePolicy;
+    use orderly_core::store::SweepDue;
+    let store = ctx.store().await;
+    let none = SweepDue {
+        expired: false,
+        alerts: false,
+        outages: false,
+    };
+    assert_eq!(store.sweep_due().await.unwrap(), none, "an empty store");
+
+    // An order in work: due once its deadline is behind, as the sweep finds it.
+    submit_n(&*store, 1).await;
+    let claimed = claim_one(&*store, &owner("a"), Duration::from_secs(10)).await;
+    ctx.clock.advance(Duration::from_secs(9));
+    assert_eq!(
+        store.sweep_due().await.unwrap(),
+        none,
+        "its deadline is ahead"
+    );
+    assert!(store.find_expired(1).await.unwrap().is_empty());
+    ctx.clock.advance(Duration::from_secs(2));
+    let due = store.sweep_due().await.unwrap();
+    assert!(due.expired && !due.alerts && !due.outages, "{due:?}");
+    assert_eq!(store.find_expired(1).await.unwrap().len(), 1);
+
+    // Recovered into Error: no longer expired, its alert due until published.
+    let term = leader(&*store, 1).await;
+    store
+        .recover_expired(&term, &policy(1, 1), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        row(&*store, &claimed.fence.order_id).await.process_state,
+        ProcessState::Error
+    );
+    let due = store.sweep_due().await.unwrap();
+    assert!(!due.expired && due.alerts && !due.outages, "{due:?}");
+    let ids: Vec<i64> = store
+        .unpublished_alerts(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.alert_id)
+        .collect();
+    store.mark_alerts_published(&term, &ids, &[]).await.unwrap();
+    assert_eq!(
+        store.sweep_due().await.unwrap(),
+        none,
+        "the alert published"
+    );
+
+    // An outage: its start due until announced, then its end once the service is up.
+    let agent = orderly_core::InstanceId::parse("agent-1").unwrap();
+    store
+        .report_failure("agent.payment", "503", &agent, &OutagePolicy::default())
+        .await
+        .unwrap();
+    let due = store.sweep_due().await.unwrap();
+    assert!(!due.expired && !due.alerts && due.outages, "{due:?}");
+    assert!(
+        store
+            .mark_outage_published(&term, "agent.payment", 1, false, &[])
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.sweep_due().await.unwrap(),
+        none,
+        "the start announced"
+    );
+    store
+        .report_success("agent.payment", "agent-1")
+        .await
+        .unwrap();
+    let due = store.sweep_due().await.unwrap();
+    assert!(!due.expired && !due.alerts && due.outages, "{due:?}");
+    store
+        .mark_outage_published(&term, "agent.payment", 1, true, &[])
+        .await
+        .unwrap();
+    assert_eq!(store.sweep_due().await.unwrap(), none, "the end announced");
+}
