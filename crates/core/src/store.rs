@@ -332,9 +332,9 @@ pub trait SupervisorStore: Send + Sync {
     /// Every scan in order reads past them (the queue's take, the claim, the sweep),
     /// so their cost grows with the work done since the last vacuum, and the
     /// database's own autovacuum looks once a minute at best. A table another vacuum is
-    /// working on is skipped. Returns the tables vacuumed; none where the database
-    /// reclaims as it goes (SQLite).
-    async fn tidy(&self) -> Result<Vec<Vacuumed>>;
+    /// working on is skipped. Returns the tables vacuumed (none where the database
+    /// reclaims as it goes, SQLite) and the row versions it counted.
+    async fn tidy(&self) -> Result<Tidied>;
 }
 
 /// What a sweep has to do ([`SupervisorStore::sweep_due`]).

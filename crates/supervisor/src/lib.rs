@@ -98,6 +98,27 @@ impl SupervisorConfig {
     }
 }
 
+/// The longest the leader's look at the hot tables' left-behind rows waits, in
+/// `tidy_every`s, while nothing is written.
+pub const TIDY_QUIET_MAX: u32 = 8;
+
+/// How long until the next look at the hot tables, after one that counted `now` row
+/// versions left behind where the one before counted `before`: `period` while they
+/// change (writes go on, and their vacuums must keep up), twice the last wait while
+/// they do not (nothing updated or deleted meanwhile), up to [`TIDY_QUIET_MAX`]
+/// periods. Before, an idle deployment read the database's statistics every second.
+pub fn next_tidy(
+    period: Duration,
+    last: Duration,
+    before: Option<u64>,
+    now: Option<u64>,
+) -> Duration {
+    match (before, now) {
+        (Some(before), Some(now)) if before == now => (last * 2).min(period * TIDY_QUIET_MAX),
+        _ => period,
+    }
+}
+
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sweep {
@@ -339,16 +360,18 @@ impl Supervisor {
         }
     }
 
-    /// Vacuums the hot tables every `tidy_every`; never ends (nor starts unless set).
+    /// Vacuums the hot tables every `tidy_every`, or less often while nothing is
+    /// written ([`next_tidy`]); never ends (nor starts unless set).
     async fn tidy_loop(&self) -> LeaderExit {
         let Some(period) = self.cfg.tidy_every else {
             return std::future::pending().await;
         };
-        let mut every = tokio::time::interval(period);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut wait, mut before) = (period, None);
         loop {
-            every.tick().await;
-            self.tidy().await;
+            let dead_rows = self.tidy().await;
+            wait = next_tidy(period, wait, before, dead_rows);
+            before = dead_rows;
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -399,17 +422,22 @@ impl Supervisor {
     }
 
     /// Vacuums the hot tables that need it (the leader's housekeeping); a failure is
-    /// logged and tried again at the next turn.
-    async fn tidy(&self) {
+    /// logged and tried again at the next turn. Returns the row versions left behind
+    /// that the store counted, if it did.
+    async fn tidy(&self) -> Option<u64> {
         match self.store.tidy().await {
-            Ok(vacuumed) => {
-                for v in vacuumed {
+            Ok(tidied) => {
+                for v in tidied.vacuumed {
                     metrics::counter!("orderly_vacuums_total", "table" => v.table.clone())
                         .increment(1);
                     debug!(table = %v.table, dead_rows = v.dead_rows, "vacuumed");
                 }
+                tidied.dead_rows
             }
-            Err(e) => warn!(error = %e, "vacuum failed; trying again at the next turn"),
+            Err(e) => {
+                warn!(error = %e, "vacuum failed; trying again at the next turn");
+                None
+            }
         }
     }
 
@@ -427,5 +455,30 @@ impl Supervisor {
             .await;
         let _ = presence.await;
         info!(instance_id = %instance, "supervisor stopped");
+    }
+}
+
+#[cfg(test)]
+mod tidy_tests {
+    use super::*;
+
+    #[test]
+    fn the_look_at_left_behind_rows_thins_out_while_nothing_is_written() {
+        let p = Duration::from_secs(1);
+        // Writes go on: every period.
+        assert_eq!(next_tidy(p, p, Some(10), Some(40)), p);
+        // None counted (SQLite), or the first look: every period.
+        assert_eq!(next_tidy(p, p, None, None), p);
+        assert_eq!(next_tidy(p, p, None, Some(40)), p);
+        // Unchanged: twice the last wait, up to 8 periods.
+        let mut wait = p;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            wait = next_tidy(p, wait, Some(40), Some(40));
+            waits.push(wait.as_secs());
+        }
+        assert_eq!(waits, [2, 4, 8, 8, 8, 8]);
+        // Written again: back to every period at once.
+        assert_eq!(next_tidy(p, wait, Some(40), Some(41)), p);
     }
 }

@@ -82,6 +82,18 @@ pub struct Vacuumed {
     pub dead_rows: u64,
 }
 
+/// What a [`SupervisorStore::tidy`] did and saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Tidied {
+    /// The tables vacuumed.
+    pub vacuumed: Vec<Vacuumed>,
+    /// The row versions left behind in the tidied tables, as the database counted them
+    /// before vacuuming (`None`: the store keeps no such count, as SQLite). The same
+    /// count as at the last tidy means nothing was updated or deleted meanwhile: the
+    /// next look may wait longer.
+    pub dead_rows: Option<u64>,
+}
+
 /// What retention keeps: see [`SupervisorStore::prune`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {

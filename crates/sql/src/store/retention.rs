@@ -3,7 +3,7 @@
 //! detection rows) in short transactions, so the hot path never waits long behind it.
 
 use chrono::{DateTime, Utc};
-use orderly_core::store::{Pruned, Retention, TIDY_MIN_DEAD, Vacuumed};
+use orderly_core::store::{Pruned, Retention, TIDY_MIN_DEAD, Tidied, Vacuumed};
 use orderly_core::{Error, Result};
 
 use super::SqlStore;
@@ -235,9 +235,9 @@ impl<D: Driver> SqlStore<D> {
     /// forgotten `BEGIN`) had the leader vacuum each hot table at every turn, every
     /// second by default, for as long as it stayed open. The first such skip per
     /// table and horizon is logged as a warning.
-    pub(crate) async fn tidy_now(&self) -> Result<Vec<Vacuumed>> {
+    pub(crate) async fn tidy_now(&self) -> Result<Tidied> {
         let Some(tidy) = D::SQL.tidy else {
-            return Ok(Vec::new());
+            return Ok(Tidied::default());
         };
         let mut conn = self.driver.acquire().await?;
         let tables: Vec<String> = tidy.vacuum.iter().map(|(t, _)| t.to_string()).collect();
@@ -253,12 +253,17 @@ impl<D: Driver> SqlStore<D> {
                 let live = u64::try_from(c.get::<i64>("live")?).unwrap_or(0);
                 Ok((c.get::<String>("table_name")?, dead, live))
             })
-            .collect::<Result<Vec<_>>>()?
+            .collect::<Result<Vec<_>>>()?;
+        let dead_rows = Some(due.iter().map(|(_, dead, _)| dead).sum());
+        let due = due
             .into_iter()
             .filter(|(_, dead, live)| *dead >= TIDY_MIN_DEAD.max(live / 10))
             .collect::<Vec<_>>();
         if due.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Tidied {
+                vacuumed: Vec::new(),
+                dead_rows,
+            });
         }
         // Read before the vacuums: the horizon they run under is this one or later.
         let horizon: Option<String> = q(tidy.horizon)
@@ -272,7 +277,10 @@ impl<D: Driver> SqlStore<D> {
         // The session's statement timeout again, whatever the vacuums did (a
         // connection that cannot take it is broken, and its statements fail).
         D::run_script(&mut conn, tidy.bounded).await.map_err(db)?;
-        vacuumed
+        Ok(Tidied {
+            vacuumed: vacuumed?,
+            dead_rows,
+        })
     }
 
     async fn vacuum_due(

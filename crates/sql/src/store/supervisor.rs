@@ -98,7 +98,7 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         self.prune_now(retention, dry_run).await
     }
 
-    async fn tidy(&self) -> Result<Vec<orderly_core::store::Vacuumed>> {
+    async fn tidy(&self) -> Result<orderly_core::store::Tidied> {
         self.tidy_now().await
     }
 

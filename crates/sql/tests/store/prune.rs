@@ -269,7 +269,7 @@ async fn tidy_until_the_queue_is_vacuumed(
 ) -> orderly_core::store::Vacuumed {
     use orderly_core::store::SupervisorStore;
     loop {
-        let tidied = store.tidy().await.unwrap();
+        let tidied = store.tidy().await.unwrap().vacuumed;
         if let Some(v) = tidied.into_iter().find(|v| v.table == "queue_messages") {
             return v;
         }
@@ -296,7 +296,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
     // counted what it left (each message: its lock, its delete).
     orderly_testkit::transport::churn(&store, &q, "few", 50).await;
     until_dead_rows(&store, 100, deadline).await;
-    let tidied = store.tidy().await.unwrap();
+    let tidied = store.tidy().await.unwrap().vacuumed;
     assert!(
         tidied.iter().all(|v| v.table != "queue_messages"),
         "vacuumed below the threshold: {tidied:?}"
@@ -329,6 +329,7 @@ async fn postgres_tidy_vacuums_the_queue_once_its_churn_left_enough_behind() {
             .tidy()
             .await
             .unwrap()
+            .vacuumed
             .iter()
             .all(|v| v.table != "queue_messages")
     );
@@ -396,7 +397,7 @@ async fn postgres_tidy_does_not_vacuum_again_what_an_open_transaction_holds_back
     until_dead_rows(&store, 3 * TIDY_MIN_DEAD as i64, deadline).await;
     let mut tidied = Vec::new();
     for _ in 0..5 {
-        tidied.extend(store.tidy().await.unwrap());
+        tidied.extend(store.tidy().await.unwrap().vacuumed);
     }
     assert!(
         tidied.iter().all(|v| v.table != "queue_messages"),
@@ -455,7 +456,7 @@ async fn postgres_tidy_by_a_role_that_does_not_own_the_tables_vacuums_nothing() 
     let guest = PgStore::connect(f.options().username(role), 2, TimeSource::Database)
         .await
         .expect("a role with the tables' privileges opens the store");
-    let tidied = guest.tidy().await.unwrap();
+    let tidied = guest.tidy().await.unwrap().vacuumed;
     assert!(tidied.is_empty(), "vacuumed without owning: {tidied:?}");
     assert_eq!(queue_stat(&owner, "vacuum_count").await, 0);
     guest.pool().close().await;
@@ -547,6 +548,6 @@ async fn sqlite_tidy_has_nothing_to_vacuum() {
         TIDY_MIN_DEAD as usize,
     )
     .await;
-    assert_eq!(store.tidy().await.unwrap(), Vec::new());
+    assert_eq!(store.tidy().await.unwrap().vacuumed, Vec::new());
     f.cleanup().await;
 }
