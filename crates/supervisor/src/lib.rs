@@ -214,17 +214,19 @@ impl Supervisor {
     ) -> orderly_core::Result<Sweep> {
         let mut sweep = Sweep::default();
         let due = self.store.sweep_due().await?;
-        while due.expired {
-            alive();
-            let recovered = self
-                .store
-                .recover_expired(leader, &self.cfg.policy, self.cfg.batch)
-                .await?;
-            for r in &recovered {
-                self.report(r, &mut sweep);
-            }
-            if (recovered.len() as u32) < self.cfg.batch {
-                break;
+        if due.expired {
+            loop {
+                alive();
+                let recovered = self
+                    .store
+                    .recover_expired(leader, &self.cfg.policy, self.cfg.batch)
+                    .await?;
+                for r in &recovered {
+                    self.report(r, &mut sweep);
+                }
+                if (recovered.len() as u32) < self.cfg.batch {
+                    break;
+                }
             }
         }
         if due.alerts {
