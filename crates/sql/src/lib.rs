@@ -161,22 +161,63 @@ pub fn check_url(url: &str) -> Result<()> {
 /// taken out of it: the driver's text is kept for what it says is wrong.
 pub(crate) fn url_refused(url: &str, complaint: impl std::fmt::Display) -> Error {
     let mut text = complaint.to_string();
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let rest = rest.strip_prefix("sqlite:").unwrap_or(rest);
-    let mut secrets: Vec<&str> = Vec::new();
+    // After the scheme at the URL's start only: a `://` further on (in the query, say)
+    // is not where the user information begins. Before, a query holding a URL hid the
+    // password from this, and the driver's complaint showed it.
+    let rest = match url.split_once(':') {
+        Some((scheme, rest))
+            if !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c)) =>
+        {
+            rest.strip_prefix("//").unwrap_or(rest)
+        }
+        _ => url,
+    };
+    let mut secrets: Vec<String> = Vec::new();
     if let Some((userinfo, _)) = rest.split_once('@') {
-        secrets.extend(userinfo.split(':').skip(1));
+        secrets.extend(userinfo.split(':').skip(1).map(str::to_owned));
     }
     if let Some((_, query)) = url.split_once('?') {
-        secrets.extend(query.split(['&', '=', ';']));
+        secrets.extend(query.split(['&', '=', ';']).map(str::to_owned));
     }
+    // The driver may quote a part decoded (`%53` as `S`): both forms go.
+    let decoded: Vec<String> = secrets.iter().map(|s| percent_decoded(s)).collect();
+    secrets.extend(decoded);
     secrets.retain(|s| !s.is_empty());
     // Longest first, so a secret holding another is taken out whole.
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     for s in secrets {
-        text = text.replace(s, "<redacted>");
+        text = text.replace(&s, "<redacted>");
     }
     Error::Invalid(ValidationError::new("database_url", text))
+}
+
+/// `s` with its `%XX` escapes decoded (bytes that are not UTF-8 as U+FFFD, as a driver
+/// shows them).
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn bad_url() -> Error {
@@ -260,5 +301,44 @@ pub async fn open(url: &str, time: TimeSource) -> Result<Arc<dyn StateStore>> {
         Ok(Arc::new(PgStore::open(url, time).await?))
     } else {
         Err(bad_url())
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    const SECRET: &str = "Pl4ntedS3cretZq";
+
+    fn refused(url: &str) -> String {
+        let e = check_url(url).expect_err(url);
+        format!("{e} {e:?}")
+    }
+
+    /// A URL in the query no longer hides the password from the redaction (found by
+    /// the fuzz test: the driver quoted the rest of the URL, password and all).
+    #[test]
+    fn a_refused_url_never_shows_its_password_whatever_its_query_holds() {
+        for url in [
+            format!(
+                "sqlite:orderly:{SECRET}@?%A0:{SECRET}/orderly?https://acct.blob.core.windows.net"
+            ),
+            format!("sqlite://orderly:{SECRET}@x:{SECRET}/o?bad=https://h&{SECRET}"),
+            format!(
+                "postgres://orderly:{SECRET}@host:{SECRET}/orderly?https://acct.blob.core.windows.net"
+            ),
+            // Escaped in the URL, quoted decoded by the driver.
+            "sqlite:orderly:x@?%A0:Pl4nted%53%33cretZq/orderly?q".to_owned(),
+        ] {
+            let text = refused(&url);
+            assert!(!text.contains(SECRET), "{url}: {text}");
+            assert!(text.contains("database_url"), "{text}");
+        }
+    }
+
+    #[test]
+    fn escapes_are_decoded_as_a_driver_shows_them() {
+        assert_eq!(percent_decoded("a%53b%zz%4"), "aSb%zz%4");
+        assert_eq!(percent_decoded("%A0x"), "\u{fffd}x");
     }
 }

@@ -305,17 +305,24 @@ impl Watch<'_> {
             Ok(answered) => answered,
             Err(_) => {
                 *self.lost = true;
-                Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "the database did not answer within {} ms ({ANSWER_TIMEOUT_SETTING}); \
-                         the connection is given up",
-                        self.bound.as_millis()
-                    ),
-                )))
+                Err(unanswered(self.bound))
             }
         }
     }
+}
+
+/// The error of a statement (or a connection's check) the database did not answer
+/// within `bound`, said in the log here, whoever asked: a caller that retries quietly
+/// (a view read again later, a look at a queue, the pool's check of an idle
+/// connection) would otherwise leave no trace of an unreachable database.
+pub(super) fn unanswered(bound: Duration) -> sqlx::Error {
+    let text = format!(
+        "the database did not answer within {} ms ({ANSWER_TIMEOUT_SETTING}); \
+         the connection is given up",
+        bound.as_millis()
+    );
+    tracing::warn!(answer_timeout_ms = bound.as_millis() as u64, "{text}");
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, text))
 }
 
 impl Drop for PgConn {

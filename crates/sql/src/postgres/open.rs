@@ -238,7 +238,7 @@ impl SqlStore<PgDriver> {
                     if meta.idle_for >= PING_IDLE {
                         tokio::time::timeout(answer_timeout, sqlx::Connection::ping(conn))
                             .await
-                            .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
+                            .map_err(|_| super::conn::unanswered(answer_timeout))??;
                     }
                     Ok(true)
                 })
