@@ -222,35 +222,11 @@ impl<D: Driver> SqlStore<D> {
     /// heard, while the clock is injected, while a message is due now that the look
     /// did not take, or when the store cannot tell.
     async fn queue_quiet_for(&self, queue: &QueueName) -> Option<Duration> {
-        let hearing = self
-            .wakeups
-            .hearing
-            .load(std::sync::atomic::Ordering::Acquire);
-        if !hearing || self.driver.clock_injected() {
-            return None;
-        }
-        let due = async {
-            let mut conn = self.driver.acquire().await?;
-            let row = q(D::SQL.next_visible)
-                .bind(queue.as_str())
-                .bind(self.driver.now_param())
-                .fetch_one::<D>(&mut conn)
-                .await
-                .map_err(crate::error::db)?;
-            let c = crate::rows::Cols(&row);
-            Ok::<_, orderly_core::Error>((c.opt_ts("due")?, c.ts("now")?))
-        };
-        match due.await {
-            Ok((None, _)) => Some(crate::wakeups::QUEUE_SAFETY_POLL),
-            Ok((Some(due), now)) => match (due - now).to_std() {
-                Ok(until) if !until.is_zero() => Some(until.min(crate::wakeups::QUEUE_SAFETY_POLL)),
-                _ => None,
-            },
-            Err(e) => {
-                tracing::debug!(queue = %queue, error = %e, "cannot tell when the queue's next message comes due");
-                None
-            }
-        }
+        let next = q(D::SQL.next_visible)
+            .bind(queue.as_str())
+            .bind(self.driver.now_param());
+        self.until_due(next, crate::wakeups::QUEUE_SAFETY_POLL, queue.as_str())
+            .await
     }
 
     /// The messages locked under `token`, in queue order.

@@ -432,32 +432,51 @@ impl<D: Driver> SqlStore<D> {
     /// How long a claimer that found nothing may wait for the clock alone (see
     /// [`Self::wait_claimable_for`]).
     async fn claim_wait(&self, within: std::time::Duration) -> std::time::Duration {
-        let hearing = self
-            .wakeups
+        let next = q(D::SQL.next_claimable).bind(self.driver.now_param());
+        self.until_due(next, CLAIM_SAFETY_POLL, "claimable orders")
+            .await
+            .unwrap_or(within)
+    }
+
+    /// Whether a wait may be timed by the store rather than by its poll: other
+    /// processes' writes are heard (their wake-ups say when something changes) and the
+    /// clock is the real one.
+    pub(crate) fn waits_timed_by_store(&self) -> bool {
+        self.wakeups
             .hearing
-            .load(std::sync::atomic::Ordering::Acquire);
-        if !hearing || self.driver.clock_injected() {
-            return within;
+            .load(std::sync::atomic::Ordering::Acquire)
+            && !self.driver.clock_injected()
+    }
+
+    /// While [`Self::waits_timed_by_store`], how long until the time `next` reads (one
+    /// row: `due`, NULL when nothing waits, and the store's `now`), at most `safety`.
+    /// `None`, for the caller's own poll, otherwise: while something is due now, or
+    /// when the store cannot tell (said in the log with `of`: a queue, or claimable
+    /// orders).
+    pub(crate) async fn until_due(
+        &self,
+        next: crate::driver::Q<'_>,
+        safety: std::time::Duration,
+        of: &str,
+    ) -> Option<std::time::Duration> {
+        if !self.waits_timed_by_store() {
+            return None;
         }
         let due = async {
             let mut conn = self.driver.acquire().await?;
-            let row = q(D::SQL.next_claimable)
-                .bind(self.driver.now_param())
-                .fetch_one::<D>(&mut conn)
-                .await
-                .map_err(db)?;
+            let row = next.fetch_one::<D>(&mut conn).await.map_err(db)?;
             let c = Cols(&row);
             Ok::<_, Error>((c.opt_ts("due")?, c.ts("now")?))
         };
         match due.await {
-            Ok((None, _)) => CLAIM_SAFETY_POLL,
+            Ok((None, _)) => Some(safety),
             Ok((Some(due), now)) => match (due - now).to_std() {
-                Ok(until) if !until.is_zero() => until.min(CLAIM_SAFETY_POLL),
-                _ => within,
+                Ok(until) if !until.is_zero() => Some(until.min(safety)),
+                _ => None,
             },
             Err(e) => {
-                tracing::debug!(error = %e, "cannot tell when the next order comes due");
-                within
+                tracing::debug!(of, error = %e, "cannot tell when the next one comes due");
+                None
             }
         }
     }

@@ -403,11 +403,7 @@ impl<D: Driver> ServiceStore for SqlStore<D> {
         woken.as_mut().enable();
         if signal.sent() == *seen {
             self.driver.start_listening(&self.wakeups);
-            let hearing = self
-                .wakeups
-                .hearing
-                .load(std::sync::atomic::Ordering::Acquire);
-            let wait = if hearing && !self.driver.clock_injected() {
+            let wait = if self.waits_timed_by_store() {
                 longest
             } else {
                 poll
