@@ -26,6 +26,11 @@ pub(crate) struct QueueSignal {
     /// runs out, a scheduled time), at most [`QUEUE_SAFETY_POLL`]. Messages that come
     /// back without a send need one look then, not one per receiver.
     quiet_until: Mutex<Option<tokio::time::Instant>>,
+    /// When a look of this process last found something: while the queue is busy
+    /// (within a poll interval of that), a look that finds nothing does not ask when
+    /// the next message comes due (a read on the path between two messages, for a
+    /// quiet the next send ends anyway).
+    found_at: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// The longest an idle queue goes without a look while sends to it are heard and the
@@ -44,6 +49,7 @@ impl Default for QueueSignal {
             sent: 1.into(),
             answered: 0.into(),
             quiet_until: Mutex::new(None),
+            found_at: Mutex::new(None),
         }
     }
 }
@@ -54,8 +60,6 @@ impl QueueSignal {
         self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// A look began when `sent` was `before`: it takes all it can see, or wakes another
-    /// receiver when it cannot.
     /// A look began when `sent` was `before`: no other look is needed for a poll
     /// interval (`poll`) but for a send.
     pub(crate) fn look_began(&self, before: u64, poll: Duration) {
@@ -79,6 +83,22 @@ impl QueueSignal {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    /// A look found something.
+    pub(crate) fn found(&self) {
+        *self
+            .found_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// No look of this process found anything for `poll` (or ever).
+    pub(crate) fn idle_for(&self, poll: Duration) -> bool {
+        self.found_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_none_or(|at| at.elapsed() >= poll)
     }
 
     /// Nothing was sent since the latest look began.

@@ -134,8 +134,8 @@ impl<D: Driver> SqlStore<D> {
     /// heard too (PostgreSQL's `LISTEN`, SQLite's watcher); while they are not, every
     /// receive begins with a look. Messages that come back without a send (a lock that
     /// ran out, a scheduled time reached) are looked for when they come due: after a
-    /// look that found nothing, while sends are heard, the store says when the queue's
-    /// next message comes due, and no look is needed until then (at most
+    /// look that found nothing, while sends are heard and no look found anything for a
+    /// poll interval, the store says when the queue's next message comes due, and no look is needed until then (at most
     /// [`QUEUE_SAFETY_POLL`](crate::wakeups::QUEUE_SAFETY_POLL)); otherwise a poll
     /// interval after any look. At the end of that quiet or of its wait a receiver
     /// looks unless a look of the queue in this process pushed the quiet on, so an idle
@@ -177,8 +177,12 @@ impl<D: Driver> SqlStore<D> {
                 signal.look_began(signal.sent(), self.wakeups.poll);
                 let began = tokio::time::Instant::now();
                 match look().await {
-                    Ok(Some((found, true))) => return Ok(Some(found)),
+                    Ok(Some((found, true))) => {
+                        signal.found();
+                        return Ok(Some(found));
+                    }
                     Ok(Some((found, false))) => {
+                        signal.found();
                         signal.sent_one();
                         return Ok(Some(found));
                     }
@@ -191,10 +195,14 @@ impl<D: Driver> SqlStore<D> {
                 if tokio::time::Instant::now() >= deadline {
                     return Ok(None);
                 }
-                // Found nothing, and will wait: until the next message comes due
-                // by the clock, where that is known.
-                if let Some(quiet) = self.queue_quiet_for(queue).await {
-                    signal.quiet_until(began + quiet);
+                // Found nothing, and will wait: once the queue has been idle for a
+                // poll interval, until the next message comes due by the clock, where
+                // that is known. While it is busy the next send ends the quiet anyway,
+                // and the read would stand between this receiver and that send.
+                if signal.idle_for(self.wakeups.poll) {
+                    if let Some(quiet) = self.queue_quiet_for(queue).await {
+                        signal.quiet_until(began + quiet);
+                    }
                 }
             }
             self.driver.start_listening(&self.wakeups);

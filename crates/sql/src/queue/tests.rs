@@ -301,4 +301,34 @@ async fn a_receiver_that_found_nothing_waits_for_a_send_or_the_next_message_due(
         (Duration::from_millis(500)..Duration::from_secs(3)).contains(&waited),
         "received after {waited:?}"
     );
+
+    // Busy (a look found something within a poll interval): a look that finds nothing
+    // (woken by a send scheduled far ahead) is not followed by the question of what comes due, only a poll interval's quiet;
+    // once no look found anything for a poll interval, it is asked again.
+    store.complete(&got[0]).await.unwrap();
+    let mut far = OutgoingMessage::new("far", b"x".to_vec());
+    far.scheduled_enqueue_time = Some(chrono::Utc::now() + chrono::Duration::seconds(30));
+    store.send(&queue, &[far]).await.unwrap();
+    let none = store
+        .receive(&queue, 10, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let quiet = signal.quiet_left().expect("a look was made");
+    assert!(
+        quiet <= store.wakeups.poll,
+        "quiet for {quiet:?} while busy"
+    );
+    assert!(!signal.idle_for(store.wakeups.poll));
+    tokio::time::sleep(store.wakeups.poll).await;
+    let none = store
+        .receive(&queue, 10, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let quiet = signal.quiet_left().expect("a look was made");
+    assert!(
+        quiet > crate::wakeups::QUEUE_SAFETY_POLL - Duration::from_secs(2),
+        "quiet for {quiet:?} only once idle"
+    );
 }
