@@ -199,10 +199,10 @@ impl<D: Driver> SqlStore<D> {
                 // poll interval, until the next message comes due by the clock, where
                 // that is known. While it is busy the next send ends the quiet anyway,
                 // and the read would stand between this receiver and that send.
-                if signal.idle_for(self.wakeups.poll) {
-                    if let Some(quiet) = self.queue_quiet_for(queue).await {
-                        signal.quiet_until(began + quiet);
-                    }
+                if signal.idle_for(self.wakeups.poll)
+                    && let Some(quiet) = self.queue_quiet_for(queue).await
+                {
+                    signal.quiet_until(began + quiet);
                 }
             }
             self.driver.start_listening(&self.wakeups);
