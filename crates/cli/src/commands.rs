@@ -2,6 +2,7 @@
 //! runner, the messaging views, the dashboard), then those on the state store.
 
 use anyhow::{Context, bail};
+use orderly_cli::out::json_line;
 use orderly_cli::outln;
 use orderly_core::store::StateStore;
 use orderly_core::transport::QueueName;
@@ -13,10 +14,15 @@ use crate::{
     Command, QueueTransport, WorkflowsAction, config, outbox, post, print, provision, triage,
 };
 
-/// Runs `command` against the store at `url`.
-pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::Result<()> {
+/// Runs `command` against the store at `url`; `json`: print one JSON object a line.
+pub(crate) async fn run(
+    command: Command,
+    url: &str,
+    log_json: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     match command {
-        Command::Post(args) => post::run(args, url).await,
+        Command::Post(args) => post::run(args, url, json).await,
         Command::Provision {
             print: provision::Format::Az,
             workflow,
@@ -26,7 +32,7 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
             print!("{}", provision::az(&workflows, &names));
             Ok(())
         }
-        Command::Outbox { requeue, json } => outbox::run(url, requeue, json).await,
+        Command::Outbox { requeue } => outbox::run(url, requeue, json).await,
         Command::Demo { args } => local_runner("demo", args, url, log_json),
         Command::Bench { args } => local_runner("bench", args, url, log_json),
         Command::Up { args } => local_runner("up", args, url, log_json),
@@ -34,14 +40,9 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
         Command::Man { dir } => crate::manual(dir.as_deref()),
         Command::Config {
             command: ConfigCommand::Check { file },
-        } => config::check_config(&file),
-        Command::Queues { json, on } => queues(url, json, &on).await,
-        Command::DeadLetters {
-            queue,
-            limit,
-            json,
-            on,
-        } => {
+        } => config::check_config(&file, json),
+        Command::Queues { on } => queues(url, json, &on).await,
+        Command::DeadLetters { queue, limit, on } => {
             let queue = QueueName::parse(queue)?;
             let (transport, _) = on.open(url).await?;
             print::dead_letters(&transport.dead_letters(&queue, limit).await?, json)
@@ -52,14 +53,32 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
             all,
             yes,
             on,
-        } => settle_dead_letters(url, true, queue, message_id, all, yes, &on).await,
+        } => {
+            let settle = Settle {
+                requeue: true,
+                queue,
+                message_id,
+                all,
+                yes,
+            };
+            settle_dead_letters(url, settle, &on, json).await
+        }
         Command::Discard {
             queue,
             message_id,
             all,
             yes,
             on,
-        } => settle_dead_letters(url, false, queue, message_id, all, yes, &on).await,
+        } => {
+            let settle = Settle {
+                requeue: false,
+                queue,
+                message_id,
+                all,
+                yes,
+            };
+            settle_dead_letters(url, settle, &on, json).await
+        }
         Command::Dashboard {
             listen,
             token,
@@ -87,9 +106,9 @@ pub(crate) async fn run(command: Command, url: &str, log_json: bool) -> anyhow::
                 "--token / ORDERLY_DASHBOARD_TOKEN",
                 "--token-file / ORDERLY_DASHBOARD_TOKEN_FILE",
             )?;
-            dashboard(url, listen, token, public_url, access, &on).await
+            dashboard(url, listen, token, public_url, access, &on, json).await
         }
-        command => on_store(command, url).await,
+        command => on_store(command, url, json).await,
     }
 }
 
@@ -151,16 +170,30 @@ async fn queues(url: &str, json: bool, on: &QueueTransport) -> anyhow::Result<()
     Ok(())
 }
 
-/// Requeues (or discards) one dead letter of `queue`, or all of them once confirmed.
-async fn settle_dead_letters(
-    url: &str,
+/// What `orderly requeue` (`requeue`) or `orderly discard` does: one dead letter of
+/// `queue`, or `all` of them (asking first unless `yes`).
+struct Settle {
     requeue: bool,
     queue: String,
     message_id: Option<String>,
     all: bool,
     yes: bool,
+}
+
+/// Requeues (or discards) one dead letter of `queue`, or all of them once confirmed.
+async fn settle_dead_letters(
+    url: &str,
+    settle: Settle,
     on: &QueueTransport,
+    json: bool,
 ) -> anyhow::Result<()> {
+    let Settle {
+        requeue,
+        queue,
+        message_id,
+        all,
+        yes,
+    } = settle;
     let verb = if requeue { "requeue" } else { "discard" };
     let done = if requeue { "requeued" } else { "discarded" };
     let queue = QueueName::parse(queue)?;
@@ -183,7 +216,15 @@ async fn settle_dead_letters(
     if n == 0 {
         bail!("no such dead letter on {queue}");
     }
-    outln!("{done} {n} message(s) on {queue}");
+    if json {
+        json_line(&serde_json::json!({
+            "queue": queue.as_str(),
+            "message_id": message_id,
+            done: n,
+        }))?;
+    } else {
+        outln!("{done} {n} message(s) on {queue}");
+    }
     Ok(())
 }
 
@@ -195,6 +236,7 @@ async fn dashboard(
     public_url: Option<reqwest::Url>,
     access: orderly_cli::dashboard::Access,
     on: &QueueTransport,
+    json: bool,
 ) -> anyhow::Result<()> {
     let mut backend = orderly_runtime::backend::connect_store(url)
         .await
@@ -215,42 +257,45 @@ async fn dashboard(
     let (addr, task) =
         orderly_cli::dashboard::serve(listen, backend, token, public_url, access, ops, shutdown)
             .await?;
-    outln!("dashboard on http://{addr}/");
+    if json {
+        json_line(&serde_json::json!({ "dashboard": format!("http://{addr}/") }))?;
+    } else {
+        outln!("dashboard on http://{addr}/");
+    }
     task.await?;
     Ok(())
 }
 
 /// The commands on the state store.
-async fn on_store(command: Command, url: &str) -> anyhow::Result<()> {
+async fn on_store(command: Command, url: &str, json: bool) -> anyhow::Result<()> {
     let backend = orderly_runtime::backend::connect_store(url)
         .await
         .context("cannot open the state store named by --database-url / ORDERLY_DATABASE_URL")?;
     match command {
-        Command::Migrate { workflow } => migrate(&backend, &workflow).await,
+        Command::Migrate { workflow } => migrate(&backend, &workflow, json).await,
         command @ (Command::Submit { .. }
         | Command::Prune { .. }
         | Command::Resubmit { .. }
         | Command::Cancel { .. }
         | Command::Workflows {
             action: Some(_), ..
-        }) => change(command, backend.store.as_ref()).await,
-        command => view(command, backend.store.as_ref()).await,
+        }) => change(command, backend.store.as_ref(), json).await,
+        command => view(command, backend.store.as_ref(), json).await,
     }
 }
 
 /// The operators' changes: submit, prune, retry, cancel, move between versions.
-async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
+async fn change(command: Command, store: &dyn StateStore, json: bool) -> anyhow::Result<()> {
     match command {
         Command::Submit {
             file,
             sample,
             operator,
-        } => triage::submit(store, file, sample, &operator).await?,
+        } => triage::submit(store, file, sample, &operator, json).await?,
         Command::Prune {
             older_than,
             dry_run,
             yes,
-            json,
         } => triage::prune(store, older_than, dry_run, yes, json).await?,
         Command::Resubmit {
             order_id,
@@ -259,7 +304,13 @@ async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> 
             yes,
             reason,
             operator,
-        } => triage::resubmit(store, order_id, filter, yes, &reason, &operator).await?,
+        } => {
+            let why = triage::Why {
+                reason: &reason,
+                operator: &operator,
+            };
+            triage::resubmit(store, order_id, filter, yes, &why, json).await?;
+        }
         Command::Cancel {
             order_id,
             all: _,
@@ -274,9 +325,12 @@ async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> 
                 order_id,
                 &filter,
                 yes,
-                &reason,
-                &operator,
+                &triage::Why {
+                    reason: &reason,
+                    operator: &operator,
+                },
                 no_compensation,
+                json,
             )
             .await?;
         }
@@ -292,7 +346,12 @@ async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> 
                 }),
             ..
         } => {
-            triage::move_version(store, &from, &to, &states, yes, &reason, &operator).await?;
+            let version = triage::Versions {
+                from: &from,
+                to: &to,
+                states: &states,
+            };
+            triage::move_version(store, &version, yes, &reason, &operator, json).await?;
         }
         _ => unreachable!("not a change"),
     }
@@ -300,13 +359,9 @@ async fn change(command: Command, store: &dyn StateStore) -> anyhow::Result<()> 
 }
 
 /// The operators' views of the store, and the acknowledgements and resumes made there.
-async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
+async fn view(command: Command, store: &dyn StateStore, json: bool) -> anyhow::Result<()> {
     match command {
-        Command::List {
-            filter,
-            limit,
-            json,
-        } => {
+        Command::List { filter, limit } => {
             let page = store.list(&filter.to_store(limit)).await?;
             let services = store
                 .services()
@@ -319,16 +374,20 @@ async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
                 outln!("(more orders: raise --limit or filter)");
             }
         }
-        Command::Show { order_id, json } => {
+        Command::Show { order_id } => {
             let view = store.get(&OrderId::parse(order_id)?).await?;
             print::order(&view, json)?;
         }
         Command::Counts => {
             for (state, n) in store.count_by_state().await? {
-                outln!("{:<11} {n}", state.as_str());
+                if json {
+                    json_line(&serde_json::json!({ "state": state, "orders": n }))?;
+                } else {
+                    outln!("{:<11} {n}", state.as_str());
+                }
             }
         }
-        Command::Workflows { json, action: None } => {
+        Command::Workflows { action: None } => {
             print::workflows(
                 &store.workflows_in_flight().await?,
                 &store.stored_workflows().await?,
@@ -338,7 +397,6 @@ async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
         Command::Alerts {
             ack: Some(id),
             operator,
-            json,
             ..
         } => {
             let Some(alert) = store
@@ -352,20 +410,18 @@ async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
         Command::Alerts {
             all,
             limit,
-            json,
             system: true,
             ..
         } => print::system_alerts(&store.system_alerts(!all, limit).await?, json)?,
-        Command::Alerts {
-            all, limit, json, ..
-        } => print::alerts(&store.alerts(!all, limit).await?, json)?,
+        Command::Alerts { all, limit, .. } => {
+            print::alerts(&store.alerts(!all, limit).await?, json)?
+        }
         Command::Services {
             resume: Some(service),
             operator,
-            json,
         } => resume_service(store, &service, &operator, json).await?,
-        Command::Services { json, .. } => print::services(&store.services().await?, json)?,
-        Command::Leader { json } => {
+        Command::Services { .. } => print::services(&store.services().await?, json)?,
+        Command::Leader => {
             let term = store.term(orderly_core::leader::SUPERVISORS).await?;
             print::leader(term.as_ref(), json)?;
         }
@@ -379,6 +435,7 @@ async fn view(command: Command, store: &dyn StateStore) -> anyhow::Result<()> {
 async fn migrate(
     backend: &orderly_sql::Backend,
     workflow: &[std::path::PathBuf],
+    json: bool,
 ) -> anyhow::Result<()> {
     let workflows = orderly_runtime::load_workflows(workflow)?;
     let wanted: Vec<QueueName> = orderly_runtime::backend::fixed_queues()
@@ -390,10 +447,18 @@ async fn migrate(
         .store
         .record_workflows(&workflows.definitions(), "operator:orderly-migrate")
         .await?;
-    outln!("migrations applied; the store is up to date");
     let names: Vec<&str> = wanted.iter().map(QueueName::as_str).collect();
-    outln!("queues declared: {}", names.join(", "));
     let versions: Vec<String> = workflows.references().map(ToString::to_string).collect();
+    if json {
+        return json_line(&serde_json::json!({
+            "migrated": true,
+            "queues": names,
+            "workflow_versions": versions,
+            "new_versions": added,
+        }));
+    }
+    outln!("migrations applied; the store is up to date");
+    outln!("queues declared: {}", names.join(", "));
     outln!(
         "workflow versions stored: {} ({added} new); every scheduler runs orders pinned to them",
         versions.join(", ")
@@ -412,7 +477,12 @@ async fn resume_service(
     match store.report_success(service, actor.as_str()).await? {
         Some(back) => {
             if json {
-                outln!("{}", serde_json::to_string_pretty(&back.health)?);
+                json_line(&serde_json::json!({
+                    "service": service,
+                    "marked_up_by": actor.as_str(),
+                    "resumed": back.resumed,
+                    "health": back.health,
+                }))?;
             } else {
                 outln!(
                     "{service} marked up by {actor}: {} waiting orders resume at {}/s",
@@ -423,7 +493,15 @@ async fn resume_service(
         }
         None => {
             let waiting = store.resume_waiting(service, actor.as_str()).await?;
-            outln!("{service} was up already; {waiting} orders left waiting resume");
+            if json {
+                json_line(&serde_json::json!({
+                    "service": service,
+                    "was_up": true,
+                    "resumed": waiting,
+                }))?;
+            } else {
+                outln!("{service} was up already; {waiting} orders left waiting resume");
+            }
         }
     }
     Ok(())

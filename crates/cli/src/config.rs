@@ -2,6 +2,7 @@
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use orderly_cli::out::json_line;
 use orderly_cli::{out, outln};
 
 /// What `orderly config` does.
@@ -17,7 +18,9 @@ pub(crate) enum ConfigCommand {
 
 /// Runs each worker role's binary (beside this one) with `--config FILE
 /// --check-config`: the same layering and checks it does at start-up, nothing started.
-pub(crate) fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+/// With `json`, one line per role: `role`, `valid`, `said` (its check's report or the
+/// first error), `warnings` (old forms of settings still read).
+pub(crate) fn check_config(file: &std::path::Path, json: bool) -> anyhow::Result<()> {
     let dir = std::env::current_exe()
         .context("cannot find this executable")?
         .parent()
@@ -35,20 +38,39 @@ pub(crate) fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
             .with_context(|| format!("cannot run {}", bin.display()))?;
         let err = String::from_utf8_lossy(&out.stderr);
         // Old forms of settings, still read: shown whether or not the rest is valid.
-        for warning in err.lines().filter(|l| l.starts_with("warning: ")) {
-            outln!("orderly-{role}: {warning}");
-        }
-        if out.status.success() {
-            out!("{}", String::from_utf8_lossy(&out.stdout));
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+        let said = if out.status.success() {
+            String::from_utf8_lossy(&out.stdout).into_owned()
         } else {
+            failed.push(role);
             let first = err
                 .lines()
                 .find(|l| {
                     !l.trim().is_empty() && !l.contains(" INFO ") && !l.starts_with("warning: ")
                 })
                 .unwrap_or("failed");
-            outln!("orderly-{role}: {}", first.trim_start_matches("Error: "));
-            failed.push(role);
+            first
+                .trim_start_matches("Error: ")
+                .trim_start_matches("error: ")
+                .to_owned()
+        };
+        let valid = out.status.success();
+        if json {
+            json_line(&serde_json::json!({
+                "role": format!("orderly-{role}"),
+                "valid": valid,
+                "said": said.trim_end(),
+                "warnings": warnings,
+            }))?;
+            continue;
+        }
+        for warning in warnings {
+            outln!("orderly-{role}: {warning}");
+        }
+        if valid {
+            out!("{said}");
+        } else {
+            outln!("orderly-{role}: {said}");
         }
     }
     if failed.is_empty() {

@@ -15,6 +15,7 @@
 //!   history and details, Retry / Cancel;
 //! - `/alerts` alerts about the system and about orders;
 //! - `/dead-letters` dead-lettered messages per queue, with why, Requeue / Discard;
+//! - `/api/...` the same as JSON, and every action (see `api`);
 //! - `/metrics` (Prometheus, behind the token like the pages), `/healthz` and `/readyz`
 //!   (never behind it), as every role serves them.
 //!
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 mod access;
 mod actions;
 mod alerts;
+mod api;
 mod auth;
 mod charts;
 mod dead_letters;
@@ -136,6 +138,7 @@ pub async fn serve(
         .route("/dead-letters", get(dead_letters::dead_letters))
         .route("/dead-letters/requeue", post(actions::requeue))
         .route("/dead-letters/discard", post(actions::discard))
+        .merge(api::routes())
         .with_state(state.clone())
         .merge(ops.metrics)
         .layer(middleware::from_fn_with_state(state.clone(), guard))

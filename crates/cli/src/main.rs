@@ -40,6 +40,13 @@ struct Cli {
     #[arg(long, env = "ORDERLY_LOG_JSON", global = true)]
     log_json: bool,
 
+    /// Print for tools: one JSON object a line on standard output (NDJSON): one per
+    /// item of a list, per order or message acted on, or the one thing shown, and
+    /// nothing else there; questions and progress go to standard error, and so does an
+    /// error, as one JSON line.
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -129,9 +136,6 @@ enum Command {
         /// Remove without asking first.
         #[arg(long)]
         yes: bool,
-        /// Print as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Post orders to the orders queue as a client does (through the submitter): a JSON
     /// file (`-` for stdin) of one order or an array, or samples; on the SQL queue or
@@ -143,9 +147,6 @@ enum Command {
         /// Publish the undeliverable ones again (after fixing the cause).
         #[arg(long)]
         requeue: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Import orders straight into the state store, BYPASSING the orders queue and the
     /// submitter (no dead-lettering, no `received` notice): an operator's direct import.
@@ -167,17 +168,11 @@ enum Command {
         /// Page size.
         #[arg(long, default_value_t = 50)]
         limit: u32,
-        /// Print JSON lines instead of a table.
-        #[arg(long)]
-        json: bool,
     },
     /// Show one order: state, details, steps and its full history.
     Show {
         /// The order id.
         order_id: String,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Count orders by state.
     Counts,
@@ -186,9 +181,6 @@ enum Command {
     /// that is not stored (which no scheduler can run until it is). `orderly workflows
     /// migrate` moves orders to a compatible version.
     Workflows {
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
         #[command(subcommand)]
         action: Option<WorkflowsAction>,
     },
@@ -255,9 +247,6 @@ enum Command {
         /// Who is acknowledging.
         #[arg(long, env = "ORDERLY_OPERATOR", default_value = "cli")]
         operator: String,
-        /// Print JSON lines instead of a table.
-        #[arg(long)]
-        json: bool,
     },
     /// Serve the web dashboard: overview, Error triage, orders with their timeline,
     /// retry and cancel, dead letters.
@@ -312,21 +301,11 @@ enum Command {
         /// Who is acting.
         #[arg(long, env = "ORDERLY_OPERATOR", default_value = "cli")]
         operator: String,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
     },
     /// Show the supervisors' current leader: holder, term (epoch), lease.
-    Leader {
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Leader,
     /// Show every queue's depth: ready, locked, scheduled, dead-lettered.
     Queues {
-        /// Print JSON lines instead of a table.
-        #[arg(long)]
-        json: bool,
         #[command(flatten)]
         on: QueueTransport,
     },
@@ -337,9 +316,6 @@ enum Command {
         /// How many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
-        /// Print JSON lines (with the body) instead of a table.
-        #[arg(long)]
-        json: bool,
         #[command(flatten)]
         on: QueueTransport,
     },
@@ -490,8 +466,35 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli: Cli = orderly_runtime::settings::parse_command_line("orderly");
+    if cli.json {
+        not_json(&cli.command);
+    }
+    if cli.json || cli.log_json {
+        orderly_runtime::errors_as_json();
+    }
     init_logging(&cli)?;
-    commands::run(cli.command, &cli.database_url, cli.log_json).await
+    commands::run(cli.command, &cli.database_url, cli.log_json, cli.json).await
+}
+
+/// Refuses `--json` (exit code 2) for a command whose output is not results: a script,
+/// manual pages, the local runner's (which has its own flags).
+fn not_json(command: &Command) {
+    use clap::CommandFactory;
+    let (name, prints) = match command {
+        Command::Provision { .. } => ("provision", "a script of Azure CLI commands"),
+        Command::Completions { .. } => ("completions", "a shell's completion script"),
+        Command::Man { .. } => ("man", "manual pages"),
+        Command::Demo { .. } | Command::Up { .. } | Command::Bench { .. } => (
+            "demo, up and bench",
+            "what the local runner prints (its own flags follow the command)",
+        ),
+        _ => return,
+    };
+    let e = Cli::command().error(
+        clap::error::ErrorKind::ArgumentConflict,
+        format!("--json: `orderly {name}` prints {prints}, not results"),
+    );
+    orderly_runtime::settings::refused("orderly", e)
 }
 
 /// Logs for `cli`'s command: the dashboard runs as a service, its logs say what it

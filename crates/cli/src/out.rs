@@ -20,6 +20,13 @@ pub fn partial(args: std::fmt::Arguments<'_>) {
     ended(written);
 }
 
+/// Writes `value` as one line of JSON (`--json`: one JSON value a line, NDJSON).
+pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string(value)?;
+    line(format_args!("{text}"));
+    Ok(())
+}
+
 fn ended(written: std::io::Result<()>) {
     match written {
         Ok(()) => {}

@@ -13,6 +13,9 @@ pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Resul
         .outbox;
     if requeue {
         let n = outbox.requeue_outbox_dead_letters().await?;
+        if json {
+            return orderly_cli::out::json_line(&serde_json::json!({ "requeued": n }));
+        }
         outln!("{n} outbox message(s) put back to be published");
         return Ok(());
     }
@@ -21,11 +24,9 @@ pub async fn run(database_url: &str, requeue: bool, json: bool) -> anyhow::Resul
         .outbox_dead_letters(orderly_core::transport::MAX_MESSAGES)
         .await?;
     if json {
-        outln!(
-            "{}",
-            serde_json::json!({ "backlog": backlog, "dead_letters": dead })
+        return orderly_cli::out::json_line(
+            &serde_json::json!({ "backlog": backlog, "dead_letters": dead }),
         );
-        return Ok(());
     }
     outln!("waiting to be published: {backlog}");
     outln!("not deliverable: {}", dead.len());

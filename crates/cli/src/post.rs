@@ -46,7 +46,9 @@ pub struct PostArgs {
 }
 
 /// Runs `orderly post`.
-pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
+/// With `json`, one line per order posted (`order_id`, `queue`) and, with `--wait`,
+/// one per notice (`order_id`, `status`, `step`, `detail`).
+pub async fn run(args: PostArgs, database_url: &str, json: bool) -> anyhow::Result<()> {
     let mut orders: Vec<NewOrder> = match (&args.file, args.sample) {
         (_, Some(n)) => (0..n).map(orderly_cli::sample::order).collect(),
         (Some(path), None) => crate::triage::read_orders(path)?,
@@ -94,6 +96,21 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot post to {on}"))?;
     let repeats = ids.len().saturating_sub(taken);
+    if json {
+        for id in &ids {
+            orderly_cli::out::json_line(&serde_json::json!({ "order_id": id, "posted_to": on }))?;
+        }
+    } else {
+        said_posted(&ids, repeats, on);
+    }
+    if !args.wait {
+        return Ok(());
+    }
+    follow(&client, &ids, args.timeout, json).await
+}
+
+/// What was posted, for people.
+fn said_posted(ids: &[OrderId], repeats: usize, on: &str) {
     outln!(
         "posted {} order(s) to the orders queue on {on}{}",
         ids.len(),
@@ -104,18 +121,19 @@ pub async fn run(args: PostArgs, database_url: &str) -> anyhow::Result<()> {
         }
     );
     if ids.len() <= 20 {
-        for id in &ids {
+        for id in ids {
             outln!("  {id}");
         }
     }
-    if !args.wait {
-        return Ok(());
-    }
-    follow(&client, &ids, args.timeout).await
 }
 
 /// Prints each notice as it arrives until every order in `ids` has ended.
-async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Result<()> {
+async fn follow(
+    client: &Client,
+    ids: &[OrderId],
+    limit: Duration,
+    json: bool,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut open: HashSet<&OrderId> = ids.iter().collect();
     let (mut completed, mut failed) = (0usize, 0usize);
@@ -133,6 +151,14 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
             if !open.contains(&n.order_id) {
                 continue;
             }
+            if json {
+                orderly_cli::out::json_line(&serde_json::json!({
+                    "order_id": n.order_id,
+                    "status": n.status.as_str(),
+                    "step": n.step,
+                    "detail": n.detail,
+                }))?;
+            }
             let step = n
                 .step
                 .as_deref()
@@ -143,7 +169,9 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
                 .as_deref()
                 .map(|d| format!(": {d}"))
                 .unwrap_or_default();
-            outln!("{}  {}{step}{detail}", n.order_id, n.status.as_str());
+            if !json {
+                outln!("{}  {}{step}{detail}", n.order_id, n.status.as_str());
+            }
             match n.status {
                 OrderStatus::Completed => completed += 1,
                 OrderStatus::Failed | OrderStatus::Cancelled => failed += 1,
@@ -152,7 +180,9 @@ async fn follow(client: &Client, ids: &[OrderId], limit: Duration) -> anyhow::Re
             open.remove(&n.order_id);
         }
     }
-    outln!("completed {completed}, failed or cancelled {failed}");
+    if !json {
+        outln!("completed {completed}, failed or cancelled {failed}");
+    }
     if failed > 0 {
         anyhow::bail!("{failed} order(s) did not complete: `orderly list --state Error` shows why");
     }

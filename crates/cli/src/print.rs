@@ -1,5 +1,6 @@
-//! Output for people (tables) and for tools (JSON).
+//! Output for people (tables) and for tools (`--json`: one JSON object a line).
 
+use orderly_cli::out::json_line;
 use orderly_cli::outln;
 use orderly_core::StateRow;
 use orderly_core::service::ServiceHealth;
@@ -24,7 +25,7 @@ pub fn orders(
             if let Some(note) = r.waiting_note(services) {
                 v["waiting"] = note.into();
             }
-            outln!("{v}");
+            json_line(&v)?;
         }
         return Ok(());
     }
@@ -60,7 +61,9 @@ pub fn orders(
 /// The remote services as the fleet sees them.
 pub fn services(services: &[ServiceHealth], json: bool) -> anyhow::Result<()> {
     if json {
-        outln!("{}", serde_json::to_string_pretty(services)?);
+        for h in services {
+            json_line(h)?;
+        }
         return Ok(());
     }
     if services.is_empty() {
@@ -188,8 +191,9 @@ pub fn workflows(
         });
     }
     if as_json {
-        let all: Vec<&serde_json::Value> = rows.iter().map(|r| &r.json).collect();
-        outln!("{}", serde_json::to_string(&all)?);
+        for r in &rows {
+            json_line(&r.json)?;
+        }
         return Ok(());
     }
     if rows.is_empty() {
@@ -228,8 +232,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
             "steps": view.steps,
             "history": view.history,
         });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+        return json_line(&v);
     }
     let s = &view.state;
     outln!("order        {}", s.order_id);
@@ -310,7 +313,7 @@ pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
 pub fn alerts(alerts: &[orderly_core::store::Alert], json: bool) -> anyhow::Result<()> {
     if json {
         for a in alerts {
-            outln!("{}", serde_json::to_string(a)?);
+            json_line(a)?;
         }
         return Ok(());
     }
@@ -339,7 +342,7 @@ pub fn system_alerts(
 ) -> anyhow::Result<()> {
     if json {
         for a in alerts {
-            outln!("{}", serde_json::to_string(a)?);
+            json_line(a)?;
         }
         return Ok(());
     }
@@ -368,7 +371,9 @@ pub fn system_alerts(
 pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::Result<()> {
     let Some(t) = term else {
         if json {
-            outln!("null");
+            json_line(
+                &json!({ "name": orderly_core::leader::SUPERVISORS, "holder": null, "live": false }),
+            )?;
         } else {
             outln!("no supervisor has led yet");
         }
@@ -377,9 +382,7 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
     let now = chrono::Utc::now();
     let live = t.lease_expires_at.is_none_or(|e| e > now);
     if json {
-        outln!(
-            "{}",
-            json!({
+        json_line(&json!({
                 "name": t.fence.name,
                 "holder": t.fence.holder.as_str(),
                 "epoch": t.fence.epoch.0,
@@ -388,8 +391,7 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
                 "lease_expires_at": t.lease_expires_at,
                 "lease_in": if t.lease_expires_at.is_some() { "sql" } else { "blob" },
                 "live": live,
-            })
-        );
+        }))?;
         return Ok(());
     }
     outln!("leader     {}", t.fence.holder);
@@ -415,7 +417,7 @@ pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::
 pub fn depths(depths: &[orderly_core::transport::QueueDepth], json: bool) -> anyhow::Result<()> {
     if json {
         for d in depths {
-            outln!("{}", serde_json::to_string(d)?);
+            json_line(d)?;
         }
         return Ok(());
     }
@@ -448,9 +450,7 @@ pub fn dead_letters(
     for d in letters {
         let m = &d.message;
         if json {
-            outln!(
-                "{}",
-                json!({
+            json_line(&json!({
                     "queue": m.queue.as_str(),
                     "message_id": m.message_id,
                     "correlation_id": m.correlation_id,
@@ -461,8 +461,7 @@ pub fn dead_letters(
                     "delivery_count": m.delivery_count,
                     "properties": m.properties,
                     "body": String::from_utf8_lossy(&m.body),
-                })
-            );
+            }))?;
         } else {
             outln!(
                 "{}  {:<40} {:<26} deliveries {}  {}",

@@ -2,7 +2,8 @@
 //! `cancel`, one order or every order a filter selects, after a confirmation that says
 //! how many and what a retry will do.
 
-use orderly_cli::{out, outln};
+use orderly_cli::out::json_line;
+use orderly_cli::outln;
 use std::io::Read;
 
 use anyhow::{Context, bail};
@@ -93,6 +94,7 @@ pub(crate) async fn submit(
     file: Option<String>,
     samples: Option<u64>,
     operator: &str,
+    json: bool,
 ) -> anyhow::Result<()> {
     let submitter = Actor::operator(operator);
     let orders = match (file, samples) {
@@ -102,20 +104,38 @@ pub(crate) async fn submit(
     };
     let (mut accepted, mut duplicates) = (0, 0);
     for order in &orders {
-        match store
+        let outcome = match store
             .submit(order, &submitter, &[])
             .await
             .with_context(|| format!("order {}", order.order_id))?
         {
-            SubmitOutcome::Accepted => accepted += 1,
-            SubmitOutcome::Duplicate => duplicates += 1,
+            SubmitOutcome::Accepted => {
+                accepted += 1;
+                "accepted"
+            }
+            SubmitOutcome::Duplicate => {
+                duplicates += 1;
+                "duplicate"
+            }
+        };
+        if json {
+            json_line(&serde_json::json!({ "order_id": order.order_id, "outcome": outcome }))?;
         }
     }
-    outln!(
-        "submitted {} orders: {accepted} accepted, {duplicates} duplicates",
-        orders.len()
-    );
+    if !json {
+        outln!(
+            "submitted {} orders: {accepted} accepted, {duplicates} duplicates",
+            orders.len()
+        );
+    }
     Ok(())
+}
+
+/// Why an operator acts, for the orders' histories, and who.
+#[derive(Clone, Copy)]
+pub(crate) struct Why<'a> {
+    pub(crate) reason: &'a str,
+    pub(crate) operator: &'a str,
 }
 
 /// `orderly resubmit`: Error orders back to Pending, continuing or afresh.
@@ -124,9 +144,10 @@ pub(crate) async fn resubmit(
     order_id: Option<String>,
     mut filter: Filter,
     yes: bool,
-    reason: &str,
-    operator: &str,
+    why: &Why<'_>,
+    json: bool,
 ) -> anyhow::Result<()> {
+    let Why { reason, operator } = *why;
     filter.state = Some(ProcessState::Error);
     let one = order_id.is_some();
     let ids = targets(store, order_id, &filter, true, "resubmit").await?;
@@ -173,15 +194,25 @@ pub(crate) async fn resubmit(
                     }
                     .describe()
                 };
-                outln!(
-                    "order {} is {} again: {what}",
-                    row.order_id,
-                    row.process_state
-                )
+                if json {
+                    json_line(&serde_json::json!({
+                        "order_id": row.order_id,
+                        "state": row.process_state,
+                        "generation": row.generation,
+                        "from_step": row.current_step,
+                        "plan": what,
+                    }))?;
+                } else {
+                    outln!(
+                        "order {} is {} again: {what}",
+                        row.order_id,
+                        row.process_state
+                    );
+                }
             }
             Err(e) => {
                 failed += 1;
-                eprintln!("{}", e.about(id));
+                refused(id, &e, json)?;
             }
         }
     }
@@ -197,10 +228,11 @@ pub(crate) async fn cancel(
     order_id: Option<String>,
     filter: &Filter,
     yes: bool,
-    reason: &str,
-    operator: &str,
+    why: &Why<'_>,
     no_compensation: bool,
+    json: bool,
 ) -> anyhow::Result<()> {
+    let Why { reason, operator } = *why;
     let ids = targets(store, order_id, filter, yes, "cancel").await?;
     let actor = Actor::operator(operator);
     let mut failed = 0;
@@ -211,6 +243,11 @@ pub(crate) async fn cancel(
             store.request_cancel(id, &actor, reason, &[]).await
         };
         match row {
+            Ok(row) if json => json_line(&serde_json::json!({
+                "order_id": row.order_id,
+                "state": row.process_state,
+                "finish_as": row.finish_as,
+            }))?,
             Ok(row) if row.finish_as == Some(ProcessState::Cancelled) => outln!(
                 "order {id} will be Cancelled once its completed steps are undone (if a step \
                  that cannot be undone may have taken effect, nothing is undone and it ends \
@@ -220,7 +257,7 @@ pub(crate) async fn cancel(
             Ok(row) => outln!("order {} is {}", row.order_id, row.process_state),
             Err(e) => {
                 failed += 1;
-                eprintln!("{}", e.about(id));
+                refused(id, &e, json)?;
             }
         }
     }
@@ -230,9 +267,26 @@ pub(crate) async fn cancel(
     Ok(())
 }
 
-/// Asks on the terminal; anything but y/yes is no (and so is a closed stdin).
+/// What the store refused for order `id`: on standard error, or with `json` as a line
+/// of the results (`order_id`, `error`), so a script sees every order it named.
+fn refused(id: &OrderId, e: &orderly_core::Error, json: bool) -> anyhow::Result<()> {
+    if json {
+        json_line(&serde_json::json!({ "order_id": id, "error": e.about(id).to_string() }))
+    } else {
+        eprintln!("{}", e.about(id));
+        Ok(())
+    }
+}
+
+/// Asks on the terminal (standard error: standard output holds only results); anything
+/// but y/yes is no (and so is a closed stdin).
 pub(crate) fn confirm(question: &str) -> anyhow::Result<bool> {
-    out!("{question} [y/N] ");
+    {
+        use std::io::Write;
+        let mut err = std::io::stderr().lock();
+        write!(err, "{question} [y/N] ")?;
+        err.flush()?;
+    }
     let mut answer = String::new();
     std::io::stdin().read_line(&mut answer)?;
     Ok(matches!(
@@ -286,7 +340,7 @@ pub(crate) async fn prune(
         if json {
             let mut v = serde_json::to_value(p)?;
             v["what"] = what.into();
-            outln!("{v}");
+            json_line(&v)?;
         } else {
             outln!(
                 "{what}: {} finished orders ({} steps, {} history entries, {} alerts), \
@@ -325,21 +379,29 @@ fn humane(d: std::time::Duration) -> String {
     }
 }
 
+/// Which orders `orderly workflows migrate` moves: pinned to `from` (`name@version`),
+/// in `states` (none: Pending and Error), to `to`.
+pub(crate) struct Versions<'a> {
+    pub(crate) from: &'a str,
+    pub(crate) to: &'a str,
+    pub(crate) states: &'a [ProcessState],
+}
+
 /// `orderly workflows migrate`: moves the Pending and Error orders pinned to `from` to
 /// the compatible version `to`, in batches, each recorded in the order's history. The
 /// store refuses an incompatible pair before anything moves.
 pub(crate) async fn move_version(
     store: &dyn StateStore,
-    from: &str,
-    to: &str,
-    states: &[ProcessState],
+    versions: &Versions<'_>,
     yes: bool,
     reason: &str,
     operator: &str,
+    json: bool,
 ) -> anyhow::Result<()> {
     use orderly_core::workflow::WorkflowRef;
-    let from = WorkflowRef::parse(from).context("--from")?;
-    let to = WorkflowRef::parse(to).context("--to")?;
+    let from = WorkflowRef::parse(versions.from).context("--from")?;
+    let to = WorkflowRef::parse(versions.to).context("--to")?;
+    let states = versions.states;
     if from.name != to.name {
         bail!(
             "--to {to} is another workflow than --from {from}: orders move only between versions of one workflow"
@@ -382,9 +444,23 @@ pub(crate) async fn move_version(
         &states,
         &actor,
         reason,
-        &mut |so_far| outln!("  {so_far} moved so far"),
+        &mut |so_far| {
+            if json {
+                eprintln!("  {so_far} moved so far");
+            } else {
+                outln!("  {so_far} moved so far");
+            }
+        },
     )
     .await?;
+    if json {
+        return json_line(&serde_json::json!({
+            "from": from.to_string(),
+            "to": to.to_string(),
+            "states": states,
+            "moved": moved,
+        }));
+    }
     outln!("{moved} orders moved from {from} to {to}");
     Ok(())
 }

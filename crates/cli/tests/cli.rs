@@ -1510,3 +1510,427 @@ fn exit_codes_are_the_documented_ones() {
     let done = db.orderly(&["counts"]);
     assert_eq!(done.status.code(), Some(0), "{done:?}");
 }
+
+/// The lines of `out`'s standard output, each a JSON object (`--json`: NDJSON, and
+/// nothing else on standard output).
+fn json_lines(out: &Output) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    stdout(out)
+        .lines()
+        .map(|l| match serde_json::from_str(l) {
+            Ok(serde_json::Value::Object(o)) => o,
+            other => panic!("not a JSON object ({other:?}): {l}\n{}", stdout(out)),
+        })
+        .collect()
+}
+
+/// A script drives every command with `--json`: each prints one JSON object a line on
+/// standard output and nothing else (a list one per item, an action one per order or
+/// message it acted on, with the store's refusals among them), questions go to
+/// standard error, an error ends it as one JSON line there; commands that print no
+/// results refuse `--json` with exit code 2.
+#[test]
+fn every_command_scripts_with_json_lines() {
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let ok = |args: &[&str]| {
+        let out = db.orderly(args);
+        assert!(
+            out.status.success(),
+            "orderly {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_lines(&out)
+    };
+
+    let migrated = ok(&["migrate", "--json"]);
+    assert_eq!(migrated.len(), 1);
+    assert!(migrated[0]["queues"].as_array().unwrap().len() >= 3);
+    let file = std::env::temp_dir().join(format!(
+        "orderly-cli-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let two = [orderly_cli::sample::order(1), orderly_cli::sample::order(2)];
+    std::fs::write(&file, serde_json::to_string(&two).unwrap()).unwrap();
+    let file = file.to_str().unwrap();
+    let submitted = ok(&["submit", file, "--json"]);
+    assert_eq!(submitted.len(), 2);
+    assert!(submitted.iter().all(|s| s["outcome"] == "accepted"));
+    let again = ok(&["submit", file, "--json"]);
+    assert!(
+        again.iter().all(|s| s["outcome"] == "duplicate"),
+        "{again:?}"
+    );
+    let _ = std::fs::remove_file(file);
+    assert_eq!(ok(&["submit", "--sample", "1", "--json"]).len(), 1);
+    // An order in Error (the oldest Pending one, claimed and failed), for the retry.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let b = orderly_sql::connect(&url, orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        error_order(&*b.store, &orderly_cli::sample::order(40)).await;
+    });
+    let in_error = ok(&["list", "--state", "Error", "--json"]);
+    assert_eq!(in_error.len(), 1);
+    let failed_id = in_error[0]["order_id"].as_str().unwrap().to_owned();
+
+    let listed = ok(&["list", "--json"]);
+    assert_eq!(listed.len(), 4);
+    let first = listed
+        .iter()
+        .map(|o| o["order_id"].as_str().unwrap().to_owned())
+        .find(|id| *id != failed_id)
+        .unwrap();
+    let shown = ok(&["show", &first, "--json"]);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0]["state"]["order_id"], first.as_str());
+    assert!(!shown[0]["history"].as_array().unwrap().is_empty());
+    let counts = ok(&["counts", "--json"]);
+    let count = |state: &str| {
+        counts
+            .iter()
+            .find(|c| c["state"] == state)
+            .map(|c| c["orders"].as_i64().unwrap())
+    };
+    assert_eq!(count("Pending"), Some(3));
+    assert_eq!(count("Error"), Some(1));
+    assert!(!ok(&["workflows", "--json"]).is_empty());
+    let alerts = ok(&["alerts", "--json"]);
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(alerts[0]["order_id"], failed_id.as_str());
+    ok(&["alerts", "--system", "--json"]);
+    assert!(ok(&["services", "--json"]).is_empty());
+    let leader = ok(&["leader", "--json"]);
+    assert_eq!(leader.len(), 1);
+    assert_eq!(leader[0]["live"], false);
+    assert!(
+        ok(&["queues", "--json"])
+            .iter()
+            .any(|q| q["queue"] == "orders")
+    );
+    assert!(ok(&["dead-letters", "orders", "--json"]).is_empty());
+    assert_eq!(ok(&["outbox", "--json"]).len(), 1);
+    let pruned = ok(&["prune", "--dry-run", "--json"]);
+    assert_eq!(pruned.len(), 1);
+    assert_eq!(pruned[0]["orders"], 0);
+
+    // The settings check: a line per role, valid or not.
+    let settings = std::env::temp_dir().join(format!(
+        "orderly-cfg-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&settings, "[scheduler]\nmax_in_flight = 0\n").unwrap();
+    let out = db.orderly(&["config", "check", settings.to_str().unwrap(), "--json"]);
+    let _ = std::fs::remove_file(&settings);
+    assert_eq!(out.status.code(), Some(1));
+    let roles = json_lines(&out);
+    assert_eq!(roles.len(), 4, "{roles:?}");
+    let scheduler = roles
+        .iter()
+        .find(|r| r["role"] == "orderly-scheduler")
+        .unwrap();
+    assert_eq!(scheduler["valid"], false);
+    assert!(
+        scheduler["said"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid value '0' for '--max-in-flight"),
+        "{scheduler:?}"
+    );
+    assert!(roles.iter().any(|r| r["valid"] == true));
+
+    // Actions: a line per order acted on.
+    let retried = ok(&["resubmit", &failed_id, "--reason", "card fixed", "--json"]);
+    assert_eq!(retried.len(), 1);
+    assert_eq!(retried[0]["order_id"], failed_id.as_str());
+    assert_eq!(retried[0]["state"], "Pending");
+    // A question goes to standard error; declined, nothing is done.
+    let mut asked = Command::new(role("orderly"))
+        .args([
+            "cancel", "--all", "--state", "Pending", "--reason", "x", "--json",
+        ])
+        .env("ORDERLY_DATABASE_URL", &url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(asked.stdin.take());
+    let out = asked.wait_with_output().unwrap();
+    assert!(out.stdout.is_empty(), "{}", stdout(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[y/N]"));
+
+    let cancelled = ok(&[
+        "cancel", "--all", "--state", "Pending", "--yes", "--reason", "test", "--json",
+    ]);
+    assert_eq!(cancelled.len(), 4);
+    assert!(cancelled.iter().all(|c| c.contains_key("order_id")));
+    // The store's refusal is a line of the results; the command fails.
+    let out = db.orderly(&["resubmit", &first, "--reason", "x", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let refused = json_lines(&out);
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["order_id"], first.as_str());
+    assert!(refused[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
+    // The error that ends a command: one JSON line on standard error.
+    let out = db.orderly(&["show", "no-such-order", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last: serde_json::Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| {
+        panic!("not one JSON line ({e}): {err}");
+    });
+    assert!(
+        last["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-order")),
+        "{err}"
+    );
+    // Commands that print no results refuse it, naming it.
+    for args in [
+        &["man", "--json"][..],
+        &["completions", "bash", "--json"],
+        &["provision", "--print", "az", "--json"],
+        &["--json", "bench"],
+    ] {
+        let out = db.orderly(args);
+        assert_eq!(out.status.code(), Some(2), "orderly {args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--json"),
+            "orderly {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A script drives the dashboard's JSON API as an operator clicks through its pages:
+/// behind the same token, every page's data reads as JSON, and every action is taken
+/// with a JSON body (recorded under the operator's name) and refused as JSON when the
+/// order's state does not allow it; a form-encoded or cross-site action is refused.
+#[test]
+fn the_dashboards_json_api_reads_every_page_and_takes_every_action() {
+    use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings};
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    let db = Db::new();
+    let url = format!("sqlite://{}", db.0.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Two orders in Error of one cause, and a dead letter on the orders queue.
+    let (a, b) = (orderly_cli::sample::order(1), orderly_cli::sample::order(2));
+    let (a_id, b_id) = (a.order_id.to_string(), b.order_id.to_string());
+    rt.block_on(async {
+        let s = orderly_sql::connect(&url, orderly_core::TimeSource::Database)
+            .await
+            .unwrap();
+        error_order(&*s.store, &a).await;
+        error_order(&*s.store, &b).await;
+        let orders = QueueName::parse("orders").unwrap();
+        s.transport
+            .declare_queue(&orders, &QueueSettings::default())
+            .await
+            .unwrap();
+        s.transport
+            .send(
+                &orders,
+                &[OutgoingMessage::new("m-bad", b"{not json".to_vec())],
+            )
+            .await
+            .unwrap();
+        let got = s
+            .transport
+            .receive(&orders, 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        s.transport
+            .dead_letter(&got[0], "BodyUndecodable", "expected value")
+            .await
+            .unwrap();
+    });
+    let (mut dash, port) = start_dashboard(&url, "127.0.0.1", Some("s3cret"));
+    let base = format!("http://127.0.0.1:{port}");
+    let http = procs::http();
+    let get = |path: &str| {
+        let r = rt
+            .block_on(
+                http.get(format!("{base}{path}"))
+                    .bearer_auth("s3cret")
+                    .send(),
+            )
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, rt.block_on(r.json::<Value>()).unwrap())
+    };
+    let post = |path: &str, body: Value| {
+        let r = rt
+            .block_on(
+                http.post(format!("{base}{path}"))
+                    .bearer_auth("s3cret")
+                    .json(&body)
+                    .send(),
+            )
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, rt.block_on(r.json::<Value>()).unwrap())
+    };
+
+    // The token is asked for as on the pages.
+    let r = rt
+        .block_on(http.get(format!("{base}/api/orders")).send())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+
+    // Orders, paged by cursor; a bad filter is named.
+    let (status, page) = get("/api/orders?state=Error&limit=1");
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["orders"].as_array().unwrap().len(), 1);
+    let first = page["orders"][0]["order_id"].as_str().unwrap().to_owned();
+    let next = page["next"].as_str().expect("a next page").to_owned();
+    let (_, rest) = get(&format!(
+        "/api/orders?state=Error&limit=1&after={}",
+        next.replace('+', "%2B").replace('|', "%7C")
+    ));
+    let second = rest["orders"][0]["order_id"].as_str().unwrap().to_owned();
+    let mut both = [first.clone(), second];
+    both.sort();
+    let mut expected = [a_id.clone(), b_id.clone()];
+    expected.sort();
+    assert_eq!(both, expected);
+    let (status, bad) = get("/api/orders?limit=0");
+    assert_eq!(status, 400);
+    assert!(bad["error"].as_str().unwrap().contains("limit"), "{bad}");
+    let (status, order) = get(&format!("/api/orders/{a_id}"));
+    assert_eq!(status, 200);
+    assert_eq!(order["state"]["process_state"], "Error");
+    assert!(!order["history"].as_array().unwrap().is_empty());
+    let (status, _) = get("/api/orders/no-such-order");
+    assert_eq!(status, 404);
+
+    // The errors page's groups.
+    let (_, errors) = get("/api/errors");
+    assert_eq!(errors["error_orders"], 2);
+    let groups = errors["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{errors}");
+    assert_eq!(groups[0]["count"], 2);
+
+    // An action is refused unless its body is JSON, and from another site.
+    let r = rt
+        .block_on(
+            http.post(format!("{base}/api/orders/{a_id}/retry"))
+                .bearer_auth("s3cret")
+                .form(&[("reason", "x")])
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let r = rt
+        .block_on(
+            http.post(format!("{base}/api/orders/{a_id}/retry"))
+                .bearer_auth("s3cret")
+                .header("origin", "http://evil.example")
+                .json(&json!({}))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let (_, order) = get(&format!("/api/orders/{a_id}"));
+    assert_eq!(order["state"]["process_state"], "Error", "nothing was done");
+
+    // Retry one order, under the operator's name; again, it is refused as a conflict.
+    let (status, retried) = post(
+        &format!("/api/orders/{a_id}/retry"),
+        json!({ "reason": "card fixed", "operator": "erin" }),
+    );
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(retried["state"], "Pending");
+    assert_eq!(retried["by"], "operator:erin");
+    let (_, order) = get(&format!("/api/orders/{a_id}"));
+    let last = order["history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["actor"], "operator:erin", "{last}");
+    assert_eq!(last["reason"], "card fixed", "{last}");
+    let (status, conflict) = post(&format!("/api/orders/{a_id}/retry"), json!({}));
+    assert_eq!(status, 409, "{conflict}");
+    assert!(conflict["error"].is_string());
+    let (status, unknown) = post(
+        &format!("/api/orders/{a_id}/retry"),
+        json!({ "reasn": "x" }),
+    );
+    assert_eq!(status, 422, "an unknown field is refused: {unknown}");
+
+    // Cancel what is left of the cause, as a group.
+    let (status, done) = post(
+        "/api/errors/group",
+        json!({
+            "action": "cancel",
+            "workflow": groups[0]["workflow"],
+            "step": groups[0]["step"],
+            "pattern": groups[0]["pattern"],
+            "reason": "customer gave up",
+        }),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["moved"], 1);
+    let (_, order) = get(&format!("/api/orders/{b_id}"));
+    assert_ne!(order["state"]["process_state"], "Error");
+    let (status, _) = post(
+        "/api/errors/group",
+        json!({ "action": "forget", "workflow": "w", "step": 0, "pattern": "p" }),
+    );
+    assert_eq!(status, 400);
+
+    // Alerts, acknowledged.
+    let (_, alerts) = get("/api/alerts?all=true");
+    let order_alerts = alerts["orders"].as_array().unwrap();
+    assert_eq!(order_alerts.len(), 2, "{alerts}");
+    let alert_id = order_alerts[0]["alert_id"].as_i64().unwrap();
+    let (status, acked) = post(
+        &format!("/api/alerts/{alert_id}/ack"),
+        json!({ "operator": "erin" }),
+    );
+    assert_eq!(status, 200, "{acked}");
+    assert_eq!(acked["acknowledged_by"], "operator:erin");
+    let (status, _) = post("/api/alerts/999999/ack", json!({}));
+    assert_eq!(status, 404);
+    assert!(alerts["system"].is_array());
+
+    // The other pages' data.
+    let (status, flows) = get("/api/workflows");
+    assert_eq!(status, 200);
+    assert!(
+        flows["in_flight"].is_array() && flows["stored"].is_array(),
+        "{flows}"
+    );
+    assert_eq!(get("/api/services").1, json!([]));
+    assert_eq!(get("/api/leader").1["holder"], Value::Null);
+    let (_, queues) = get("/api/queues");
+    assert!(
+        queues
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["queue"] == "orders" && q["dead_lettered"] == 1),
+        "{queues}"
+    );
+    let (status, resumed) = post("/api/services/agent.payment/resume", json!({}));
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["was_up"], true);
+
+    // Dead letters: listed with their body, requeued; one that is not there is named.
+    let (_, letters) = get("/api/dead-letters?queue=orders");
+    assert_eq!(letters.as_array().unwrap().len(), 1, "{letters}");
+    assert_eq!(letters[0]["body"], "{not json");
+    let (status, gone) = post(
+        "/api/dead-letters/discard",
+        json!({ "queue": "orders", "message_id": "no-such-message" }),
+    );
+    assert_eq!(status, 404, "{gone}");
+    let (status, requeued) = post(
+        "/api/dead-letters/requeue",
+        json!({ "queue": "orders", "message_id": "m-bad" }),
+    );
+    assert_eq!(status, 200, "{requeued}");
+    assert_eq!(requeued["requeued"], 1);
+    assert_eq!(get("/api/dead-letters?queue=orders").1, json!([]));
+
+    dash.kill().ok();
+    dash.wait().ok();
+}

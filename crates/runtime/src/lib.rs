@@ -368,15 +368,24 @@ pub fn log_json_from_env() -> bool {
     std::env::var("ORDERLY_LOG_JSON").is_ok_and(|v| v == "true")
 }
 
+static ERRORS_AS_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on [`exit`] says the error as one JSON line, whatever `ORDERLY_LOG_JSON`
+/// says (a command line that asked for JSON: `--json`, `--log-json`).
+pub fn errors_as_json() {
+    ERRORS_AS_JSON.store(true, std::sync::atomic::Ordering::Release);
+}
+
 /// A binary's last word: the error that ended it, on stderr, as one JSON line (the
 /// shape of the JSON logs: timestamp, level, fields.message, target) when
-/// `ORDERLY_LOG_JSON` is on, else as `error: ...` with its causes; exit code 1.
+/// `ORDERLY_LOG_JSON` is on or [`errors_as_json`] was called, else as `error: ...`
+/// with its causes; exit code 1.
 pub fn exit(binary: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
     let Err(e) = result else {
         return std::process::ExitCode::SUCCESS;
     };
     let message = causes(e.as_ref());
-    if log_json_from_env() {
+    if log_json_from_env() || ERRORS_AS_JSON.load(std::sync::atomic::Ordering::Acquire) {
         let line = serde_json::json!({
             "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             "level": "ERROR",

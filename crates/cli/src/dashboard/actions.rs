@@ -39,34 +39,8 @@ pub(super) fn acting(headers: &HeaderMap, form: &Acting) -> Result<(Actor, Strin
             "The form's CSRF token does not match: reload the page and try again.",
         )));
     }
-    let given = form
-        .operator
-        .as_deref()
-        .map(str::trim)
-        .filter(|n| !n.is_empty());
-    let signed_in = headers
-        .get(super::auth::SIGNED_IN)
-        .and_then(|v| v.to_str().ok());
-    let name = match signed_in {
-        // Signed in, the action is the signed-in operator's: a form naming someone
-        // else is a forgery of the audit trail.
-        Some(signed_in) if given.is_some_and(|g| g != signed_in) => {
-            return Err(Box::new(refused(
-                StatusCode::FORBIDDEN,
-                &format!(
-                    "You are signed in as {signed_in}: an action is recorded under that name, not another."
-                ),
-            )));
-        }
-        Some(signed_in) => signed_in,
-        None => given.unwrap_or("dashboard"),
-    };
-    if !super::access::valid_name(name) {
-        return Err(Box::new(refused(
-            StatusCode::BAD_REQUEST,
-            "Your name (operator): 1 to 64 letters, digits, '-', '_', '.' or '@'.",
-        )));
-    }
+    let actor = who(headers, form.operator.as_deref())
+        .map_err(|(status, why)| Box::new(refused(status, &why)))?;
     let reason = form
         .reason
         .as_deref()
@@ -74,7 +48,35 @@ pub(super) fn acting(headers: &HeaderMap, form: &Acting) -> Result<(Actor, Strin
         .filter(|r| !r.is_empty())
         .unwrap_or("from the dashboard")
         .to_owned();
-    Ok((Actor::operator(name), reason))
+    Ok((actor, reason))
+}
+
+/// Who acts: the operator signed in (a request naming someone else is refused: a
+/// forgery of the audit trail), else the name `given` (`dashboard` without one).
+pub(super) fn who(headers: &HeaderMap, given: Option<&str>) -> Result<Actor, (StatusCode, String)> {
+    let given = given.map(str::trim).filter(|n| !n.is_empty());
+    let signed_in = headers
+        .get(super::auth::SIGNED_IN)
+        .and_then(|v| v.to_str().ok());
+    let name = match signed_in {
+        Some(signed_in) if given.is_some_and(|g| g != signed_in) => {
+            return Err((
+                StatusCode::FORBIDDEN,
+                format!(
+                    "You are signed in as {signed_in}: an action is recorded under that name, not another."
+                ),
+            ));
+        }
+        Some(signed_in) => signed_in,
+        None => given.unwrap_or("dashboard"),
+    };
+    if !super::access::valid_name(name) {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "Your name (operator): 1 to 64 letters, digits, '-', '_', '.' or '@'.".to_owned(),
+        ));
+    }
+    Ok(Actor::operator(name))
 }
 
 /// The operator's name, remembered for the next form.

@@ -25,7 +25,7 @@ use super::html::{action_fields, ago, failed, notice, page, url, when};
 const MOST: usize = 20_000;
 
 /// Every Error order (up to [`MOST`]), oldest first.
-async fn error_rows(store: &dyn StateStore) -> orderly_core::Result<Vec<StateRow>> {
+pub(super) async fn error_rows(store: &dyn StateStore) -> orderly_core::Result<Vec<StateRow>> {
     let mut filter = OrderFilter {
         state: Some(ProcessState::Error),
         limit: 1_000,
@@ -43,7 +43,7 @@ async fn error_rows(store: &dyn StateStore) -> orderly_core::Result<Vec<StateRow
 }
 
 /// The name of step `step` of the orders of `group` (read from one of them).
-async fn step_name(store: &dyn StateStore, group: &ErrorGroup) -> String {
+pub(super) async fn step_name(store: &dyn StateStore, group: &ErrorGroup) -> String {
     let Some(sample) = group.orders.first() else {
         return String::new();
     };
@@ -311,6 +311,55 @@ impl GroupAction {
     }
 }
 
+/// What a group action did: the group as it was when acted on, how many of its orders
+/// moved, and each one the store refused with why.
+pub(super) struct GroupDone {
+    pub(super) group: ErrorGroup,
+    pub(super) moved: usize,
+    pub(super) refused: Vec<(orderly_core::OrderId, String)>,
+}
+
+/// Retries (or cancels) the orders of the group `key` as they are now, each recorded
+/// under `actor` with `reason`.
+pub(super) async fn act_on_group(
+    store: &dyn StateStore,
+    key: &GroupKey,
+    retry: bool,
+    actor: &orderly_core::Actor,
+    reason: &str,
+) -> orderly_core::Result<GroupDone> {
+    let group = match group_now(store, key).await? {
+        Some((group, _)) => group,
+        None => ErrorGroup {
+            key: key.clone(),
+            orders: Vec::new(),
+            example: String::new(),
+            first_seen: chrono::Utc::now(),
+            last_seen: chrono::Utc::now(),
+        },
+    };
+    let (mut moved, mut refused) = (0, Vec::new());
+    for id in &group.orders {
+        let done = if retry {
+            store.resubmit(id, actor, reason, &[]).await.map(|_| ())
+        } else {
+            store
+                .request_cancel(id, actor, reason, &[])
+                .await
+                .map(|_| ())
+        };
+        match done {
+            Ok(()) => moved += 1,
+            Err(e) => refused.push((id.clone(), e.about(id))),
+        }
+    }
+    Ok(GroupDone {
+        group,
+        moved,
+        refused,
+    })
+}
+
 pub(super) async fn act(
     State(dash): State<Dash>,
     headers: HeaderMap,
@@ -326,35 +375,15 @@ pub(super) async fn act(
         return refused(StatusCode::BAD_REQUEST, "unknown action");
     };
     let store = dash.backend.store.as_ref();
-    let (group, _) = match group_now(store, &group_query.key()).await {
-        Ok(Some(g)) => g,
-        Ok(None) => (
-            ErrorGroup {
-                key: group_query.key(),
-                orders: Vec::new(),
-                example: String::new(),
-                first_seen: chrono::Utc::now(),
-                last_seen: chrono::Utc::now(),
-            },
-            HashMap::new(),
-        ),
+    let GroupDone {
+        group,
+        moved,
+        refused: refused_n,
+    } = match act_on_group(store, &group_query.key(), retry, &actor, &reason).await {
+        Ok(done) => done,
         Err(e) => return failed(e),
     };
-    let (mut moved, mut refused_n) = (0, Vec::new());
-    for id in &group.orders {
-        let done = if retry {
-            store.resubmit(id, &actor, &reason, &[]).await.map(|_| ())
-        } else {
-            store
-                .request_cancel(id, &actor, &reason, &[])
-                .await
-                .map(|_| ())
-        };
-        match done {
-            Ok(()) => moved += 1,
-            Err(e) => refused_n.push(e.about(id)),
-        }
-    }
+    let refused_n: Vec<String> = refused_n.into_iter().map(|(_, why)| why).collect();
     let verb = if retry { "Retried" } else { "Cancelled" };
     let changed = form.expected.filter(|expected| *expected != group.count());
     let text = html! {

@@ -26,6 +26,8 @@ pub(super) struct OrdersQuery {
     /// Where the page starts: `CREATED_AT|ORDER_ID` of the last row before it.
     after: Option<String>,
     waiting: Option<String>,
+    /// How many a page holds (the JSON API's; the page shows 50).
+    limit: Option<String>,
 }
 
 fn filled(v: &Option<String>) -> Option<&str> {
@@ -33,7 +35,7 @@ fn filled(v: &Option<String>) -> Option<&str> {
 }
 
 impl OrdersQuery {
-    fn filter(&self) -> Result<OrderFilter, String> {
+    pub(super) fn filter(&self) -> Result<OrderFilter, String> {
         let state = filled(&self.state)
             .map(|s| s.parse::<ProcessState>())
             .transpose()
@@ -71,7 +73,15 @@ impl OrdersQuery {
             customer: filled(&self.customer).map(str::to_owned),
             id_prefix: filled(&self.id).map(str::to_owned),
             waiting_for: filled(&self.waiting).map(str::to_owned),
-            limit: 50,
+            limit: filled(&self.limit)
+                .map(|l| {
+                    l.parse::<u32>()
+                        .ok()
+                        .filter(|l| (1..=1_000).contains(l))
+                        .ok_or_else(|| "limit: 1 to 1000".to_owned())
+                })
+                .transpose()?
+                .unwrap_or(50),
             after,
         })
     }
@@ -92,6 +102,16 @@ impl OrdersQuery {
         .collect::<Vec<_>>()
         .join("&")
     }
+}
+
+/// A page cursor as `after` takes it: `CREATED_AT|ORDER_ID` of the last row before it.
+pub(super) fn cursor_text(c: &Cursor) -> String {
+    format!(
+        "{}|{}",
+        c.created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        c.order_id
+    )
 }
 
 pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQuery>) -> Response {
@@ -125,12 +145,7 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
         let link = query.link();
         format!(
             "/orders?{link}{sep}after={}",
-            url(&format!(
-                "{}|{}",
-                next.created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                next.order_id
-            )),
+            url(&cursor_text(next)),
             sep = if link.is_empty() { "" } else { "&" },
         )
     });
