@@ -1,7 +1,7 @@
 // The operators' console in a real headless browser (Debian's chromium), after a run
 // with failures: the overview's chart has data; the Errors page groups the failures by
 // cause, and a cause's "Retry all" says how many orders it moves before it moves them;
-// the filters and the search find an order; a screenshot of each page is written for
+// the filters and the search find an order; an order's alert is acknowledged; a screenshot of each page is written for
 // review.
 // Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID ERRORS
 // Exits non-zero, saying what it saw, on any failure.
@@ -81,6 +81,22 @@ try {
   if (!history.includes("operator:erin")) throw new Error("the retry is not recorded under the operator's name");
   await shot(page, "order");
 
+  // Alerts: an order's alert acknowledged, under the operator's name.
+  await page.goto(`${base}/alerts`);
+  const open = page.locator("#order-alerts tr", { has: page.locator("button.ack") }).first();
+  const alertNo = (await open.locator("td").first().innerText()).trim();
+  await open.locator("input[name=operator]").fill("erin");
+  await Promise.all([
+    page.waitForResponse((r) => r.url().endsWith("/alerts") && r.request().method() === "GET"),
+    open.locator("button.ack").click(),
+  ]);
+  const acked = page
+    .locator("#order-alerts tr")
+    .filter({ has: page.locator("td:first-child", { hasText: new RegExp(`^${alertNo}$`) }) });
+  const by = (await acked.locator("span.ack").innerText()).trim();
+  if (by !== "operator:erin") throw new Error(`alert #${alertNo} acknowledged by ${by}, expected operator:erin`);
+  if ((await acked.locator("button.ack").count()) !== 0) throw new Error("an acknowledged alert still offers Acknowledge");
+
   for (const [name, path] of [["alerts", "/alerts"], ["dead-letters", "/dead-letters"]]) {
     await page.goto(`${base}${path}`);
     await shot(page, name);
@@ -88,7 +104,7 @@ try {
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
   await phone.goto(`${base}/`);
   await shot(phone, "overview-phone");
-  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}; screenshots in ${shots}`);
+  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged; screenshots in ${shots}`);
 } catch (e) {
   console.error(`console test failed: ${e.message}`);
   code = 1;

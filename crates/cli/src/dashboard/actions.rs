@@ -100,7 +100,7 @@ pub(super) fn done_page(form: &Acting, title: &str, html: Markup) -> Response {
 }
 
 /// Back to `to`, remembering who acted.
-fn back(form: &Acting, to: &str) -> Response {
+pub(super) fn back(form: &Acting, to: &str) -> Response {
     let redirect = Redirect::to(to);
     match remember(form) {
         Some(cookie) => ([cookie], redirect).into_response(),

@@ -1,14 +1,17 @@
 //! Alerts: about the system (conditions, open and resolved) and about orders (each
-//! order that entered Error).
+//! order that entered Error), which an operator acknowledges ("seen, being handled").
 
-use axum::extract::State;
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 
 use super::Dash;
-use super::html::{ago, failed, page, url, when};
+use super::actions::{Acting, acting, back, refused};
+use super::auth::{cookie, operator};
+use super::html::{action_fields, ago, failed, page, url, when};
 
-pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
+pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Response {
     let store = &dash.backend.store;
     let system = match store.system_alerts(false, 200).await {
         Ok(a) => a,
@@ -18,6 +21,8 @@ pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
         Ok(a) => a,
         Err(e) => return failed(e),
     };
+    let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
+    let operator = operator(&headers);
     let body = html! {
         div.card {
             h2 { "About the system" }
@@ -53,7 +58,15 @@ pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
                         td { (a.step.as_deref().unwrap_or("-")) }
                         td { (a.failure_count) }
                         td { (a.last_error.as_deref().unwrap_or("-")) }
-                        td { (a.acknowledged_by.as_deref().unwrap_or("-")) }
+                        td {
+                            @match a.acknowledged_by.as_deref() {
+                                Some(by) => span.ack { (by) },
+                                None => form.inline method="post" action={"/alerts/" (a.alert_id) "/ack"} {
+                                    (action_fields(csrf, &operator))
+                                    " " button.ack { "Acknowledge" }
+                                },
+                            }
+                        }
                     }
                 }
                 @if orders.is_empty() { tr { td colspan="7" .muted { "None." } } }
@@ -61,4 +74,22 @@ pub(super) async fn alerts(State(dash): State<Dash>) -> Response {
         }
     };
     page("Alerts", "/alerts", body).into_response()
+}
+
+/// Acknowledges an order's alert under the operator's name, then back to the alerts.
+pub(super) async fn acknowledge(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<Acting>,
+) -> Response {
+    let (actor, _) = match acting(&headers, &form) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    match dash.backend.store.acknowledge_alert(id, &actor).await {
+        Ok(Some(_)) => back(&form, "/alerts"),
+        Ok(None) => refused(StatusCode::NOT_FOUND, &format!("No alert #{id}.")),
+        Err(e) => failed(e),
+    }
 }
