@@ -1,7 +1,8 @@
 // The operators' console in a real headless browser (Debian's chromium), after a run
 // with failures: the overview's chart has data; the Errors page groups the failures by
 // cause, and a cause's "Retry all" says how many orders it moves before it moves them;
-// the filters and the search find an order; an order's alert is acknowledged; a screenshot of each page is written for
+// the filters and the search find an order; an order's alert is acknowledged; orders
+// ticked in the list are cancelled, and all matching a filter retried; a screenshot of each page is written for
 // review.
 // Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID ERRORS
 // Exits non-zero, saying what it saw, on any failure.
@@ -97,6 +98,37 @@ try {
   if (by !== "operator:erin") throw new Error(`alert #${alertNo} acknowledged by ${by}, expected operator:erin`);
   if ((await acked.locator("button.ack").count()) !== 0) throw new Error("an acknowledged alert still offers Acknowledge");
 
+  // Bulk from the orders list: two Error orders ticked and cancelled; then every Error
+  // order left, "all matching the filters", retried after a confirmation that counts them.
+  await page.goto(`${base}/orders?state=Error`);
+  const rows = page.locator("#orders tr.order");
+  const inError = await rows.count();
+  if (inError < 3) throw new Error(`only ${inError} Error orders left for the bulk actions`);
+  await rows.nth(0).locator("input[name=order]").check();
+  await rows.nth(1).locator("input[name=order]").check();
+  await page.fill("#bulk input[name=operator]", "erin");
+  await shot(page, "bulk-selected");
+  await page.click("#bulk-cancel");
+  await page.locator("#bulk-moved").waitFor();
+  const cancelled = (await page.locator("#bulk-moved").innerText()).trim();
+  if (cancelled !== "2") throw new Error(`cancelled ${cancelled} of the 2 ticked orders`);
+  await page.goto(`${base}/orders?state=Error`);
+  const rest = await page.locator("#orders tr.order").count();
+  if (rest !== inError - 2) throw new Error(`${rest} orders in Error after cancelling 2 of ${inError}`);
+  await page.fill("#bulk input[name=operator]", "erin");
+  await page.check("#bulk-all");
+  await page.click("#bulk-retry");
+  await page.locator("#bulk-count").waitFor();
+  const asked = (await page.locator("#bulk-count").innerText()).trim();
+  if (asked !== String(rest)) throw new Error(`the confirmation counts ${asked} matching orders, ${rest} are listed`);
+  await shot(page, "bulk-confirm");
+  await page.click("#bulk-confirm");
+  await page.locator("#bulk-moved").waitFor();
+  const retried = (await page.locator("#bulk-moved").innerText()).trim();
+  if (retried !== String(rest)) throw new Error(`retried ${retried} of ${rest} matching orders`);
+  await page.goto(`${base}/orders?state=Error`);
+  if ((await page.locator("#orders tr.order").count()) !== 0) throw new Error("orders are still in Error after retrying all");
+
   for (const [name, path] of [["alerts", "/alerts"], ["dead-letters", "/dead-letters"]]) {
     await page.goto(`${base}${path}`);
     await shot(page, name);
@@ -104,7 +136,7 @@ try {
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
   await phone.goto(`${base}/`);
   await shot(phone, "overview-phone");
-  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged; screenshots in ${shots}`);
+  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
 } catch (e) {
   console.error(`console test failed: ${e.message}`);
   code = 1;

@@ -8,7 +8,8 @@
 //!   recoveries and dead letters), the supervisors (who leads; or no supervisor
 //!   running, or a leader lost), open alerts, the remote services, the queues (live);
 //! - `/orders` every order, filtered by state, step, error text, age, customer, waiting
-//!   service; found by id; paged by cursor;
+//!   service; found by id; paged by cursor; the orders ticked, or all the filters
+//!   match, retried or cancelled at once (`bulk`);
 //! - `/errors` Error orders grouped by cause, Retry all / Cancel all of a cause after a
 //!   confirmation that says how many and what a retry will do; the orders one by one;
 //! - `/orders/{id}` one order: a visual timeline of its steps and attempts, its steps,
@@ -44,6 +45,7 @@ mod actions;
 mod alerts;
 mod api;
 mod auth;
+mod bulk;
 mod charts;
 mod dead_letters;
 mod errors;
@@ -126,6 +128,7 @@ pub async fn serve(
         .route("/api/overview", get(overview::api))
         .route("/charts", get(overview::charts))
         .route("/orders", get(orders::orders))
+        .route("/orders/bulk", post(bulk::bulk))
         .route("/orders/{id}", get(order::order))
         .route("/orders/{id}/retry", post(actions::retry))
         .route("/orders/{id}/cancel", post(actions::cancel))

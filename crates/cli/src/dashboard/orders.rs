@@ -3,6 +3,7 @@
 //! orders come and go).
 
 use axum::extract::{Query, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use orderly_core::store::{Cursor, OrderFilter};
@@ -10,7 +11,8 @@ use orderly_core::{OrderId, ProcessState};
 use serde::Deserialize;
 
 use super::Dash;
-use super::html::{ago, badge, failed, notice, page, url, when};
+use super::auth::{cookie, operator};
+use super::html::{action_fields, ago, badge, failed, notice, page, url, when};
 
 /// The list's filters, as the form sends them (empty fields are no filter).
 #[derive(Debug, Default, Deserialize)]
@@ -86,8 +88,39 @@ impl OrdersQuery {
         })
     }
 
-    /// The query string of these filters (without the cursor).
-    fn link(&self) -> String {
+    /// The filters among a form's fields (`state`, `step`, `q`, `customer`, `older`,
+    /// `id`, `waiting`; the rest ignored).
+    pub(super) fn from_fields(fields: &[(String, String)]) -> Self {
+        let one = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        Self {
+            state: one("state"),
+            step: one("step"),
+            q: one("q"),
+            customer: one("customer"),
+            older: one("older"),
+            id: one("id"),
+            after: None,
+            waiting: one("waiting"),
+            limit: None,
+        }
+    }
+
+    /// These filters as hidden fields of a form (a bulk action over all they match).
+    pub(super) fn hidden(&self) -> Markup {
+        html! {
+            @for (k, v) in self.pairs() {
+                input type="hidden" name=(k) value=(v);
+            }
+        }
+    }
+
+    /// The filters given, by name.
+    fn pairs(&self) -> Vec<(&'static str, &str)> {
         [
             ("state", &self.state),
             ("step", &self.step),
@@ -97,10 +130,18 @@ impl OrdersQuery {
             ("id", &self.id),
             ("waiting", &self.waiting),
         ]
-        .iter()
-        .filter_map(|(k, v)| filled(v).map(|v| format!("{k}={}", url(v))))
-        .collect::<Vec<_>>()
-        .join("&")
+        .into_iter()
+        .filter_map(|(k, v)| filled(v).map(|v| (k, v)))
+        .collect()
+    }
+
+    /// The query string of these filters (without the cursor).
+    pub(super) fn link(&self) -> String {
+        self.pairs()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={}", url(v)))
+            .collect::<Vec<_>>()
+            .join("&")
     }
 }
 
@@ -114,7 +155,11 @@ pub(super) fn cursor_text(c: &Cursor) -> String {
     )
 }
 
-pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQuery>) -> Response {
+pub(super) async fn orders(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Query(query): Query<OrdersQuery>,
+) -> Response {
     let store = &dash.backend.store;
     // An exact id opens its order.
     if let Some(id) = filled(&query.id)
@@ -149,15 +194,34 @@ pub(super) async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQ
             sep = if link.is_empty() { "" } else { "&" },
         )
     });
+    let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
     let body = html! {
         (form(&query))
+        @if !page_of.orders.is_empty() {
+            div.card { form.filters method="post" action="/orders/bulk" #bulk {
+                (action_fields(csrf, &operator(&headers)))
+                input name="reason" size="28" placeholder="why (for the histories)" aria-label="reason";
+                (query.hidden())
+                label title="every order these filters match, on every page; you are asked first" {
+                    input type="checkbox" name="all" value="1" #bulk-all;
+                    " all matching the filters"
+                }
+                button name="action" value="retry" #bulk-retry { "Retry selected" }
+                " "
+                button.danger name="action" value="cancel" #bulk-cancel { "Cancel selected" }
+            } }
+        }
         div.card {
             div.scroll { table #orders {
-                tr { th { "order" } th { "state" } th { "step" } th { "failures" } th { "created" }
+                tr { th { input type="checkbox" #select-page aria-label="select this page"
+                        onclick="for (const b of document.querySelectorAll('#orders input[name=order]')) b.checked = this.checked"; }
+                     th { "order" } th { "state" } th { "step" } th { "failures" } th { "created" }
                      th { "updated" } th { "last error / waiting" } }
                 @for r in &page_of.orders {
                     @let note = r.waiting_note(&services).or_else(|| r.error_note()).unwrap_or_default();
-                    tr {
+                    tr.order {
+                        td { input type="checkbox" name="order" value=(r.order_id.as_str()) form="bulk"
+                                aria-label={"select " (r.order_id.as_str())}; }
                         td.mono { a href={"/orders/" (url(r.order_id.as_str()))} { (r.order_id.as_str()) } }
                         td { (badge(r.process_state)) }
                         td { (r.current_step) }

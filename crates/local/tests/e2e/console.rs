@@ -2,8 +2,11 @@
 //! browser (`tests/browser/console.mjs`): the overview's charts have data, the Errors
 //! page shows the causes of every Error order on one screen, a cause is retried with
 //! two clicks after a confirmation that states its count, the store agrees that exactly
-//! that cause's orders moved, under the operator's name, and any order is found by id. The run leaves a screenshot of each page in
-//! `target/screenshots/console` for review.
+//! that cause's orders moved, under the operator's name, and any order is found by id;
+//! an alert is acknowledged, and the other causes' orders are handled from the orders
+//! list (two ticked and cancelled, all the rest matching state=Error retried after a
+//! confirmation that counts them), as the store then agrees. The run leaves a
+//! screenshot of each page in `target/screenshots/console` for review.
 
 use std::time::Duration;
 
@@ -104,6 +107,8 @@ async fn after_the_demo_an_operator_finds_every_cause_retries_one_in_two_clicks_
         "retry-done",
         "orders",
         "order",
+        "bulk-selected",
+        "bulk-confirm",
     ] {
         assert!(
             shots.join(format!("{page}.png")).exists(),
@@ -125,13 +130,26 @@ async fn after_the_demo_an_operator_finds_every_cause_retries_one_in_two_clicks_
         );
         assert_eq!(last.actor.as_str(), "operator:erin");
     }
+    // The other causes' orders, from the orders list: two ticked and cancelled, the
+    // rest (all matching state=Error) retried, each under the operator's name.
+    let mut cancelled = 0;
     for id in &others {
-        assert_eq!(
-            store.get(id).await.unwrap().state.process_state,
-            ProcessState::Error,
-            "{id} is of another cause"
-        );
+        let view = store.get(id).await.unwrap();
+        let last = view.history.last().unwrap();
+        assert_eq!(last.actor.as_str(), "operator:erin", "{id}: {last:?}");
+        match view.state.process_state {
+            ProcessState::Cancelled => cancelled += 1,
+            ProcessState::Pending => assert!(
+                matches!(
+                    last.kind,
+                    HistoryKind::Resubmitted | HistoryKind::RetriedAfresh
+                ),
+                "{id}: {last:?}"
+            ),
+            other => panic!("{id} of another cause is {other} after the bulk actions"),
+        }
     }
+    assert_eq!(cancelled, 2, "the two ticked orders are cancelled");
 }
 
 /// Over plain HTTP, as the browser would post its forms: the supervisors' panel tells
