@@ -1877,6 +1877,44 @@ fn the_dashboards_json_api_reads_every_page_and_takes_every_action() {
     );
     assert_eq!(status, 400);
 
+    // Bulk: the orders named, or all a filter matches (a misspelt filter is refused,
+    // not taken as none; a dry run only counts).
+    let (status, typo) = post(
+        "/api/orders/bulk",
+        json!({ "action": "cancel", "filter": { "stat": "Pending" } }),
+    );
+    assert_eq!(status, 400);
+    assert!(typo["error"].as_str().unwrap().contains("stat"), "{typo}");
+    let (_, dry) = post(
+        "/api/orders/bulk",
+        json!({ "action": "cancel", "filter": { "state": "Pending" }, "dry_run": true }),
+    );
+    assert_eq!(dry["selected"], 1, "{dry}");
+    assert_eq!(
+        get(&format!("/api/orders/{a_id}")).1["state"]["process_state"],
+        "Pending"
+    );
+    let (status, named) = post(
+        "/api/orders/bulk",
+        json!({ "action": "retry", "order_ids": [a_id] }),
+    );
+    assert_eq!(status, 200, "{named}");
+    assert_eq!(named["moved"], 0);
+    assert_eq!(named["refused"][0]["order_id"], a_id.as_str(), "{named}");
+    let (status, all) = post(
+        "/api/orders/bulk",
+        json!({ "action": "cancel", "filter": { "state": "Pending" }, "operator": "erin" }),
+    );
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(
+        (all["selected"].clone(), all["moved"].clone()),
+        (json!(1), json!(1))
+    );
+    assert_ne!(
+        get(&format!("/api/orders/{a_id}")).1["state"]["process_state"],
+        "Pending"
+    );
+
     // Alerts, acknowledged.
     let (_, alerts) = get("/api/alerts?all=true");
     let order_alerts = alerts["orders"].as_array().unwrap();

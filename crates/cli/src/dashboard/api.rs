@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 use super::Dash;
 use super::actions::who;
+use super::bulk::{act_on, matching};
 use super::errors::{GroupDone, act_on_group, error_rows, step_name};
 use super::orders::{OrdersQuery, cursor_text};
 
@@ -37,6 +38,7 @@ const GROUP_IDS: usize = 1_000;
 pub(super) fn routes() -> axum::Router<Dash> {
     axum::Router::new()
         .route("/api/orders", get(orders))
+        .route("/api/orders/bulk", post(bulk))
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
@@ -260,6 +262,124 @@ async fn cancel(
         Err(r) => return *r,
     };
     act_on_order(&dash, &headers, id, body, false).await
+}
+
+/// A bulk action's body: `order_ids`, or a `filter` (the orders page's, as
+/// `GET /api/orders` takes it: `state`, `step`, `q`, `customer`, `older`, `id`,
+/// `waiting`) whose every match it covers, up to 100,000, oldest first; `dry_run` only
+/// counts them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkAction {
+    /// `retry` or `cancel`.
+    action: String,
+    order_ids: Option<Vec<String>>,
+    filter: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    dry_run: bool,
+    operator: Option<String>,
+    reason: Option<String>,
+}
+
+/// `POST /api/orders/bulk`: the orders named, or all a filter matches, retried or
+/// cancelled; says how many were selected, how many moved, and each refusal.
+async fn bulk(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    body: Result<Json<BulkAction>, JsonRejection>,
+) -> Response {
+    let body = match parsed(body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let retry = match body.action.as_str() {
+        "retry" => true,
+        "cancel" => false,
+        other => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                format!("action: retry or cancel, not {other:?}"),
+            );
+        }
+    };
+    let (actor, reason) = match acting(
+        &headers,
+        body.operator.as_deref(),
+        body.reason.as_deref(),
+        if retry {
+            "retried from the dashboard's API"
+        } else {
+            "cancelled from the dashboard's API"
+        },
+    ) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let store = dash.backend.store.as_ref();
+    let (ids, more) = match (body.order_ids, body.filter) {
+        (Some(ids), None) => {
+            let mut named = Vec::with_capacity(ids.len());
+            for id in ids {
+                match OrderId::parse(id) {
+                    Ok(id) => named.push(id),
+                    Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+                }
+            }
+            (named, false)
+        }
+        (None, Some(filter)) => {
+            // A misspelt filter would select every order: refused, named.
+            const FILTERS: [&str; 7] = ["state", "step", "q", "customer", "older", "id", "waiting"];
+            if let Some(unknown) = filter.keys().find(|k| !FILTERS.contains(&k.as_str())) {
+                return refused(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "filter: no field {unknown:?} (one of {})",
+                        FILTERS.join(", ")
+                    ),
+                );
+            }
+            let fields: Vec<(String, String)> = filter
+                .into_iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (k, v)
+                })
+                .collect();
+            let filter = match OrdersQuery::from_fields(&fields).filter() {
+                Ok(f) => f,
+                Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+            };
+            match matching(store, filter).await {
+                Ok(m) => m,
+                Err(e) => return store_error(e),
+            }
+        }
+        _ => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                "give order_ids or a filter (one of them)",
+            );
+        }
+    };
+    if body.dry_run {
+        return answer(json!({ "action": body.action, "selected": ids.len(), "more": more }));
+    }
+    let (moved, not_moved) = act_on(store, &ids, retry, &actor, &reason).await;
+    answer(json!({
+        "action": body.action,
+        "selected": ids.len(),
+        "more": more,
+        "moved": moved,
+        "refused": not_moved
+            .iter()
+            .map(|(id, why)| json!({ "order_id": id, "error": why }))
+            .collect::<Vec<_>>(),
+        "by": actor.as_str(),
+    }))
 }
 
 /// `GET /api/errors`: the Error orders grouped by cause (workflow, step, the error

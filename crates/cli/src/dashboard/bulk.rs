@@ -18,19 +18,17 @@ use super::orders::OrdersQuery;
 /// more match).
 const MOST: usize = 100_000;
 
-/// Every order `query` matches, oldest first, up to [`MOST`]; and whether there were
+/// Every order `filter` matches, oldest first, up to [`MOST`]; and whether there were
 /// more.
-async fn matching(
+pub(super) async fn matching(
     store: &dyn StateStore,
-    query: &OrdersQuery,
-) -> Result<(Vec<OrderId>, bool), Box<Response>> {
-    let mut filter = query
-        .filter()
-        .map_err(|e| Box::new(refused(StatusCode::BAD_REQUEST, &e)))?;
+    mut filter: orderly_core::store::OrderFilter,
+) -> orderly_core::Result<(Vec<OrderId>, bool)> {
     filter.limit = 1_000;
+    filter.after = None;
     let mut ids = Vec::new();
     loop {
-        let page = store.list(&filter).await.map_err(|e| Box::new(failed(e)))?;
+        let page = store.list(&filter).await?;
         ids.extend(page.orders.into_iter().map(|o| o.order_id));
         match page.next {
             Some(_) if ids.len() >= MOST => {
@@ -73,9 +71,13 @@ pub(super) async fn bulk(State(dash): State<Dash>, headers: HeaderMap, body: Str
     let store = dash.backend.store.as_ref();
     let ids: Vec<OrderId> = if one("all").is_some() {
         let query = OrdersQuery::from_fields(&fields);
-        let (ids, more) = match matching(store, &query).await {
+        let filter = match query.filter() {
+            Ok(f) => f,
+            Err(e) => return refused(StatusCode::BAD_REQUEST, &e),
+        };
+        let (ids, more) = match matching(store, filter).await {
             Ok(m) => m,
-            Err(r) => return *r,
+            Err(e) => return failed(e),
         };
         if one("confirmed").is_none() {
             return confirm(&form, &query, retry, ids.len(), more);
@@ -97,22 +99,8 @@ pub(super) async fn bulk(State(dash): State<Dash>, headers: HeaderMap, body: Str
         }
         ids
     };
-    let (mut moved, mut not_moved) = (0usize, Vec::new());
-    for id in &ids {
-        let done = if retry {
-            store.resubmit(id, &actor, &reason, &[]).await.map(|_| ())
-        } else {
-            store
-                .request_cancel(id, &actor, &reason, &[])
-                .await
-                .map(|_| ())
-        };
-        match done {
-            Ok(()) => moved += 1,
-            Err(e) => not_moved.push(e.about(id)),
-        }
-    }
-    tracing::info!(operator = %actor, retry, moved, refused = not_moved.len(), "bulk action from the dashboard");
+    let (moved, not_moved) = act_on(store, &ids, retry, &actor, &reason).await;
+    let not_moved: Vec<String> = not_moved.into_iter().map(|(_, why)| why).collect();
     let verb = if retry { "Retried" } else { "Cancelled" };
     let text = html! {
         p.notice #bulk-done { (verb) " " b #bulk-moved { (moved) } " of " (ids.len()) " orders (as " (actor.as_str()) ")." }
@@ -123,6 +111,34 @@ pub(super) async fn bulk(State(dash): State<Dash>, headers: HeaderMap, body: Str
         p { a href="/orders" { "Back to the orders" } }
     };
     done_page(&form, verb, text)
+}
+
+/// Retries (or cancels) each of `ids` under `actor` with `reason`: how many moved, and
+/// each the store refused with why.
+pub(super) async fn act_on(
+    store: &dyn StateStore,
+    ids: &[OrderId],
+    retry: bool,
+    actor: &orderly_core::Actor,
+    reason: &str,
+) -> (usize, Vec<(OrderId, String)>) {
+    let (mut moved, mut not_moved) = (0usize, Vec::new());
+    for id in ids {
+        let done = if retry {
+            store.resubmit(id, actor, reason, &[]).await.map(|_| ())
+        } else {
+            store
+                .request_cancel(id, actor, reason, &[])
+                .await
+                .map(|_| ())
+        };
+        match done {
+            Ok(()) => moved += 1,
+            Err(e) => not_moved.push((id.clone(), e.about(id))),
+        }
+    }
+    tracing::info!(operator = %actor, retry, moved, refused = not_moved.len(), "bulk action from the dashboard");
+    (moved, not_moved)
 }
 
 /// The question before acting on every order the filters match: how many, and what.
