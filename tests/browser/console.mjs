@@ -1,7 +1,8 @@
 // The operators' console in a real headless browser (Debian's chromium), after a run
 // with failures: the overview's chart has data; the Errors page groups the failures by
 // cause, and a cause's "Retry all" says how many orders it moves before it moves them;
-// the filters and the search find an order; an order's alert is acknowledged; orders
+// the filters and the search find an order; an order's alert is acknowledged, and the
+// list shows one acknowledged elsewhere without a reload; orders
 // ticked in the list are cancelled, and all matching a filter retried; a screenshot of each page is written for
 // review.
 // Usage: node console.mjs BASE_URL SCREENSHOT_DIR PATTERN COUNT ORDER_ID CUSTOMER_ID ERRORS
@@ -98,6 +99,21 @@ try {
   if (by !== "operator:erin") throw new Error(`alert #${alertNo} acknowledged by ${by}, expected operator:erin`);
   if ((await acked.locator("button.ack").count()) !== 0) throw new Error("an acknowledged alert still offers Acknowledge");
 
+  // Lists refresh in place: an alert acknowledged elsewhere (here through the JSON API)
+  // shows as acknowledged within seconds, without a reload.
+  await page.goto(`${base}/alerts`);
+  const waiting = page.locator("#order-alerts tr", { has: page.locator("button.ack") }).first();
+  const liveNo = (await waiting.locator("td").first().innerText()).trim();
+  await page.evaluate(() => { window.notReloaded = true; });
+  const acking = await page.request.post(`${base}/api/alerts/${liveNo}/ack`, { data: { operator: "erin" } });
+  if (!acking.ok()) throw new Error(`the API refused to acknowledge #${liveNo}: ${acking.status()} ${await acking.text()}`);
+  await page
+    .locator("#order-alerts tr")
+    .filter({ has: page.locator("td:first-child", { hasText: new RegExp(`^${liveNo}$`) }) })
+    .locator("span.ack")
+    .waitFor({ timeout: 12000 });
+  if (!(await page.evaluate(() => window.notReloaded === true))) throw new Error("the alerts were reloaded, not refreshed in place");
+
   // Bulk from the orders list: two Error orders ticked and cancelled; then every Error
   // order left, "all matching the filters", retried after a confirmation that counts them.
   await page.goto(`${base}/orders?state=Error`);
@@ -136,7 +152,7 @@ try {
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
   await phone.goto(`${base}/`);
   await shot(phone, "overview-phone");
-  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
+  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, #${liveNo} shown acknowledged by the live list, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
 } catch (e) {
   console.error(`console test failed: ${e.message}`);
   code = 1;

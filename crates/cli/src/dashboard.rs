@@ -1,7 +1,7 @@
 //! The web dashboard (`orderly dashboard`, and `orderly up --dashboard ADDR`):
 //! server-rendered HTML with its style sheet and a small script embedded (nothing is
 //! fetched from elsewhere); every page works without the script, which only keeps the
-//! overview's figures and charts fresh.
+//! overview's figures and charts fresh and reads every list again every 5 s.
 //!
 //! - `/` overview: orders by state (live), throughput, charts of the last hour (orders
 //!   finished per minute by outcome, submit-to-Processed latency percentiles,

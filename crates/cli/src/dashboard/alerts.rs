@@ -26,7 +26,7 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
     let body = html! {
         div.card {
             h2 { "About the system" }
-            div.scroll { table #system-alerts {
+            div.scroll { table #system-alerts data-refresh {
                 tr { th { "#" } th { "raised" } th { "what" } th { "about" } th { "state" } th { "detail" } }
                 @for a in &system {
                     tr {
@@ -48,7 +48,7 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
         }
         div.card {
             h2 { "Orders in Error" }
-            div.scroll { table #order-alerts {
+            div.scroll { table #order-alerts data-refresh {
                 tr { th { "#" } th { "raised" } th { "order" } th { "step" } th { "failures" } th { "error" } th { "acknowledged" } }
                 @for a in &orders {
                     tr {

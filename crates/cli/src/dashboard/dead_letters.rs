@@ -93,7 +93,7 @@ pub(super) async fn dead_letters(
                         (form(q, "discard", &format!("Discard all {}", letters.len()), None, "danger"))
                     }
                 }
-                div.scroll { table #dead-letters {
+                div.scroll { table #dead-letters data-refresh {
                     tr { th { "when" } th { "message" } th { "reason" } th { "deliveries" }
                          th { "description" } th { "body" } th {} }
                     @for d in letters {
@@ -119,7 +119,7 @@ pub(super) async fn dead_letters(
         @if !undeliverable.is_empty() {
             div.card {
                 h2 { "Outbox: not deliverable" }
-                div.scroll { table #outbox-dead-letters {
+                div.scroll { table #outbox-dead-letters data-refresh {
                     tr { th { "when" } th { "queue" } th { "message" } th { "attempts" } th { "reason" } }
                     @for d in &undeliverable {
                         tr {

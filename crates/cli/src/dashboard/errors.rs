@@ -110,7 +110,7 @@ pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQu
         } @else {
             div.card {
                 h2 { (rows.len()) " orders in Error, " (groups.len()) " causes" }
-                div.scroll { table #groups {
+                div.scroll { table #groups data-refresh {
                     tr { th { "orders" } th { "step" } th { "cause" } th { "first seen" } th { "last seen" } th {} }
                     @for (i, (g, name)) in groups.iter().zip(&names).enumerate() {
                         @let k = key_query(&g.key);
@@ -140,7 +140,7 @@ pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQu
                 label { "Step" input name="step" size="3" value=(step.map(|s| s.to_string()).unwrap_or_default()); }
                 button { "Search" }
             }
-            div.scroll { table #errors {
+            div.scroll { table #errors data-refresh {
                 tr { th { "order" } th { "step" } th { "failures" } th { "created" } th { "last error" } }
                 @for r in listed {
                     tr {

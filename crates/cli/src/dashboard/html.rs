@@ -82,7 +82,9 @@ button.plain{background:#fff;color:var(--ink);border-color:#cbd5e1}
 th,td{padding:.35rem .4rem}.grid,.charts{grid-template-columns:1fr}}
 "#;
 
-/// The script: pages that show live figures poll `/api/overview` and redraw the charts
+/// The script: lists (tables marked `data-refresh`) are read again every 5 s and
+/// replaced, unless the operator is ticking orders or typing; pages that show live
+/// figures poll `/api/overview` and redraw the charts
 /// every 15 s. Nothing else needs it: every page works without it.
 const SCRIPT: &str = r#"
 (function(){
@@ -109,6 +111,27 @@ const SCRIPT: &str = r#"
     }catch(e){}
   }
   setInterval(tick,2000);setInterval(charts,15000);
+})();
+(function(){
+  // Lists (tables marked data-refresh) are read again every 5 s from the same address
+  // and replaced in place, but not while an order is ticked or a field is in use.
+  if(!document.querySelector('table[data-refresh]'))return;
+  function busy(){
+    const a=document.activeElement;
+    if(a&&a.form&&a.type!=='submit'&&a.tagName!=='BUTTON')return true;
+    return !!document.querySelector('input[type=checkbox]:checked');
+  }
+  async function refresh(){
+    if(busy())return;
+    try{
+      const r=await fetch(location.href,{headers:{accept:'text/html'}});
+      if(!r.ok||busy())return;
+      const fresh=new DOMParser().parseFromString(await r.text(),'text/html');
+      for(const el of document.querySelectorAll('table[data-refresh]')){
+        const now=fresh.getElementById(el.id);if(now)el.replaceWith(document.importNode(now,true));}
+    }catch(e){}
+  }
+  setInterval(refresh,5000);
 })();
 "#;
 

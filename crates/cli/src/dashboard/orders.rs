@@ -197,7 +197,7 @@ pub(super) async fn orders(
     let csrf = cookie(&headers, "orderly_csrf").unwrap_or("");
     let body = html! {
         (form(&query))
-        @if !page_of.orders.is_empty() {
+        {
             div.card { form.filters method="post" action="/orders/bulk" #bulk {
                 (action_fields(csrf, &operator(&headers)))
                 input name="reason" size="28" placeholder="why (for the histories)" aria-label="reason";
@@ -212,7 +212,7 @@ pub(super) async fn orders(
             } }
         }
         div.card {
-            div.scroll { table #orders {
+            div.scroll { table #orders data-refresh {
                 tr { th { input type="checkbox" #select-page aria-label="select this page"
                         onclick="for (const b of document.querySelectorAll('#orders input[name=order]')) b.checked = this.checked"; }
                      th { "order" } th { "state" } th { "step" } th { "failures" } th { "created" }

@@ -61,7 +61,7 @@ pub(super) async fn workflows(State(dash): State<Dash>, headers: HeaderMap) -> R
             p.muted { "Every version stored is run by any scheduler. Orders keep the \
                 version they started on; Pending and Error orders can be moved to a compatible version \
                 (the same steps, queues, order and compensations; budgets, retries and probes may differ)." }
-            div.scroll { table #workflows {
+            div.scroll { table #workflows data-refresh {
                 tr { th { "version" } th { "stored" } th { "by" } th { "Pending" } th { "Processing" }
                      th { "Error" } th { "move to a compatible version" } }
                 @for s in &stored {
