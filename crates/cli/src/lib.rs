@@ -5,3 +5,4 @@
 pub mod dashboard;
 pub mod out;
 pub mod sample;
+pub mod shapes;

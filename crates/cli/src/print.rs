@@ -21,11 +21,7 @@ pub fn orders(
 ) -> anyhow::Result<()> {
     if json {
         for r in rows {
-            let mut v = serde_json::to_value(r)?;
-            if let Some(note) = r.waiting_note(services) {
-                v["waiting"] = note.into();
-            }
-            json_line(&v)?;
+            json_line(&orderly_cli::shapes::state_row(r, services)?)?;
         }
         return Ok(());
     }
@@ -226,13 +222,7 @@ pub fn workflows(
 /// One order in full.
 pub fn order(view: &OrderView, as_json: bool) -> anyhow::Result<()> {
     if as_json {
-        let v = json!({
-            "state": view.state,
-            "details": view.details,
-            "steps": view.steps,
-            "history": view.history,
-        });
-        return json_line(&v);
+        return json_line(&orderly_cli::shapes::order(view));
     }
     let s = &view.state;
     outln!("order        {}", s.order_id);
@@ -369,31 +359,14 @@ pub fn system_alerts(
 
 /// The supervisors' current term.
 pub fn leader(term: Option<&orderly_core::leader::Term>, json: bool) -> anyhow::Result<()> {
+    if json {
+        return json_line(&orderly_cli::shapes::leader(term));
+    }
     let Some(t) = term else {
-        if json {
-            json_line(
-                &json!({ "name": orderly_core::leader::SUPERVISORS, "holder": null, "live": false }),
-            )?;
-        } else {
-            outln!("no supervisor has led yet");
-        }
+        outln!("no supervisor has led yet");
         return Ok(());
     };
-    let now = chrono::Utc::now();
-    let live = t.lease_expires_at.is_none_or(|e| e > now);
-    if json {
-        json_line(&json!({
-                "name": t.fence.name,
-                "holder": t.fence.holder.as_str(),
-                "epoch": t.fence.epoch.0,
-                "started_at": t.started_at,
-                "renewed_at": t.renewed_at,
-                "lease_expires_at": t.lease_expires_at,
-                "lease_in": if t.lease_expires_at.is_some() { "sql" } else { "blob" },
-                "live": live,
-        }))?;
-        return Ok(());
-    }
+    let live = t.lease_expires_at.is_none_or(|e| e > chrono::Utc::now());
     outln!("leader     {}", t.fence.holder);
     outln!("term       {} (epoch)", t.fence.epoch);
     outln!("since      {}", time(Some(t.started_at)));
@@ -450,18 +423,7 @@ pub fn dead_letters(
     for d in letters {
         let m = &d.message;
         if json {
-            json_line(&json!({
-                    "queue": m.queue.as_str(),
-                    "message_id": m.message_id,
-                    "correlation_id": m.correlation_id,
-                    "reason": d.reason,
-                    "description": d.description,
-                    "dead_lettered_at": d.dead_lettered_at,
-                    "enqueued_at": m.enqueued_at,
-                    "delivery_count": m.delivery_count,
-                    "properties": m.properties,
-                    "body": String::from_utf8_lossy(&m.body),
-            }))?;
+            json_line(&orderly_cli::shapes::dead_letter(d))?;
         } else {
             outln!(
                 "{}  {:<40} {:<26} deliveries {}  {}",

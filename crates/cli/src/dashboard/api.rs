@@ -112,6 +112,36 @@ fn acting(
     Ok((actor, reason))
 }
 
+/// A group or bulk action's `action` (retry: `true`, or cancel), who acts and why.
+fn retry_or_cancel(
+    headers: &HeaderMap,
+    action: &str,
+    operator: Option<&str>,
+    reason: Option<&str>,
+) -> Result<(bool, Actor, String), Box<Response>> {
+    let retry = match action {
+        "retry" => true,
+        "cancel" => false,
+        other => {
+            return Err(Box::new(refused(
+                StatusCode::BAD_REQUEST,
+                format!("action: retry or cancel, not {other:?}"),
+            )));
+        }
+    };
+    let (actor, reason) = acting(headers, operator, reason, default_reason(retry))?;
+    Ok((retry, actor, reason))
+}
+
+/// The reason recorded when an API action gives none.
+fn default_reason(retry: bool) -> &'static str {
+    if retry {
+        "retried from the dashboard's API"
+    } else {
+        "cancelled from the dashboard's API"
+    }
+}
+
 /// `GET /api/orders`: the orders page's filters (`state`, `step`, `q` error text,
 /// `customer`, `older` minutes, `id` or its start, `waiting` service) and `limit`
 /// (1-1000, 50); `next` is the cursor of the following page (`after=`), or null.
@@ -132,17 +162,15 @@ async fn orders(State(dash): State<Dash>, Query(query): Query<OrdersQuery>) -> R
         .into_iter()
         .map(|h| (h.service.clone(), h))
         .collect();
-    let mut rows = Vec::with_capacity(page.orders.len());
-    for r in &page.orders {
-        let mut v = match serde_json::to_value(r) {
-            Ok(v) => v,
-            Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, e),
-        };
-        if let Some(note) = r.waiting_note(&services) {
-            v["waiting"] = note.into();
-        }
-        rows.push(v);
-    }
+    let rows: Vec<Value> = match page
+        .orders
+        .iter()
+        .map(|r| crate::shapes::state_row(r, &services))
+        .collect()
+    {
+        Ok(rows) => rows,
+        Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, e),
+    };
     answer(json!({ "orders": rows, "next": page.next.as_ref().map(cursor_text) }))
 }
 
@@ -152,12 +180,7 @@ async fn order(State(dash): State<Dash>, Path(id): Path<String>) -> Response {
         return refused(StatusCode::BAD_REQUEST, "bad order id");
     };
     match dash.backend.store.get(&id).await {
-        Ok(view) => answer(json!({
-            "state": view.state,
-            "details": view.details,
-            "steps": view.steps,
-            "history": view.history,
-        })),
+        Ok(view) => answer(crate::shapes::order(&view)),
         Err(e) => store_error(e),
     }
 }
@@ -175,16 +198,11 @@ async fn act_on_order(
     let Ok(id) = OrderId::parse(id) else {
         return refused(StatusCode::BAD_REQUEST, "bad order id");
     };
-    let default = if retry {
-        "retried from the dashboard's API"
-    } else {
-        "cancelled from the dashboard's API"
-    };
     let (actor, reason) = match acting(
         headers,
         body.operator.as_deref(),
         body.reason.as_deref(),
-        default,
+        default_reason(retry),
     ) {
         Ok(a) => a,
         Err(r) => return *r,
@@ -292,25 +310,11 @@ async fn bulk(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let retry = match body.action.as_str() {
-        "retry" => true,
-        "cancel" => false,
-        other => {
-            return refused(
-                StatusCode::BAD_REQUEST,
-                format!("action: retry or cancel, not {other:?}"),
-            );
-        }
-    };
-    let (actor, reason) = match acting(
+    let (retry, actor, reason) = match retry_or_cancel(
         &headers,
+        &body.action,
         body.operator.as_deref(),
         body.reason.as_deref(),
-        if retry {
-            "retried from the dashboard's API"
-        } else {
-            "cancelled from the dashboard's API"
-        },
     ) {
         Ok(a) => a,
         Err(r) => return *r,
@@ -433,25 +437,11 @@ async fn group(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let retry = match body.action.as_str() {
-        "retry" => true,
-        "cancel" => false,
-        other => {
-            return refused(
-                StatusCode::BAD_REQUEST,
-                format!("action: retry or cancel, not {other:?}"),
-            );
-        }
-    };
-    let (actor, reason) = match acting(
+    let (retry, actor, reason) = match retry_or_cancel(
         &headers,
+        &body.action,
         body.operator.as_deref(),
         body.reason.as_deref(),
-        if retry {
-            "retried from the dashboard's API"
-        } else {
-            "cancelled from the dashboard's API"
-        },
     ) {
         Ok(a) => a,
         Err(r) => return *r,
@@ -605,23 +595,7 @@ async fn leader(State(dash): State<Dash>) -> Response {
         .term(orderly_core::leader::SUPERVISORS)
         .await
     {
-        Ok(Some(t)) => {
-            let live = t.lease_expires_at.is_none_or(|e| e > chrono::Utc::now());
-            answer(json!({
-                "name": t.fence.name,
-                "holder": t.fence.holder.as_str(),
-                "epoch": t.fence.epoch.0,
-                "started_at": t.started_at,
-                "renewed_at": t.renewed_at,
-                "lease_expires_at": t.lease_expires_at,
-                "live": live,
-            }))
-        }
-        Ok(None) => answer(json!({
-            "name": orderly_core::leader::SUPERVISORS,
-            "holder": null,
-            "live": false,
-        })),
+        Ok(term) => answer(crate::shapes::leader(term.as_ref())),
         Err(e) => store_error(e),
     }
 }
@@ -651,21 +625,7 @@ async fn dead_letters(State(dash): State<Dash>, Query(q): Query<DeadLettersQuery
         Ok(letters) => answer(json!(
             letters
                 .iter()
-                .map(|d| {
-                    let m = &d.message;
-                    json!({
-                        "queue": m.queue.as_str(),
-                        "message_id": m.message_id,
-                        "correlation_id": m.correlation_id,
-                        "reason": d.reason,
-                        "description": d.description,
-                        "dead_lettered_at": d.dead_lettered_at,
-                        "enqueued_at": m.enqueued_at,
-                        "delivery_count": m.delivery_count,
-                        "properties": m.properties,
-                        "body": String::from_utf8_lossy(&m.body),
-                    })
-                })
+                .map(crate::shapes::dead_letter)
                 .collect::<Vec<_>>()
         )),
         Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, e),

@@ -338,21 +338,7 @@ pub(super) async fn act_on_group(
             last_seen: chrono::Utc::now(),
         },
     };
-    let (mut moved, mut refused) = (0, Vec::new());
-    for id in &group.orders {
-        let done = if retry {
-            store.resubmit(id, actor, reason, &[]).await.map(|_| ())
-        } else {
-            store
-                .request_cancel(id, actor, reason, &[])
-                .await
-                .map(|_| ())
-        };
-        match done {
-            Ok(()) => moved += 1,
-            Err(e) => refused.push((id.clone(), e.about(id))),
-        }
-    }
+    let (moved, refused) = super::bulk::act_on(store, &group.orders, retry, actor, reason).await;
     Ok(GroupDone {
         group,
         moved,
