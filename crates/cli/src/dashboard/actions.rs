@@ -204,6 +204,30 @@ pub(super) struct DeadAction {
     operator: Option<String>,
 }
 
+/// The one message an action names (blank: none, so all of the queue's).
+pub(super) fn one_message(message_id: Option<&str>) -> Option<&str> {
+    message_id.map(str::trim).filter(|m| !m.is_empty())
+}
+
+/// Requeues (or discards) `message` of `queue`, or all its dead letters; logged under
+/// `actor`. How many.
+pub(super) async fn settle_dead_letters(
+    dash: &Dash,
+    actor: &Actor,
+    queue: &QueueName,
+    message: Option<&str>,
+    requeue: bool,
+) -> Result<usize, orderly_core::transport::TransportError> {
+    let inspector = &dash.backend.inspector;
+    let n = if requeue {
+        inspector.requeue_dead_letters(queue, message).await?
+    } else {
+        inspector.discard_dead_letters(queue, message).await?
+    };
+    tracing::info!(operator = %actor, queue = %queue, message_id = message.unwrap_or("(all)"), count = n, requeue, "dead letters handled from the dashboard");
+    Ok(n)
+}
+
 async fn dead(dash: Dash, headers: HeaderMap, form: DeadAction, requeue: bool) -> Response {
     let acting_fields = Acting {
         csrf: form.csrf.clone(),
@@ -217,25 +241,12 @@ async fn dead(dash: Dash, headers: HeaderMap, form: DeadAction, requeue: bool) -
     let Ok(queue) = QueueName::parse(form.queue.clone()) else {
         return refused(StatusCode::BAD_REQUEST, "bad queue name");
     };
-    let message = form
-        .message_id
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty());
-    let inspector = &dash.backend.inspector;
-    let done = if requeue {
-        inspector.requeue_dead_letters(&queue, message).await
-    } else {
-        inspector.discard_dead_letters(&queue, message).await
-    };
-    match done {
-        Ok(n) => {
-            tracing::info!(operator = %actor, queue = %queue, message_id = message.unwrap_or("(all)"), count = n, requeue, "dead letters handled from the dashboard");
-            back(
-                &acting_fields,
-                &format!("/dead-letters?queue={}", url(queue.as_str())),
-            )
-        }
+    let message = one_message(form.message_id.as_deref());
+    match settle_dead_letters(&dash, &actor, &queue, message, requeue).await {
+        Ok(_) => back(
+            &acting_fields,
+            &format!("/dead-letters?queue={}", url(queue.as_str())),
+        ),
         Err(e) => refused(StatusCode::CONFLICT, &e.to_string()),
     }
 }

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Dash;
-use super::actions::who;
+use super::actions::{one_message, settle_dead_letters, who};
 use super::bulk::{act_on, matching};
 use super::errors::{GroupDone, act_on_group, error_rows, step_name};
 use super::orders::{OrdersQuery, cursor_text};
@@ -649,31 +649,19 @@ async fn settle(dash: &Dash, headers: &HeaderMap, body: DeadAction, requeue: boo
     let Ok(queue) = QueueName::parse(body.queue) else {
         return refused(StatusCode::BAD_REQUEST, "bad queue name");
     };
-    let message = body
-        .message_id
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty());
-    let inspector = &dash.backend.inspector;
-    let done = if requeue {
-        inspector.requeue_dead_letters(&queue, message).await
-    } else {
-        inspector.discard_dead_letters(&queue, message).await
-    };
+    let message = one_message(body.message_id.as_deref());
+    let done = settle_dead_letters(dash, &actor, &queue, message, requeue).await;
     match done {
         Ok(0) if message.is_some() => refused(
             StatusCode::NOT_FOUND,
             format!("no such dead letter on {queue}"),
         ),
-        Ok(n) => {
-            tracing::info!(operator = %actor, queue = %queue, message_id = message.unwrap_or("(all)"), count = n, requeue, "dead letters handled through the dashboard's API");
-            answer(json!({
-                "queue": queue.as_str(),
-                "message_id": message,
-                if requeue { "requeued" } else { "discarded" }: n,
-                "by": actor.as_str(),
-            }))
-        }
+        Ok(n) => answer(json!({
+            "queue": queue.as_str(),
+            "message_id": message,
+            if requeue { "requeued" } else { "discarded" }: n,
+            "by": actor.as_str(),
+        })),
         Err(e) => refused(StatusCode::CONFLICT, e),
     }
 }
