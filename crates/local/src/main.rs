@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod console_bench;
 mod local;
 
 use local::Faults;
@@ -75,7 +76,11 @@ enum Command {
     },
     /// Measure end-to-end throughput and submit->Processed latency with the simulator
     /// answering at once: a burst of N orders, then a paced run at half that rate.
+    /// `bench console` measures the operators' console on a seeded store instead.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
+        #[command(subcommand)]
+        what: Option<BenchWhat>,
         /// Orders in the burst (5,000; 1,000 with --counters).
         #[arg(long)]
         orders: Option<usize>,
@@ -107,6 +112,25 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// The operators' console at production size: seed an empty store with N finished
+    /// orders over seven days, a tenth as many in Error across 50 causes and a
+    /// hundredth in flight, then time every page and every read of the JSON API
+    /// (p50 / p95 / max of one request after another).
+    Console {
+        /// Finished orders to seed.
+        #[arg(long, default_value_t = 1_000_000)]
+        orders: u64,
+        /// State store, empty; by default a new SQLite file in the temporary directory.
+        #[arg(long = "store")]
+        store: Option<String>,
+        /// Requests timed per page.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        requests: u64,
+    },
+}
+
 fn positive_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
@@ -133,6 +157,16 @@ async fn run() -> anyhow::Result<()> {
             store,
         } => local::run_demo(orders, faults, timeout, store).await,
         Command::Bench {
+            what:
+                Some(BenchWhat::Console {
+                    orders,
+                    store,
+                    requests,
+                }),
+            ..
+        } => console_bench::run(orders, store, requests as usize).await,
+        Command::Bench {
+            what: None,
             orders,
             store,
             paced_rate,

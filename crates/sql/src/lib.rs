@@ -17,6 +17,8 @@ mod outbox;
 pub mod postgres;
 mod queue;
 mod rows;
+#[cfg(feature = "seed")]
+pub mod seed;
 pub mod sqlite;
 mod statements;
 pub mod stats;

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 19] = [
+const ALL: [Both; 20] = [
     Both {
         version: 1,
         name: "state_store",
@@ -154,6 +154,12 @@ const ALL: [Both; 19] = [
         name: "message_keys",
         sqlite: include_str!("../../../migrations/sqlite/0019_message_keys.sql"),
         postgres: include_str!("../../../migrations/postgres/0019_message_keys.sql"),
+    },
+    Both {
+        version: 20,
+        name: "customers",
+        sqlite: include_str!("../../../migrations/sqlite/0020_customers.sql"),
+        postgres: include_str!("../../../migrations/postgres/0020_customers.sql"),
     },
 ];
 

@@ -3,6 +3,7 @@
 //! its own way. Statements that differ live in `sqlite/statements.rs` and
 //! `postgres/statements.rs`, named alike (`driver::Statements`).
 
+use orderly_core::ProcessState;
 use orderly_core::store::{MAX_BATCH, OrderFilter};
 
 use const_format::concatcp;
@@ -209,9 +210,17 @@ pub(crate) const STORED_WORKFLOWS: &str = "SELECT name, version, definition, fir
     first_seen_by FROM workflow_definitions ORDER BY name, first_seen_at, version";
 
 /// Orders not finished (Pending, Processing, Error) by workflow version and state.
-pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "SELECT workflow, workflow_version, process_state, \
-    count(*) AS n FROM order_state WHERE process_state IN ('Pending', 'Processing', 'Error') \
-    GROUP BY workflow, workflow_version, process_state \
+/// One count per state, so each reads its state's partial index (one `IN` over the
+/// three reads every order).
+pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "\
+    SELECT workflow, workflow_version, process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Pending' GROUP BY workflow, workflow_version, process_state \
+    UNION ALL \
+    SELECT workflow, workflow_version, process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Processing' GROUP BY workflow, workflow_version, process_state \
+    UNION ALL \
+    SELECT workflow, workflow_version, process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Error' GROUP BY workflow, workflow_version, process_state \
     ORDER BY workflow, workflow_version, process_state";
 
 /// Orders that reached a final state since `$1` (and are still in it), by state:
@@ -231,8 +240,8 @@ pub(crate) const DEFAULT_PAGE: u32 = 50;
 
 /// The list query for `filter`, fetching one row more than the page to tell whether a
 /// next page exists. Returns the SQL, its arguments and the page size.
-/// `customer_of`: the dialect's expression of an order's customer id.
-pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Vec<Arg>, u32) {
+/// `customer_orders`: the dialect's condition that an order is the customer's.
+pub(crate) fn list_query(filter: &OrderFilter, customer_orders: &str) -> (String, Vec<Arg>, u32) {
     let mut q = Query {
         sql: String::from(concatcp!(
             "SELECT ",
@@ -241,7 +250,7 @@ pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Ve
         )),
         args: Vec::new(),
     };
-    q.filter(filter, customer_of);
+    q.filter(filter, customer_orders);
     if let Some(after) = &filter.after {
         q.bind(" AND (created_at > ?", Arg::Time(Ts(after.created_at)));
         q.bind(" OR (created_at = ?", Arg::Time(Ts(after.created_at)));
@@ -254,10 +263,26 @@ pub(crate) fn list_query(filter: &OrderFilter, customer_of: &str) -> (String, Ve
         0 => DEFAULT_PAGE,
         n => n.min(MAX_BATCH),
     };
-    q.sql.push_str(&format!(
-        " ORDER BY created_at, order_id LIMIT {}",
-        limit + 1
-    ));
+    if matches!(
+        filter.state,
+        Some(ProcessState::Pending | ProcessState::Processing)
+    ) {
+        // The orders in flight are few and the newest: read them through their state's
+        // partial index, then sort. Walking every order oldest first until the page is
+        // full (what the planner picks for `ORDER BY ... LIMIT`, as if they were spread
+        // evenly) reads past every finished order first (a million of them: 0.5 s).
+        q.sql = format!(
+            "WITH live AS MATERIALIZED ({}) SELECT * FROM live \
+             ORDER BY created_at, order_id LIMIT {}",
+            q.sql,
+            limit + 1
+        );
+    } else {
+        q.sql.push_str(&format!(
+            " ORDER BY created_at, order_id LIMIT {}",
+            limit + 1
+        ));
+    }
     (q.sql, q.args, limit)
 }
 
@@ -276,7 +301,7 @@ impl Query {
     }
 
     /// The conditions of `filter` on the orders' fields.
-    fn filter(&mut self, filter: &OrderFilter, customer_of: &str) {
+    fn filter(&mut self, filter: &OrderFilter, customer_orders: &str) {
         if let Some(state) = filter.state {
             // A literal from a closed enum (no injection possible), so that the planner
             // can use that state's partial index, which a bound parameter would hide
@@ -299,7 +324,7 @@ impl Query {
         }
         if let Some(customer) = &filter.customer {
             self.bind(
-                &format!(" AND {customer_of} = ?"),
+                &format!(" AND {customer_orders}"),
                 Arg::Text(customer.clone()),
             );
         }

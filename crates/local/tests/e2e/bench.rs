@@ -234,3 +234,126 @@ fn the_quick_bench_checks_its_counters_against_a_limits_file() {
     assert!(err.contains("no limits for sqlite"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `orderly bench console` on `store` and checks what it seeded and printed: every
+/// page answered (the bench stops at a page that does not), the orders are where the
+/// scale puts them, each Error order has its alert, and a seeded order reads as one the
+/// roles finished (its steps and its history, oldest first, ending where its state is).
+async fn console_bench_on(store: &str, dialect: &str) {
+    let (ok, out, err) = orderly(
+        "sqlite::memory:",
+        &[
+            "bench",
+            "console",
+            "--orders",
+            "3000",
+            "--requests",
+            "2",
+            "--store",
+            store,
+        ],
+        &[],
+    );
+    assert!(ok, "the console bench failed:\n{out}\n{err}");
+    assert!(
+        out.contains(&format!("== {dialect}: seeding 3330 orders")),
+        "{out}"
+    );
+    for page in [
+        "/ ",
+        "/errors ",
+        "/orders?customer=",
+        "/api/errors ",
+        "/orders/err-0000150 ",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(page))
+            .unwrap_or_else(|| panic!("no line for {page} in\n{out}"));
+        let figures: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(3)
+            .map(|f| f.parse().unwrap_or_else(|_| panic!("{line}")))
+            .collect();
+        assert!(
+            figures[0] > 0.0 && figures[0] <= figures[1] && figures[1] <= figures[2],
+            "{line}"
+        );
+    }
+    let seeded = orderly_sql::open(store, orderly_core::TimeSource::Database)
+        .await
+        .unwrap();
+    let counts: std::collections::HashMap<_, _> =
+        seeded.count_by_state().await.unwrap().into_iter().collect();
+    use orderly_core::ProcessState::*;
+    assert_eq!(counts[&Processed], 2970, "{counts:?}");
+    assert_eq!(counts[&Cancelled], 30, "{counts:?}");
+    assert_eq!(counts[&Error], 300, "{counts:?}");
+    assert_eq!(counts[&Pending] + counts[&Processing], 30, "{counts:?}");
+    assert_eq!(seeded.alerts(false, 1_000).await.unwrap().len(), 300);
+    for (id, state, last) in [
+        (
+            "done-0001500",
+            Processed,
+            orderly_core::history::HistoryKind::Completed,
+        ),
+        (
+            "err-0000151",
+            Error,
+            orderly_core::history::HistoryKind::Failed,
+        ),
+    ] {
+        let view = seeded
+            .get(&orderly_core::OrderId::parse(id).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(view.state.process_state, state);
+        let history = &view.history;
+        assert_eq!(
+            history.first().map(|h| h.kind),
+            Some(orderly_core::history::HistoryKind::Submitted)
+        );
+        assert_eq!(
+            history.last().map(|h| (h.kind, h.to_state)),
+            Some((last, state))
+        );
+        assert!(
+            history.windows(2).all(|w| w[0].at <= w[1].at),
+            "{history:?}"
+        );
+        match state {
+            Processed => assert!(
+                view.steps
+                    .iter()
+                    .all(|s| s.status == orderly_core::StepStatus::Succeeded)
+            ),
+            _ => assert_eq!(
+                view.steps.last().map(|s| (s.index, s.status)),
+                Some((view.state.current_step, orderly_core::StepStatus::Failed))
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_console_bench_seeds_sqlite_and_times_every_page() {
+    let file = std::env::temp_dir().join(format!(
+        "orderly-console-test-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    console_bench_on(&format!("sqlite://{}", file.display()), "SQLite").await;
+    for end in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{end}", file.display()));
+    }
+}
+
+#[tokio::test]
+async fn the_console_bench_seeds_postgres_and_times_every_page() {
+    let db = OwnDatabase::new().await;
+    let url = db.url.clone();
+    // The database goes whether the checks pass or not.
+    let checked = tokio::spawn(async move { console_bench_on(&url, "PostgreSQL").await }).await;
+    db.drop_it().await;
+    checked.unwrap();
+}

@@ -17,8 +17,9 @@ pub(crate) struct Statements {
     pub minute_of: &'static str,
     /// An order state row's submit-to-last-change time in milliseconds.
     pub latency_ms: &'static str,
-    /// The customer id in the details of the order `order_state.order_id`.
-    pub customer_of: &'static str,
+    /// A condition on `order_state`: the order's customer id (in its details) is the
+    /// parameter `?`.
+    pub customer_orders: &'static str,
     /// The stored details of order `$1` (as text, column `details`).
     pub select_details: &'static str,
     /// Overdue orders for reading, most overdue first: `$1` the dialect's now

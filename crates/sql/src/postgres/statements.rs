@@ -14,8 +14,8 @@ pub(crate) const SQL: Statements = Statements {
     for_share: " FOR SHARE",
     minute_of: "(date_trunc('minute', {} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')",
     latency_ms: "(extract(epoch FROM (updated_at - created_at)) * 1000)",
-    customer_of: "(SELECT o.details ->> 'customer_id' FROM orders o \
-        WHERE o.order_id = order_state.order_id)",
+    // The expression of the index `orders_by_customer` (migration 0020).
+    customer_orders: "order_id IN (SELECT o.order_id FROM orders o WHERE o.details ->> 'customer_id' = ?)",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,

@@ -44,8 +44,8 @@ pub(crate) const SQL: Statements = Statements {
     // Times are text in one format: the minute is its first 16 characters.
     minute_of: "(substr({}, 1, 16) || ':00.000000Z')",
     latency_ms: "((julianday(updated_at) - julianday(created_at)) * 86400000.0)",
-    customer_of: "(SELECT json_extract(o.details, '$.customer_id') FROM orders o \
-        WHERE o.order_id = order_state.order_id)",
+    // The expression of the index `orders_by_customer` (migration 0020).
+    customer_orders: "order_id IN (SELECT o.order_id FROM orders o WHERE json_extract(o.details, '$.customer_id') = ?)",
     select_details: SELECT_DETAILS,
     find_expired: LOCK_EXPIRED,
     next_claimable: NEXT_CLAIMABLE,

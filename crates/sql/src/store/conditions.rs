@@ -115,9 +115,13 @@ impl<D: Driver> ConditionStore for SqlStore<D> {
     async fn oldest_pending(&self) -> Result<(Option<(OrderId, DateTime<Utc>)>, DateTime<Utc>)> {
         let mut conn = self.driver.acquire().await?;
         let now = self.driver.now(&mut conn).await?;
-        let row = q("SELECT order_id, created_at FROM order_state \
-             WHERE process_state = 'Pending' AND next_attempt_at < $1 \
-             ORDER BY created_at, order_id LIMIT 1")
+        // Through the Pending orders' partial index, then sorted (as the orders list
+        // reads them, `statements::list_query`).
+        let row = q(
+            "WITH pending AS MATERIALIZED (SELECT order_id, created_at FROM order_state \
+             WHERE process_state = 'Pending' AND next_attempt_at < $1) \
+             SELECT order_id, created_at FROM pending ORDER BY created_at, order_id LIMIT 1",
+        )
         .bind(Ts(orderly_core::service::held()))
         .fetch_optional::<D>(&mut conn)
         .await

@@ -340,7 +340,7 @@ impl<D: Driver> SqlStore<D> {
 #[async_trait]
 impl<D: Driver> OperatorStore for SqlStore<D> {
     async fn list(&self, filter: &OrderFilter) -> Result<Page> {
-        let (text, args, limit) = st::list_query(filter, D::SQL.customer_of);
+        let (text, args, limit) = st::list_query(filter, D::SQL.customer_orders);
         let mut query = Q::dynamic(text);
         for arg in args {
             query = match arg {

@@ -202,6 +202,53 @@ pub async fn list_filters_by_state_and_error_text_and_pages_without_gaps(ctx: &C
             .windows(2)
             .all(|w| (w[0].created_at, &w[0].order_id) < (w[1].created_at, &w[1].order_id))
     );
+    // The Pending orders page by page (read through their state's index, then sorted):
+    // the same orders in the same order, none twice.
+    let mut by_pages = Vec::new();
+    let mut filter = OrderFilter {
+        state: Some(ProcessState::Pending),
+        limit: 7,
+        ..Default::default()
+    };
+    loop {
+        let page = store.list(&filter).await.unwrap();
+        by_pages.extend(page.orders.iter().map(|o| o.order_id.clone()));
+        match page.next {
+            Some(cursor) => filter.after = Some(cursor),
+            None => break,
+        }
+    }
+    assert_eq!(
+        by_pages,
+        pending
+            .orders
+            .iter()
+            .map(|o| o.order_id.clone())
+            .collect::<Vec<_>>()
+    );
+    // A customer's orders, through the index of customers: orders 3 and 3 + 97 would
+    // share one; of these 25 only order 3 is customer-3's.
+    let customer = store
+        .list(&OrderFilter {
+            customer: Some("customer-3".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        customer
+            .orders
+            .iter()
+            .map(|o| &o.order_id)
+            .collect::<Vec<_>>(),
+        vec![&all[3]]
+    );
+    // The oldest Pending order (the overview's), read through the same index.
+    let (oldest, _) = store.oldest_pending().await.unwrap();
+    assert_eq!(
+        oldest.map(|(id, _)| id),
+        pending.orders.first().map(|o| o.order_id.clone())
+    );
     // One order was created at `start`, four a second later, four more the next second.
     let early = store
         .list(&OrderFilter {
