@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 21] = [
+const ALL: [Both; 20] = [
     Both {
         version: 1,
         name: "state_store",
@@ -160,12 +160,6 @@ const ALL: [Both; 21] = [
         name: "customers",
         sqlite: include_str!("../../../migrations/sqlite/0020_customers.sql"),
         postgres: include_str!("../../../migrations/postgres/0020_customers.sql"),
-    },
-    Both {
-        version: 21,
-        name: "error_causes",
-        sqlite: include_str!("../../../migrations/sqlite/0021_error_causes.sql"),
-        postgres: include_str!("../../../migrations/postgres/0021_error_causes.sql"),
     },
 ];
 

@@ -44,10 +44,6 @@ pub(crate) const SQL: Statements = Statements {
     // Times are text in one format: the minute is its first 16 characters.
     minute_of: "(substr({}, 1, 16) || ':00.000000Z')",
     latency_ms: "((julianday(updated_at) - julianday(created_at)) * 86400000.0)",
-    fill_causes: "UPDATE order_state SET error_cause = v.value ->> '$.cause', \
-        error_cause_at = order_state.updated_at FROM json_each($1) AS v \
-        WHERE order_state.order_id = v.value ->> '$.order_id' \
-        AND order_state.updated_at = v.value ->> '$.at' AND order_state.process_state = 'Error'",
     // The expression of the index `orders_by_customer` (migration 0020).
     customer_orders: "order_id IN (SELECT o.order_id FROM orders o WHERE json_extract(o.details, '$.customer_id') = ?)",
     select_details: SELECT_DETAILS,
