@@ -428,6 +428,25 @@ pub trait OperatorStore: Send + Sync {
         sends: &[Envelope],
     ) -> Result<StateRow>;
 
+    /// The Error orders grouped by cause (workflow, step, the error with ids and
+    /// numbers stripped), largest first, read from the store's index of causes; the
+    /// causes of orders that entered Error (or changed) since the last call are computed
+    /// and kept first.
+    async fn error_causes(&self) -> Result<Vec<crate::triage::ErrorCause>>;
+
+    /// The Error orders of `cause` now, oldest first, up to `limit`.
+    async fn error_cause_orders(
+        &self,
+        cause: &crate::triage::CauseKey,
+        limit: u32,
+    ) -> Result<Vec<StateRow>>;
+
+    /// The steps of each of `orders`, by position (an order without any is left out).
+    async fn steps_of_many(
+        &self,
+        orders: &[OrderId],
+    ) -> Result<std::collections::HashMap<OrderId, Vec<StepRecord>>>;
+
     /// Alerts, newest first; with `open_only`, those not yet acknowledged.
     async fn alerts(&self, open_only: bool, limit: u32) -> Result<Vec<Alert>>;
 

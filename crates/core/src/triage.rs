@@ -79,6 +79,49 @@ impl ErrorGroup {
     }
 }
 
+/// One cause of Error orders as the store keeps it: the workflow and version the
+/// orders run (as stored: `None` before they were pinned), the step they failed at and
+/// the pattern of their last error.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CauseKey {
+    /// The workflow's name (`None`: the default, never started).
+    pub workflow: Option<String>,
+    /// The version the orders are pinned to.
+    pub version: Option<String>,
+    /// The step they failed at (their `current_step`).
+    pub step: i32,
+    /// Their last error as [`error_pattern`] reads it.
+    pub pattern: String,
+}
+
+impl CauseKey {
+    /// The key operators see and name a group by (as [`group_errors`] makes it).
+    pub fn group_key(&self) -> GroupKey {
+        GroupKey {
+            workflow: crate::workflow::row_label(self.workflow.as_deref(), self.version.as_deref()),
+            step: self.step,
+            pattern: self.pattern.clone(),
+        }
+    }
+}
+
+/// How many Error orders one cause holds now, read from the store's index of causes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCause {
+    /// What the orders share.
+    pub key: CauseKey,
+    /// How many.
+    pub count: u64,
+    /// One of them: the smallest id.
+    pub sample: OrderId,
+    /// Its last error, as written.
+    pub example: String,
+    /// When the oldest of them was created.
+    pub first_seen: DateTime<Utc>,
+    /// When the latest of them last changed (entered Error).
+    pub last_seen: DateTime<Utc>,
+}
+
 /// Groups Error orders by cause, largest group first (then by step, then pattern).
 /// Rows in other states are left out.
 pub fn group_errors(rows: &[StateRow]) -> Vec<ErrorGroup> {

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 20] = [
+const ALL: [Both; 21] = [
     Both {
         version: 1,
         name: "state_store",
@@ -160,6 +160,12 @@ const ALL: [Both; 20] = [
         name: "customers",
         sqlite: include_str!("../../../migrations/sqlite/0020_customers.sql"),
         postgres: include_str!("../../../migrations/postgres/0020_customers.sql"),
+    },
+    Both {
+        version: 21,
+        name: "error_causes",
+        sqlite: include_str!("../../../migrations/sqlite/0021_error_causes.sql"),
+        postgres: include_str!("../../../migrations/postgres/0021_error_causes.sql"),
     },
 ];
 

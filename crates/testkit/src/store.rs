@@ -82,6 +82,7 @@ macro_rules! store_conformance {
             resubmit_sends_an_error_order_round_again_with_a_fresh_failure_budget,
             cancel_fences_out_the_owner_and_records_who_and_why,
             list_filters_by_state_and_error_text_and_pages_without_gaps,
+            error_causes_group_error_orders_and_follow_them_as_they_change,
             count_by_state_counts_every_state,
             finished_since_counts_orders_that_finished_in_the_window,
             record_steps_applies_each_write_or_refuses_it_alone,

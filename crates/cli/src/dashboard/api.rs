@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use orderly_core::transport::QueueName;
-use orderly_core::triage::{GroupKey, group_errors};
+use orderly_core::triage::GroupKey;
 use orderly_core::{Actor, OrderId};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -28,11 +28,11 @@ use serde_json::{Value, json};
 use super::Dash;
 use super::actions::{one_message, settle_dead_letters, who};
 use super::bulk::{act_on, matching};
-use super::errors::{GroupDone, act_on_group, error_rows, step_name};
+use super::errors::{GroupDone, act_on_group, step_name};
 use super::orders::{OrdersQuery, cursor_text};
 
 /// Most order ids listed with an error group (its count says how many it holds).
-const GROUP_IDS: usize = 1_000;
+const GROUP_IDS: u32 = 100;
 
 /// The API's routes (`/api/overview` is the overview's own).
 pub(super) fn routes() -> axum::Router<Dash> {
@@ -387,30 +387,36 @@ async fn bulk(
 }
 
 /// `GET /api/errors`: the Error orders grouped by cause (workflow, step, the error
-/// with ids and numbers stripped), largest first, each with its count and (up to
-/// 1,000) order ids.
+/// with ids and numbers stripped), largest first, each with its count and its oldest
+/// order ids (up to 100).
 async fn errors(State(dash): State<Dash>) -> Response {
     let store = dash.backend.store.as_ref();
-    let rows = match error_rows(store).await {
-        Ok(r) => r,
+    let causes = match store.error_causes().await {
+        Ok(c) => c,
         Err(e) => return store_error(e),
     };
-    let mut groups = Vec::new();
-    for g in group_errors(&rows) {
-        let step_name = step_name(store, &g).await;
+    let mut groups = Vec::with_capacity(causes.len());
+    for c in &causes {
+        let step_name = step_name(store, &c.sample, c.key.step).await;
+        let orders = match store.error_cause_orders(&c.key, GROUP_IDS).await {
+            Ok(rows) => rows.into_iter().map(|r| r.order_id).collect::<Vec<_>>(),
+            Err(e) => return store_error(e),
+        };
+        let key = c.key.group_key();
         groups.push(json!({
-            "workflow": g.key.workflow,
-            "step": g.key.step,
+            "workflow": key.workflow,
+            "step": key.step,
             "step_name": step_name,
-            "pattern": g.key.pattern,
-            "count": g.count(),
-            "example": g.example,
-            "first_seen": g.first_seen,
-            "last_seen": g.last_seen,
-            "orders": g.orders.iter().take(GROUP_IDS).collect::<Vec<_>>(),
+            "pattern": key.pattern,
+            "count": c.count,
+            "example": c.example,
+            "first_seen": c.first_seen,
+            "last_seen": c.last_seen,
+            "orders": orders,
         }));
     }
-    answer(json!({ "error_orders": rows.len(), "groups": groups }))
+    let total: u64 = causes.iter().map(|c| c.count).sum();
+    answer(json!({ "error_orders": total, "groups": groups }))
 }
 
 /// A group action's body: the group (as `GET /api/errors` names it) and what to do.

@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use orderly_core::store::{OrderFilter, StateStore};
-use orderly_core::triage::{ErrorGroup, GroupKey, group_errors};
-use orderly_core::{ProcessState, RetryPlan, StateRow};
+use orderly_core::triage::{ErrorGroup, GroupKey};
+use orderly_core::{OrderId, ProcessState, RetryPlan, StateRow};
 use serde::Deserialize;
 
 use super::Dash;
@@ -21,42 +21,16 @@ use super::actions::{Acting, acting, done_page, refused};
 use super::auth::{cookie, operator};
 use super::html::{action_fields, ago, failed, notice, page, url, when};
 
-/// Most Error orders read for grouping.
-const MOST: usize = 20_000;
+/// Most orders a group action reads and acts on at once.
+pub(super) const MOST: u32 = 100_000;
 
-/// Every Error order (up to [`MOST`]), oldest first.
-pub(super) async fn error_rows(store: &dyn StateStore) -> orderly_core::Result<Vec<StateRow>> {
-    let mut filter = OrderFilter {
-        state: Some(ProcessState::Error),
-        limit: 1_000,
-        ..OrderFilter::default()
-    };
-    let mut rows = Vec::new();
-    loop {
-        let page = store.list(&filter).await?;
-        rows.extend(page.orders);
-        match page.next {
-            Some(next) if rows.len() < MOST => filter.after = Some(next),
-            _ => return Ok(rows),
-        }
-    }
-}
-
-/// The name of step `step` of the orders of `group` (read from one of them).
-pub(super) async fn step_name(store: &dyn StateStore, group: &ErrorGroup) -> String {
-    let Some(sample) = group.orders.first() else {
-        return String::new();
-    };
+/// The name of step `step` of the workflow `sample` runs (read from its steps).
+pub(super) async fn step_name(store: &dyn StateStore, sample: &OrderId, step: i32) -> String {
     store
         .steps(sample)
         .await
         .ok()
-        .and_then(|steps| {
-            steps
-                .into_iter()
-                .find(|s| s.index == group.key.step)
-                .map(|s| s.name)
-        })
+        .and_then(|steps| steps.into_iter().find(|s| s.index == step).map(|s| s.name))
         .unwrap_or_default()
 }
 
@@ -77,56 +51,58 @@ fn key_query(key: &GroupKey) -> String {
 
 pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQuery>) -> Response {
     let store = dash.backend.store.as_ref();
-    let rows = match error_rows(store).await {
-        Ok(r) => r,
+    let causes = match store.error_causes().await {
+        Ok(c) => c,
         Err(e) => return failed(e),
     };
-    let groups = group_errors(&rows);
-    let mut names = Vec::with_capacity(groups.len());
-    for g in &groups {
-        names.push(step_name(store, g).await);
+    let mut names = Vec::with_capacity(causes.len());
+    for c in &causes {
+        names.push(step_name(store, &c.sample, c.key.step).await);
     }
+    let total: u64 = causes.iter().map(|c| c.count).sum();
     // The orders one by one, searchable by error text and step.
     let text = query.q.unwrap_or_default();
     let step = query
         .step
         .as_deref()
         .and_then(|s| s.trim().parse::<i32>().ok());
-    let needle = text.to_lowercase();
-    let listed: Vec<&StateRow> = rows
-        .iter()
-        .filter(|r| {
-            needle.is_empty()
-                || r.last_error
-                    .as_deref()
-                    .is_some_and(|e| e.to_lowercase().contains(&needle))
+    let listed = match store
+        .list(&OrderFilter {
+            state: Some(ProcessState::Error),
+            error_contains: Some(text.trim().to_owned()).filter(|t| !t.is_empty()),
+            current_step: step,
+            limit: 200,
+            ..OrderFilter::default()
         })
-        .filter(|r| step.is_none_or(|s| r.current_step == s))
-        .take(200)
-        .collect();
+        .await
+    {
+        Ok(page) => page.orders,
+        Err(e) => return failed(e),
+    };
     let body = html! {
-        @if rows.is_empty() {
+        @if causes.is_empty() {
             p.notice #no-errors { "No order is in Error." }
         } @else {
             div.card {
-                h2 { (rows.len()) " orders in Error, " (groups.len()) " causes" }
+                h2 { (total) " orders in Error, " (causes.len()) " causes" }
                 div.scroll { table #groups data-refresh {
                     tr { th { "orders" } th { "step" } th { "cause" } th { "first seen" } th { "last seen" } th {} }
-                    @for (i, (g, name)) in groups.iter().zip(&names).enumerate() {
-                        @let k = key_query(&g.key);
-                        @let n = g.count();
+                    @for (i, (c, name)) in causes.iter().zip(&names).enumerate() {
+                        @let g = c.key.group_key();
+                        @let k = key_query(&g);
+                        @let n = c.count;
                         tr.group id={"group-" (i)} {
                             td.n { b { (n) } }
-                            td { (g.key.step) " " b { (name) } br; span.muted { (g.key.workflow) } }
-                            td { span.mono { (g.key.pattern) } br; span.muted { "e.g. " (g.example) } }
-                            td title=(when(g.first_seen)) { (ago(g.first_seen)) " ago" }
-                            td title=(when(g.last_seen)) { (ago(g.last_seen)) " ago" }
+                            td { (g.step) " " b { (name) } br; span.muted { (g.workflow) } }
+                            td { span.mono { (g.pattern) } br; span.muted { "e.g. " (c.example) } }
+                            td title=(when(c.first_seen)) { (ago(c.first_seen)) " ago" }
+                            td title=(when(c.last_seen)) { (ago(c.last_seen)) " ago" }
                             td {
                                 a class="act retry-all" href={"/errors/group?action=retry&" (k)} { "Retry all " (n) }
                                 " "
                                 a class="act danger cancel-all" href={"/errors/group?action=cancel&" (k)} { "Cancel all " (n) }
                                 " "
-                                a href={"/orders?state=Error&step=" (g.key.step)} { "list" }
+                                a href={"/orders?state=Error&step=" (g.step)} { "list" }
                             }
                         }
                     }
@@ -184,18 +160,28 @@ impl GroupQuery {
     }
 }
 
-/// The group's orders now, with their rows.
+/// The group's orders now (up to [`MOST`]), with their rows.
 async fn group_now(
     store: &dyn StateStore,
     key: &GroupKey,
 ) -> orderly_core::Result<Option<(ErrorGroup, HashMap<String, StateRow>)>> {
-    let rows = error_rows(store).await?;
-    let group = group_errors(&rows).into_iter().find(|g| &g.key == key);
+    let causes = store.error_causes().await?;
+    let Some(cause) = causes.into_iter().find(|c| &c.key.group_key() == key) else {
+        return Ok(None);
+    };
+    let rows = store.error_cause_orders(&cause.key, MOST).await?;
+    let group = ErrorGroup {
+        key: key.clone(),
+        orders: rows.iter().map(|r| r.order_id.clone()).collect(),
+        example: cause.example,
+        first_seen: cause.first_seen,
+        last_seen: cause.last_seen,
+    };
     let by_id = rows
         .into_iter()
         .map(|r| (r.order_id.as_str().to_owned(), r))
         .collect();
-    Ok(group.map(|g| (g, by_id)))
+    Ok(Some((group, by_id)))
 }
 
 /// What acting on a group will do: asked before it is done.
@@ -227,11 +213,15 @@ pub(super) async fn confirm(
     let n = group.count();
     let what = if retry {
         let (mut continuing, mut afresh, mut undo_first) = (0, 0, 0);
+        let mut steps = match store.steps_of_many(&group.orders).await {
+            Ok(s) => s,
+            Err(e) => return failed(e),
+        };
         for id in &group.orders {
             let Some(r) = rows.get(id.as_str()) else {
                 continue;
             };
-            let steps = store.steps(id).await.unwrap_or_default();
+            let steps = steps.remove(id).unwrap_or_default();
             match RetryPlan::for_order(r.generation, r.current_step, &steps) {
                 RetryPlan::Continue { .. } => continuing += 1,
                 RetryPlan::FreshRun { .. } => afresh += 1,

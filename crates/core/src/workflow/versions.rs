@@ -16,11 +16,17 @@ impl crate::state::StateRow {
     /// The workflow it runs, for operators: `name@version` once started, the name it
     /// asked for before (`(default)` if none).
     pub fn workflow_label(&self) -> String {
-        let label = label(self.workflow.as_deref(), self.workflow_version.as_deref());
-        match &self.workflow_version {
-            Some(_) => label,
-            None => format!("{label} (version chosen when a scheduler starts it)"),
-        }
+        row_label(self.workflow.as_deref(), self.workflow_version.as_deref())
+    }
+}
+
+/// An order's workflow as its row has it, for operators: `name@version` once started,
+/// the name it asked for before (`(default)` if none), saying the version is not chosen.
+pub fn row_label(name: Option<&str>, version: Option<&str>) -> String {
+    let label = label(name, version);
+    match version {
+        Some(_) => label,
+        None => format!("{label} (version chosen when a scheduler starts it)"),
     }
 }
 

@@ -17,6 +17,10 @@ pub(crate) struct Statements {
     pub minute_of: &'static str,
     /// An order state row's submit-to-last-change time in milliseconds.
     pub latency_ms: &'static str,
+    /// Keeps the Error rows' causes of JSON array `$1` (objects `order_id`, `at`: the
+    /// row's `updated_at` it was read at, in the text form, `cause`), each only where
+    /// the row is still in Error without a cause and unchanged since (`store::causes`).
+    pub fill_causes: &'static str,
     /// A condition on `order_state`: the order's customer id (in its details) is the
     /// parameter `?`.
     pub customer_orders: &'static str,

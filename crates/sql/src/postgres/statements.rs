@@ -15,6 +15,11 @@ pub(crate) const SQL: Statements = Statements {
     minute_of: "(date_trunc('minute', {} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')",
     latency_ms: "(extract(epoch FROM (updated_at - created_at)) * 1000)",
     // The expression of the index `orders_by_customer` (migration 0020).
+    fill_causes: "UPDATE order_state s SET error_cause = v.cause, \
+        error_cause_step = s.current_step, error_cause_at = s.updated_at \
+        FROM json_to_recordset(CAST($1 AS json)) AS v(order_id text, at timestamptz, cause text) \
+        WHERE s.order_id = v.order_id AND s.updated_at = v.at AND s.process_state = 'Error' \
+        AND s.error_cause IS NULL",
     customer_orders: "order_id IN (SELECT o.order_id FROM orders o WHERE o.details ->> 'customer_id' = ?)",
     select_details: SELECT_DETAILS,
     find_expired: FIND_EXPIRED,

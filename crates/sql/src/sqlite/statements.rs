@@ -35,6 +35,14 @@ const INSERT_MESSAGES: &str = "INSERT INTO queue_messages \
         value ->> 4 \
     FROM m, jsonb_each(m.batch) ORDER BY key";
 
+/// See `Statements::fill_causes`.
+const FILL_CAUSES: &str = "UPDATE order_state SET error_cause = v.value ->> '$.cause', \
+        error_cause_step = order_state.current_step, error_cause_at = order_state.updated_at \
+        FROM jsonb_each($1) AS v \
+        WHERE order_state.order_id = v.value ->> '$.order_id' \
+        AND order_state.updated_at = v.value ->> '$.at' AND order_state.process_state = 'Error' \
+        AND order_state.error_cause IS NULL";
+
 /// The statements the shared code runs, in SQLite.
 pub(crate) const SQL: Statements = Statements {
     texts_of_1: "SELECT value FROM json_each($1)",
@@ -44,6 +52,7 @@ pub(crate) const SQL: Statements = Statements {
     // Times are text in one format: the minute is its first 16 characters.
     minute_of: "(substr({}, 1, 16) || ':00.000000Z')",
     latency_ms: "((julianday(updated_at) - julianday(created_at)) * 86400000.0)",
+    fill_causes: FILL_CAUSES,
     // The expression of the index `orders_by_customer` (migration 0020).
     customer_orders: "order_id IN (SELECT o.order_id FROM orders o WHERE json_extract(o.details, '$.customer_id') = ?)",
     select_details: SELECT_DETAILS,

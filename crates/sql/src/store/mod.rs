@@ -15,6 +15,7 @@
 //! kind bound as a parameter.
 
 mod activity;
+mod causes;
 #[cfg(test)]
 mod claim_wait_tests;
 mod conditions;

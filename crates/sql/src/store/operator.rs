@@ -410,6 +410,25 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         self.driver.now(&mut conn).await
     }
 
+    async fn error_causes(&self) -> Result<Vec<orderly_core::triage::ErrorCause>> {
+        self.causes_now().await
+    }
+
+    async fn error_cause_orders(
+        &self,
+        cause: &orderly_core::triage::CauseKey,
+        limit: u32,
+    ) -> Result<Vec<StateRow>> {
+        self.cause_orders_now(cause, limit).await
+    }
+
+    async fn steps_of_many(
+        &self,
+        orders: &[OrderId],
+    ) -> Result<std::collections::HashMap<OrderId, Vec<orderly_core::StepRecord>>> {
+        self.steps_of_many_now(orders).await
+    }
+
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
         let rows = q(st::COUNT_BY_STATE)
             .fetch_all::<D>(&mut *self.driver.acquire().await?)

@@ -336,3 +336,108 @@ pub async fn count_by_state_counts_every_state(ctx: &Ctx) {
     assert_eq!(counts[&ProcessState::Cancelled], 1);
     assert_eq!(counts[&ProcessState::Pending], 2);
 }
+
+/// The console's error groups from the store's index of causes: Error orders whose
+/// errors differ only in ids and numbers share a cause; an order retried leaves its
+/// cause, and one in Error again counts under its new cause; a cause's orders come
+/// oldest first, and the steps of many orders are read at once.
+pub async fn error_causes_group_error_orders_and_follow_them_as_they_change(ctx: &Ctx) {
+    let store = ctx.store().await;
+    assert!(store.error_causes().await.unwrap().is_empty());
+    let ids = submit_n(&*store, 5).await;
+    let a = owner("a");
+    let mut failed = Vec::new();
+    for n in 0..5 {
+        let c = claim_one(&*store, &a, MINUTE).await;
+        let error = if n < 3 {
+            format!(
+                "payment declined for order {} (attempt {n})",
+                c.fence.order_id
+            )
+        } else {
+            format!("stock service: HTTP 503 after {n}00 ms")
+        };
+        store.fail(&c.fence, &error, &[]).await.unwrap();
+        failed.push(c.fence.order_id);
+        ctx.clock.advance(Duration::from_secs(1));
+    }
+    let causes = store.error_causes().await.unwrap();
+    let counts: Vec<(String, u64)> = causes
+        .iter()
+        .map(|c| (c.key.pattern.clone(), c.count))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("payment declined for order # (attempt #)".to_owned(), 3),
+            ("stock service: HTTP # after # ms".to_owned(), 2),
+        ]
+    );
+    let declined = &causes[0];
+    assert!(failed[..3].contains(&declined.sample));
+    assert!(declined.example.starts_with("payment declined for order "));
+    assert!(declined.first_seen <= declined.last_seen);
+    assert_eq!(
+        declined.key.group_key().workflow,
+        row(&*store, &failed[0]).await.workflow_label()
+    );
+    let rows = store.error_cause_orders(&declined.key, 100).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| r.order_id.clone())
+            .collect::<HashSet<_>>(),
+        failed[..3].iter().cloned().collect::<HashSet<_>>()
+    );
+    assert!(
+        rows.windows(2)
+            .all(|w| (w[0].created_at, &w[0].order_id) <= (w[1].created_at, &w[1].order_id))
+    );
+    assert_eq!(
+        store
+            .error_cause_orders(&declined.key, 2)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Retried: it leaves its cause. In Error again, it counts under the new one.
+    store
+        .resubmit(&failed[0], &Actor::operator("erin"), "card replaced", &[])
+        .await
+        .unwrap();
+    let counts = |causes: Vec<orderly_core::triage::ErrorCause>| {
+        causes
+            .into_iter()
+            .map(|c| (c.key.pattern, c.count))
+            .collect::<HashMap<_, _>>()
+    };
+    let now = counts(store.error_causes().await.unwrap());
+    assert_eq!(now["payment declined for order # (attempt #)"], 2);
+    ctx.clock.advance(Duration::from_secs(1));
+    let again = claim_one(&*store, &a, MINUTE).await;
+    assert_eq!(again.fence.order_id, failed[0]);
+    store
+        .fail(&again.fence, "stock service: HTTP 503 after 900 ms", &[])
+        .await
+        .unwrap();
+    let now = counts(store.error_causes().await.unwrap());
+    assert_eq!(now["payment declined for order # (attempt #)"], 2);
+    assert_eq!(now["stock service: HTTP # after # ms"], 3);
+
+    // Cancelled: it leaves the causes.
+    store
+        .cancel(&failed[4], &Actor::operator("erin"), "not wanted", &[])
+        .await
+        .unwrap();
+    let now = counts(store.error_causes().await.unwrap());
+    assert_eq!(now["stock service: HTTP # after # ms"], 2);
+
+    let steps = store.steps_of_many(&ids).await.unwrap();
+    for id in &ids {
+        assert_eq!(
+            steps.get(id),
+            Some(&store.steps(id).await.unwrap()).filter(|s| !s.is_empty())
+        );
+    }
+}
