@@ -335,6 +335,17 @@ pub trait SupervisorStore: Send + Sync {
     /// working on is skipped. Returns the tables vacuumed (none where the database
     /// reclaims as it goes, SQLite) and the row versions it counted.
     async fn tidy(&self) -> Result<Tidied>;
+
+    /// Counts the Processed and Cancelled orders per minute of their finish, up to the
+    /// start of the minute [`TALLY_GRACE`] ago, so that counting the orders by state
+    /// ([`OperatorStore::count_by_state`]) reads the tallies and only the orders
+    /// finished since, not every finished order (the leader's housekeeping, once a
+    /// minute). Each call counts again the last [`TALLY_RECOUNT`] already tallied, and
+    /// a first call over a large store goes in transactions of [`TALLY_STRIDE`] of
+    /// finishes. Removing tallied orders (retention) takes them off their tallies in the
+    /// same transaction, whoever removes them. Without calls the counts stay exact, and
+    /// only grow slower with the store.
+    async fn tally_finished(&self) -> Result<Tallied>;
 }
 
 /// What a sweep has to do ([`SupervisorStore::sweep_due`]).
@@ -374,7 +385,10 @@ pub trait OperatorStore: Send + Sync {
     /// its host's clock is off with it.
     async fn store_now(&self) -> Result<DateTime<Utc>>;
 
-    /// Counts orders by state.
+    /// Counts orders by state, exactly, in one snapshot: the live ones and those in
+    /// Error through their states' indexes, the Processed and Cancelled ones from the
+    /// leader's tallies ([`SupervisorStore::tally_finished`]) and the rows finished
+    /// since the last tally.
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>>;
 
     /// The activity of every minute from the one `since` falls in, oldest first

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 21] = [
+const ALL: [Both; 22] = [
     Both {
         version: 1,
         name: "state_store",
@@ -166,6 +166,12 @@ const ALL: [Both; 21] = [
         name: "error_causes",
         sqlite: include_str!("../../../migrations/sqlite/0021_error_causes.sql"),
         postgres: include_str!("../../../migrations/postgres/0021_error_causes.sql"),
+    },
+    Both {
+        version: 22,
+        name: "finished_tally",
+        sqlite: include_str!("../../../migrations/sqlite/0022_finished_tally.sql"),
+        postgres: include_str!("../../../migrations/postgres/0022_finished_tally.sql"),
     },
 ];
 

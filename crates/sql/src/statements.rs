@@ -173,9 +173,25 @@ pub(crate) const SELECT_HISTORY: &str = concatcp!(
     " FROM order_history WHERE order_id = $1 ORDER BY seq"
 );
 
-/// Orders by state.
-pub(crate) const COUNT_BY_STATE: &str =
-    "SELECT process_state, count(*) AS n FROM order_state GROUP BY process_state";
+/// Orders by state, in rows to add up per state: the live ones and those in Error, each
+/// state through its own index; the Processed and Cancelled ones from the tallies
+/// (migration 0022) and the rows finished since the tallies' mark.
+pub(crate) const COUNT_BY_STATE: &str = "\
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Pending' GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Processing' GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Error' GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, CAST(sum(orders) AS BIGINT) AS n FROM finished_tally \
+    GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE finished_at >= (SELECT upto FROM finished_tally_mark) \
+    AND process_state IN ('Processed', 'Cancelled') GROUP BY process_state";
 
 /// Live orders by workflow, version and state.
 /// Stores a workflow version's definition unless it is stored: `$1` name, `$2` version,

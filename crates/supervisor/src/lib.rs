@@ -70,6 +70,10 @@ pub struct SupervisorConfig {
     pub pending_alert_after: Option<Duration>,
     /// How often the leader looks at the conditions it alerts on.
     pub conditions_every: Duration,
+    /// How often the leader tallies the orders finished since its last tally
+    /// ([`SupervisorStore::tally_finished`]), so that counting orders by state reads
+    /// the tallies, not every finished order.
+    pub tally_every: Duration,
     /// How often every supervisor says it runs (and whether it leads).
     pub presence_every: Duration,
 }
@@ -93,6 +97,7 @@ impl SupervisorConfig {
             tidy_every: Some(Duration::from_secs(1)),
             pending_alert_after: Some(Duration::from_secs(300)),
             conditions_every: Duration::from_secs(5),
+            tally_every: Duration::from_secs(60),
             presence_every: Duration::from_secs(2),
         }
     }
@@ -264,6 +269,7 @@ impl Supervisor {
                 never = self.prune_loop() => never,
                 never = self.tidy_loop() => never,
                 never = self.condition_loop() => never,
+                never = self.tally_loop() => never,
             }
         }
         .instrument(span)
@@ -386,6 +392,26 @@ impl Supervisor {
             every.tick().await;
             if let Err(e) = self.check_conditions(&mut watch).await {
                 warn!(error = %e, "cannot check the conditions alerted on; trying again");
+            }
+        }
+    }
+
+    /// Tallies the orders finished since the last tally every `tally_every` (the
+    /// leader's housekeeping); never ends. A failure is logged and tried again at the
+    /// next turn: until then the counts by state stay exact, only read more rows.
+    async fn tally_loop(&self) -> LeaderExit {
+        let mut every = tokio::time::interval(self.cfg.tally_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match self.store.tally_finished().await {
+                Ok(t) if t.transactions > 0 => {
+                    debug!(upto = %t.upto, orders = t.orders, transactions = t.transactions, "tallied the finished orders");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(error = %e, "cannot tally the finished orders; trying again at the next turn")
+                }
             }
         }
     }

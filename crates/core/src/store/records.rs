@@ -70,6 +70,31 @@ impl OrderView {
     }
 }
 
+/// What a [`SupervisorStore::tally_finished`] counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Tallied {
+    /// The orders finished before this instant are in the tallies (the start of a
+    /// minute); those since are counted by reading them.
+    pub upto: chrono::DateTime<chrono::Utc>,
+    /// The finished orders this call read into the tallies (those of the minutes it
+    /// counted again included).
+    pub orders: u64,
+    /// The transactions it took (at most [`TALLY_STRIDE`] of finishes each).
+    pub transactions: u32,
+}
+
+/// How long after a minute ends its finished orders are tallied: an order's finish is
+/// stamped when its transaction begins, and is seen by others when it commits.
+pub const TALLY_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How far back each tally counts again the minutes already tallied, for an order
+/// whose transaction committed later than [`TALLY_GRACE`] after its finish.
+pub const TALLY_RECOUNT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The most time of finishes one transaction of a tally reads: a first tally of a large
+/// store goes in steps, so that it never holds the writers (SQLite) for long.
+pub const TALLY_STRIDE: std::time::Duration = std::time::Duration::from_secs(900);
+
 /// Fewest left-behind row versions in a table for [`SupervisorStore::tidy`] to vacuum it.
 pub const TIDY_MIN_DEAD: u64 = 1_000;
 

@@ -134,3 +134,80 @@ async fn the_leading_supervisor_vacuums_the_queue_table_on_postgres() {
     .await;
     pool.close().await;
 }
+
+both!(
+    the_leading_supervisor_tallies_the_finished_orders,
+    leader_tallies
+);
+/// The leading supervisor, as the real binary on a new database, tallies the finished
+/// orders as it takes the lead (and every minute after): the tallies' mark leaves the
+/// epoch for the minute before last, and the counts by state read the same before and
+/// after.
+async fn leader_tallies(dialect: Dialect) {
+    let (db, backend) = Db::with_queues(dialect, Duration::from_secs(5)).await;
+    let store = backend.store.clone();
+    let operator = orderly_core::Actor::operator("test");
+    for n in 0..3 {
+        let order = builders::order(n);
+        store
+            .submit(&order, &builders::submitter(), &[])
+            .await
+            .unwrap();
+        if n < 2 {
+            store
+                .cancel(&order.order_id, &operator, "not wanted", &[])
+                .await
+                .unwrap();
+        }
+    }
+    let counts = async || -> Vec<(ProcessState, i64)> { store.count_by_state().await.unwrap() };
+    let before = counts().await;
+    let mark = async || -> String {
+        match dialect {
+            Dialect::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+                let upto = sqlx::query_scalar("SELECT upto FROM finished_tally_mark")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                upto
+            }
+            Dialect::Postgres => {
+                let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+                let upto = sqlx::query_scalar(
+                    "SELECT to_char(upto AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI') \
+                     FROM finished_tally_mark",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                pool.close().await;
+                upto
+            }
+        }
+    };
+    assert!(
+        mark().await.starts_with("1970-01-01"),
+        "nothing tallied yet"
+    );
+    let _supervisor = Proc::start("orderly-supervisor", &db.url, &["--interval-ms", "200"]);
+    wait_for(
+        "the leader's first tally",
+        Duration::from_secs(30),
+        async || !mark().await.starts_with("1970-01-01"),
+    )
+    .await;
+    let upto = mark().await;
+    let now = store.store_now().await.unwrap();
+    let expected = [1, 2].map(|back| {
+        orderly_core::activity::minute_of(now - chrono::Duration::minutes(back))
+            .format("%Y-%m-%dT%H:%M")
+            .to_string()
+    });
+    assert!(
+        expected.iter().any(|m| upto.starts_with(m.as_str())),
+        "tallied up to {upto}, expected the minute before last ({expected:?})"
+    );
+    assert_eq!(counts().await, before, "the same counts from the tallies");
+}

@@ -31,6 +31,7 @@ mod services;
 mod services_news_tests;
 mod steps;
 mod supervisor;
+mod tally;
 
 use chrono::{DateTime, Utc};
 use orderly_core::history::HistoryKind;

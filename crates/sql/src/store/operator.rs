@@ -61,7 +61,7 @@ fn tally<R: SqlRow>(
         let state = c.state("process_state")?;
         let n: i64 = c.get("n")?;
         if let Some(slot) = slots.iter_mut().find(|(s, _)| *s == state) {
-            slot.1 = n;
+            slot.1 += n;
         }
     }
     Ok(slots)

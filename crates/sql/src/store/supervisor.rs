@@ -102,6 +102,11 @@ impl<D: Driver> SupervisorStore for SqlStore<D> {
         self.tidy_now().await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(dialect = D::NAME))]
+    async fn tally_finished(&self) -> Result<orderly_core::store::Tallied> {
+        self.tally_now().await
+    }
+
     async fn sweep_due(&self) -> Result<orderly_core::store::SweepDue> {
         let mut conn = self.driver.acquire().await?;
         let row = q(D::SQL.sweep_due)

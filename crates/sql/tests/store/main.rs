@@ -14,6 +14,7 @@ mod outbox;
 mod postgres_only;
 mod prune;
 mod sql;
+mod tally;
 
 mod sqlite_conformance {
     orderly_testkit::store_conformance!(crate::fixtures::sqlite);
