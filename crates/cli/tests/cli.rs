@@ -1811,6 +1811,7 @@ fn the_dashboards_json_api_reads_every_page_and_takes_every_action() {
     let groups = errors["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 1, "{errors}");
     assert_eq!(groups[0]["count"], 2);
+    assert_eq!(groups[0]["orders"], json!([a_id, b_id]), "oldest first");
 
     // An action is refused unless its body is JSON, and from another site.
     let r = rt

@@ -455,6 +455,15 @@ pub trait OperatorStore: Send + Sync {
         limit: u32,
     ) -> Result<Vec<StateRow>>;
 
+    /// The ids of the oldest Error orders of each of `causes` now (up to `limit` each),
+    /// in the order of `causes`: read from the index of causes alone, over one
+    /// connection.
+    async fn error_cause_ids(
+        &self,
+        causes: &[crate::triage::CauseKey],
+        limit: u32,
+    ) -> Result<Vec<Vec<OrderId>>>;
+
     /// The steps of each of `orders`, by position (an order without any is left out).
     async fn steps_of_many(
         &self,

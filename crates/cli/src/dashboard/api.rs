@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use super::Dash;
 use super::actions::{one_message, settle_dead_letters, who};
 use super::bulk::{act_on, matching};
-use super::errors::{GroupDone, act_on_group, step_name};
+use super::errors::{GroupDone, act_on_group, step_names};
 use super::orders::{OrdersQuery, cursor_text};
 
 /// Most order ids listed with an error group (its count says how many it holds).
@@ -395,13 +395,14 @@ async fn errors(State(dash): State<Dash>) -> Response {
         Ok(c) => c,
         Err(e) => return store_error(e),
     };
+    let keys: Vec<_> = causes.iter().map(|c| c.key.clone()).collect();
+    let ids = match store.error_cause_ids(&keys, GROUP_IDS).await {
+        Ok(ids) => ids,
+        Err(e) => return store_error(e),
+    };
+    let names = step_names(store, &causes).await;
     let mut groups = Vec::with_capacity(causes.len());
-    for c in &causes {
-        let step_name = step_name(store, &c.sample, c.key.step).await;
-        let orders = match store.error_cause_orders(&c.key, GROUP_IDS).await {
-            Ok(rows) => rows.into_iter().map(|r| r.order_id).collect::<Vec<_>>(),
-            Err(e) => return store_error(e),
-        };
+    for ((c, orders), step_name) in causes.iter().zip(ids).zip(names) {
         let key = c.key.group_key();
         groups.push(json!({
             "workflow": key.workflow,

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use orderly_core::store::{OrderFilter, StateStore};
-use orderly_core::triage::{ErrorGroup, GroupKey};
+use orderly_core::triage::{ErrorCause, ErrorGroup, GroupKey};
 use orderly_core::{OrderId, ProcessState, RetryPlan, StateRow};
 use serde::Deserialize;
 
@@ -24,14 +24,21 @@ use super::html::{action_fields, ago, failed, notice, page, url, when};
 /// Most orders a group action reads and acts on at once.
 pub(super) const MOST: u32 = 100_000;
 
-/// The name of step `step` of the workflow `sample` runs (read from its steps).
-pub(super) async fn step_name(store: &dyn StateStore, sample: &OrderId, step: i32) -> String {
-    store
-        .steps(sample)
-        .await
-        .ok()
-        .and_then(|steps| steps.into_iter().find(|s| s.index == step).map(|s| s.name))
-        .unwrap_or_default()
+/// The name of the step each cause failed at, read from its sample order's steps (all
+/// the samples' steps in one query); empty where they cannot be read.
+pub(super) async fn step_names(store: &dyn StateStore, causes: &[ErrorCause]) -> Vec<String> {
+    let samples: Vec<OrderId> = causes.iter().map(|c| c.sample.clone()).collect();
+    let steps = store.steps_of_many(&samples).await.unwrap_or_default();
+    causes
+        .iter()
+        .map(|c| {
+            steps
+                .get(&c.sample)
+                .and_then(|s| s.iter().find(|s| s.index == c.key.step))
+                .map(|s| s.name.clone())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -55,10 +62,7 @@ pub(super) async fn errors(State(dash): State<Dash>, Query(query): Query<ErrorQu
         Ok(c) => c,
         Err(e) => return failed(e),
     };
-    let mut names = Vec::with_capacity(causes.len());
-    for c in &causes {
-        names.push(step_name(store, &c.sample, c.key.step).await);
-    }
+    let names = step_names(store, &causes).await;
     let total: u64 = causes.iter().map(|c| c.count).sum();
     // The orders one by one, searchable by error text and step.
     let text = query.q.unwrap_or_default();

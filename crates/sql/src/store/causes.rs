@@ -128,37 +128,35 @@ impl<D: Driver> SqlStore<D> {
         cause: &CauseKey,
         limit: u32,
     ) -> Result<Vec<StateRow>> {
-        let mut sql = format!(
-            "SELECT {STATE_COLUMNS} FROM order_state WHERE process_state = 'Error' \
-             AND error_cause IS NOT NULL AND error_cause_step = $1 AND error_cause = $2"
-        );
-        let mut query_args: Vec<String> = Vec::new();
-        for (column, value) in [
-            ("workflow", &cause.workflow),
-            ("workflow_version", &cause.version),
-        ] {
-            match value {
-                Some(v) => {
-                    query_args.push(v.clone());
-                    sql.push_str(&format!(" AND {column} = ${}", 2 + query_args.len()));
-                }
-                None => sql.push_str(&format!(" AND {column} IS NULL")),
-            }
-        }
-        sql.push_str(&format!(" ORDER BY created_at, order_id LIMIT {limit}"));
-        let mut query = Q::dynamic(sql)
-            .bind(cause.step)
-            .bind(cause.pattern.as_str());
-        for a in query_args {
-            query = query.bind(a);
-        }
-        query
+        of_cause(STATE_COLUMNS, cause, limit)
             .fetch_all::<D>(&mut *self.driver.acquire().await?)
             .await
             .map_err(db)?
             .iter()
             .map(|r| Cols(r).state_row())
             .collect()
+    }
+
+    /// The ids of the oldest Error orders of each cause, from the index of causes
+    /// alone (it holds the id and the creation time), over one connection.
+    pub(crate) async fn cause_ids_now(
+        &self,
+        causes: &[CauseKey],
+        limit: u32,
+    ) -> Result<Vec<Vec<OrderId>>> {
+        let mut conn = self.driver.acquire().await?;
+        let mut out = Vec::with_capacity(causes.len());
+        for cause in causes {
+            let ids = of_cause("order_id", cause, limit)
+                .fetch_all::<D>(&mut conn)
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| Cols(r).order_id("order_id"))
+                .collect::<Result<Vec<_>>>()?;
+            out.push(ids);
+        }
+        Ok(out)
     }
 
     /// The steps of each of `orders`, by position.
@@ -190,4 +188,34 @@ impl<D: Driver> SqlStore<D> {
         }
         Ok(out)
     }
+}
+
+/// `columns` of the Error orders of `cause`, oldest first, up to `limit`: the order the
+/// index of causes holds them in.
+fn of_cause<'a>(columns: &str, cause: &'a CauseKey, limit: u32) -> Q<'a> {
+    let mut sql = format!(
+        "SELECT {columns} FROM order_state WHERE process_state = 'Error' \
+         AND error_cause IS NOT NULL AND error_cause_step = $1 AND error_cause = $2"
+    );
+    let mut query_args: Vec<String> = Vec::new();
+    for (column, value) in [
+        ("workflow", &cause.workflow),
+        ("workflow_version", &cause.version),
+    ] {
+        match value {
+            Some(v) => {
+                query_args.push(v.clone());
+                sql.push_str(&format!(" AND {column} = ${}", 2 + query_args.len()));
+            }
+            None => sql.push_str(&format!(" AND {column} IS NULL")),
+        }
+    }
+    sql.push_str(&format!(" ORDER BY created_at, order_id LIMIT {limit}"));
+    let mut query = Q::dynamic(sql)
+        .bind(cause.step)
+        .bind(cause.pattern.as_str());
+    for a in query_args {
+        query = query.bind(a);
+    }
+    query
 }

@@ -422,6 +422,14 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         self.cause_orders_now(cause, limit).await
     }
 
+    async fn error_cause_ids(
+        &self,
+        causes: &[orderly_core::triage::CauseKey],
+        limit: u32,
+    ) -> Result<Vec<Vec<OrderId>>> {
+        self.cause_ids_now(causes, limit).await
+    }
+
     async fn steps_of_many(
         &self,
         orders: &[OrderId],

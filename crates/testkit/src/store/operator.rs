@@ -400,6 +400,26 @@ pub async fn error_causes_group_error_orders_and_follow_them_as_they_change(ctx:
             .len(),
         2
     );
+    // Every cause's ids at once: each cause's orders in the same order, up to the limit.
+    let causes = store.error_causes().await.unwrap();
+    let keys: Vec<_> = causes.iter().map(|c| c.key.clone()).collect();
+    for limit in [100, 2] {
+        let ids = store.error_cause_ids(&keys, limit).await.unwrap();
+        assert_eq!(ids.len(), keys.len());
+        for (key, ids) in keys.iter().zip(&ids) {
+            let rows = store.error_cause_orders(key, limit).await.unwrap();
+            assert_eq!(
+                *ids,
+                rows.into_iter().map(|r| r.order_id).collect::<Vec<_>>(),
+                "{key:?} up to {limit}"
+            );
+        }
+    }
+    assert_eq!(
+        store.error_cause_ids(&keys, 2).await.unwrap()[0].len(),
+        2,
+        "the largest cause, cut at the limit"
+    );
 
     // Retried: it leaves its cause. In Error again, it counts under the new one.
     store
