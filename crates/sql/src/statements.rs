@@ -175,7 +175,11 @@ pub(crate) const SELECT_HISTORY: &str = concatcp!(
 
 /// Orders by state, in rows to add up per state: the live ones and those in Error, each
 /// state through its own index; the Processed and Cancelled ones from the tallies
-/// (migration 0022) and the rows finished since the tallies' mark.
+/// (migration 0022) of the minutes before `$1` and the rows finished since. `$1` is a
+/// mark the tallies reached ([`TALLY_MARK`], read first): the mark only moves forward,
+/// so the tallies before it are whole in this statement's snapshot, whatever tally
+/// commits meanwhile. Bound rather than read by a subquery, for PostgreSQL's planner
+/// to see how few rows follow it (with a subquery it reads every order in parallel).
 pub(crate) const COUNT_BY_STATE: &str = "\
     SELECT process_state, count(*) AS n FROM order_state \
     WHERE process_state = 'Pending' GROUP BY process_state \
@@ -187,11 +191,14 @@ pub(crate) const COUNT_BY_STATE: &str = "\
     WHERE process_state = 'Error' GROUP BY process_state \
     UNION ALL \
     SELECT process_state, CAST(sum(orders) AS BIGINT) AS n FROM finished_tally \
-    GROUP BY process_state \
+    WHERE minute < $1 GROUP BY process_state \
     UNION ALL \
     SELECT process_state, count(*) AS n FROM order_state \
-    WHERE finished_at >= (SELECT upto FROM finished_tally_mark) \
-    AND process_state IN ('Processed', 'Cancelled') GROUP BY process_state";
+    WHERE finished_at >= $1 AND process_state IN ('Processed', 'Cancelled') \
+    GROUP BY process_state";
+
+/// Up to when the tallies of finished orders go.
+pub(crate) const TALLY_MARK: &str = "SELECT upto FROM finished_tally_mark";
 
 /// Live orders by workflow, version and state.
 /// Stores a workflow version's definition unless it is stored: `$1` name, `$2` version,

@@ -438,8 +438,14 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
     }
 
     async fn count_by_state(&self) -> Result<Vec<(ProcessState, i64)>> {
+        let mut conn = self.driver.acquire().await?;
+        let mark = q(st::TALLY_MARK)
+            .fetch_one::<D>(&mut conn)
+            .await
+            .map_err(db)?;
         let rows = q(st::COUNT_BY_STATE)
-            .fetch_all::<D>(&mut *self.driver.acquire().await?)
+            .bind(Ts(Cols(&mark).ts("upto")?))
+            .fetch_all::<D>(&mut conn)
             .await
             .map_err(db)?;
         tally(&rows, ProcessState::ALL.iter().map(|s| (*s, 0)).collect())

@@ -25,9 +25,6 @@ use crate::time::Ts;
 /// The tallies' mark before the first tally.
 const NEVER: DateTime<Utc> = DateTime::<Utc>::UNIX_EPOCH;
 
-/// The mark (locked by the caller's FOR UPDATE where the dialect has one).
-const MARK: &str = "SELECT upto FROM finished_tally_mark";
-
 /// The earliest finish kept: where a first tally starts.
 const FIRST_FINISH: &str =
     "SELECT min(finished_at) AS first FROM order_state WHERE finished_at IS NOT NULL";
@@ -48,10 +45,14 @@ impl<D: Driver> SqlStore<D> {
         };
         loop {
             let (mut tx, now) = self.begin().await?;
-            let mark = Q::dynamic(format!("{MARK}{}", D::SQL.for_update))
-                .fetch_one::<D>(&mut tx)
-                .await
-                .map_err(db)?;
+            let mark = Q::dynamic(format!(
+                "{}{}",
+                crate::statements::TALLY_MARK,
+                D::SQL.for_update
+            ))
+            .fetch_one::<D>(&mut tx)
+            .await
+            .map_err(db)?;
             let upto = Cols(&mark).ts("upto")?;
             done.upto = upto;
             let target = minute_of(now - TALLY_GRACE);
