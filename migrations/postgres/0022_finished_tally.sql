@@ -4,12 +4,16 @@
 -- (`SupervisorStore::tally_finished`), and the count by state adds to those tallies
 -- only the finished rows since the last one.
 
--- Per minute, the Processed and Cancelled orders that finished in it and are still kept.
+-- Per minute, the Processed and Cancelled orders that finished in it and are still kept;
+-- the Processed ones by bucket of their submit-to-Processed latency (the buckets of
+-- `orderly_core::activity::LATENCY_BOUNDS_MS`; -1 for Cancelled), what the charts of a
+-- day or a week read.
 CREATE TABLE finished_tally (
     minute TIMESTAMPTZ NOT NULL,
     process_state TEXT NOT NULL CHECK (process_state IN ('Processed', 'Cancelled')),
+    bucket INTEGER NOT NULL,
     orders BIGINT NOT NULL,
-    PRIMARY KEY (minute, process_state)
+    PRIMARY KEY (minute, process_state, bucket)
 );
 
 -- The minutes emptied by retention, found without reading the others.
@@ -35,11 +39,31 @@ BEGIN
     SELECT upto INTO mark FROM finished_tally_mark FOR SHARE;
     UPDATE finished_tally t SET orders = t.orders - g.n
     FROM (SELECT (date_trunc('minute', finished_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS minute,
-                 process_state, count(*) AS n
+                 process_state,
+                 CASE WHEN process_state = 'Processed' THEN CASE
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 5 THEN 0
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 10 THEN 1
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 20 THEN 2
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 50 THEN 3
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 100 THEN 4
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 200 THEN 5
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 500 THEN 6
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 1000 THEN 7
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 2000 THEN 8
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 5000 THEN 9
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 10000 THEN 10
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 30000 THEN 11
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 60000 THEN 12
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 300000 THEN 13
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 1800000 THEN 14
+                     WHEN (extract(epoch FROM (updated_at - created_at)) * 1000) < 3600000 THEN 15
+                     ELSE 16 END
+                 ELSE -1 END AS bucket,
+                 count(*) AS n
           FROM gone
           WHERE process_state IN ('Processed', 'Cancelled') AND finished_at < mark
-          GROUP BY 1, 2) g
-    WHERE t.minute = g.minute AND t.process_state = g.process_state;
+          GROUP BY 1, 2, 3) g
+    WHERE t.minute = g.minute AND t.process_state = g.process_state AND t.bucket = g.bucket;
     DELETE FROM finished_tally WHERE orders <= 0;
     RETURN NULL;
 END

@@ -112,10 +112,156 @@ pub fn last_minutes(
         .collect()
 }
 
+/// The span of the operators' charts: the last hour by minute, the last day by quarter
+/// hour, the last week by hour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChartRange {
+    /// 60 bins of a minute.
+    #[default]
+    Hour,
+    /// 96 bins of 15 minutes.
+    Day,
+    /// 168 bins of an hour.
+    Week,
+}
+
+impl ChartRange {
+    /// Every range, shortest first.
+    pub const ALL: [ChartRange; 3] = [ChartRange::Hour, ChartRange::Day, ChartRange::Week];
+
+    /// The range written `1h`, `24h` or `7d` (how URLs name it).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.key() == s)
+    }
+
+    /// How URLs name it.
+    pub fn key(self) -> &'static str {
+        match self {
+            ChartRange::Hour => "1h",
+            ChartRange::Day => "24h",
+            ChartRange::Week => "7d",
+        }
+    }
+
+    /// How many bins it shows.
+    pub fn bins(self) -> u32 {
+        match self {
+            ChartRange::Hour => 60,
+            ChartRange::Day => 96,
+            ChartRange::Week => 168,
+        }
+    }
+
+    /// The minutes of one bin.
+    pub fn bin_minutes(self) -> u32 {
+        match self {
+            ChartRange::Hour => 1,
+            ChartRange::Day => 15,
+            ChartRange::Week => 60,
+        }
+    }
+
+    /// The start of the first bin shown at `now`: what to read from.
+    pub fn start(self, now: DateTime<Utc>) -> DateTime<Utc> {
+        self.bin_of(now) - Duration::minutes(i64::from((self.bins() - 1) * self.bin_minutes()))
+    }
+
+    /// The start of the bin `t` falls in (bins start on the hour, UTC).
+    fn bin_of(self, t: DateTime<Utc>) -> DateTime<Utc> {
+        let width = Duration::minutes(i64::from(self.bin_minutes()));
+        t.duration_trunc(width).unwrap_or(t)
+    }
+}
+
+impl MinuteActivity {
+    /// Adds `other`'s figures (another minute of the same bin) to this one's.
+    pub fn add(&mut self, other: &MinuteActivity) {
+        self.processed += other.processed;
+        self.error += other.error;
+        self.cancelled += other.cancelled;
+        self.recoveries += other.recoveries;
+        self.dead_letters += other.dead_letters;
+        for (bucket, n) in other.latency.iter().enumerate() {
+            if *n > 0 {
+                self.add_latency(bucket, *n);
+            }
+        }
+    }
+}
+
+/// The bins of `range` ending with the one `now` falls in, each the sum of the minutes
+/// of `known` in it (its `minute` the bin's start): a chart's x axis.
+pub fn last_bins(
+    known: &[MinuteActivity],
+    now: DateTime<Utc>,
+    range: ChartRange,
+) -> Vec<MinuteActivity> {
+    let start = range.start(now);
+    let width = i64::from(range.bin_minutes());
+    let mut bins: Vec<MinuteActivity> = (0..i64::from(range.bins()))
+        .map(|i| MinuteActivity::new(start + Duration::minutes(i * width)))
+        .collect();
+    for m in known {
+        let i = (m.minute - start).num_minutes().div_euclid(width);
+        if let Some(bin) = usize::try_from(i).ok().and_then(|i| bins.get_mut(i)) {
+            bin.add(m);
+        }
+    }
+    bins
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn bins_sum_their_minutes_and_start_on_the_hour() {
+        let now = Utc.with_ymd_and_hms(2026, 12, 7, 10, 37, 12).unwrap();
+        let mut a = MinuteActivity::new(Utc.with_ymd_and_hms(2026, 12, 7, 10, 31, 0).unwrap());
+        a.processed = 2;
+        a.add_latency(3, 2);
+        let mut b = MinuteActivity::new(Utc.with_ymd_and_hms(2026, 12, 7, 10, 44, 0).unwrap());
+        b.processed = 1;
+        b.error = 4;
+        b.add_latency(5, 1);
+        let mut old = MinuteActivity::new(Utc.with_ymd_and_hms(2026, 12, 6, 10, 29, 0).unwrap());
+        old.cancelled = 9;
+        let known = [old.clone(), a, b];
+
+        let day = last_bins(&known, now, ChartRange::Day);
+        assert_eq!(day.len(), 96);
+        let last = day.last().unwrap();
+        assert_eq!(
+            last.minute,
+            Utc.with_ymd_and_hms(2026, 12, 7, 10, 30, 0).unwrap()
+        );
+        assert_eq!((last.processed, last.error), (3, 4));
+        assert_eq!((last.latency[3], last.latency[5]), (2, 1));
+        assert_eq!(
+            day[0].minute,
+            Utc.with_ymd_and_hms(2026, 12, 6, 10, 45, 0).unwrap()
+        );
+        assert_eq!(
+            day.iter().map(|b| b.cancelled).sum::<u64>(),
+            0,
+            "before the first bin"
+        );
+
+        let week = last_bins(&known, now, ChartRange::Week);
+        assert_eq!(week.len(), 168);
+        assert_eq!(
+            week.last().unwrap().minute,
+            Utc.with_ymd_and_hms(2026, 12, 7, 10, 0, 0).unwrap()
+        );
+        assert_eq!(week.iter().map(|b| b.cancelled).sum::<u64>(), 9);
+        assert_eq!(week[167 - 24].cancelled, 9, "a day before, in its hour");
+
+        let hour = last_bins(&known, now, ChartRange::Hour);
+        assert_eq!(hour, last_minutes(&known, now, 60), "by minute, as before");
+        assert_eq!(ChartRange::parse("24h"), Some(ChartRange::Day));
+        assert_eq!(ChartRange::parse("1d"), None);
+    }
 
     #[test]
     fn quantiles_are_read_from_the_histogram_as_bucket_bounds() {

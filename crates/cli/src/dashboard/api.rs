@@ -30,6 +30,7 @@ use super::actions::{one_message, settle_dead_letters, who};
 use super::bulk::{act_on, matching};
 use super::errors::{GroupDone, act_on_group, step_names};
 use super::orders::{OrdersQuery, cursor_text};
+use super::overview::ChartQuery;
 
 /// Most order ids listed with an error group (its count says how many it holds).
 const GROUP_IDS: u32 = 100;
@@ -42,6 +43,7 @@ pub(super) fn routes() -> axum::Router<Dash> {
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
+        .route("/api/activity", get(activity))
         .route("/api/errors", get(errors))
         .route("/api/errors/group", post(group))
         .route("/api/alerts", get(alerts))
@@ -383,6 +385,38 @@ async fn bulk(
             .map(|(id, why)| json!({ "order_id": id, "error": why }))
             .collect::<Vec<_>>(),
         "by": actor.as_str(),
+    }))
+}
+
+/// `GET /api/activity?range=1h|24h|7d`: the charts' figures bin by bin, oldest first
+/// (bins of a minute, 15 minutes or an hour): orders finished by outcome, recoveries,
+/// dead letters and the submit-to-Processed latency percentiles (the upper bound of the
+/// histogram bucket each falls in; null without Processed orders).
+async fn activity(State(dash): State<Dash>, Query(chart): Query<ChartQuery>) -> Response {
+    let Some(range) = chart.range_named() else {
+        return refused(StatusCode::BAD_REQUEST, "range: expected 1h, 24h or 7d");
+    };
+    let store = dash.backend.store.as_ref();
+    let bins = match super::charts::bins(&dash.activity, store, range, chrono::Utc::now()).await {
+        Ok(bins) => bins,
+        Err(e) => return store_error(e),
+    };
+    answer(json!({
+        "range": range.key(),
+        "bin_minutes": range.bin_minutes(),
+        "bins": bins.iter().map(|b| json!({
+            "start": b.minute,
+            "processed": b.processed,
+            "error": b.error,
+            "cancelled": b.cancelled,
+            "recoveries": b.recoveries,
+            "dead_letters": b.dead_letters,
+            "latency_ms": {
+                "p50": b.latency_quantile(0.5),
+                "p95": b.latency_quantile(0.95),
+                "p99": b.latency_quantile(0.99),
+            },
+        })).collect::<Vec<_>>(),
     }))
 }
 

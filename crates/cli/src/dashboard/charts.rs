@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use chrono::{DateTime, Duration, Utc};
-use orderly_core::activity::{MinuteActivity, last_minutes, minute_of};
+use orderly_core::activity::{ChartRange, MinuteActivity, last_bins, last_minutes, minute_of};
 use orderly_core::store::StateStore;
 
 use maud::{Markup, html};
@@ -73,8 +73,19 @@ fn nice(max: f64) -> f64 {
     10.0 * mag
 }
 
-/// The frame: axes, the top value, and minute labels every 10 minutes.
-fn frame(minutes: &[MinuteActivity], top: f64, unit: &str) -> Markup {
+/// How a range's bins are labelled: every how many bins, and the time's format on the
+/// axis and when a bar is pointed at.
+fn labels(range: ChartRange) -> (usize, &'static str, &'static str) {
+    match range {
+        ChartRange::Hour => (10, "%H:%M", "%H:%M"),
+        ChartRange::Day => (16, "%H:%M", "%a %H:%M"),
+        ChartRange::Week => (24, "%a %d", "%a %d %H:00"),
+    }
+}
+
+/// The frame: axes, the top value, and time labels along the bottom.
+fn frame(minutes: &[MinuteActivity], range: ChartRange, top: f64, unit: &str) -> Markup {
+    let (every, axis, _) = labels(range);
     let plot_h = H - BOTTOM;
     let x = LEFT - 4.0;
     let step = (W - LEFT) / minutes.len().max(1) as f64;
@@ -84,9 +95,9 @@ fn frame(minutes: &[MinuteActivity], top: f64, unit: &str) -> Markup {
         text x=(x) y="10" font-size="10" text-anchor="end" fill="#6b7280" { (format_value(top)) (unit) }
         text x=(x) y=(plot_h) font-size="10" text-anchor="end" fill="#6b7280" { "0" }
         @for (i, m) in minutes.iter().enumerate() {
-            @if i % 10 == 0 {
+            @if i % every == 0 {
                 text x=(f1(LEFT + i as f64 * step)) y=(H - 4.0) font-size="10" fill="#6b7280" {
-                    (m.minute.format("%H:%M"))
+                    (m.minute.format(axis))
                 }
             }
         }
@@ -109,9 +120,16 @@ fn format_value(v: f64) -> String {
 /// A series of a bar chart: its name (the bars' class), colour, and value per minute.
 type Series<'a> = (&'a str, &'a str, fn(&MinuteActivity) -> u64);
 
-/// Stacked bars: each series' value per minute, in its colour; each bar says its
-/// figures when pointed at.
-fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]) -> Markup {
+/// Stacked bars: each series' value per bin, in its colour; each bar says its figures
+/// when pointed at.
+fn bars(
+    id: &str,
+    title: &str,
+    minutes: &[MinuteActivity],
+    range: ChartRange,
+    series: &[Series<'_>],
+) -> Markup {
+    let (_, _, tip_time) = labels(range);
     let max = minutes
         .iter()
         .map(|m| series.iter().map(|(_, _, f)| f(m)).sum::<u64>())
@@ -134,7 +152,7 @@ fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]
     };
     html! {
         svg id=(id) viewBox={"0 0 " (W) " " (H)} role="img" aria-label=(title) {
-            (frame(minutes, top, ""))
+            (frame(minutes, range, top, ""))
             @for (i, m) in minutes.iter().enumerate() {
                 @let tip = series
                     .iter()
@@ -144,7 +162,7 @@ fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]
                 @for (name, colour, y, h) in stacked(m) {
                     rect class=(name) x=(f1(LEFT + i as f64 * step + 0.5)) y=(f1(y))
                         width=(f1((step - 1.0).max(0.5))) height=(f1(h)) fill=(colour) {
-                        title { (m.minute.format("%H:%M")) " " (tip) }
+                        title { (m.minute.format(tip_time)) " " (tip) }
                     }
                 }
             }
@@ -152,9 +170,9 @@ fn bars(id: &str, title: &str, minutes: &[MinuteActivity], series: &[Series<'_>]
     }
 }
 
-/// Lines of the latency percentiles per minute (minutes without Processed orders are
-/// gaps).
-fn latency(minutes: &[MinuteActivity]) -> Markup {
+/// Lines of the latency percentiles per bin (bins without Processed orders are gaps).
+fn latency(minutes: &[MinuteActivity], range: ChartRange) -> Markup {
+    let (_, _, tip_time) = labels(range);
     let lines: [(&str, &str, f64); 3] = [
         ("p50", "#15803d", 0.5),
         ("p95", "#d97706", 0.95),
@@ -197,12 +215,12 @@ fn latency(minutes: &[MinuteActivity]) -> Markup {
     };
     html! {
         svg id="chart-latency" viewBox={"0 0 " (W) " " (H)} role="img" aria-label="submit to Processed latency" {
-            (frame(minutes, top, " ms"))
+            (frame(minutes, range, top, " ms"))
             @for (name, colour, q) in lines {
                 @let points = points(q);
                 @for (m, x, y, ms) in points.iter().flatten() {
                     circle class=(name) cx=(f1(*x)) cy=(f1(*y)) r="1.8" fill=(colour) {
-                        title { (m.minute.format("%H:%M")) " " (name) " under " (ms) " ms" }
+                        title { (m.minute.format(tip_time)) " " (name) " under " (ms) " ms" }
                     }
                 }
                 @let d = path(&points);
@@ -224,12 +242,42 @@ fn legend(items: &[(&str, &str)]) -> Markup {
     }
 }
 
-/// The three charts as HTML (what `/charts` answers and the overview embeds).
-pub(super) fn render(minutes: &[MinuteActivity]) -> Markup {
+/// What a range's bin and span are called.
+fn words(range: ChartRange) -> (&'static str, &'static str) {
+    match range {
+        ChartRange::Hour => ("minute", "hour"),
+        ChartRange::Day => ("15 minutes", "24 hours"),
+        ChartRange::Week => ("hour", "7 days"),
+    }
+}
+
+/// The bins of `range` at `now`: the last hour from the cache of minutes, a day or a
+/// week read from the store (its tallies of finished orders, then the rows since).
+pub(super) async fn bins(
+    cache: &ActivityCache,
+    store: &dyn StateStore,
+    range: ChartRange,
+    now: DateTime<Utc>,
+) -> orderly_core::Result<Vec<MinuteActivity>> {
+    match range {
+        ChartRange::Hour => cache.hour(store, now).await,
+        _ => Ok(last_bins(
+            &store.activity(range.start(now)).await?,
+            now,
+            range,
+        )),
+    }
+}
+
+/// The three charts as HTML (what `/charts` answers and the overview embeds), with the
+/// links to the other ranges.
+pub(super) fn render(minutes: &[MinuteActivity], range: ChartRange) -> Markup {
+    let (bin, span) = words(range);
     let finished = bars(
         "chart-finished",
-        "orders finished per minute by outcome",
+        &format!("orders finished per {bin} by outcome"),
         minutes,
+        range,
         &[
             ("processed", "#15803d", |m| m.processed),
             ("error", "#b91c1c", |m| m.error),
@@ -238,8 +286,9 @@ pub(super) fn render(minutes: &[MinuteActivity]) -> Markup {
     );
     let trouble = bars(
         "chart-trouble",
-        "recoveries and dead letters per minute",
+        &format!("recoveries and dead letters per {bin}"),
         minutes,
+        range,
         &[
             ("recoveries", "#d97706", |m| m.recoveries),
             ("dead-letters", "#7c3aed", |m| m.dead_letters),
@@ -250,15 +299,26 @@ pub(super) fn render(minutes: &[MinuteActivity]) -> Markup {
         .map(|m| m.processed + m.error + m.cancelled)
         .sum();
     html! {
+        p.ranges #chart-ranges {
+            "Charts of the last "
+            @for (i, r) in ChartRange::ALL.into_iter().enumerate() {
+                @if i > 0 { " · " }
+                @if r == range {
+                    strong { (words(r).1) }
+                } @else {
+                    a href={"/?range=" (r.key())} { (words(r).1) }
+                }
+            }
+        }
         div class="grid charts" {
             div class="card chart" {
-                h2 { "Finished per minute " span.muted { "(" (total) " in the last hour)" } }
+                h2 { "Finished per " (bin) " " span.muted { "(" (total) " in the last " (span) ")" } }
                 (finished)
                 (legend(&[("Processed", "#15803d"), ("Error", "#b91c1c"), ("Cancelled", "#6b7280")]))
             }
             div class="card chart" {
                 h2 { "Submit to Processed latency" }
-                (latency(minutes))
+                (latency(minutes, range))
                 (legend(&[("p50", "#15803d"), ("p95", "#d97706"), ("p99", "#b91c1c")]))
             }
             div class="card chart" {
@@ -283,7 +343,7 @@ mod tests {
         busy.error = 2;
         busy.add_latency(3, 40);
         let minutes = last_minutes(&[busy], now, MINUTES);
-        let html = render(&minutes).into_string();
+        let html = render(&minutes, ChartRange::Hour).into_string();
         assert_eq!(html.matches("<rect class=\"processed\"").count(), 1);
         assert_eq!(html.matches("<rect class=\"error\"").count(), 1);
         assert!(
@@ -293,6 +353,36 @@ mod tests {
         assert!(html.contains("(42 in the last hour)"));
         assert!(html.contains("<circle class=\"p99\""), "latency drawn");
         assert!(html.contains(">09:31<"), "minutes labelled");
+        assert!(
+            html.contains("href=\"/?range=24h\""),
+            "the other ranges linked"
+        );
+    }
+
+    #[test]
+    fn a_week_is_drawn_by_hour_and_labelled_by_day() {
+        let now = Utc.with_ymd_and_hms(2026, 11, 24, 10, 30, 20).unwrap();
+        let mut busy = MinuteActivity::new(Utc.with_ymd_and_hms(2026, 11, 20, 7, 12, 0).unwrap());
+        busy.cancelled = 5;
+        let mut later = MinuteActivity::new(Utc.with_ymd_and_hms(2026, 11, 20, 7, 48, 0).unwrap());
+        later.cancelled = 2;
+        let bins = last_bins(&[busy, later], now, ChartRange::Week);
+        let html = render(&bins, ChartRange::Week).into_string();
+        assert_eq!(
+            html.matches("<rect class=\"cancelled\"").count(),
+            1,
+            "one bar for the hour"
+        );
+        assert!(
+            html.contains("Fri 20 07:00 processed 0, error 0, cancelled 7"),
+            "{html}"
+        );
+        assert!(html.contains("(7 in the last 7 days)"));
+        assert!(html.contains("Finished per hour"));
+        assert!(
+            html.contains("<strong>7 days</strong>"),
+            "the range shown, not linked"
+        );
     }
 
     #[test]

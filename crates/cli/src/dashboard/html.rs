@@ -106,7 +106,7 @@ const SCRIPT: &str = r#"
   }
   async function charts(){
     try{
-      const r=await fetch('/charts');if(!r.ok)return;
+      const r=await fetch('/charts'+location.search);if(!r.ok)return;
       const c=document.getElementById('charts');if(c)c.innerHTML=await r.text();
     }catch(e){}
   }

@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use orderly_core::ProcessState;
+use orderly_core::activity::ChartRange;
 use serde_json::json;
 
 use super::Dash;
@@ -19,7 +20,42 @@ use super::html::{action_fields, ago, failed, page, url, when};
 /// Supervisors seen within this long run.
 const PRESENT: Duration = Duration::from_secs(10);
 
-pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Response {
+/// Which charts to show: `?range=1h` (the default), `24h` or `7d`.
+#[derive(serde::Deserialize, Default)]
+pub(super) struct ChartQuery {
+    range: Option<String>,
+}
+
+impl ChartQuery {
+    /// The range asked for (the hour when none is), `None` if it names none.
+    pub(super) fn range_named(&self) -> Option<ChartRange> {
+        match self.range.as_deref() {
+            None | Some("") => Some(ChartRange::Hour),
+            Some(r) => ChartRange::parse(r),
+        }
+    }
+
+    /// The range asked for, or a 400 saying what it may be.
+    fn range(&self) -> Result<ChartRange, Response> {
+        self.range_named().ok_or_else(|| {
+            (
+                axum::http::StatusCode::BAD_REQUEST,
+                "range: expected 1h, 24h or 7d",
+            )
+                .into_response()
+        })
+    }
+}
+
+pub(super) async fn overview(
+    State(dash): State<Dash>,
+    Query(chart): Query<ChartQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let range = match chart.range() {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
     let store = &dash.backend.store;
     let counts = match store.count_by_state().await {
         Ok(c) => c,
@@ -33,8 +69,15 @@ pub(super) async fn overview(State(dash): State<Dash>, headers: HeaderMap) -> Re
         Ok((oldest, _)) => oldest,
         Err(e) => return failed(e),
     };
-    let charts = match dash.activity.hour(store.as_ref(), chrono::Utc::now()).await {
-        Ok(minutes) => super::charts::render(&minutes),
+    let charts = match super::charts::bins(
+        &dash.activity,
+        store.as_ref(),
+        range,
+        chrono::Utc::now(),
+    )
+    .await
+    {
+        Ok(bins) => super::charts::render(&bins, range),
         Err(e) => return failed(e),
     };
     let open = match store.system_alerts(true, 20).await {
@@ -296,14 +339,15 @@ pub(super) async fn api(State(dash): State<Dash>) -> Response {
 }
 
 /// The charts, for the overview's script to redraw.
-pub(super) async fn charts(State(dash): State<Dash>) -> Response {
-    match dash
-        .activity
-        .hour(dash.backend.store.as_ref(), chrono::Utc::now())
-        .await
-    {
-        Ok(minutes) => {
-            axum::response::Html(super::charts::render(&minutes).into_string()).into_response()
+pub(super) async fn charts(State(dash): State<Dash>, Query(chart): Query<ChartQuery>) -> Response {
+    let range = match chart.range() {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    let store = dash.backend.store.as_ref();
+    match super::charts::bins(&dash.activity, store, range, chrono::Utc::now()).await {
+        Ok(bins) => {
+            axum::response::Html(super::charts::render(&bins, range).into_string()).into_response()
         }
         Err(e) => failed(e),
     }

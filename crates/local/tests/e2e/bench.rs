@@ -259,8 +259,14 @@ async fn console_bench_on(store: &str, dialect: &str) {
         out.contains(&format!("== {dialect}: seeding 3330 orders")),
         "{out}"
     );
+    assert!(
+        out.contains("the first tally of the finished orders"),
+        "{out}"
+    );
     for page in [
         "/ ",
+        "/?range=7d ",
+        "/api/activity?range=24h ",
         "/errors ",
         "/orders?customer=",
         "/api/errors ",

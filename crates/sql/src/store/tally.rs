@@ -13,7 +13,7 @@
 
 use chrono::{DateTime, Utc};
 use orderly_core::Result;
-use orderly_core::activity::minute_of;
+use orderly_core::activity::{bucket_sql, minute_of};
 use orderly_core::store::{TALLY_GRACE, TALLY_RECOUNT, TALLY_STRIDE, Tallied};
 
 use super::SqlStore;
@@ -77,12 +77,15 @@ impl<D: Driver> SqlStore<D> {
                 .await
                 .map_err(db)?;
             let counted = Q::dynamic(format!(
-                "INSERT INTO finished_tally (minute, process_state, orders) \
-                 SELECT {minute}, process_state, count(*) FROM order_state \
+                "INSERT INTO finished_tally (minute, process_state, bucket, orders) \
+                 SELECT {minute}, process_state, \
+                 CASE WHEN process_state = 'Processed' THEN {bucket} ELSE -1 END, count(*) \
+                 FROM order_state \
                  WHERE finished_at >= $1 AND finished_at < $2 \
                  AND process_state IN ('Processed', 'Cancelled') \
-                 GROUP BY 1, 2 RETURNING orders",
+                 GROUP BY 1, 2, 3 RETURNING orders",
                 minute = D::SQL.minute_of.replace("{}", "finished_at"),
+                bucket = bucket_sql(D::SQL.latency_ms),
             ))
             .bind(Ts(from))
             .bind(Ts(to))
@@ -103,6 +106,35 @@ impl<D: Driver> SqlStore<D> {
             if to >= target {
                 return Ok(done);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use orderly_core::activity::LATENCY_BOUNDS_MS;
+
+    /// The bounds of the latency buckets a migration's trigger writes, in order.
+    fn bounds_in(migration: &str) -> Vec<u64> {
+        migration
+            .lines()
+            .filter_map(|l| {
+                let (_, rest) = l.split_once(") < ")?;
+                rest.split_once(" THEN ")?.0.trim().parse().ok()
+            })
+            .collect()
+    }
+
+    /// The trigger takes a removed order off the tally of its latency bucket, computed
+    /// in SQL written out in each migration: the same buckets as orderly's.
+    #[test]
+    fn the_migrations_buckets_are_orderlys() {
+        for migration in [
+            include_str!("../../../../migrations/sqlite/0022_finished_tally.sql"),
+            include_str!("../../../../migrations/postgres/0022_finished_tally.sql"),
+        ] {
+            assert_eq!(bounds_in(migration), LATENCY_BOUNDS_MS.to_vec());
+            assert!(migration.contains(&format!("ELSE {} END", LATENCY_BOUNDS_MS.len())));
         }
     }
 }

@@ -34,6 +34,20 @@ async fn submitted(store: &dyn StateStore) -> OrderId {
 /// An order taken to Processed now.
 async fn processed(store: &dyn StateStore) -> OrderId {
     let id = submitted(store).await;
+    complete(store, &id).await;
+    id
+}
+
+/// An order submitted now and taken to Processed `latency` later (on `clock`).
+async fn processed_in(store: &dyn StateStore, clock: &ManualClock, latency: Duration) -> OrderId {
+    let id = submitted(store).await;
+    clock.advance(latency);
+    complete(store, &id).await;
+    id
+}
+
+/// Claims and completes `id`.
+async fn complete(store: &dyn StateStore, id: &OrderId) {
     let claimed = store
         .claim(&ClaimRequest {
             workflows: Default::default(),
@@ -45,7 +59,7 @@ async fn processed(store: &dyn StateStore) -> OrderId {
         .unwrap();
     let fence = claimed
         .into_iter()
-        .find(|c| c.fence.order_id == id)
+        .find(|c| c.fence.order_id == *id)
         .unwrap()
         .fence;
     let out = store
@@ -53,7 +67,6 @@ async fn processed(store: &dyn StateStore) -> OrderId {
         .await
         .unwrap();
     assert_eq!(out.completed.len(), 1);
-    id
 }
 
 /// An order cancelled now.
@@ -103,11 +116,17 @@ async fn tallies(store: Arc<dyn StateStore>, clock: ManualClock) {
     processed(store).await;
     processed(store).await;
     clock.advance(20 * MINUTE);
-    processed(store).await;
+    processed_in(store, &clock, Duration::from_millis(1_500)).await;
     cancelled(store).await;
     clock.advance(20 * MINUTE);
     processed(store).await;
     counts(store, 4, 1, "before any tally").await;
+    let activity = store.activity(t0 - MINUTE).await.unwrap();
+    assert_eq!(
+        activity.len(),
+        3,
+        "three minutes with finishes: {activity:?}"
+    );
 
     // The first tally goes in strides; the last finish is within the grace.
     let t = store.tally_finished().await.unwrap();
@@ -117,6 +136,11 @@ async fn tallies(store: Arc<dyn StateStore>, clock: ManualClock) {
     let strides = (span.num_seconds() as u64).div_ceil(TALLY_STRIDE.as_secs());
     assert_eq!(u64::from(t.transactions), strides, "{t:?}");
     counts(store, 4, 1, "after the first tally").await;
+    assert_eq!(
+        store.activity(t0 - MINUTE).await.unwrap(),
+        activity,
+        "the charts' minutes, read from the tallies, are those read from the rows"
+    );
     // Again at once: nothing new to tally.
     let again = store.tally_finished().await.unwrap();
     assert_eq!((again.upto, again.transactions), (t.upto, 0));
@@ -183,11 +207,13 @@ async fn postgres_counts_by_state_stay_exact_across_tallies_late_finishes_and_re
 async fn tallies_beside_retention(store: Arc<dyn StateStore>, clock: ManualClock) {
     let t0 = clock.now();
     let mut finished = 0i64;
-    // 120 orders finished over 20 minutes.
-    for _ in 0..120 {
-        processed(store.as_ref()).await;
+    // 120 orders finished over 20 minutes, with latencies of several buckets (which
+    // retention's trigger computes again to find an order's tally).
+    for i in 0..120u64 {
+        let latency = Duration::from_millis([0, 7, 150, 10_000][(i % 4) as usize]);
+        processed_in(store.as_ref(), &clock, latency).await;
         finished += 1;
-        clock.advance(Duration::from_secs(10));
+        clock.advance(Duration::from_secs(10) - latency);
     }
     // Tallied up to the minute before; the next tallies count the last five again,
     // which retention (keeping 5 minutes: everything finished before t0 + 15.5 min)
