@@ -32,6 +32,18 @@ try {
   if ((await page.locator("#chart-latency circle.p99").count()) < 1) throw new Error("no latency drawn");
   await shot(page, "overview");
 
+  // The week's charts, by hour: the link above the charts; the run's orders are in the
+  // last hour's bar, and the redraw asks for the same range.
+  await page.locator("#chart-ranges a", { hasText: "7 days" }).click();
+  await page.waitForURL(/range=7d/);
+  const heading = await page.locator("div.chart h2").first().innerText();
+  if (!heading.startsWith("Finished per hour")) throw new Error(`the week's chart says ${heading}`);
+  if ((await page.locator("#chart-finished rect.processed").count()) < 1) throw new Error("the week's chart has no bar");
+  if ((await page.locator("#chart-ranges strong").innerText()) !== "7 days") throw new Error("the range shown is not marked");
+  const redraw = await page.evaluate(async () => (await fetch("/charts" + location.search)).text());
+  if (!redraw.includes("Finished per hour")) throw new Error("the redraw does not keep the week's range");
+  await shot(page, "overview-7d");
+
   // Errors grouped by cause: every Error order is in one of the causes on the page,
   // and the cause's row says how many.
   await page.goto(`${base}/errors`);
@@ -152,7 +164,7 @@ try {
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
   await phone.goto(`${base}/`);
   await shot(phone, "overview-phone");
-  console.log(`ok: chart drawn, cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, #${liveNo} shown acknowledged by the live list, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
+  console.log(`ok: charts drawn (hour and week), cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, #${liveNo} shown acknowledged by the live list, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
 } catch (e) {
   console.error(`console test failed: ${e.message}`);
   code = 1;
