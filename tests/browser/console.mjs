@@ -1,7 +1,8 @@
 // The operators' console in a real headless browser (Debian's chromium), after a run
 // with failures: the overview's chart has data; the Errors page groups the failures by
 // cause, and a cause's "Retry all" says how many orders it moves before it moves them;
-// the filters and the search find an order; an order's alert is acknowledged, and the
+// the filters and the search find an order; an order's alert and an alert about the
+// system are acknowledged, and the
 // list shows one acknowledged elsewhere without a reload; orders
 // ticked in the list are cancelled, and all matching a filter retried; a screenshot of each page is written for
 // review.
@@ -111,6 +112,22 @@ try {
   if (by !== "operator:erin") throw new Error(`alert #${alertNo} acknowledged by ${by}, expected operator:erin`);
   if ((await acked.locator("button.ack").count()) !== 0) throw new Error("an acknowledged alert still offers Acknowledge");
 
+  // An alert about the system acknowledged the same way: recorded, and still open.
+  const condition = page.locator("#system-alerts tr", { has: page.locator("button.ack") }).first();
+  const conditionNo = (await condition.locator("td").first().innerText()).trim();
+  await condition.locator("input[name=operator]").fill("erin");
+  await Promise.all([
+    page.waitForResponse((r) => r.url().endsWith("/alerts") && r.request().method() === "GET"),
+    condition.locator("button.ack").click(),
+  ]);
+  const seen = page
+    .locator("#system-alerts tr")
+    .filter({ has: page.locator("td:first-child", { hasText: new RegExp(`^${conditionNo}$`) }) });
+  const seenBy = (await seen.locator("span.ack").innerText()).trim();
+  if (seenBy !== "operator:erin") throw new Error(`system alert #${conditionNo} acknowledged by ${seenBy}`);
+  if ((await seen.locator("b.bad").innerText()).trim() !== "open") throw new Error("an acknowledged system alert was resolved");
+  await shot(page, "alerts");
+
   // Lists refresh in place: an alert acknowledged elsewhere (here through the JSON API)
   // shows as acknowledged within seconds, without a reload.
   await page.goto(`${base}/alerts`);
@@ -164,7 +181,7 @@ try {
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 } });
   await phone.goto(`${base}/`);
   await shot(phone, "overview-phone");
-  console.log(`ok: charts drawn (hour and week), cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} acknowledged, #${liveNo} shown acknowledged by the live list, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
+  console.log(`ok: charts drawn (hour and week), cause of ${count} retried after confirming, filters and search found ${orderId}, alert #${alertNo} and system alert #${conditionNo} acknowledged, #${liveNo} shown acknowledged by the live list, 2 ticked orders cancelled and ${rest} matching retried; screenshots in ${shots}`);
 } catch (e) {
   console.error(`console test failed: ${e.message}`);
   code = 1;

@@ -14,7 +14,7 @@
 //!   confirmation that says how many and what a retry will do; the orders one by one;
 //! - `/orders/{id}` one order: a visual timeline of its steps and attempts, its steps,
 //!   history and details, Retry / Cancel;
-//! - `/alerts` alerts about the system and about orders, Acknowledge for the latter;
+//! - `/alerts` alerts about the system and about orders, Acknowledge for either;
 //! - `/dead-letters` dead-lettered messages per queue, with why, Requeue / Discard;
 //! - `/api/...` the same as JSON, and every action (see `api`);
 //! - `/metrics` (Prometheus, behind the token like the pages), `/healthz` and `/readyz`
@@ -136,6 +136,7 @@ pub async fn serve(
         .route("/errors/group", get(errors::confirm).post(errors::act))
         .route("/alerts", get(alerts::alerts))
         .route("/alerts/{id}/ack", post(alerts::acknowledge))
+        .route("/alerts/system/{id}/ack", post(alerts::acknowledge_system))
         .route("/workflows", get(workflows::workflows))
         .route("/workflows/move", post(workflows::move_orders))
         .route("/services/{service}/resume", post(actions::resume_service))

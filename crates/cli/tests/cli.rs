@@ -1724,6 +1724,20 @@ fn the_dashboards_json_api_reads_every_page_and_takes_every_action() {
             .unwrap();
         error_order(&*s.store, &a).await;
         error_order(&*s.store, &b).await;
+        // An alert about the system, as a leader raises it.
+        s.store
+            .raise(
+                &orderly_core::conditions::Condition {
+                    kind: orderly_core::conditions::ConditionKind::DeadLetters,
+                    subject: "orders".into(),
+                    detail: "1 dead letter on queue orders (was 0)".into(),
+                },
+                "supervisor-1",
+                &|_| Vec::new(),
+            )
+            .await
+            .unwrap()
+            .unwrap();
         let orders = QueueName::parse("orders").unwrap();
         s.transport
             .declare_queue(&orders, &QueueSettings::default())
@@ -1929,7 +1943,38 @@ fn the_dashboards_json_api_reads_every_page_and_takes_every_action() {
     assert_eq!(acked["acknowledged_by"], "operator:erin");
     let (status, _) = post("/api/alerts/999999/ack", json!({}));
     assert_eq!(status, 404);
-    assert!(alerts["system"].is_array());
+    // An alert about the system, acknowledged: still open, with who.
+    let system = alerts["system"].as_array().unwrap();
+    assert_eq!(system.len(), 1, "{alerts}");
+    let system_id = system[0]["alert_id"].as_i64().unwrap();
+    let (status, acked) = post(
+        &format!("/api/alerts/system/{system_id}/ack"),
+        json!({ "operator": "erin" }),
+    );
+    assert_eq!(status, 200, "{acked}");
+    assert_eq!(acked["acknowledged_by"], "operator:erin");
+    assert_eq!(acked["resolved_at"], Value::Null);
+    let (_, open) = get("/api/alerts");
+    assert_eq!(
+        open["system"][0]["acknowledged_by"], "operator:erin",
+        "{open}"
+    );
+    let (status, _) = post("/api/alerts/system/999999/ack", json!({}));
+    assert_eq!(status, 404);
+
+    // The charts' figures: the two orders, cancelled by now, and the dead letter.
+    let (status, activity) = get("/api/activity?range=24h");
+    assert_eq!(status, 200, "{activity}");
+    assert_eq!(activity["bin_minutes"], 15);
+    let bins = activity["bins"].as_array().unwrap();
+    assert_eq!(bins.len(), 96);
+    let sum = |field: &str| -> i64 { bins.iter().map(|b| b[field].as_i64().unwrap()).sum() };
+    assert_eq!(
+        (sum("cancelled"), sum("error"), sum("dead_letters")),
+        (2, 0, 1),
+        "{activity}"
+    );
+    assert_eq!(get("/api/activity?range=2d").0, 400);
 
     // The other pages' data.
     let (status, flows) = get("/api/workflows");

@@ -93,6 +93,12 @@ pub struct SystemAlert {
     pub raised_by: String,
     /// When it ended (`None`: it holds still).
     pub resolved_at: Option<DateTime<Utc>>,
+    /// The operator who acknowledged it ("seen, being handled"), if one did.
+    #[serde(default)]
+    pub acknowledged_by: Option<String>,
+    /// When they did.
+    #[serde(default)]
+    pub acknowledged_at: Option<DateTime<Utc>>,
 }
 
 /// What goes on the alerts queue when an episode begins or ends.
@@ -135,6 +141,15 @@ pub trait ConditionStore: Send + Sync {
 
     /// Episodes, newest first: the open ones only, or all.
     async fn system_alerts(&self, open_only: bool, limit: u32) -> Result<Vec<SystemAlert>>;
+
+    /// Records that `by` acknowledged episode `alert_id` (the first acknowledgement
+    /// stays: acknowledging again changes nothing); the episode stays open until its
+    /// condition ends. Returns it as it is now (`None`: no such episode).
+    async fn acknowledge_system_alert(
+        &self,
+        alert_id: i64,
+        by: &crate::Actor,
+    ) -> Result<Option<SystemAlert>>;
 
     /// The oldest Pending order that is not waiting for a service that is down (its id
     /// and when it was created), and the store's now.

@@ -40,7 +40,7 @@ struct Both {
 }
 
 /// Every migration, in order: the one list both dialects apply.
-const ALL: [Both; 22] = [
+const ALL: [Both; 23] = [
     Both {
         version: 1,
         name: "state_store",
@@ -172,6 +172,12 @@ const ALL: [Both; 22] = [
         name: "finished_tally",
         sqlite: include_str!("../../../migrations/sqlite/0022_finished_tally.sql"),
         postgres: include_str!("../../../migrations/postgres/0022_finished_tally.sql"),
+    },
+    Both {
+        version: 23,
+        name: "system_alert_acks",
+        sqlite: include_str!("../../../migrations/sqlite/0023_system_alert_acks.sql"),
+        postgres: include_str!("../../../migrations/postgres/0023_system_alert_acks.sql"),
     },
 ];
 

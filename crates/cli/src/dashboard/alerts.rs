@@ -1,5 +1,6 @@
 //! Alerts: about the system (conditions, open and resolved) and about orders (each
-//! order that entered Error), which an operator acknowledges ("seen, being handled").
+//! order that entered Error), either of which an operator acknowledges ("seen, being
+//! handled"; a condition's alert stays open until the condition ends).
 
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -27,7 +28,7 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
         div.card {
             h2 { "About the system" }
             div.scroll { table #system-alerts data-refresh {
-                tr { th { "#" } th { "raised" } th { "what" } th { "about" } th { "state" } th { "detail" } }
+                tr { th { "#" } th { "raised" } th { "what" } th { "about" } th { "state" } th { "detail" } th { "acknowledged" } }
                 @for a in &system {
                     tr {
                         td { (a.alert_id) }
@@ -41,9 +42,18 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
                             }
                         }
                         td { (a.detail) }
+                        td {
+                            @match a.acknowledged_by.as_deref() {
+                                Some(by) => span.ack { (by) },
+                                None => form.inline method="post" action={"/alerts/system/" (a.alert_id) "/ack"} {
+                                    (action_fields(csrf, &operator))
+                                    " " button.ack { "Acknowledge" }
+                                },
+                            }
+                        }
                     }
                 }
-                @if system.is_empty() { tr { td colspan="6" .muted { "None." } } }
+                @if system.is_empty() { tr { td colspan="7" .muted { "None." } } }
             } }
         }
         div.card {
@@ -90,6 +100,30 @@ pub(super) async fn acknowledge(
     match dash.backend.store.acknowledge_alert(id, &actor).await {
         Ok(Some(_)) => back(&form, "/alerts"),
         Ok(None) => refused(StatusCode::NOT_FOUND, &format!("No alert #{id}.")),
+        Err(e) => failed(e),
+    }
+}
+
+/// Acknowledges an alert about the system under the operator's name, then back to the
+/// alerts.
+pub(super) async fn acknowledge_system(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<Acting>,
+) -> Response {
+    let (actor, _) = match acting(&headers, &form) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    match dash
+        .backend
+        .store
+        .acknowledge_system_alert(id, &actor)
+        .await
+    {
+        Ok(Some(_)) => back(&form, "/alerts"),
+        Ok(None) => refused(StatusCode::NOT_FOUND, &format!("No system alert #{id}.")),
         Err(e) => failed(e),
     }
 }

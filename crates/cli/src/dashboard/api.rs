@@ -48,6 +48,7 @@ pub(super) fn routes() -> axum::Router<Dash> {
         .route("/api/errors/group", post(group))
         .route("/api/alerts", get(alerts))
         .route("/api/alerts/{id}/ack", post(acknowledge))
+        .route("/api/alerts/system/{id}/ack", post(acknowledge_system))
         .route("/api/workflows", get(workflows))
         .route("/api/services", get(services))
         .route("/api/services/{service}/resume", post(resume))
@@ -551,6 +552,34 @@ async fn acknowledge(
     match dash.backend.store.acknowledge_alert(id, &actor).await {
         Ok(Some(alert)) => answer(json!(alert)),
         Ok(None) => refused(StatusCode::NOT_FOUND, format!("no alert #{id}")),
+        Err(e) => store_error(e),
+    }
+}
+
+/// `POST /api/alerts/system/{id}/ack`: an alert about the system acknowledged ("seen,
+/// being handled"); it stays open until its condition ends.
+async fn acknowledge_system(
+    State(dash): State<Dash>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    body: Result<Json<Acting>, JsonRejection>,
+) -> Response {
+    let body = match parsed(body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let (actor, _) = match acting(&headers, body.operator.as_deref(), None, "") {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    match dash
+        .backend
+        .store
+        .acknowledge_system_alert(id, &actor)
+        .await
+    {
+        Ok(Some(alert)) => answer(json!(alert)),
+        Ok(None) => refused(StatusCode::NOT_FOUND, format!("no system alert #{id}")),
         Err(e) => store_error(e),
     }
 }

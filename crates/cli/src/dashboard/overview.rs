@@ -143,6 +143,9 @@ pub(super) async fn overview(
                             li {
                                 b.bad { (a.kind.as_str()) } " " (a.subject) " "
                                 span.muted { "since " (ago(a.raised_at)) } ": " (a.detail)
+                                @if let Some(by) = a.acknowledged_by.as_deref() {
+                                    " " span.ack { "acknowledged by " (by) }
+                                }
                             }
                         }
                     }

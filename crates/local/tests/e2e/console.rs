@@ -71,6 +71,20 @@ async fn after_the_demo_an_operator_finds_every_cause_retries_one_in_two_clicks_
         .details
         .customer_id()
         .to_owned();
+    // An alert about the system, as the leader raises one.
+    store
+        .raise(
+            &orderly_core::conditions::Condition {
+                kind: orderly_core::conditions::ConditionKind::PendingTooOld,
+                subject: "orders".into(),
+                detail: "order x waits for 6 minutes".into(),
+            },
+            "supervisor-1",
+            &|_| Vec::new(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
 
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -107,6 +121,8 @@ async fn after_the_demo_an_operator_finds_every_cause_retries_one_in_two_clicks_
         "retry-done",
         "orders",
         "order",
+        "alerts",
+        "overview-7d",
         "bulk-selected",
         "bulk-confirm",
     ] {

@@ -16,7 +16,8 @@ use crate::error::{corrupt, db};
 use crate::rows::Cols;
 use crate::time::Ts;
 
-const ALERT_COLUMNS: &str = "alert_id, kind, subject, detail, raised_at, raised_by, resolved_at";
+const ALERT_COLUMNS: &str = "alert_id, kind, subject, detail, raised_at, raised_by, resolved_at, \
+    acknowledged_by, acknowledged_at";
 
 fn alert<R: crate::driver::SqlRow + ?Sized>(c: &Cols<'_, R>) -> Result<SystemAlert> {
     Ok(SystemAlert {
@@ -30,6 +31,8 @@ fn alert<R: crate::driver::SqlRow + ?Sized>(c: &Cols<'_, R>) -> Result<SystemAle
         raised_at: c.ts("raised_at")?,
         raised_by: c.get("raised_by")?,
         resolved_at: c.opt_ts("resolved_at")?,
+        acknowledged_by: c.get("acknowledged_by")?,
+        acknowledged_at: c.opt_ts("acknowledged_at")?,
     })
 }
 
@@ -110,6 +113,34 @@ impl<D: Driver> ConditionStore for SqlStore<D> {
         .iter()
         .map(|r| alert(&Cols(r)))
         .collect()
+    }
+
+    async fn acknowledge_system_alert(
+        &self,
+        alert_id: i64,
+        by: &orderly_core::Actor,
+    ) -> Result<Option<SystemAlert>> {
+        let (mut tx, now) = self.begin().await?;
+        q(
+            "UPDATE system_alerts SET acknowledged_by = $2, acknowledged_at = $3 \
+           WHERE alert_id = $1 AND acknowledged_at IS NULL",
+        )
+        .bind(alert_id)
+        .bind(by.as_str())
+        .bind(Ts(now))
+        .execute::<D>(&mut tx)
+        .await
+        .map_err(db)?;
+        let row = Q::dynamic(format!(
+            "SELECT {ALERT_COLUMNS} FROM system_alerts WHERE alert_id = $1"
+        ))
+        .bind(alert_id)
+        .fetch_optional::<D>(&mut tx)
+        .await
+        .map_err(db)?;
+        let acknowledged = row.map(|r| alert(&Cols(&r))).transpose()?;
+        D::commit(tx).await.map_err(db)?;
+        Ok(acknowledged)
     }
 
     async fn oldest_pending(&self) -> Result<(Option<(OrderId, DateTime<Utc>)>, DateTime<Utc>)> {

@@ -117,6 +117,40 @@ pub async fn a_condition_is_raised_and_resolved_once_per_episode(ctx: &Ctx) {
     );
     let open = store.system_alerts(true, 10).await.unwrap();
     assert_eq!(open.len(), 2);
+    assert!(open.iter().all(|a| a.acknowledged_by.is_none()));
+    // Acknowledged by an operator: recorded, the first one stays, still open.
+    ctx.clock.advance(Duration::from_secs(5));
+    let seen = store
+        .acknowledge_system_alert(first.alert_id, &orderly_core::Actor::operator("erin"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.acknowledged_by.as_deref(), Some("operator:erin"));
+    assert_eq!(seen.acknowledged_at, Some(ctx.clock.now()));
+    assert_eq!(seen.resolved_at, None, "acknowledged, not resolved");
+    ctx.clock.advance(Duration::from_secs(5));
+    let again = store
+        .acknowledge_system_alert(first.alert_id, &orderly_core::Actor::operator("dan"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.acknowledged_by, again.acknowledged_at),
+        (seen.acknowledged_by.clone(), seen.acknowledged_at),
+        "the first acknowledgement stays"
+    );
+    assert!(
+        store
+            .acknowledge_system_alert(
+                first.alert_id + 1_000,
+                &orderly_core::Actor::operator("erin")
+            )
+            .await
+            .unwrap()
+            .is_none(),
+        "no such episode"
+    );
+    assert_eq!(store.system_alerts(true, 10).await.unwrap().len(), 2);
     ctx.clock.advance(MINUTE);
     let resolved = store
         .resolve(ConditionKind::DeadLetters, "orders", &none)
@@ -125,6 +159,10 @@ pub async fn a_condition_is_raised_and_resolved_once_per_episode(ctx: &Ctx) {
         .unwrap();
     assert_eq!(resolved.alert_id, first.alert_id);
     assert_eq!(resolved.resolved_at, Some(ctx.clock.now()));
+    assert_eq!(
+        resolved.acknowledged_by, seen.acknowledged_by,
+        "kept once resolved"
+    );
     assert!(
         store
             .resolve(ConditionKind::DeadLetters, "orders", &none)
