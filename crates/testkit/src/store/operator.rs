@@ -389,8 +389,8 @@ pub async fn error_causes_group_error_orders_and_follow_them_as_they_change(ctx:
         failed[..3].iter().cloned().collect::<HashSet<_>>()
     );
     assert!(
-        rows.windows(2)
-            .all(|w| (w[0].created_at, &w[0].order_id) <= (w[1].created_at, &w[1].order_id))
+        rows.windows(2).all(|w| w[0].created_at <= w[1].created_at),
+        "oldest first"
     );
     assert_eq!(
         store
