@@ -84,7 +84,7 @@ fn labels(range: ChartRange) -> (usize, &'static str, &'static str) {
 }
 
 /// The frame: axes, the top value, and time labels along the bottom.
-fn frame(minutes: &[MinuteActivity], range: ChartRange, top: f64, unit: &str) -> Markup {
+fn frame(minutes: &[MinuteActivity], range: ChartRange, top: &str) -> Markup {
     let (every, axis, _) = labels(range);
     let plot_h = H - BOTTOM;
     let x = LEFT - 4.0;
@@ -92,7 +92,7 @@ fn frame(minutes: &[MinuteActivity], range: ChartRange, top: f64, unit: &str) ->
     html! {
         line x1=(LEFT) y1=(plot_h) x2=(W) y2=(plot_h) stroke="#cbd5e1" {}
         line x1=(LEFT) y1="0" x2=(LEFT) y2=(plot_h) stroke="#cbd5e1" {}
-        text x=(x) y="10" font-size="10" text-anchor="end" fill="#6b7280" { (format_value(top)) (unit) }
+        text x=(x) y="10" font-size="10" text-anchor="end" fill="#6b7280" { (top) }
         text x=(x) y=(plot_h) font-size="10" text-anchor="end" fill="#6b7280" { "0" }
         @for (i, m) in minutes.iter().enumerate() {
             @if i % every == 0 {
@@ -107,6 +107,16 @@ fn frame(minutes: &[MinuteActivity], range: ChartRange, top: f64, unit: &str) ->
 /// A coordinate, to a tenth.
 fn f1(v: f64) -> String {
     format!("{v:.1}")
+}
+
+/// A latency axis' top value: in ms below a second, else in seconds (the label has
+/// room for five characters).
+fn duration_label(ms: f64) -> String {
+    if ms >= 1_000.0 {
+        format!("{} s", format_value(ms / 1_000.0))
+    } else {
+        format!("{} ms", format_value(ms))
+    }
 }
 
 fn format_value(v: f64) -> String {
@@ -152,7 +162,7 @@ fn bars(
     };
     html! {
         svg id=(id) viewBox={"0 0 " (W) " " (H)} role="img" aria-label=(title) {
-            (frame(minutes, range, top, ""))
+            (frame(minutes, range, &format_value(top)))
             @for (i, m) in minutes.iter().enumerate() {
                 @let tip = series
                     .iter()
@@ -215,7 +225,7 @@ fn latency(minutes: &[MinuteActivity], range: ChartRange) -> Markup {
     };
     html! {
         svg id="chart-latency" viewBox={"0 0 " (W) " " (H)} role="img" aria-label="submit to Processed latency" {
-            (frame(minutes, range, top, " ms"))
+            (frame(minutes, range, &duration_label(top)))
             @for (name, colour, q) in lines {
                 @let points = points(q);
                 @for (m, x, y, ms) in points.iter().flatten() {
@@ -383,6 +393,13 @@ mod tests {
             html.contains("<strong>7 days</strong>"),
             "the range shown, not linked"
         );
+    }
+
+    #[test]
+    fn a_latency_axis_of_a_second_or_more_reads_in_seconds() {
+        assert_eq!(duration_label(500.0), "500 ms");
+        assert_eq!(duration_label(5_000.0), "5 s");
+        assert_eq!(duration_label(3_600_000.0), "3600 s");
     }
 
     #[test]
