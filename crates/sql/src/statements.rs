@@ -246,10 +246,21 @@ pub(crate) const WORKFLOWS_IN_FLIGHT: &str = "\
     WHERE process_state = 'Error' GROUP BY workflow, workflow_version, process_state \
     ORDER BY workflow, workflow_version, process_state";
 
-/// Orders that reached a final state since `$1` (and are still in it), by state:
-/// `finished_at` is set only on a finished row (the index of finished orders).
-pub(crate) const FINISHED_SINCE: &str = "SELECT process_state, count(*) AS n FROM order_state \
-    WHERE finished_at >= $1 GROUP BY process_state";
+/// Orders that reached a final state since `$1` (and are still in it), in rows to add up
+/// per state: the Processed and Cancelled ones of the whole minutes from `$2` to the
+/// tallies' mark `$3` from the tallies (see [`COUNT_BY_STATE`]), the others from their
+/// rows (`finished_at` is set only on a finished row: the index of finished orders). At
+/// 100 orders a second an hour is 360,000 rows; its tallies are 60 minutes'.
+pub(crate) const FINISHED_SINCE: &str = "\
+    SELECT process_state, CAST(sum(orders) AS BIGINT) AS n FROM finished_tally \
+    WHERE minute >= $2 AND minute < $3 GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE finished_at >= $1 AND (finished_at < $2 OR finished_at >= $3) \
+    AND process_state IN ('Processed', 'Cancelled') GROUP BY process_state \
+    UNION ALL \
+    SELECT process_state, count(*) AS n FROM order_state \
+    WHERE process_state = 'Error' AND finished_at >= $1 GROUP BY process_state";
 
 /// A bound value of a query built at run time.
 pub(crate) enum Arg {

@@ -455,9 +455,23 @@ impl<D: Driver> OperatorStore for SqlStore<D> {
         &self,
         since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<(ProcessState, i64)>> {
+        let mut conn = self.driver.acquire().await?;
+        let mark = q(st::TALLY_MARK)
+            .fetch_one::<D>(&mut conn)
+            .await
+            .map_err(db)?;
+        // The first whole minute from `since` on: the tallies count whole minutes.
+        let first = orderly_core::activity::minute_of(since);
+        let first = if first < since {
+            first + chrono::Duration::minutes(1)
+        } else {
+            first
+        };
         let rows = q(st::FINISHED_SINCE)
             .bind(Ts(since))
-            .fetch_all::<D>(&mut *self.driver.acquire().await?)
+            .bind(Ts(first))
+            .bind(Ts(Cols(&mark).ts("upto")?))
+            .fetch_all::<D>(&mut conn)
             .await
             .map_err(db)?;
         let finals = [

@@ -127,6 +127,20 @@ async fn tallies(store: Arc<dyn StateStore>, clock: ManualClock) {
         3,
         "three minutes with finishes: {activity:?}"
     );
+    // Windows starting before, inside and between the finishes, mid-minute or not.
+    let windows = [
+        t0 - MINUTE,
+        t0,
+        t0 + Duration::from_secs(1),
+        t0 + 20 * MINUTE,
+        t0 + 20 * MINUTE + Duration::from_secs(30),
+        t0 + 39 * MINUTE,
+        t0 + 40 * MINUTE,
+    ];
+    let mut finished = Vec::new();
+    for since in windows {
+        finished.push(store.finished_since(since).await.unwrap());
+    }
 
     // The first tally goes in strides; the last finish is within the grace.
     let t = store.tally_finished().await.unwrap();
@@ -141,6 +155,13 @@ async fn tallies(store: Arc<dyn StateStore>, clock: ManualClock) {
         activity,
         "the charts' minutes, read from the tallies, are those read from the rows"
     );
+    for (since, before) in windows.iter().zip(&finished) {
+        assert_eq!(
+            &store.finished_since(*since).await.unwrap(),
+            before,
+            "finished since {since}, from the tallies as from the rows"
+        );
+    }
     // Again at once: nothing new to tally.
     let again = store.tally_finished().await.unwrap();
     assert_eq!((again.upto, again.transactions), (t.upto, 0));
