@@ -344,7 +344,9 @@ pub trait SupervisorStore: Send + Sync {
     /// a first call over a large store goes in transactions of [`TALLY_STRIDE`] of
     /// finishes. Removing tallied orders (retention) takes them off their tallies in the
     /// same transaction, whoever removes them. Without calls the counts stay exact, and
-    /// only grow slower with the store.
+    /// only grow slower with the store. A finish whose transaction commits later than
+    /// [`TALLY_GRACE`] and [`TALLY_RECOUNT`] after it began stays out of the counts
+    /// until retention removes its minute (orderly's transactions last milliseconds).
     async fn tally_finished(&self) -> Result<Tallied>;
 }
 
