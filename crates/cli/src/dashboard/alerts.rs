@@ -5,7 +5,7 @@
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use maud::html;
+use maud::{Markup, html};
 
 use super::Dash;
 use super::actions::{Acting, acting, back, refused};
@@ -42,15 +42,7 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
                             }
                         }
                         td { (a.detail) }
-                        td {
-                            @match a.acknowledged_by.as_deref() {
-                                Some(by) => span.ack { (by) },
-                                None => form.inline method="post" action={"/alerts/system/" (a.alert_id) "/ack"} {
-                                    (action_fields(csrf, &operator))
-                                    " " button.ack { "Acknowledge" }
-                                },
-                            }
-                        }
+                        td { (acknowledged(a.acknowledged_by.as_deref(), &format!("/alerts/system/{}/ack", a.alert_id), csrf, &operator)) }
                     }
                 }
                 @if system.is_empty() { tr { td colspan="7" .muted { "None." } } }
@@ -68,15 +60,7 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
                         td { (a.step.as_deref().unwrap_or("-")) }
                         td { (a.failure_count) }
                         td { (a.last_error.as_deref().unwrap_or("-")) }
-                        td {
-                            @match a.acknowledged_by.as_deref() {
-                                Some(by) => span.ack { (by) },
-                                None => form.inline method="post" action={"/alerts/" (a.alert_id) "/ack"} {
-                                    (action_fields(csrf, &operator))
-                                    " " button.ack { "Acknowledge" }
-                                },
-                            }
-                        }
+                        td { (acknowledged(a.acknowledged_by.as_deref(), &format!("/alerts/{}/ack", a.alert_id), csrf, &operator)) }
                     }
                 }
                 @if orders.is_empty() { tr { td colspan="7" .muted { "None." } } }
@@ -84,6 +68,19 @@ pub(super) async fn alerts(State(dash): State<Dash>, headers: HeaderMap) -> Resp
         }
     };
     page("Alerts", "/alerts", body).into_response()
+}
+
+/// Who acknowledged an alert, or the form that acknowledges it at `action`.
+fn acknowledged(by: Option<&str>, action: &str, csrf: &str, operator: &str) -> Markup {
+    html! {
+        @match by {
+            Some(by) => span.ack { (by) },
+            None => form.inline method="post" action=(action) {
+                (action_fields(csrf, operator))
+                " " button.ack { "Acknowledge" }
+            },
+        }
+    }
 }
 
 /// Acknowledges an order's alert under the operator's name, then back to the alerts.
@@ -97,11 +94,12 @@ pub(super) async fn acknowledge(
         Ok(a) => a,
         Err(r) => return *r,
     };
-    match dash.backend.store.acknowledge_alert(id, &actor).await {
-        Ok(Some(_)) => back(&form, "/alerts"),
-        Ok(None) => refused(StatusCode::NOT_FOUND, &format!("No alert #{id}.")),
-        Err(e) => failed(e),
-    }
+    let acked = dash.backend.store.acknowledge_alert(id, &actor).await;
+    back_from(
+        &form,
+        acked.map(|a| a.is_some()),
+        &format!("No alert #{id}."),
+    )
 }
 
 /// Acknowledges an alert about the system under the operator's name, then back to the
@@ -116,14 +114,23 @@ pub(super) async fn acknowledge_system(
         Ok(a) => a,
         Err(r) => return *r,
     };
-    match dash
+    let acked = dash
         .backend
         .store
         .acknowledge_system_alert(id, &actor)
-        .await
-    {
-        Ok(Some(_)) => back(&form, "/alerts"),
-        Ok(None) => refused(StatusCode::NOT_FOUND, &format!("No system alert #{id}.")),
+        .await;
+    back_from(
+        &form,
+        acked.map(|a| a.is_some()),
+        &format!("No system alert #{id}."),
+    )
+}
+
+/// Back to the alerts once acknowledged; `missing` (404) when there was no such alert.
+fn back_from(form: &Acting, acked: orderly_core::Result<bool>, missing: &str) -> Response {
+    match acked {
+        Ok(true) => back(form, "/alerts"),
+        Ok(false) => refused(StatusCode::NOT_FOUND, missing),
         Err(e) => failed(e),
     }
 }

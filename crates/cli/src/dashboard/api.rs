@@ -541,11 +541,7 @@ async fn acknowledge(
     Path(id): Path<i64>,
     body: Result<Json<Acting>, JsonRejection>,
 ) -> Response {
-    let body = match parsed(body) {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    let (actor, _) = match acting(&headers, body.operator.as_deref(), None, "") {
+    let actor = match acknowledging(&headers, body) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -564,11 +560,7 @@ async fn acknowledge_system(
     Path(id): Path<i64>,
     body: Result<Json<Acting>, JsonRejection>,
 ) -> Response {
-    let body = match parsed(body) {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    let (actor, _) = match acting(&headers, body.operator.as_deref(), None, "") {
+    let actor = match acknowledging(&headers, body) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -582,6 +574,15 @@ async fn acknowledge_system(
         Ok(None) => refused(StatusCode::NOT_FOUND, format!("no system alert #{id}")),
         Err(e) => store_error(e),
     }
+}
+
+/// Who acknowledges: the body's operator, under the request's access rules.
+fn acknowledging(
+    headers: &HeaderMap,
+    body: Result<Json<Acting>, JsonRejection>,
+) -> Result<Actor, Box<Response>> {
+    let body = parsed(body)?;
+    acting(headers, body.operator.as_deref(), None, "").map(|(actor, _)| actor)
 }
 
 /// `GET /api/workflows`: every stored version (and whether it is valid), and the

@@ -289,3 +289,43 @@ pub async fn postgres_elector() -> orderly_testkit::elector::ElectorCtx {
         timing: sql_elector_timing(),
     }
 }
+
+/// An order submitted now.
+pub async fn submitted(store: &dyn StateStore) -> orderly_core::OrderId {
+    let order = orderly_testkit::builders::order(1);
+    store
+        .submit(&order, &orderly_testkit::builders::submitter(), &[])
+        .await
+        .unwrap();
+    order.order_id
+}
+
+/// Claims and completes `id` (as a scheduler does).
+pub async fn complete(store: &dyn StateStore, id: &orderly_core::OrderId) {
+    let claimed = store
+        .claim(&orderly_core::store::ClaimRequest {
+            workflows: Default::default(),
+            owner: orderly_core::InstanceId::parse("scheduler-1").unwrap(),
+            limit: 10,
+            timeout: std::time::Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let fence = claimed
+        .into_iter()
+        .find(|c| c.fence.order_id == *id)
+        .unwrap()
+        .fence;
+    let out = store
+        .complete_many(&[orderly_core::store::Completion::from(fence)])
+        .await
+        .unwrap();
+    assert_eq!(out.completed.len(), 1);
+}
+
+/// An order taken to Processed now (claimed, completed).
+pub async fn processed(store: &dyn StateStore) -> orderly_core::OrderId {
+    let id = submitted(store).await;
+    complete(store, &id).await;
+    id
+}

@@ -6,14 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orderly_core::store::{ClaimRequest, Completion, OperatorStore, Pruned, Retention, StateStore};
+use orderly_core::store::{ClaimRequest, OperatorStore, Pruned, Retention, StateStore};
 use orderly_core::transport::{OutgoingMessage, QueueName, QueueSettings, Transport};
 use orderly_core::{Actor, Error, InstanceId, ManualClock, OrderId, ProcessState, TimeSource};
 use orderly_sql::{PgStore, SqliteStore};
-use orderly_testkit::builders;
 use orderly_testkit::store::StoreFactory;
 
-use crate::fixtures::{TestRole, execute_all, pg_factory, sqlite_factory};
+use crate::fixtures::{TestRole, execute_all, pg_factory, processed, sqlite_factory, submitted};
 
 trait StoreAndQueue: StateStore + Transport {}
 impl<T: StateStore + Transport> StoreAndQueue for T {}
@@ -26,40 +25,6 @@ fn week() -> Retention {
         // Small batches, so the test crosses batch boundaries.
         batch: 2,
     }
-}
-
-async fn submitted(store: &dyn StateStore) -> OrderId {
-    let order = builders::order(1);
-    store
-        .submit(&order, &builders::submitter(), &[])
-        .await
-        .unwrap();
-    order.order_id
-}
-
-/// An order taken to Processed (claimed, completed).
-async fn processed(store: &dyn StateStore) -> OrderId {
-    let id = submitted(store).await;
-    let claimed = store
-        .claim(&ClaimRequest {
-            workflows: Default::default(),
-            owner: InstanceId::parse("scheduler-1").unwrap(),
-            limit: 10,
-            timeout: Duration::from_secs(60),
-        })
-        .await
-        .unwrap();
-    let fence = claimed
-        .into_iter()
-        .find(|c| c.fence.order_id == id)
-        .unwrap()
-        .fence;
-    let out = store
-        .complete_many(&[Completion::from(fence)])
-        .await
-        .unwrap();
-    assert_eq!(out.completed.len(), 1);
-    id
 }
 
 async fn gone(store: &dyn StateStore, id: &OrderId) -> bool {

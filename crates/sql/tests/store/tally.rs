@@ -10,33 +10,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use orderly_core::activity::minute_of;
-use orderly_core::store::{
-    ClaimRequest, Completion, Retention, StateStore, TALLY_GRACE, TALLY_STRIDE,
-};
-use orderly_core::{Actor, Clock, InstanceId, ManualClock, OrderId, ProcessState, TimeSource};
+use orderly_core::store::{Retention, StateStore, TALLY_GRACE, TALLY_STRIDE};
+use orderly_core::{Actor, Clock, ManualClock, OrderId, ProcessState, TimeSource};
 use orderly_sql::{PgStore, SqliteStore};
-use orderly_testkit::builders;
 use orderly_testkit::store::StoreFactory;
 
-use crate::fixtures::{pg_factory, sqlite_factory};
+use crate::fixtures::{complete, pg_factory, processed, sqlite_factory, submitted};
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-async fn submitted(store: &dyn StateStore) -> OrderId {
-    let order = builders::order(1);
-    store
-        .submit(&order, &builders::submitter(), &[])
-        .await
-        .unwrap();
-    order.order_id
-}
-
-/// An order taken to Processed now.
-async fn processed(store: &dyn StateStore) -> OrderId {
-    let id = submitted(store).await;
-    complete(store, &id).await;
-    id
-}
 
 /// An order submitted now and taken to Processed `latency` later (on `clock`).
 async fn processed_in(store: &dyn StateStore, clock: &ManualClock, latency: Duration) -> OrderId {
@@ -44,29 +25,6 @@ async fn processed_in(store: &dyn StateStore, clock: &ManualClock, latency: Dura
     clock.advance(latency);
     complete(store, &id).await;
     id
-}
-
-/// Claims and completes `id`.
-async fn complete(store: &dyn StateStore, id: &OrderId) {
-    let claimed = store
-        .claim(&ClaimRequest {
-            workflows: Default::default(),
-            owner: InstanceId::parse("scheduler-1").unwrap(),
-            limit: 10,
-            timeout: MINUTE,
-        })
-        .await
-        .unwrap();
-    let fence = claimed
-        .into_iter()
-        .find(|c| c.fence.order_id == *id)
-        .unwrap()
-        .fence;
-    let out = store
-        .complete_many(&[Completion::from(fence)])
-        .await
-        .unwrap();
-    assert_eq!(out.completed.len(), 1);
 }
 
 /// An order cancelled now.
